@@ -1,0 +1,53 @@
+/* kernels.h — numeric kernels of the kvl core, one dispatch table per instruction set.
+ *
+ * Owns: matrix products over BF16 / row-wise Q8 / FP32 weights and the small vector ops.
+ * Does not own: threading (callers split rows across the pool and call a kernel on a row
+ * range), files, memory management.
+ *
+ * Every table entry has a scalar reference (kernels_ref.c); the AVX2 and AVX-512 tables
+ * (kernels_avx2.c, kernels_avx512.c) must agree with it within float rounding and each has a
+ * scalar tail for sizes that are not multiples of the vector width. Layouts:
+ *   W row-major [rows, cols]; X row-major [n, ldx] (n activation vectors);
+ *   Y[t*ldy + r] = sum_c W[r, c] * X[t*ldx + c]   for t < n, r < rows.
+ */
+#ifndef KVL_KERNELS_H
+#define KVL_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct kvl_kernels {
+    const char *name; /* "scalar", "avx2", "avx512" */
+
+    /* BF16 weights (raw uint16 bits), FP32 activations, FP32 accumulate. */
+    void (*matmul_bf16)(float *Y, size_t ldy, const uint16_t *W, size_t rows, size_t cols,
+                        const float *X, size_t ldx, size_t n);
+    /* Row-wise Q8 weights: value = W[r,c] * scale[r]; FP32 activations (exact vs dequantized). */
+    void (*matmul_q8)(float *Y, size_t ldy, const int8_t *W, const float *scale, size_t rows,
+                      size_t cols, const float *X, size_t ldx, size_t n);
+    /* FP32 weights. */
+    void (*matmul_f32)(float *Y, size_t ldy, const float *W, size_t rows, size_t cols,
+                       const float *X, size_t ldx, size_t n);
+
+    float (*dot_f32)(const float *a, const float *b, size_t n);
+    void (*axpy_f32)(float *y, float a, const float *x, size_t n);       /* y += a*x */
+    void (*bf16_to_f32)(float *dst, const uint16_t *src, size_t n);
+    void (*f32_to_bf16)(uint16_t *dst, const float *src, size_t n);      /* round to nearest even */
+} kvl_kernels;
+
+/* level: 0 = best supported, 1 scalar, 2 avx2, 3 avx512. Returns NULL if the CPU (or the build)
+ * does not support the requested level. */
+const kvl_kernels *kvl_kernels_select(int level);
+/* 1 if the running CPU supports the level (and it was compiled in). */
+int kvl_kernels_supported(int level);
+
+/* Scalar helpers that are never hot enough to vectorise (still the one reference for each). */
+void kvl_rmsnorm(float *y, const float *x, const float *w, size_t n, float eps);
+void kvl_layernorm(float *y, const float *x, const float *w, const float *b, size_t n, float eps);
+void kvl_silu_mul(float *gate_inout, const float *up, size_t n);   /* g = silu(g) * up */
+void kvl_gelu_tanh(float *x, size_t n);
+void kvl_gelu_erf(float *x, size_t n);
+void kvl_softmax(float *x, size_t n);                               /* in place, FP32 */
+float kvl_bf16_round(float x);                                      /* round-trip through BF16 */
+
+#endif

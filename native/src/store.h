@@ -1,0 +1,51 @@
+/* store.h — one packed store (X.idx + X.bin, docs/FORMAT.md) and aligned reads from it.
+ *
+ * Owns: parsing and validating an index (magic, version, CRC, record bounds, alignment,
+ * overlaps, bin size), the hparam table, and positional reads from the .bin file with direct
+ * I/O (O_DIRECT / FILE_FLAG_NO_BUFFERING) or a buffered fallback.
+ * Does not own: caching (expert_cache.c, trunk cache in model.c) or any math.
+ */
+#ifndef KVL_STORE_H
+#define KVL_STORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "kvl.h"
+
+#define KVL_PAGE 4096u
+#define KVL_DTYPE_BF16 1u
+#define KVL_DTYPE_F32 2u
+#define KVL_DTYPE_Q8_EXPERT 3u
+
+typedef struct kvl_tensor_rec {
+    char name[128];
+    uint32_t dtype, ndim;
+    uint64_t shape[4];
+    uint64_t offset, nbytes;
+    uint32_t crc32, flags;
+} kvl_tensor_rec;
+
+typedef struct kvl_store kvl_store;
+
+/* io_mode: KVL_IO_*; err receives a message naming the file and what is wrong. */
+kvl_status kvl_store_open(const char *idx_path, const char *bin_path, uint32_t expected_kind,
+                          int io_mode, kvl_store **out, char *err, size_t err_len);
+void kvl_store_close(kvl_store *store);
+int kvl_store_direct_io(const kvl_store *store);           /* 1 if reads bypass the page cache */
+uint32_t kvl_store_count(const kvl_store *store);
+const kvl_tensor_rec *kvl_store_at(const kvl_store *store, uint32_t i);
+const kvl_tensor_rec *kvl_store_find(const kvl_store *store, const char *name);
+/* value of an hparam; returns 0 and sets *found = 0 if missing */
+double kvl_store_hparam(const kvl_store *store, const char *key, int *found);
+const char *kvl_store_config_json(const kvl_store *store, size_t *len);
+/* Read bytes [offset, offset+nbytes) of the .bin into dst. offset must be 4096-aligned, dst
+ * 4096-aligned (kvl_aligned_alloc) and at least align4096(nbytes) long. Thread-safe. */
+kvl_status kvl_store_read(kvl_store *store, uint64_t offset, uint64_t nbytes, void *dst);
+/* Read a small unaligned range (e.g. one embedding row) through a bounce buffer. Thread-safe. */
+kvl_status kvl_store_read_small(kvl_store *store, uint64_t offset, uint64_t nbytes, void *dst);
+
+void *kvl_aligned_alloc(size_t alignment, size_t bytes); /* zeroed; NULL on failure */
+void kvl_aligned_free(void *p);
+uint64_t kvl_now_ns(void);
+
+#endif
