@@ -29,6 +29,16 @@ typedef struct kvl_kernels {
     void (*matmul_f32)(float *Y, size_t ldy, const float *W, size_t rows, size_t cols,
                        const float *X, size_t ldx, size_t n);
 
+    /* Opt-in fast path (not the default: it changes results by activation rounding):
+     * activations quantised per block of 32 values (scale = max|x|/127 per block, round half
+     * even), int8 x int8 dot products (VNNI on AVX-512), weight scale per row.
+     * Xq/xs layout: vector t has cols int8 at Xq + t*ldx and cols/32 scales at xs + t*(ldx/32);
+     * cols and ldx are multiples of 32. */
+    void (*quantize_q8_act)(int8_t *Xq, float *xs, const float *X, size_t cols, size_t n,
+                            size_t ldx_in, size_t ldx_out);
+    void (*matmul_q8_q8)(float *Y, size_t ldy, const int8_t *W, const float *scale, size_t rows,
+                         size_t cols, const int8_t *Xq, const float *xs, size_t ldx, size_t n);
+
     float (*dot_f32)(const float *a, const float *b, size_t n);
     void (*axpy_f32)(float *y, float a, const float *x, size_t n);       /* y += a*x */
     void (*bf16_to_f32)(float *dst, const uint16_t *src, size_t n);

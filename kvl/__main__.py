@@ -1,0 +1,5 @@
+import sys
+
+from kvl.cli import main
+
+sys.exit(main())
