@@ -41,4 +41,29 @@ void kvl_expert_cache_stats(const kvl_expert_cache *cache, uint64_t *hits, uint6
                             uint64_t *bytes_read, uint64_t *stall_ns);
 void kvl_expert_cache_reset_stats(kvl_expert_cache *cache);
 
+/* ---- additions by expert_cache.c's author (extensions; nothing above changed) ---- */
+
+/* Every counter the cache keeps. Accounting (see expert_cache.c):
+ *   hits + misses == successful acquires (an acquire refused with KVL_ERR_NOMEM counts in neither);
+ *   a hit found the extent resident; a miss had to read it, either synchronously in acquire
+ *   (sync_reads) or through a prefetch issued for it that this acquire was first to use
+ *   (prefetch_served, which also counts in misses);
+ *   bytes_read == (sync_reads + prefetch_issued - read_failures - reads_in_flight) * extent_bytes;
+ *   prefetch_issued == prefetch_served + prefetch_wasted + prefetch_dropped + prefetch_unclaimed.
+ * stall_ns sums, over acquires, the time each spent waiting for its extent's read. */
+typedef struct kvl_expert_cache_counters {
+    uint64_t hits, misses, bytes_read, stall_ns;
+    uint64_t sync_reads;         /* misses read by acquire itself */
+    uint64_t prefetch_issued;    /* reads queued by prefetch */
+    uint64_t prefetch_served;    /* prefetched extents later acquired (counted as misses) */
+    uint64_t prefetch_wasted;    /* prefetched extents evicted before any acquire */
+    uint64_t prefetch_dropped;   /* prefetch reads that failed before any acquire claimed them */
+    uint64_t read_failures;      /* reads (sync or prefetch) that failed */
+    uint64_t prefetch_unclaimed; /* prefetched extents resident now, not yet acquired */
+    uint64_t reads_in_flight;    /* reads started and not finished at the time of the snapshot */
+    uint64_t evictions;
+    uint64_t extent_bytes;       /* one extent padded to 4 KiB (the slot size) */
+} kvl_expert_cache_counters;
+void kvl_expert_cache_counters_get(const kvl_expert_cache *cache, kvl_expert_cache_counters *out);
+
 #endif

@@ -48,4 +48,25 @@ void *kvl_aligned_alloc(size_t alignment, size_t bytes); /* zeroed; NULL on fail
 void kvl_aligned_free(void *p);
 uint64_t kvl_now_ns(void);
 
+/* ---- additions by store.c's author (extensions; nothing above changed) ---- */
+
+/* zlib-compatible CRC-32 (polynomial 0xEDB88320). Start with crc = 0; chain by passing the
+ * previous result. */
+uint32_t kvl_crc32(uint32_t crc, const void *data, size_t len);
+
+/* Byte layout of one Q8_EXPERT extent for moe_intermediate_size I and hidden_size H
+ * (docs/FORMAT.md): sub-block offsets relative to the extent start, and nbytes. */
+typedef struct kvl_q8_layout {
+    uint64_t gate_q, up_q, down_q, gate_s, up_s, down_s, nbytes;
+} kvl_q8_layout;
+void kvl_q8_layout_of(uint64_t inter, uint64_t hidden, kvl_q8_layout *out);
+
+uint32_t kvl_store_kind(const kvl_store *store);          /* 1 trunk, 2 experts, 3 vision */
+uint64_t kvl_store_bin_size(const kvl_store *store);
+const char *kvl_store_revision(const kvl_store *store);   /* 40 hex chars, or "" if unknown */
+const char *kvl_store_bin_path(const kvl_store *store);
+/* Detail message of the most recent failed kvl_store_read / kvl_store_read_small on this store
+ * (names the file, offset and system error). Thread-safe; empty if nothing failed. */
+void kvl_store_last_error(kvl_store *store, char *buf, size_t len);
+
 #endif
