@@ -24,7 +24,6 @@ import os
 import re
 import shutil
 import signal
-import struct
 import sys
 import zlib
 from dataclasses import dataclass
@@ -36,6 +35,7 @@ import numpy as np
 import kvl
 from kvl import modelspec, packfmt
 from kvl.errors import UserError
+from kvl.safetensors_io import NUMPY_DTYPES, SafetensorsFile
 from kvl.tensor_source import TensorSource
 
 EXPERT_RE = re.compile(r"^language_model\.model\.layers\.(\d+)\.mlp\.experts\.(\d+)\."
@@ -51,64 +51,6 @@ FLUSH_ITEMS = int(os.environ.get("KVL_PACK_FLUSH_ITEMS", "256"))
 # Names in DST that are not ours but may legitimately exist before packing (kvl prepare's scratch).
 FOREIGN_OK = {".download"}
 
-SAFETENSORS_NUMPY = {"BF16": "<u2", "F32": "<f4", "F16": "<f2", "F64": "<f8", "I64": "<i8",
-                     "I32": "<i4", "I16": "<i2", "I8": "i1", "U8": "u1", "BOOL": "u1"}
-
-
-# ---------------------------------------------------------------------------------------------
-# A minimal shard reader: used when shards appear/disappear during a run (kvl prepare, or a resumed
-# pack whose consumed shards were already deleted), where a reader that opens all shards up front
-# cannot be used.
-
-
-class ShardFile:
-    """One safetensors file: parsed header, tensors read with pread (no whole-file mapping)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        try:
-            size = path.stat().st_size
-            with open(path, "rb") as f:
-                head = f.read(8)
-                if len(head) != 8:
-                    raise UserError(f"{path.name}: truncated safetensors file ({size} bytes); "
-                                    "download it again")
-                (n,) = struct.unpack("<Q", head)
-                if n > min(size - 8, 100 << 20):
-                    raise UserError(f"{path.name}: header length {n} exceeds the file size — the "
-                                    "file is truncated or not safetensors; download it again")
-                header = json.loads(f.read(n))
-        except (OSError, ValueError) as exc:
-            raise UserError(f"{path.name}: cannot read safetensors header ({exc}); download it again") from None
-        self.data_start = 8 + n
-        self.entries: dict[str, tuple[str, tuple[int, ...], int, int]] = {}
-        for name, meta in header.items():
-            if name == "__metadata__":
-                continue
-            start, end = meta["data_offsets"]
-            if self.data_start + end > size:
-                raise UserError(f"{path.name}: tensor {name} ends at byte {self.data_start + end} but the "
-                                f"file has {size} bytes — the shard is truncated; download it again")
-            self.entries[name] = (meta["dtype"], tuple(meta["shape"]), start, end)
-
-    def read(self, name: str) -> np.ndarray:
-        dtype, shape, start, end = self.entries[name]
-        fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
-        try:
-            buf = bytearray(end - start)
-            done = 0
-            while done < len(buf):
-                chunk = packfmt.pread(fd, min(len(buf) - done, 64 << 20), self.data_start + start + done)
-                if not chunk:
-                    raise UserError(f"{self.path.name}: short read of {name} — the shard is truncated; "
-                                    "download it again")
-                buf[done:done + len(chunk)] = chunk
-                done += len(chunk)
-        finally:
-            os.close(fd)
-        arr = np.frombuffer(buf, dtype=np.dtype(SAFETENSORS_NUMPY.get(dtype, "u1")))
-        return arr.reshape(shape)
-
 
 class InventorySource:
     """A TensorSource over shard files in a directory whose inventory is known in advance (from the
@@ -122,7 +64,7 @@ class InventorySource:
         self._assets = assets
         self._inventory = inventory
         self._revision = revision
-        self._open: ShardFile | None = None
+        self._open: SafetensorsFile | None = None
 
     def config(self) -> dict:
         return json.loads(self._config_text)
@@ -150,8 +92,8 @@ class InventorySource:
             if not path.is_file():
                 raise UserError(f"{path}: shard needed for {name} is missing; restore the checkpoint "
                                 "(it was deleted before the tensors in it were packed)")
-            self._open = ShardFile(path)
-        if name not in self._open.entries:
+            self._open = SafetensorsFile(path)
+        if name not in self._open.tensors:
             raise UserError(f"{path.name}: does not contain {name}; the shard does not match the "
                             "checkpoint index")
         return self._open.read(name)
@@ -287,7 +229,7 @@ def compute_layout(source: TensorSource) -> Layout:
 
 
 def _check_array(name: str, arr: np.ndarray, dtype: str, shape: tuple[int, ...]) -> None:
-    want = np.dtype(SAFETENSORS_NUMPY[dtype])
+    want = NUMPY_DTYPES[dtype]
     if arr.dtype.str.lstrip("<|") != want.str.lstrip("<|") or tuple(arr.shape) != tuple(shape):
         raise UserError(f"{name}: the source returned {arr.dtype} {list(arr.shape)}, its header says "
                         f"{dtype} {list(shape)} — the checkpoint is corrupt")

@@ -42,7 +42,7 @@ def itemsize(dtype: str) -> int:
     return NUMPY_DTYPES[dtype].itemsize
 
 
-class _Shard:
+class SafetensorsFile:
     """One validated safetensors file: tensor table and a lazily opened file for positional reads."""
 
     def __init__(self, path: Path):
@@ -152,7 +152,7 @@ class SafetensorsCheckpoint:
             raise UserError(f"checkpoint directory {self.dir} does not exist; pass the folder that "
                             "holds config.json and the .safetensors files")
         self._config: dict | None = None
-        self._shards: dict[str, _Shard] = {}
+        self._shards: dict[str, SafetensorsFile] = {}
         self._where: dict[str, str] = {}  # tensor name -> shard file name, in index order
         index = self.dir / INDEX_NAME
         if index.exists():
@@ -162,14 +162,14 @@ class SafetensorsCheckpoint:
                 if not path.is_file():
                     raise UserError(f"{file} is listed in {INDEX_NAME} but missing from {self.dir}; "
                                     "download it")
-                self._shards[file] = _Shard(path)
+                self._shards[file] = SafetensorsFile(path)
             for name, file in weight_map.items():
                 if name not in self._shards[file].tensors:
                     raise UserError(f"{file} does not contain tensor {name} that {INDEX_NAME} puts "
                                     "there; re-download the shard and the index")
                 self._where[name] = file
         elif (self.dir / SINGLE_NAME).is_file():
-            shard = _Shard(self.dir / SINGLE_NAME)
+            shard = SafetensorsFile(self.dir / SINGLE_NAME)
             self._shards[SINGLE_NAME] = shard
             for name in shard.tensors:
                 self._where[name] = SINGLE_NAME
@@ -228,7 +228,7 @@ class SafetensorsCheckpoint:
         self._shard(name)
         return self._where[name]
 
-    def _shard(self, name: str) -> _Shard:
+    def _shard(self, name: str) -> SafetensorsFile:
         try:
             return self._shards[self._where[name]]
         except KeyError:
