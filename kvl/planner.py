@@ -302,11 +302,12 @@ def _hparam(hp: dict[str, float], key: str) -> int:
 
 
 def largest_image_grid(preprocessor_config: dict, merge: tuple[int, int]) -> tuple[int, int]:
-    """The patch grid of the largest image preprocessing lets through (in_token_limit patches)."""
-    limit = int(preprocessor_config.get("in_token_limit", 4096))
-    side = math.isqrt(limit)
-    side -= side % max(merge)
-    return side, side
+    """The patch grid with the most patches preprocessing lets through: vision working memory grows
+    with the patch count, so the plan reserves it for this grid (not the square one: thin images
+    gain the most padding after the downscale)."""
+    from kvl.image import largest_grid
+
+    return largest_grid(preprocessor_config, merge)
 
 
 def plan(pack_dir: str | Path, ram_mib: int = 4096, cache_mib: int = 512,
