@@ -1,0 +1,514 @@
+/* model.c — the text decoder forward pass of the kvl core.
+ *
+ * Owns: the session scratch layout, the layer-major forward over a chunk of tokens (embedding
+ * rows, MLA in its absorbed form over the compressed KV cache, dense MLP, MoE routing with
+ * group-limited noaux_tc selection, shared experts, routed experts from the expert cache, final
+ * norm, lm_head), and the splitting of that work across the thread pool.
+ * Does not own: opening/validating the pack or the trunk cache/streamer (engine.c), kernels
+ * (kernels_*.c), expert reads (expert_cache.c). Every shape was validated at open, so this file
+ * carries no shape checks; nothing here allocates.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "engine_internal.h"
+
+#define ARENA_ALIGN 64u
+#define ROW_ALIGN 16u
+#define SMALL_MATMUL_MACS (1u << 15)
+
+enum {
+    L_KV = 0, L_X, L_XN, L_Q, L_A, L_QABS, L_CHAT, L_O, L_GATE, L_UP, L_RLOG, L_SELW,
+    L_MOE_OUT, L_XG, L_YG, L_THREAD, L_SELI, L_ECOUNT, L_ELIST, L_EORDER, L_EMBED, L_COUNT
+};
+
+static size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
+
+static size_t max_mlp_width(const kvl_engine_text *t)
+{
+    size_t w = 1;
+    for (int l = 0; l < t->hp.n_layers; l++) {
+        if ((size_t)t->layers[l].mlp_rows > w) w = (size_t)t->layers[l].mlp_rows;
+        if (t->layers[l].is_moe && (size_t)t->hp.moe_intermediate > w)
+            w = (size_t)t->hp.moe_intermediate;
+    }
+    return w;
+}
+
+static size_t per_thread_floats(const kvl_text_hparams *hp, int max_context)
+{
+    size_t scores = (size_t)hp->n_heads * (size_t)max_context;
+    size_t routing = 3u * (size_t)hp->n_routed + (size_t)hp->n_group + 4u;
+    size_t rows = 2u * (size_t)(hp->kv_lora + hp->rope) + (size_t)hp->rope;
+    return align_up((scores > routing ? scores : routing) + rows, 16);
+}
+
+/* Session arena, for the RAM planner (kvl_session_bytes = this total + sizeof(struct kvl_session),
+ * a few hundred bytes). Every piece is rounded up to 64 bytes (a64); B = max_batch (clamped to
+ * max_context), C = max_context, T = pool threads, H = hidden, nh = heads, L = layers,
+ * r = qk_rope_head_dim, lat = kv_lora_rank, W = the widest MLP (max of intermediate_size on
+ * dense layers, n_shared*moe_intermediate and moe_intermediate on MoE layers), E = routed experts,
+ * k = experts per token:
+ *   KV      L*C*(lat+r)*(4 f32 | 2 bf16)
+ *   f32     x, xn, moe_out, xg, yg: B*H each; q: B*nh*(nope+r); a: B*(lat+r);
+ *           qabs, chat: B*nh*lat each; o: B*nh*v; gate, up: B*W each; router logits B*E;
+ *           weights B*k
+ *   threads T * align16(max(nh*C, 3E + n_group + 4) + 2*(lat+r) + r) floats
+ *   ints    selected B*k, counts E+1, token list B*k, expert order E; embed row H uint16
+ */
+void kvl_session_layout_compute(const kvl_engine *engine, int max_context, int max_batch,
+                                kvl_session_layout *out)
+{
+    const kvl_engine_text *t = engine->text;
+    const kvl_text_hparams *hp = &t->hp;
+    size_t B = (size_t)max_batch, H = (size_t)hp->hidden, nh = (size_t)hp->n_heads;
+    size_t kvrow = (size_t)(hp->kv_lora + hp->rope);
+    size_t elt = t->kv_bf16 ? 2u : 4u;
+    size_t nthreads = (size_t)kvl_pool_size(engine->pool);
+    size_t sizes[L_COUNT];
+    sizes[L_KV] = (size_t)hp->n_layers * (size_t)max_context * kvrow * elt;
+    sizes[L_X] = B * H * 4;
+    sizes[L_XN] = B * H * 4;
+    sizes[L_Q] = B * nh * (size_t)(hp->nope + hp->rope) * 4;
+    sizes[L_A] = B * kvrow * 4;
+    sizes[L_QABS] = B * nh * (size_t)hp->kv_lora * 4;
+    sizes[L_CHAT] = B * nh * (size_t)hp->kv_lora * 4;
+    sizes[L_O] = B * nh * (size_t)hp->v_dim * 4;
+    sizes[L_GATE] = B * max_mlp_width(t) * 4;
+    sizes[L_UP] = sizes[L_GATE];
+    sizes[L_RLOG] = B * (size_t)hp->n_routed * 4;
+    sizes[L_SELW] = B * (size_t)hp->topk * 4;
+    sizes[L_MOE_OUT] = B * H * 4;
+    sizes[L_XG] = B * H * 4;
+    sizes[L_YG] = B * H * 4;
+    sizes[L_THREAD] = nthreads * per_thread_floats(hp, max_context) * 4;
+    sizes[L_SELI] = B * (size_t)hp->topk * sizeof(int);
+    sizes[L_ECOUNT] = ((size_t)hp->n_routed + 1) * sizeof(int);
+    sizes[L_ELIST] = B * (size_t)hp->topk * sizeof(int);
+    sizes[L_EORDER] = (size_t)hp->n_routed * sizeof(int);
+    sizes[L_EMBED] = H * sizeof(uint16_t);
+    size_t off = 0;
+    for (int i = 0; i < L_COUNT; i++) {
+        out->off[i] = off;
+        off += align_up(sizes[i] ? sizes[i] : 1, ARENA_ALIGN);
+    }
+    out->total = off;
+}
+
+void kvl_session_bind(kvl_session *s, const kvl_session_layout *ly)
+{
+    char *base = (char *)s->arena;
+    const kvl_text_hparams *hp = &s->engine->text->hp;
+    s->kv = base + ly->off[L_KV];
+    s->x = (float *)(base + ly->off[L_X]);
+    s->xn = (float *)(base + ly->off[L_XN]);
+    s->q = (float *)(base + ly->off[L_Q]);
+    s->a = (float *)(base + ly->off[L_A]);
+    s->qabs = (float *)(base + ly->off[L_QABS]);
+    s->chat = (float *)(base + ly->off[L_CHAT]);
+    s->o = (float *)(base + ly->off[L_O]);
+    s->gate = (float *)(base + ly->off[L_GATE]);
+    s->up = (float *)(base + ly->off[L_UP]);
+    s->rlog = (float *)(base + ly->off[L_RLOG]);
+    s->selw = (float *)(base + ly->off[L_SELW]);
+    s->moe_out = (float *)(base + ly->off[L_MOE_OUT]);
+    s->xg = (float *)(base + ly->off[L_XG]);
+    s->yg = (float *)(base + ly->off[L_YG]);
+    s->thread_scratch = (float *)(base + ly->off[L_THREAD]);
+    s->per_thread = per_thread_floats(hp, s->max_context);
+    s->seli = (int *)(base + ly->off[L_SELI]);
+    s->ecount = (int *)(base + ly->off[L_ECOUNT]);
+    s->elist = (int *)(base + ly->off[L_ELIST]);
+    s->eorder = (int *)(base + ly->off[L_EORDER]);
+    s->embed_row = (uint16_t *)(base + ly->off[L_EMBED]);
+}
+
+/* ---- parallel matmul: rows of W split across the pool ------------------------------------- */
+
+enum { MM_BF16 = 0, MM_Q8 = 1 };
+
+typedef struct mm_job {
+    const kvl_kernels *k;
+    int kind;
+    float *Y;
+    size_t ldy;
+    const void *W;
+    const float *scale;
+    size_t rows, cols;
+    const float *X;
+    size_t ldx, n;
+} mm_job;
+
+static void mm_worker(void *ctx, int i, int nt)
+{
+    const mm_job *j = (const mm_job *)ctx;
+    size_t b, e;
+    kvl_split_range(j->rows, ROW_ALIGN, i, nt, &b, &e);
+    if (b >= e) return;
+    if (j->kind == MM_BF16)
+        j->k->matmul_bf16(j->Y + b, j->ldy, (const uint16_t *)j->W + b * j->cols, e - b, j->cols,
+                          j->X, j->ldx, j->n);
+    else
+        j->k->matmul_q8(j->Y + b, j->ldy, (const int8_t *)j->W + b * j->cols, j->scale + b, e - b,
+                        j->cols, j->X, j->ldx, j->n);
+}
+
+static void par_mm(kvl_engine *e, int kind, float *Y, size_t ldy, const void *W,
+                   const float *scale, size_t rows, size_t cols, const float *X, size_t ldx,
+                   size_t n)
+{
+    mm_job j;
+    j.k = e->k; j.kind = kind; j.Y = Y; j.ldy = ldy; j.W = W; j.scale = scale;
+    j.rows = rows; j.cols = cols; j.X = X; j.ldx = ldx; j.n = n;
+    /* a fork/join costs more than a product this small (routers, tiny models): run it here */
+    if ((uint64_t)rows * cols * n < SMALL_MATMUL_MACS)
+        mm_worker(&j, 0, 1);
+    else
+        kvl_pool_run(e->pool, mm_worker, &j);
+}
+
+/* RMSNorm of n rows (the weight was widened to f32 at open) */
+static void norm_rows(float *y, const float *x, const float *w, size_t dim, int n, float eps)
+{
+    for (int i = 0; i < n; i++) kvl_rmsnorm(y + (size_t)i * dim, x + (size_t)i * dim, w, dim, eps);
+}
+
+/* ---- RoPE (spec §4.5): FP32 inv_freq and angle, de-interleaved rotate-half output --------- */
+
+static void rope_apply(float *x, float *tmp, int dim, int pos, float theta)
+{
+    int half = dim / 2;
+    for (int j = 0; j < half; j++) {
+        float inv = 1.0f / powf(theta, (float)(2 * j) / (float)dim);
+        float ang = (float)pos * inv;
+        float c = cosf(ang), s = sinf(ang);
+        float x0 = x[2 * j], x1 = x[2 * j + 1];
+        tmp[j] = x0 * c - x1 * s;
+        tmp[half + j] = x1 * c + x0 * s;
+    }
+    memcpy(x, tmp, (size_t)dim * sizeof(float));
+}
+
+/* ---- attention over heads ------------------------------------------------------------------ */
+
+typedef struct attn_job {
+    kvl_session *s;
+    const uint16_t *kvb;   /* [n_heads*(nope+v), kv_lora] */
+    const void *kv;        /* this layer's cache rows */
+    int n, pos0;
+} attn_job;
+
+static const float *kv_row(const attn_job *j, int pos, float *conv)
+{
+    const kvl_engine_text *t = j->s->engine->text;
+    size_t kvrow = (size_t)(t->hp.kv_lora + t->hp.rope);
+    if (!t->kv_bf16) return (const float *)j->kv + (size_t)pos * kvrow;
+    j->s->engine->k->bf16_to_f32(conv, (const uint16_t *)j->kv + (size_t)pos * kvrow, kvrow);
+    return conv;
+}
+
+static void attn_worker(void *ctx, int ti, int nt)
+{
+    const attn_job *j = (const attn_job *)ctx;
+    kvl_session *s = j->s;
+    const kvl_kernels *k = s->engine->k;
+    const kvl_text_hparams *hp = &s->engine->text->hp;
+    size_t hb, he;
+    kvl_split_range((size_t)hp->n_heads, 1, ti, nt, &hb, &he);
+    if (hb >= he) return;
+    const size_t nh = (size_t)hp->n_heads, kvl = (size_t)hp->kv_lora, nope = (size_t)hp->nope;
+    const size_t rope = (size_t)hp->rope, vd = (size_t)hp->v_dim, qd = nope + rope;
+    const size_t ctx_len = (size_t)s->max_context;
+    float *scr = s->thread_scratch + (size_t)ti * s->per_thread;
+    float *scores = scr;                          /* [n_heads][max_context] (own heads only) */
+    size_t scores_len = nh * ctx_len;
+    size_t routing_len = 3u * (size_t)hp->n_routed + (size_t)hp->n_group + 4u;
+    float *rowbuf = scr + (scores_len > routing_len ? scores_len : routing_len);
+    float *conv = rowbuf + kvl + rope;            /* kv_lora + rope */
+    float *rtmp = conv + kvl + rope;              /* rope */
+    const float scale = 1.0f / sqrtf((float)(nope + rope));
+    const int n = j->n;
+
+    for (size_t h = hb; h < he; h++) {
+        /* RoPE on this head's q_rope for every token, then absorb q_nope into latent space */
+        for (int t = 0; t < n; t++)
+            rope_apply(s->q + (size_t)t * nh * qd + h * qd + nope, rtmp, (int)rope, j->pos0 + t,
+                       hp->rope_theta);
+        for (int t = 0; t < n; t++) memset(s->qabs + ((size_t)t * nh + h) * kvl, 0, kvl * 4);
+        const uint16_t *wuk = j->kvb + h * (nope + vd) * kvl;
+        for (size_t d = 0; d < nope; d++) {
+            k->bf16_to_f32(rowbuf, wuk + d * kvl, kvl);
+            for (int t = 0; t < n; t++)
+                k->axpy_f32(s->qabs + ((size_t)t * nh + h) * kvl,
+                            s->q[(size_t)t * nh * qd + h * qd + d], rowbuf, kvl);
+        }
+    }
+    for (int t = 0; t < n; t++) {
+        int P = j->pos0 + t; /* attends to positions 0..P */
+        for (int p = 0; p <= P; p++) {
+            const float *row = kv_row(j, p, conv);
+            for (size_t h = hb; h < he; h++) {
+                const float *qa = s->qabs + ((size_t)t * nh + h) * kvl;
+                const float *qr = s->q + (size_t)t * nh * qd + h * qd + nope;
+                scores[h * ctx_len + (size_t)p] =
+                    scale * (k->dot_f32(qa, row, kvl) + k->dot_f32(qr, row + kvl, rope));
+            }
+        }
+        for (size_t h = hb; h < he; h++) {
+            kvl_softmax(scores + h * ctx_len, (size_t)P + 1);
+            memset(s->chat + ((size_t)t * nh + h) * kvl, 0, kvl * 4);
+        }
+        for (int p = 0; p <= P; p++) {
+            const float *row = kv_row(j, p, conv);
+            for (size_t h = hb; h < he; h++)
+                k->axpy_f32(s->chat + ((size_t)t * nh + h) * kvl, scores[h * ctx_len + (size_t)p],
+                            row, kvl);
+        }
+    }
+    for (size_t h = hb; h < he; h++) {
+        const uint16_t *wuv = j->kvb + (h * (nope + vd) + nope) * kvl;
+        k->matmul_bf16(s->o + h * vd, nh * vd, wuv, vd, kvl, s->chat + h * kvl, nh * kvl,
+                       (size_t)n);
+    }
+}
+
+static void store_kv(kvl_session *s, int layer, int n, int pos0)
+{
+    const kvl_engine_text *t = s->engine->text;
+    const kvl_text_hparams *hp = &t->hp;
+    size_t kvl = (size_t)hp->kv_lora, kvrow = kvl + (size_t)hp->rope;
+    size_t layer_rows = (size_t)s->max_context;
+    float *tmp = s->thread_scratch; /* thread 0's scratch; no pool job is running */
+    float *rtmp = tmp + kvrow;
+    for (int i = 0; i < n; i++) {
+        float *a = s->a + (size_t)i * kvrow;
+        kvl_rmsnorm(tmp, a, t->layers[layer].kva_ln, kvl, hp->kva_eps);
+        memcpy(tmp + kvl, a + kvl, (size_t)hp->rope * 4);
+        rope_apply(tmp + kvl, rtmp, hp->rope, pos0 + i, hp->rope_theta);
+        size_t idx = ((size_t)layer * layer_rows + (size_t)(pos0 + i)) * kvrow;
+        if (t->kv_bf16)
+            s->engine->k->f32_to_bf16((uint16_t *)s->kv + idx, tmp, kvrow);
+        else
+            memcpy((float *)s->kv + idx, tmp, kvrow * 4);
+    }
+}
+
+static kvl_status attention(kvl_session *s, int layer, int n, int pos0)
+{
+    kvl_engine *e = s->engine;
+    const kvl_engine_text *t = e->text;
+    const kvl_text_hparams *hp = &t->hp;
+    size_t H = (size_t)hp->hidden, nh = (size_t)hp->n_heads;
+    size_t qd = (size_t)(hp->nope + hp->rope), kvrow = (size_t)(hp->kv_lora + hp->rope);
+    const int base = layer * KVL_TT_PER_LAYER;
+    const uint16_t *w;
+    kvl_status st;
+
+    norm_rows(s->xn, s->x, t->layers[layer].input_ln, H, n, hp->rms_eps);
+    if ((st = kvl_trunk_get(e, base + KVL_TT_Q, &w)) != KVL_OK) return st;
+    par_mm(e, MM_BF16, s->q, nh * qd, w, NULL, nh * qd, H, s->xn, H, (size_t)n);
+    if ((st = kvl_trunk_get(e, base + KVL_TT_KVA, &w)) != KVL_OK) return st;
+    par_mm(e, MM_BF16, s->a, kvrow, w, NULL, kvrow, H, s->xn, H, (size_t)n);
+    store_kv(s, layer, n, pos0);
+    if ((st = kvl_trunk_get(e, base + KVL_TT_KVB, &w)) != KVL_OK) return st;
+    attn_job j;
+    j.s = s; j.kvb = w; j.n = n; j.pos0 = pos0;
+    size_t elt = t->kv_bf16 ? 2u : 4u;
+    j.kv = (const char *)s->kv + (size_t)layer * (size_t)s->max_context * kvrow * elt;
+    kvl_pool_run(e->pool, attn_worker, &j);
+    if ((st = kvl_trunk_get(e, base + KVL_TT_O, &w)) != KVL_OK) return st;
+    size_t od = nh * (size_t)hp->v_dim;
+    par_mm(e, MM_BF16, s->xn, H, w, NULL, H, od, s->o, od, (size_t)n);
+    for (size_t i = 0; i < (size_t)n * H; i++) s->x[i] += s->xn[i];
+    return KVL_OK;
+}
+
+/* ---- MoE routing (spec §4.8) --------------------------------------------------------------- */
+
+static void route_token(const kvl_text_hparams *hp, const float *logits, const float *bias,
+                        float *scratch, int *out_idx, float *out_w)
+{
+    const int E = hp->n_routed;
+    float *sig = scratch, *sel = scratch + E, *chosen = scratch + 2 * E;
+    float *gscore = scratch + 3 * E;
+    for (int e = 0; e < E; e++) {
+        sig[e] = 1.0f / (1.0f + expf(-logits[e]));
+        sel[e] = sig[e] + bias[e];
+        chosen[e] = 0.0f;
+    }
+    if (hp->n_group > 1) {
+        /* group score = sum of the two best biased scores of the group; experts outside the
+         * topk_group best groups get 0.0 (the official masking value, not -inf) */
+        const int gs = E / hp->n_group;
+        for (int g = 0; g < hp->n_group; g++) {
+            float m1 = -INFINITY, m2 = -INFINITY;
+            for (int e = g * gs; e < (g + 1) * gs; e++) {
+                if (sel[e] > m1) { m2 = m1; m1 = sel[e]; }
+                else if (sel[e] > m2) m2 = sel[e];
+            }
+            gscore[g] = gs >= 2 ? m1 + m2 : m1;
+        }
+        /* mark kept groups by setting their score to +inf, one best group at a time */
+        for (int r = 0; r < hp->topk_group; r++) {
+            int best = -1;
+            for (int g = 0; g < hp->n_group; g++)
+                if (gscore[g] != INFINITY && (best < 0 || gscore[g] > gscore[best])) best = g;
+            gscore[best] = INFINITY;
+        }
+        for (int e = 0; e < E; e++)
+            if (gscore[e / gs] != INFINITY) sel[e] = 0.0f;
+    }
+    float sum = 0.0f;
+    for (int k = 0; k < hp->topk; k++) {
+        int best = -1;
+        for (int e = 0; e < E; e++)
+            if (chosen[e] == 0.0f && (best < 0 || sel[e] > sel[best])) best = e;
+        chosen[best] = 1.0f;
+        out_idx[k] = best;
+        out_w[k] = sig[best];
+        sum += sig[best];
+    }
+    for (int k = 0; k < hp->topk; k++) {
+        if (hp->topk > 1 && hp->norm_topk) out_w[k] /= (sum + 1e-20f);
+        out_w[k] *= hp->routed_scale;
+    }
+}
+
+/* gate/up/down SwiGLU over n tokens with streamed/resident BF16 weights; result in Y [n, H] */
+static kvl_status dense_mlp(kvl_session *s, int layer, int n, float *Y)
+{
+    kvl_engine *e = s->engine;
+    const kvl_engine_text *t = e->text;
+    size_t H = (size_t)t->hp.hidden, R = (size_t)t->layers[layer].mlp_rows;
+    const int base = layer * KVL_TT_PER_LAYER;
+    const uint16_t *w;
+    kvl_status st;
+    if ((st = kvl_trunk_get(e, base + KVL_TT_MLP_GATE, &w)) != KVL_OK) return st;
+    par_mm(e, MM_BF16, s->gate, R, w, NULL, R, H, s->xn, H, (size_t)n);
+    if ((st = kvl_trunk_get(e, base + KVL_TT_MLP_UP, &w)) != KVL_OK) return st;
+    par_mm(e, MM_BF16, s->up, R, w, NULL, R, H, s->xn, H, (size_t)n);
+    kvl_silu_mul(s->gate, s->up, (size_t)n * R);
+    if ((st = kvl_trunk_get(e, base + KVL_TT_MLP_DOWN, &w)) != KVL_OK) return st;
+    par_mm(e, MM_BF16, Y, H, w, NULL, H, R, s->gate, R, (size_t)n);
+    return KVL_OK;
+}
+
+static kvl_status moe(kvl_session *s, int layer, int n)
+{
+    kvl_engine *e = s->engine;
+    const kvl_engine_text *t = e->text;
+    const kvl_text_hparams *hp = &t->hp;
+    const kvl_layer_globals *lg = &t->layers[layer];
+    const size_t H = (size_t)hp->hidden, E = (size_t)hp->n_routed, K = (size_t)hp->topk;
+    const size_t I = (size_t)hp->moe_intermediate;
+    kvl_status st;
+
+    par_mm(e, MM_BF16, s->rlog, E, lg->router_w, NULL, E, H, s->xn, H, (size_t)n);
+    for (int i = 0; i < n; i++)
+        route_token(hp, s->rlog + (size_t)i * E, lg->router_bias, s->thread_scratch,
+                    s->seli + (size_t)i * K, s->selw + (size_t)i * K);
+    /* group (token, slot) pairs by expert: counting sort into elist */
+    memset(s->ecount, 0, (E + 1) * sizeof(int));
+    for (size_t p = 0; p < (size_t)n * K; p++) s->ecount[s->seli[p] + 1]++;
+    int n_used = 0;
+    for (size_t x = 0; x < E; x++) {
+        if (s->ecount[x + 1] > 0) s->eorder[n_used++] = (int)x;
+        s->ecount[x + 1] += s->ecount[x];
+    }
+    {
+        /* stable placement: ecount[x] serves as bucket x's cursor, then is shifted back */
+        for (size_t p = 0; p < (size_t)n * K; p++) {
+            int x = s->seli[p];
+            s->elist[s->ecount[x]++] = (int)p;
+        }
+        for (size_t x = E; x > 0; x--) s->ecount[x] = s->ecount[x - 1];
+        s->ecount[0] = 0;
+    }
+    kvl_expert_cache_prefetch(t->ecache, layer, s->eorder, n_used);
+
+    if (lg->mlp_rows > 0) {
+        /* shared experts run while the routed experts load */
+        if ((st = dense_mlp(s, layer, n, s->moe_out)) != KVL_OK) return st;
+    } else {
+        memset(s->moe_out, 0, (size_t)n * H * 4);
+    }
+    for (int u = 0; u < n_used; u++) {
+        int x = s->eorder[u];
+        int b = s->ecount[x], cnt = s->ecount[x + 1] - b;
+        kvl_expert_view v;
+        if ((st = kvl_expert_cache_acquire(t->ecache, layer, x, &v)) != KVL_OK)
+            return kvl_engine_fail(e, st, "reading expert %d of layer %d from experts.bin failed",
+                                   x, layer);
+        for (int g = 0; g < cnt; g++) {
+            int tok = s->elist[b + g] / (int)K;
+            memcpy(s->xg + (size_t)g * H, s->xn + (size_t)tok * H, H * 4);
+        }
+        par_mm(e, MM_Q8, s->gate, I, v.gate_q, v.gate_s, I, H, s->xg, H, (size_t)cnt);
+        par_mm(e, MM_Q8, s->up, I, v.up_q, v.up_s, I, H, s->xg, H, (size_t)cnt);
+        kvl_silu_mul(s->gate, s->up, (size_t)cnt * I);
+        par_mm(e, MM_Q8, s->yg, H, v.down_q, v.down_s, H, I, s->gate, I, (size_t)cnt);
+        kvl_expert_cache_release(t->ecache, layer, x);
+        for (int g = 0; g < cnt; g++) {
+            int p = s->elist[b + g];
+            e->k->axpy_f32(s->moe_out + (size_t)(p / (int)K) * H, s->selw[p], s->yg + (size_t)g * H,
+                           H);
+        }
+    }
+    return KVL_OK;
+}
+
+static kvl_status ffn(kvl_session *s, int layer, int n)
+{
+    const kvl_engine_text *t = s->engine->text;
+    size_t H = (size_t)t->hp.hidden;
+    kvl_status st;
+    norm_rows(s->xn, s->x, t->layers[layer].post_ln, H, n, t->hp.rms_eps);
+    if (t->layers[layer].is_moe)
+        st = moe(s, layer, n);
+    else
+        st = dense_mlp(s, layer, n, s->moe_out);
+    if (st != KVL_OK) return st;
+    for (size_t i = 0; i < (size_t)n * H; i++) s->x[i] += s->moe_out[i];
+    return KVL_OK;
+}
+
+kvl_status kvl_model_forward(kvl_session *s, const int32_t *tokens, int n, const float *media,
+                             int *media_cursor, int logits_mode, float *logits)
+{
+    kvl_engine *e = s->engine;
+    kvl_engine_text *t = e->text;
+    const kvl_text_hparams *hp = &t->hp;
+    const size_t H = (size_t)hp->hidden, V = (size_t)hp->vocab;
+    const int pos0 = s->position;
+    kvl_status st;
+
+    for (int i = 0; i < n; i++) {
+        float *dst = s->x + (size_t)i * H;
+        if (media && tokens[i] == hp->media_token) {
+            memcpy(dst, media + (size_t)(*media_cursor)++ * H, H * 4);
+            continue;
+        }
+        st = kvl_store_read_small(e->trunk, t->embed->offset + (uint64_t)tokens[i] * H * 2, H * 2,
+                                  s->embed_row);
+        if (st != KVL_OK)
+            return kvl_engine_fail(e, st, "reading the embedding row of token %d from trunk.bin "
+                                   "failed", (int)tokens[i]);
+        e->k->bf16_to_f32(dst, s->embed_row, H);
+    }
+    for (int l = 0; l < hp->n_layers; l++) {
+        if (kvl_atomic_load(&s->cancel_flag))
+            return kvl_engine_fail(e, KVL_ERR_CANCELLED, "cancelled by kvl_session_cancel");
+        if ((st = attention(s, l, n, pos0)) != KVL_OK) return st;
+        if ((st = ffn(s, l, n)) != KVL_OK) return st;
+    }
+    if (logits_mode != KVL_LOGITS_NONE) {
+        int first = logits_mode == KVL_LOGITS_ALL ? 0 : n - 1;
+        int m = n - first;
+        norm_rows(s->xn + (size_t)first * H, s->x + (size_t)first * H, t->final_norm, H, m,
+                  hp->rms_eps);
+        par_mm(e, MM_BF16, logits, V, t->lm_head, NULL, V, H, s->xn + (size_t)first * H, H,
+               (size_t)m);
+    }
+    s->position = pos0 + n;
+    return KVL_OK;
+}
