@@ -59,13 +59,15 @@ typedef struct kvl_engine_options {
     int32_t n_threads;             /* 0 = every core */
     uint64_t expert_cache_bytes;   /* 0 = 512 MiB; rounded down to whole extents, minimum one
                                       layer's top-k extents (error below that) */
-    int64_t trunk_cache_bytes;     /* -1 = stream every non-global trunk tensor, 0 = default
-                                      (caller-planned; the Python planner always passes a value),
-                                      >0 = byte budget for resident non-global trunk tensors */
+    int64_t trunk_cache_bytes;     /* -1 = stream every non-global trunk tensor, 0 = keep them
+                                      all resident, >0 = byte budget for resident non-global
+                                      trunk tensors (a prefix in forward order; the rest stream).
+                                      The Python planner always passes its planned figure. */
     int32_t io_mode;               /* KVL_IO_*: AUTO tries direct I/O and falls back to buffered,
                                       reporting which one it got in kvl_engine_info */
     int32_t kernels;               /* KVL_KERNELS_*: AUTO = best the CPU supports */
-    int32_t kv_dtype;              /* KVL_KV_* */
+    int32_t kv_dtype;              /* KVL_KV_*; DEFAULT = F32 (BF16 moved tiny-model logits by
+                                      4e-2, over the 1e-3 correctness tolerance) */
     int32_t load_vision;           /* 1 = open vision.idx/vision.bin too */
 } kvl_engine_options;
 

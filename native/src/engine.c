@@ -806,6 +806,11 @@ kvl_status kvl_engine_open(const char *pack_dir, const kvl_engine_options *optio
             st = oerr(&c, KVL_ERR_CONFIG, "vision.idx: the vision hparams are invalid; rerun kvl pack");
             goto fail;
         }
+        /* Refuse a bad vision pack now rather than at the first image. */
+        if ((st = kvl_vision_check(e)) != KVL_OK) {
+            st = oerr(&c, st, "%s", e->last_error);
+            goto fail;
+        }
     }
     e->pool = kvl_pool_create(o.n_threads);
     if (!e->pool) { st = oerr(&c, KVL_ERR_NOMEM, "cannot create the thread pool"); goto fail; }

@@ -30,6 +30,10 @@ struct kvl_engine {
     struct kvl_engine_text *text;
 };
 
+/* vision.c: validate every vision/projector tensor against engine->vhp (no data read);
+ * engine.c calls it at open when load_vision = 1. */
+kvl_status kvl_vision_check(kvl_engine *engine);
+
 /* vision.c / model.c: set engine->last_error and return status */
 kvl_status kvl_engine_fail(kvl_engine *engine, kvl_status status, const char *fmt, ...);
 

@@ -59,5 +59,8 @@ void kvl_gelu_tanh(float *x, size_t n);
 void kvl_gelu_erf(float *x, size_t n);
 void kvl_softmax(float *x, size_t n);                               /* in place, FP32 */
 float kvl_bf16_round(float x);                                      /* round-trip through BF16 */
+/* Single-value BF16 conversions (same rounding as the table entries; NaN stays a quiet NaN). */
+float kvl_bf16_to_float(uint16_t h);
+uint16_t kvl_float_to_bf16(float f);
 
 #endif

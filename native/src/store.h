@@ -3,7 +3,7 @@
  * Owns: parsing and validating an index (magic, version, CRC, record bounds, alignment,
  * overlaps, bin size), the hparam table, and positional reads from the .bin file with direct
  * I/O (O_DIRECT / FILE_FLAG_NO_BUFFERING) or a buffered fallback.
- * Does not own: caching (expert_cache.c, trunk cache in model.c) or any math.
+ * Does not own: caching (expert_cache.c; the trunk cache in engine.c) or any math.
  */
 #ifndef KVL_STORE_H
 #define KVL_STORE_H

@@ -325,9 +325,7 @@ static kvl_status load_vec(weight_loader *ld, const char *name, size_t n, const 
 }
 
 /* Check every vision/projector tensor against the hparams without reading any data, so a bad
- * pack can be refused when the engine opens rather than at the first image. Not static:
- * engine.c may call it after filling engine->vhp (declare it there or in engine_internal.h). */
-kvl_status kvl_vision_check(kvl_engine *engine);
+ * pack is refused when the engine opens (engine.c) rather than at the first image. */
 kvl_status kvl_vision_check(kvl_engine *engine)
 {
     static const char *const block_vectors[] = {"norm0.weight", "norm0.bias", "norm1.weight",

@@ -1,0 +1,348 @@
+/* kernels_avx2.c — the "avx2" kernel table (AVX2 + FMA + F16C).
+ *
+ * Owns: AVX2 versions of every kvl_kernels entry. This file alone is compiled with
+ * -mavx2 -mfma -mf16c (/arch:AVX2 on MSVC), so nothing here may run before kernels_select.c
+ * has checked the CPU and OS.
+ * Does not own: the numeric definition of each kernel (kernels_ref.c is the reference; results
+ * here differ from it only by FP32 summation order), threading, CPU detection.
+ *
+ * Matrix products use register tiles of up to 4 weight rows x 2 activation vectors: each
+ * weight vector is loaded and converted once and used for 2 tokens, each activation vector
+ * once for 4 rows (16 ymm registers allow no more without spills). Decode (n = 1) is
+ * memory-bound, so the 4x1 tile keeps just enough independent FMA chains to outrun DRAM.
+ * Every loop has a scalar tail for odd sizes.
+ */
+#include "kernels.h"
+
+#include <immintrin.h>
+#include <math.h>
+#include <string.h>
+
+#if defined(_MSC_VER) && !defined(__clang__)
+#define KVL_INLINE static __forceinline
+#elif defined(__GNUC__) || defined(__clang__)
+#define KVL_INLINE static inline __attribute__((always_inline))
+#else
+#define KVL_INLINE static inline
+#endif
+
+/* The tile loops below run over compile-time constants (R, T <= 4) and must be fully unrolled so
+ * the accumulator arrays become registers; GCC at -O2 does not do that on its own. */
+#if defined(__GNUC__) || defined(__clang__)
+#define KVL_UNROLL _Pragma("GCC unroll 8")
+#else
+#define KVL_UNROLL
+#endif
+
+#define TR 4 /* rows per tile */
+#define TT 2 /* tokens per tile: 4x2 accumulators + 4 weights + 1 activation fit in 16 ymm */
+
+KVL_INLINE float hsum256(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+    return _mm_cvtss_f32(s);
+}
+
+static float bf16_scalar(uint16_t h)
+{
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+/* 8 bf16 -> 8 fp32: widen to 32 bits and shift into the high half (exact, no rounding). */
+KVL_INLINE __m256 load_bf16x8(const uint16_t *p)
+{
+    __m128i h = _mm_loadu_si128((const __m128i *)(const void *)p);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+KVL_INLINE __m256 load_q8x8(const int8_t *p)
+{
+    __m128i b = _mm_loadl_epi64((const __m128i *)(const void *)p);
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
+}
+
+/* ---- generic tile: R rows x T tokens, the weight element type chosen by KIND ------------ */
+
+enum { KIND_BF16, KIND_Q8, KIND_F32 };
+
+KVL_INLINE __m256 load_w(int kind, const void *w, size_t c)
+{
+    if (kind == KIND_BF16)
+        return load_bf16x8((const uint16_t *)w + c);
+    if (kind == KIND_Q8)
+        return load_q8x8((const int8_t *)w + c);
+    return _mm256_loadu_ps((const float *)w + c);
+}
+
+KVL_INLINE float scalar_w(int kind, const void *w, size_t c)
+{
+    if (kind == KIND_BF16)
+        return bf16_scalar(((const uint16_t *)w)[c]);
+    if (kind == KIND_Q8)
+        return (float)((const int8_t *)w)[c];
+    return ((const float *)w)[c];
+}
+
+KVL_INLINE size_t elem_size(int kind)
+{
+    return kind == KIND_BF16 ? 2 : kind == KIND_Q8 ? 1 : 4;
+}
+
+/* Y[t*ldy + r0 + i] = (sum_c W[r0+i, c] X[t, c]) * (scale ? scale[r0+i] : 1) for i<R, t<T.
+ * R and T are compile-time constants at every call site, so the accumulators live in
+ * registers after inlining. */
+KVL_INLINE void tile(int kind, float *Y, size_t ldy, const void *W, const float *scale,
+                     size_t r0, size_t cols, const float *X, size_t ldx, int prefetch, const int R,
+                     const int T)
+{
+    __m256 acc[TR][TT];
+    const char *wrow[TR];
+    KVL_UNROLL
+    for (int i = 0; i < R; i++) {
+        wrow[i] = (const char *)W + (r0 + (size_t)i) * cols * elem_size(kind);
+        KVL_UNROLL
+        for (int t = 0; t < T; t++)
+            acc[i][t] = _mm256_setzero_ps();
+    }
+    size_t c = 0;
+    const size_t row_bytes = cols * elem_size(kind);
+    for (; c + 8 <= cols; c += 8) {
+        /* Rows of a tile are short streams (2-4 KB) that the hardware prefetcher barely ramps
+         * up on; fetch the next tile's rows (contiguous after ours) into L2, a line at a time. */
+        if (prefetch && ((c * elem_size(kind)) & 63) == 0) {
+            KVL_UNROLL
+            for (int i = 0; i < R; i++)
+                _mm_prefetch(wrow[i] + (size_t)R * row_bytes + c * elem_size(kind), _MM_HINT_T1);
+        }
+        __m256 w[TR];
+        KVL_UNROLL
+        for (int i = 0; i < R; i++)
+            w[i] = load_w(kind, wrow[i], c);
+        KVL_UNROLL
+        for (int t = 0; t < T; t++) {
+            __m256 x = _mm256_loadu_ps(X + (size_t)t * ldx + c);
+            KVL_UNROLL
+            for (int i = 0; i < R; i++)
+                acc[i][t] = _mm256_fmadd_ps(w[i], x, acc[i][t]);
+        }
+    }
+    KVL_UNROLL
+    for (int i = 0; i < R; i++) {
+        KVL_UNROLL
+        for (int t = 0; t < T; t++) {
+            float s = hsum256(acc[i][t]);
+            const float *x = X + (size_t)t * ldx;
+            for (size_t cc = c; cc < cols; cc++)
+                s += scalar_w(kind, wrow[i], cc) * x[cc];
+            if (scale)
+                s *= scale[r0 + (size_t)i];
+            Y[(size_t)t * ldy + r0 + (size_t)i] = s;
+        }
+    }
+}
+
+KVL_INLINE void matmul_generic(int kind, float *Y, size_t ldy, const void *W, const float *scale,
+                               size_t rows, size_t cols, const float *X, size_t ldx, size_t n)
+{
+    size_t r = 0;
+    for (; r + TR <= rows; r += TR) {
+        int pf = r + 2 * TR <= rows; /* next tile exists: prefetch it (first token block only) */
+        size_t t = 0;
+        for (; t + TT <= n; t += TT)
+            tile(kind, Y + t * ldy, ldy, W, scale, r, cols, X + t * ldx, ldx, pf && t == 0, TR, TT);
+        for (; t < n; t++)
+            tile(kind, Y + t * ldy, ldy, W, scale, r, cols, X + t * ldx, ldx, pf && t < TT, TR, 1);
+    }
+    for (; r < rows; r++) {
+        size_t t = 0;
+        for (; t + TT <= n; t += TT)
+            tile(kind, Y + t * ldy, ldy, W, scale, r, cols, X + t * ldx, ldx, 0, 1, TT);
+        for (; t < n; t++)
+            tile(kind, Y + t * ldy, ldy, W, scale, r, cols, X + t * ldx, ldx, 0, 1, 1);
+    }
+}
+
+static void avx2_matmul_bf16(float *Y, size_t ldy, const uint16_t *W, size_t rows, size_t cols,
+                             const float *X, size_t ldx, size_t n)
+{
+    matmul_generic(KIND_BF16, Y, ldy, W, NULL, rows, cols, X, ldx, n);
+}
+
+static void avx2_matmul_q8(float *Y, size_t ldy, const int8_t *W, const float *scale, size_t rows,
+                           size_t cols, const float *X, size_t ldx, size_t n)
+{
+    matmul_generic(KIND_Q8, Y, ldy, W, scale, rows, cols, X, ldx, n);
+}
+
+static void avx2_matmul_f32(float *Y, size_t ldy, const float *W, size_t rows, size_t cols,
+                            const float *X, size_t ldx, size_t n)
+{
+    matmul_generic(KIND_F32, Y, ldy, W, NULL, rows, cols, X, ldx, n);
+}
+
+/* ---- Q8 activations -------------------------------------------------------------------- */
+
+static void avx2_quantize_q8_act(int8_t *Xq, float *xs, const float *X, size_t cols, size_t n,
+                                 size_t ldx_in, size_t ldx_out)
+{
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    const __m256 lim = _mm256_set1_ps(127.0f);
+    const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    size_t blocks = cols / 32;
+    for (size_t t = 0; t < n; t++) {
+        const float *x = X + t * ldx_in;
+        int8_t *q = Xq + t * ldx_out;
+        float *s = xs + t * (ldx_out / 32);
+        for (size_t b = 0; b < blocks; b++) {
+            const float *xb = x + b * 32;
+            __m256 v0 = _mm256_loadu_ps(xb), v1 = _mm256_loadu_ps(xb + 8);
+            __m256 v2 = _mm256_loadu_ps(xb + 16), v3 = _mm256_loadu_ps(xb + 24);
+            __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_and_ps(v0, absmask), _mm256_and_ps(v1, absmask)),
+                                     _mm256_max_ps(_mm256_and_ps(v2, absmask), _mm256_and_ps(v3, absmask)));
+            __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+            m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+            m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
+            float amax = _mm_cvtss_f32(m4);
+            /* Same scalar expressions as the reference, so the int8 values agree exactly. */
+            float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+            s[b] = amax / 127.0f;
+            __m256 vi = _mm256_set1_ps(inv);
+            /* cvtps rounds with MXCSR (default nearest-even), like rintf in the reference. */
+            __m256i i0 = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_mul_ps(v0, vi), lim));
+            __m256i i1 = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_mul_ps(v1, vi), lim));
+            __m256i i2 = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_mul_ps(v2, vi), lim));
+            __m256i i3 = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_mul_ps(v3, vi), lim));
+            /* Packing saturates to [-128,127]; |x*inv| <= 127 (up to rounding) so the clamp to
+             * -127 only matters for values that round below it, handled by the max. */
+            __m256i p01 = _mm256_packs_epi32(i0, i1), p23 = _mm256_packs_epi32(i2, i3);
+            __m256i p = _mm256_packs_epi16(p01, p23);
+            p = _mm256_max_epi8(p, _mm256_set1_epi8(-127));
+            /* pack works per 128-bit lane; restore element order. */
+            p = _mm256_permutevar8x32_epi32(p, perm);
+            _mm256_storeu_si256((__m256i *)(void *)(q + b * 32), p);
+        }
+    }
+}
+
+static void avx2_matmul_q8_q8(float *Y, size_t ldy, const int8_t *W, const float *scale,
+                              size_t rows, size_t cols, const int8_t *Xq, const float *xs,
+                              size_t ldx, size_t n)
+{
+    /* maddubs multiplies unsigned x signed bytes: feed |w| and x carrying w's sign; the
+     * pair sums are <= 2*128*127 < 32767, so nothing saturates and the int32 dot is exact. */
+    const __m256i ones = _mm256_set1_epi16(1);
+    size_t blocks = cols / 32;
+    for (size_t r = 0; r < rows; r++) {
+        const int8_t *w = W + r * cols;
+        size_t t = 0;
+        for (; t + 2 <= n; t += 2) {
+            const int8_t *x0 = Xq + t * ldx, *x1 = x0 + ldx;
+            const float *s0 = xs + t * (ldx / 32), *s1 = s0 + ldx / 32;
+            __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+            for (size_t b = 0; b < blocks; b++) {
+                __m256i wv = _mm256_loadu_si256((const __m256i *)(const void *)(w + b * 32));
+                __m256i aw = _mm256_abs_epi8(wv);
+                __m256i xv0 = _mm256_loadu_si256((const __m256i *)(const void *)(x0 + b * 32));
+                __m256i xv1 = _mm256_loadu_si256((const __m256i *)(const void *)(x1 + b * 32));
+                __m256i d0 = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(xv0, wv)), ones);
+                __m256i d1 = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(xv1, wv)), ones);
+                a0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d0), _mm256_set1_ps(s0[b]), a0);
+                a1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d1), _mm256_set1_ps(s1[b]), a1);
+            }
+            Y[t * ldy + r] = hsum256(a0) * scale[r];
+            Y[(t + 1) * ldy + r] = hsum256(a1) * scale[r];
+        }
+        for (; t < n; t++) {
+            const int8_t *x0 = Xq + t * ldx;
+            const float *s0 = xs + t * (ldx / 32);
+            __m256 a0 = _mm256_setzero_ps();
+            for (size_t b = 0; b < blocks; b++) {
+                __m256i wv = _mm256_loadu_si256((const __m256i *)(const void *)(w + b * 32));
+                __m256i xv0 = _mm256_loadu_si256((const __m256i *)(const void *)(x0 + b * 32));
+                __m256i d0 = _mm256_madd_epi16(
+                    _mm256_maddubs_epi16(_mm256_abs_epi8(wv), _mm256_sign_epi8(xv0, wv)), ones);
+                a0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d0), _mm256_set1_ps(s0[b]), a0);
+            }
+            Y[t * ldy + r] = hsum256(a0) * scale[r];
+        }
+    }
+}
+
+/* ---- vector ops ------------------------------------------------------------------------ */
+
+static float avx2_dot_f32(const float *a, const float *b, size_t n)
+{
+    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+    }
+    for (; i + 8 <= n; i += 8)
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+    float s = hsum256(_mm256_add_ps(s0, s1));
+    for (; i < n; i++)
+        s += a[i] * b[i];
+    return s;
+}
+
+static void avx2_axpy_f32(float *y, float a, const float *x, size_t n)
+{
+    __m256 va = _mm256_set1_ps(a);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+    for (; i < n; i++)
+        y[i] += a * x[i];
+}
+
+static void avx2_bf16_to_f32(float *dst, const uint16_t *src, size_t n)
+{
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(dst + i, load_bf16x8(src + i));
+    for (; i < n; i++)
+        dst[i] = bf16_scalar(src[i]);
+}
+
+static void avx2_f32_to_bf16(uint16_t *dst, const float *src, size_t n)
+{
+    const __m256i absmask = _mm256_set1_epi32(0x7fffffff);
+    const __m256i inf = _mm256_set1_epi32(0x7f800000);
+    const __m256i one = _mm256_set1_epi32(1);
+    const __m256i bias = _mm256_set1_epi32(0x7fff);
+    const __m256i quiet = _mm256_set1_epi32(0x0040);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256i u = _mm256_castps_si256(_mm256_loadu_ps(src + i));
+        /* Same bit recipe as the reference: RNE by adding 0x7fff + lsb; NaNs made quiet. */
+        __m256i rounded = _mm256_add_epi32(u, _mm256_add_epi32(bias, _mm256_and_si256(_mm256_srli_epi32(u, 16), one)));
+        rounded = _mm256_srli_epi32(rounded, 16);
+        __m256i nanv = _mm256_or_si256(_mm256_srli_epi32(u, 16), quiet);
+        __m256i isnan = _mm256_cmpgt_epi32(_mm256_and_si256(u, absmask), inf);
+        __m256i r = _mm256_blendv_epi8(rounded, nanv, isnan);
+        /* r holds 16-bit values in 32-bit lanes; packus per 128-bit lane, then gather. */
+        __m128i lo = _mm256_castsi256_si128(r), hi = _mm256_extracti128_si256(r, 1);
+        _mm_storeu_si128((__m128i *)(void *)(dst + i), _mm_packus_epi32(lo, hi));
+    }
+    for (; i < n; i++)
+        dst[i] = kvl_float_to_bf16(src[i]);
+}
+
+const kvl_kernels kvl_kernels_avx2_table = {
+    "avx2",
+    avx2_matmul_bf16,
+    avx2_matmul_q8,
+    avx2_matmul_f32,
+    avx2_quantize_q8_act,
+    avx2_matmul_q8_q8,
+    avx2_dot_f32,
+    avx2_axpy_f32,
+    avx2_bf16_to_f32,
+    avx2_f32_to_bf16,
+};

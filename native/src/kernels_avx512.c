@@ -1,0 +1,410 @@
+/* kernels_avx512.c — the "avx512" kernel table (AVX-512 F/BW/VL/DQ + VNNI).
+ *
+ * Owns: AVX-512 versions of every kvl_kernels entry. This file alone is compiled with the
+ * AVX-512 flags (/arch:AVX512 on MSVC), so nothing here may run before kernels_select.c has
+ * checked the CPU and the OS (XCR0 ZMM state).
+ * Does not own: the numeric definition of each kernel (kernels_ref.c is the reference; results
+ * here differ from it only by FP32 summation order — the int8 dot products of matmul_q8_q8 are
+ * exact), threading, CPU detection.
+ *
+ * Register tiles of up to 4 weight rows x 4 activation vectors (16 zmm accumulators): each
+ * weight vector is loaded and widened once per 4 tokens, each activation vector once per 4
+ * rows. Column tails (cols % 16) use masked loads, i.e. the same vector code on zero-padded
+ * lanes, so there is no separate slow path. AVX512_BF16 instructions are deliberately not
+ * used: VCVTNEPS2BF16 flushes denormals and VDPBF16PS would round the FP32 activations.
+ */
+#include "kernels.h"
+
+#include <immintrin.h>
+#include <string.h>
+
+#if defined(_MSC_VER) && !defined(__clang__)
+#define KVL_INLINE static __forceinline
+#elif defined(__GNUC__) || defined(__clang__)
+#define KVL_INLINE static inline __attribute__((always_inline))
+#else
+#define KVL_INLINE static inline
+#endif
+
+/* The tile loops below run over compile-time constants (R, T <= 4) and must be fully unrolled so
+ * the accumulator arrays become registers; GCC at -O2 does not do that on its own. */
+#if defined(__GNUC__) || defined(__clang__)
+#define KVL_UNROLL _Pragma("GCC unroll 8")
+#else
+#define KVL_UNROLL
+#endif
+
+#define TR 4 /* rows per tile */
+#define TT 4 /* tokens per tile */
+
+KVL_INLINE float hsum512(__m512 v)
+{
+    __m256 h = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+    return _mm_cvtss_f32(s);
+}
+
+KVL_INLINE __mmask16 tail_mask16(size_t k)
+{
+    return (__mmask16)((1u << k) - 1u); /* k < 16 */
+}
+
+/* 16 bf16 -> 16 fp32: widen and shift into the high half (exact). */
+KVL_INLINE __m512 bf16x16(__m256i h)
+{
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+enum { KIND_BF16, KIND_Q8, KIND_F32 };
+
+KVL_INLINE size_t elem_size(int kind)
+{
+    return kind == KIND_BF16 ? 2 : kind == KIND_Q8 ? 1 : 4;
+}
+
+KVL_INLINE __m512 load_w(int kind, const void *w, size_t c)
+{
+    if (kind == KIND_BF16)
+        return bf16x16(_mm256_loadu_si256((const __m256i *)(const void *)((const uint16_t *)w + c)));
+    if (kind == KIND_Q8)
+        return _mm512_cvtepi32_ps(
+            _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(const void *)((const int8_t *)w + c))));
+    return _mm512_loadu_ps((const float *)w + c);
+}
+
+KVL_INLINE __m512 load_w_masked(int kind, const void *w, size_t c, __mmask16 m)
+{
+    if (kind == KIND_BF16)
+        return bf16x16(_mm256_maskz_loadu_epi16(m, (const uint16_t *)w + c));
+    if (kind == KIND_Q8)
+        return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, (const int8_t *)w + c)));
+    return _mm512_maskz_loadu_ps(m, (const float *)w + c);
+}
+
+/* Y[t*ldy + r0 + i] = (sum_c W[r0+i, c] X[t, c]) * (scale ? scale[r0+i] : 1) for i<R, t<T.
+ * R and T are constants at every call site, so after inlining the accumulators are registers. */
+KVL_INLINE void tile(int kind, float *Y, size_t ldy, const void *W, const float *scale,
+                     size_t r0, size_t cols, const float *X, size_t ldx, int prefetch, const int R,
+                     const int T)
+{
+    __m512 acc[TR][TT];
+    const char *wrow[TR];
+    KVL_UNROLL
+    for (int i = 0; i < R; i++) {
+        wrow[i] = (const char *)W + (r0 + (size_t)i) * cols * elem_size(kind);
+        KVL_UNROLL
+        for (int t = 0; t < T; t++)
+            acc[i][t] = _mm512_setzero_ps();
+    }
+    size_t c = 0;
+    const size_t row_bytes = cols * elem_size(kind);
+    for (; c + 16 <= cols; c += 16) {
+        /* Rows of a tile are short streams (2-4 KB) that the hardware prefetcher barely ramps
+         * up on; fetch the next tile's rows (contiguous after ours) into L2, a line at a time. */
+        if (prefetch && ((c * elem_size(kind)) & 63) == 0) {
+            KVL_UNROLL
+            for (int i = 0; i < R; i++)
+                _mm_prefetch(wrow[i] + (size_t)R * row_bytes + c * elem_size(kind), _MM_HINT_T1);
+        }
+        __m512 w[TR];
+        KVL_UNROLL
+        for (int i = 0; i < R; i++)
+            w[i] = load_w(kind, wrow[i], c);
+        KVL_UNROLL
+        for (int t = 0; t < T; t++) {
+            __m512 x = _mm512_loadu_ps(X + (size_t)t * ldx + c);
+            KVL_UNROLL
+            for (int i = 0; i < R; i++)
+                acc[i][t] = _mm512_fmadd_ps(w[i], x, acc[i][t]);
+        }
+    }
+    if (c < cols) {
+        __mmask16 m = tail_mask16(cols - c);
+        __m512 w[TR];
+        KVL_UNROLL
+        for (int i = 0; i < R; i++)
+            w[i] = load_w_masked(kind, wrow[i], c, m);
+        KVL_UNROLL
+        for (int t = 0; t < T; t++) {
+            __m512 x = _mm512_maskz_loadu_ps(m, X + (size_t)t * ldx + c);
+            KVL_UNROLL
+            for (int i = 0; i < R; i++)
+                acc[i][t] = _mm512_fmadd_ps(w[i], x, acc[i][t]);
+        }
+    }
+    KVL_UNROLL
+    for (int i = 0; i < R; i++)
+        KVL_UNROLL
+        for (int t = 0; t < T; t++) {
+            float s = hsum512(acc[i][t]);
+            if (scale)
+                s *= scale[r0 + (size_t)i];
+            Y[(size_t)t * ldy + r0 + (size_t)i] = s;
+        }
+}
+
+KVL_INLINE void matmul_generic(int kind, float *Y, size_t ldy, const void *W, const float *scale,
+                               size_t rows, size_t cols, const float *X, size_t ldx, size_t n)
+{
+    size_t r = 0;
+    for (; r + TR <= rows; r += TR) {
+        int pf = r + 2 * TR <= rows; /* next tile exists: prefetch it (first token block only) */
+        size_t t = 0;
+        for (; t + TT <= n; t += TT)
+            tile(kind, Y + t * ldy, ldy, W, scale, r, cols, X + t * ldx, ldx, pf && t == 0, TR, TT);
+        for (; t < n; t++)
+            tile(kind, Y + t * ldy, ldy, W, scale, r, cols, X + t * ldx, ldx, pf && t < TT, TR, 1);
+    }
+    for (; r < rows; r++) {
+        size_t t = 0;
+        for (; t + TT <= n; t += TT)
+            tile(kind, Y + t * ldy, ldy, W, scale, r, cols, X + t * ldx, ldx, 0, 1, TT);
+        for (; t < n; t++)
+            tile(kind, Y + t * ldy, ldy, W, scale, r, cols, X + t * ldx, ldx, 0, 1, 1);
+    }
+}
+
+static void avx512_matmul_bf16(float *Y, size_t ldy, const uint16_t *W, size_t rows, size_t cols,
+                               const float *X, size_t ldx, size_t n)
+{
+    matmul_generic(KIND_BF16, Y, ldy, W, NULL, rows, cols, X, ldx, n);
+}
+
+static void avx512_matmul_q8(float *Y, size_t ldy, const int8_t *W, const float *scale,
+                             size_t rows, size_t cols, const float *X, size_t ldx, size_t n)
+{
+    matmul_generic(KIND_Q8, Y, ldy, W, scale, rows, cols, X, ldx, n);
+}
+
+static void avx512_matmul_f32(float *Y, size_t ldy, const float *W, size_t rows, size_t cols,
+                              const float *X, size_t ldx, size_t n)
+{
+    matmul_generic(KIND_F32, Y, ldy, W, NULL, rows, cols, X, ldx, n);
+}
+
+/* ---- Q8 activations -------------------------------------------------------------------- */
+
+static void avx512_quantize_q8_act(int8_t *Xq, float *xs, const float *X, size_t cols, size_t n,
+                                   size_t ldx_in, size_t ldx_out)
+{
+    const __m128i lo = _mm_set1_epi8(-127);
+    const __m512i absmask = _mm512_set1_epi32(0x7fffffff);
+    size_t blocks = cols / 32;
+    for (size_t t = 0; t < n; t++) {
+        const float *x = X + t * ldx_in;
+        int8_t *q = Xq + t * ldx_out;
+        float *s = xs + t * (ldx_out / 32);
+        for (size_t b = 0; b < blocks; b++) {
+            __m512 v0 = _mm512_loadu_ps(x + b * 32), v1 = _mm512_loadu_ps(x + b * 32 + 16);
+            /* |v| by clearing the sign bit (portable to every compiler's immintrin.h) */
+            __m512 a0 = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(v0), absmask));
+            __m512 a1 = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(v1), absmask));
+            __m512 m = _mm512_max_ps(a0, a1);
+            __m256 m8 = _mm256_max_ps(_mm512_castps512_ps256(m), _mm512_extractf32x8_ps(m, 1));
+            __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m8), _mm256_extractf128_ps(m8, 1));
+            m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+            m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
+            float amax = _mm_cvtss_f32(m4);
+            /* Same scalar expressions as the reference, so the int8 values agree exactly. */
+            float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+            s[b] = amax / 127.0f;
+            __m512 vi = _mm512_set1_ps(inv);
+            /* cvtps rounds with MXCSR (nearest-even by default), like rintf in the reference;
+             * the saturating narrow then the max reproduce the reference's clamp to +-127. */
+            __m128i q0 = _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(v0, vi)));
+            __m128i q1 = _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(v1, vi)));
+            _mm_storeu_si128((__m128i *)(void *)(q + b * 32), _mm_max_epi8(q0, lo));
+            _mm_storeu_si128((__m128i *)(void *)(q + b * 32 + 16), _mm_max_epi8(q1, lo));
+        }
+    }
+}
+
+/* Per-lane scales for one 64-byte chunk = two 32-value blocks: lanes 0-7 block b, 8-15 b+1. */
+KVL_INLINE __m512 block_scales2(const float *s)
+{
+    return _mm512_insertf32x8(_mm512_set1_ps(s[0]), _mm256_set1_ps(s[1]), 1);
+}
+
+/* VPDPBUSD multiplies unsigned x signed bytes. Feeding |w| (so -128 becomes 128, still exact as
+ * unsigned) and x with w's sign applied gives exactly w*x per byte; x is in [-127, 127] so its
+ * negation cannot overflow. The int32 lane sums are exact. */
+KVL_INLINE void tile_q8q8(float *Y, size_t ldy, const int8_t *W, const float *scale, size_t r0,
+                          size_t cols, const int8_t *Xq, const float *xs, size_t ldx, int prefetch,
+                          const int R, const int T)
+{
+    __m512 acc[TR][TT];
+    const int8_t *wrow[TR];
+    const size_t lds = ldx / 32;
+    KVL_UNROLL
+    for (int i = 0; i < R; i++) {
+        wrow[i] = W + (r0 + (size_t)i) * cols;
+        KVL_UNROLL
+        for (int t = 0; t < T; t++)
+            acc[i][t] = _mm512_setzero_ps();
+    }
+    const __m512i zero = _mm512_setzero_si512();
+    size_t c = 0;
+    for (; c + 64 <= cols; c += 64) {
+        __m512i aw[TR];
+        __mmask64 neg[TR];
+        if (prefetch) { /* next tile's rows, as in tile() */
+            KVL_UNROLL
+            for (int i = 0; i < R; i++)
+                _mm_prefetch((const char *)(wrow[i] + (size_t)R * cols + c), _MM_HINT_T1);
+        }
+        KVL_UNROLL
+        for (int i = 0; i < R; i++) {
+            __m512i w = _mm512_loadu_si512((const void *)(wrow[i] + c));
+            aw[i] = _mm512_abs_epi8(w);
+            neg[i] = _mm512_movepi8_mask(w);
+        }
+        KVL_UNROLL
+        for (int t = 0; t < T; t++) {
+            __m512i x = _mm512_loadu_si512((const void *)(Xq + (size_t)t * ldx + c));
+            __m512 sv = block_scales2(xs + (size_t)t * lds + c / 32);
+            KVL_UNROLL
+            for (int i = 0; i < R; i++) {
+                __m512i xsg = _mm512_mask_sub_epi8(x, neg[i], zero, x);
+                __m512i d = _mm512_dpbusd_epi32(zero, aw[i], xsg);
+                acc[i][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), sv, acc[i][t]);
+            }
+        }
+    }
+    if (c < cols) { /* one remaining 32-value block: 256-bit VNNI */
+        const __m256i zero8 = _mm256_setzero_si256();
+        __m256i aw[TR];
+        __mmask32 neg[TR];
+        KVL_UNROLL
+        for (int i = 0; i < R; i++) {
+            __m256i w = _mm256_loadu_si256((const __m256i *)(const void *)(wrow[i] + c));
+            aw[i] = _mm256_abs_epi8(w);
+            neg[i] = _mm256_movepi8_mask(w);
+        }
+        KVL_UNROLL
+        for (int t = 0; t < T; t++) {
+            __m256i x = _mm256_loadu_si256((const __m256i *)(const void *)(Xq + (size_t)t * ldx + c));
+            __m256 sv = _mm256_set1_ps(xs[(size_t)t * lds + c / 32]);
+            KVL_UNROLL
+            for (int i = 0; i < R; i++) {
+                __m256i xsg = _mm256_mask_sub_epi8(x, neg[i], zero8, x);
+                __m256i d = _mm256_dpbusd_epi32(zero8, aw[i], xsg);
+                __m256 p = _mm256_mul_ps(_mm256_cvtepi32_ps(d), sv);
+                /* insert into zero, not a cast: a cast leaves the upper lanes undefined. */
+                acc[i][t] = _mm512_add_ps(acc[i][t], _mm512_insertf32x8(_mm512_setzero_ps(), p, 0));
+            }
+        }
+    }
+    KVL_UNROLL
+    for (int i = 0; i < R; i++)
+        KVL_UNROLL
+        for (int t = 0; t < T; t++)
+            Y[(size_t)t * ldy + r0 + (size_t)i] = hsum512(acc[i][t]) * scale[r0 + (size_t)i];
+}
+
+static void avx512_matmul_q8_q8(float *Y, size_t ldy, const int8_t *W, const float *scale,
+                                size_t rows, size_t cols, const int8_t *Xq, const float *xs,
+                                size_t ldx, size_t n)
+{
+    size_t r = 0;
+    const size_t lds = ldx / 32;
+    for (; r + TR <= rows; r += TR) {
+        int pf = r + 2 * TR <= rows;
+        size_t t = 0;
+        for (; t + TT <= n; t += TT)
+            tile_q8q8(Y + t * ldy, ldy, W, scale, r, cols, Xq + t * ldx, xs + t * lds, ldx,
+                      pf && t == 0, TR, TT);
+        for (; t < n; t++)
+            tile_q8q8(Y + t * ldy, ldy, W, scale, r, cols, Xq + t * ldx, xs + t * lds, ldx,
+                      pf && t < TT, TR, 1);
+    }
+    for (; r < rows; r++) {
+        size_t t = 0;
+        for (; t + TT <= n; t += TT)
+            tile_q8q8(Y + t * ldy, ldy, W, scale, r, cols, Xq + t * ldx, xs + t * lds, ldx, 0, 1, TT);
+        for (; t < n; t++)
+            tile_q8q8(Y + t * ldy, ldy, W, scale, r, cols, Xq + t * ldx, xs + t * lds, ldx, 0, 1, 1);
+    }
+}
+
+/* ---- vector ops ------------------------------------------------------------------------ */
+
+static float avx512_dot_f32(const float *a, const float *b, size_t n)
+{
+    __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
+    size_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s0);
+        s1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16), s1);
+    }
+    for (; i + 16 <= n; i += 16)
+        s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s0);
+    if (i < n) {
+        __mmask16 m = tail_mask16(n - i);
+        s1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i), s1);
+    }
+    return hsum512(_mm512_add_ps(s0, s1));
+}
+
+static void avx512_axpy_f32(float *y, float a, const float *x, size_t n)
+{
+    __m512 va = _mm512_set1_ps(a);
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(y + i, _mm512_fmadd_ps(va, _mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i)));
+    if (i < n) {
+        __mmask16 m = tail_mask16(n - i);
+        __m512 r = _mm512_fmadd_ps(va, _mm512_maskz_loadu_ps(m, x + i), _mm512_maskz_loadu_ps(m, y + i));
+        _mm512_mask_storeu_ps(y + i, m, r);
+    }
+}
+
+static void avx512_bf16_to_f32(float *dst, const uint16_t *src, size_t n)
+{
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(dst + i, bf16x16(_mm256_loadu_si256((const __m256i *)(const void *)(src + i))));
+    if (i < n) {
+        __mmask16 m = tail_mask16(n - i);
+        _mm512_mask_storeu_ps(dst + i, m, bf16x16(_mm256_maskz_loadu_epi16(m, src + i)));
+    }
+}
+
+KVL_INLINE __m256i f32x16_to_bf16(__m512 v)
+{
+    /* Same bit recipe as the reference: RNE by adding 0x7fff + lsb; NaNs made quiet. */
+    __m512i u = _mm512_castps_si512(v);
+    __m512i hi = _mm512_srli_epi32(u, 16);
+    __m512i rounded = _mm512_add_epi32(
+        u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), _mm512_and_si512(hi, _mm512_set1_epi32(1))));
+    rounded = _mm512_srli_epi32(rounded, 16);
+    __mmask16 isnan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
+                                              _mm512_set1_epi32(0x7f800000));
+    __m512i r = _mm512_mask_or_epi32(rounded, isnan, hi, _mm512_set1_epi32(0x0040));
+    return _mm512_cvtepi32_epi16(r);
+}
+
+static void avx512_f32_to_bf16(uint16_t *dst, const float *src, size_t n)
+{
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm256_storeu_si256((__m256i *)(void *)(dst + i), f32x16_to_bf16(_mm512_loadu_ps(src + i)));
+    if (i < n) {
+        __mmask16 m = tail_mask16(n - i);
+        _mm256_mask_storeu_epi16(dst + i, m, f32x16_to_bf16(_mm512_maskz_loadu_ps(m, src + i)));
+    }
+}
+
+const kvl_kernels kvl_kernels_avx512_table = {
+    "avx512",
+    avx512_matmul_bf16,
+    avx512_matmul_q8,
+    avx512_matmul_f32,
+    avx512_quantize_q8_act,
+    avx512_matmul_q8_q8,
+    avx512_dot_f32,
+    avx512_axpy_f32,
+    avx512_bf16_to_f32,
+    avx512_f32_to_bf16,
+};

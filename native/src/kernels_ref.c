@@ -1,0 +1,276 @@
+/* kernels_ref.c — scalar reference of every kvl_kernels entry and the scalar helpers.
+ *
+ * Owns: the "scalar" dispatch table (the one numeric reference every SIMD table is tested
+ * against), BF16 <-> FP32 conversion with round-to-nearest-even, rmsnorm / layernorm / silu_mul
+ * / gelu / softmax.
+ * Does not own: SIMD variants (kernels_avx2.c, kernels_avx512.c), CPU detection and table
+ * selection (kernels_select.c), threading (callers split rows).
+ *
+ * Written to be obviously right rather than fast: plain loops, FP32 accumulation in index order.
+ */
+#include "kernels.h"
+
+#include <math.h>
+#include <string.h>
+
+/* ---- BF16 <-> FP32 --------------------------------------------------------------------- */
+
+float kvl_bf16_to_float(uint16_t h)
+{
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+uint16_t kvl_float_to_bf16(float f)
+{
+    uint32_t bits;
+    memcpy(&bits, &f, sizeof bits);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) {
+        /* NaN: keep sign and top payload bits, force the quiet bit so truncation can never
+         * turn a NaN into an infinity. */
+        return (uint16_t)((bits >> 16) | 0x0040u);
+    }
+    /* Round to nearest, ties to even: add 0x7fff plus the lowest kept bit, then truncate.
+     * Overflow of the largest finite values correctly carries into infinity. */
+    bits += 0x7fffu + ((bits >> 16) & 1u);
+    return (uint16_t)(bits >> 16);
+}
+
+float kvl_bf16_round(float x)
+{
+    return kvl_bf16_to_float(kvl_float_to_bf16(x));
+}
+
+static void ref_bf16_to_f32(float *dst, const uint16_t *src, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        dst[i] = kvl_bf16_to_float(src[i]);
+}
+
+static void ref_f32_to_bf16(uint16_t *dst, const float *src, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        dst[i] = kvl_float_to_bf16(src[i]);
+}
+
+/* ---- matrix products ------------------------------------------------------------------- */
+
+static void ref_matmul_bf16(float *Y, size_t ldy, const uint16_t *W, size_t rows, size_t cols,
+                            const float *X, size_t ldx, size_t n)
+{
+    for (size_t t = 0; t < n; t++) {
+        const float *x = X + t * ldx;
+        for (size_t r = 0; r < rows; r++) {
+            const uint16_t *w = W + r * cols;
+            float acc = 0.0f;
+            for (size_t c = 0; c < cols; c++)
+                acc += kvl_bf16_to_float(w[c]) * x[c];
+            Y[t * ldy + r] = acc;
+        }
+    }
+}
+
+static void ref_matmul_q8(float *Y, size_t ldy, const int8_t *W, const float *scale, size_t rows,
+                          size_t cols, const float *X, size_t ldx, size_t n)
+{
+    for (size_t t = 0; t < n; t++) {
+        const float *x = X + t * ldx;
+        for (size_t r = 0; r < rows; r++) {
+            const int8_t *w = W + r * cols;
+            float acc = 0.0f;
+            for (size_t c = 0; c < cols; c++)
+                acc += (float)w[c] * x[c];
+            /* The row scale is common to every term, so it is applied once at the end. */
+            Y[t * ldy + r] = acc * scale[r];
+        }
+    }
+}
+
+static void ref_matmul_f32(float *Y, size_t ldy, const float *W, size_t rows, size_t cols,
+                           const float *X, size_t ldx, size_t n)
+{
+    for (size_t t = 0; t < n; t++) {
+        const float *x = X + t * ldx;
+        for (size_t r = 0; r < rows; r++) {
+            const float *w = W + r * cols;
+            float acc = 0.0f;
+            for (size_t c = 0; c < cols; c++)
+                acc += w[c] * x[c];
+            Y[t * ldy + r] = acc;
+        }
+    }
+}
+
+/* ---- Q8 activations -------------------------------------------------------------------- */
+
+static void ref_quantize_q8_act(int8_t *Xq, float *xs, const float *X, size_t cols, size_t n,
+                                size_t ldx_in, size_t ldx_out)
+{
+    size_t blocks = cols / 32;
+    for (size_t t = 0; t < n; t++) {
+        const float *x = X + t * ldx_in;
+        int8_t *q = Xq + t * ldx_out;
+        float *s = xs + t * (ldx_out / 32);
+        for (size_t b = 0; b < blocks; b++) {
+            float amax = 0.0f;
+            for (size_t i = 0; i < 32; i++) {
+                float a = fabsf(x[b * 32 + i]);
+                if (a > amax)
+                    amax = a;
+            }
+            /* One division for the inverse so every SIMD variant can reproduce the exact
+             * same products (and therefore the exact same int8 values). */
+            float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+            s[b] = amax / 127.0f;
+            for (size_t i = 0; i < 32; i++) {
+                float v = rintf(x[b * 32 + i] * inv); /* default mode: half to even */
+                if (v > 127.0f)
+                    v = 127.0f;
+                if (v < -127.0f)
+                    v = -127.0f;
+                q[b * 32 + i] = (int8_t)v;
+            }
+        }
+    }
+}
+
+static void ref_matmul_q8_q8(float *Y, size_t ldy, const int8_t *W, const float *scale,
+                             size_t rows, size_t cols, const int8_t *Xq, const float *xs,
+                             size_t ldx, size_t n)
+{
+    size_t blocks = cols / 32;
+    for (size_t t = 0; t < n; t++) {
+        const int8_t *x = Xq + t * ldx;
+        const float *s = xs + t * (ldx / 32);
+        for (size_t r = 0; r < rows; r++) {
+            const int8_t *w = W + r * cols;
+            float acc = 0.0f;
+            for (size_t b = 0; b < blocks; b++) {
+                int32_t isum = 0; /* exact: 32 * 128 * 127 fits easily */
+                for (size_t i = 0; i < 32; i++)
+                    isum += (int32_t)w[b * 32 + i] * (int32_t)x[b * 32 + i];
+                acc += s[b] * (float)isum;
+            }
+            Y[t * ldy + r] = acc * scale[r];
+        }
+    }
+}
+
+/* ---- vector ops ------------------------------------------------------------------------ */
+
+static float ref_dot_f32(const float *a, const float *b, size_t n)
+{
+    float acc = 0.0f;
+    for (size_t i = 0; i < n; i++)
+        acc += a[i] * b[i];
+    return acc;
+}
+
+static void ref_axpy_f32(float *y, float a, const float *x, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        y[i] += a * x[i];
+}
+
+const kvl_kernels kvl_kernels_scalar_table = {
+    "scalar",
+    ref_matmul_bf16,
+    ref_matmul_q8,
+    ref_matmul_f32,
+    ref_quantize_q8_act,
+    ref_matmul_q8_q8,
+    ref_dot_f32,
+    ref_axpy_f32,
+    ref_bf16_to_f32,
+    ref_f32_to_bf16,
+};
+
+/* ---- scalar helpers -------------------------------------------------------------------- */
+
+void kvl_rmsnorm(float *y, const float *x, const float *w, size_t n, float eps)
+{
+    if (n == 0)
+        return;
+    /* Sum of squares in double: the norm of a few thousand values then matches a correctly
+     * rounded reference to the last FP32 bit, at negligible cost. */
+    double ss = 0.0;
+    for (size_t i = 0; i < n; i++)
+        ss += (double)x[i] * (double)x[i];
+    float inv = (float)(1.0 / sqrt(ss / (double)n + (double)eps));
+    for (size_t i = 0; i < n; i++)
+        y[i] = (x[i] * inv) * (w ? w[i] : 1.0f);
+}
+
+void kvl_layernorm(float *y, const float *x, const float *w, const float *b, size_t n, float eps)
+{
+    if (n == 0)
+        return;
+    double sum = 0.0;
+    for (size_t i = 0; i < n; i++)
+        sum += x[i];
+    double mean = sum / (double)n;
+    double var = 0.0; /* two-pass variance: no cancellation for large means */
+    for (size_t i = 0; i < n; i++) {
+        double d = (double)x[i] - mean;
+        var += d * d;
+    }
+    var /= (double)n;
+    float inv = (float)(1.0 / sqrt(var + (double)eps));
+    float meanf = (float)mean;
+    for (size_t i = 0; i < n; i++) {
+        float v = (x[i] - meanf) * inv;
+        y[i] = v * (w ? w[i] : 1.0f) + (b ? b[i] : 0.0f);
+    }
+}
+
+void kvl_silu_mul(float *gate_inout, const float *up, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        float g = gate_inout[i];
+        gate_inout[i] = g / (1.0f + expf(-g)) * up[i];
+    }
+}
+
+void kvl_gelu_tanh(float *x, size_t n)
+{
+    const float k = 0.7978845608028654f; /* sqrt(2/pi) */
+    for (size_t i = 0; i < n; i++) {
+        float v = x[i];
+        x[i] = 0.5f * v * (1.0f + tanhf(k * (v + 0.044715f * v * v * v)));
+    }
+}
+
+void kvl_gelu_erf(float *x, size_t n)
+{
+    const float inv_sqrt2 = 0.7071067811865476f;
+    for (size_t i = 0; i < n; i++) {
+        float v = x[i];
+        x[i] = 0.5f * v * (1.0f + erff(v * inv_sqrt2));
+    }
+}
+
+void kvl_softmax(float *x, size_t n)
+{
+    if (n == 0)
+        return;
+    float mx = x[0];
+    for (size_t i = 1; i < n; i++)
+        if (x[i] > mx)
+            mx = x[i];
+    if (mx == -INFINITY) {
+        /* Every entry masked: a uniform distribution is the only finite answer. */
+        for (size_t i = 0; i < n; i++)
+            x[i] = 1.0f / (float)n;
+        return;
+    }
+    float sum = 0.0f;
+    for (size_t i = 0; i < n; i++) {
+        x[i] = expf(x[i] - mx); /* max-subtracted: every exponent <= 0, no overflow */
+        sum += x[i];
+    }
+    float inv = 1.0f / sum;
+    for (size_t i = 0; i < n; i++)
+        x[i] *= inv;
+}

@@ -1,0 +1,140 @@
+/* kernels_select.c — run-time choice of the kernel table.
+ *
+ * Owns: CPU feature detection (CPUID + XGETBV, for GCC/Clang and MSVC), the KVL_KERNELS
+ * environment override, kvl_kernels_select / kvl_kernels_supported.
+ * Does not own: any kernel (kernels_ref.c, kernels_avx2.c, kernels_avx512.c).
+ *
+ * The ISA must be supported by both the CPU and the OS: an OS that does not save the YMM / ZMM
+ * state on context switch (XCR0 bits) would corrupt registers, so XGETBV is checked too.
+ */
+#include "kernels.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#ifndef KVL_X86
+#if defined(__x86_64__) || defined(_M_X64) || defined(__i386__) || defined(_M_IX86)
+#define KVL_X86 1
+#else
+#define KVL_X86 0
+#endif
+#endif
+
+extern const kvl_kernels kvl_kernels_scalar_table;
+#if KVL_X86
+extern const kvl_kernels kvl_kernels_avx2_table;
+extern const kvl_kernels kvl_kernels_avx512_table;
+
+#if defined(_MSC_VER) && !defined(__clang__)
+#include <intrin.h>
+#include <immintrin.h>
+static void cpuid(unsigned leaf, unsigned sub, unsigned out[4])
+{
+    int r[4];
+    __cpuidex(r, (int)leaf, (int)sub);
+    for (int i = 0; i < 4; i++)
+        out[i] = (unsigned)r[i];
+}
+static unsigned long long read_xcr0(void)
+{
+    return (unsigned long long)_xgetbv(0);
+}
+#else
+#include <cpuid.h>
+static void cpuid(unsigned leaf, unsigned sub, unsigned out[4])
+{
+    out[0] = out[1] = out[2] = out[3] = 0;
+    if ((unsigned)__get_cpuid_max(leaf & 0x80000000u, NULL) < leaf)
+        return;
+    __cpuid_count(leaf, sub, out[0], out[1], out[2], out[3]);
+}
+static unsigned long long read_xcr0(void)
+{
+    /* Inline asm rather than _xgetbv(): the intrinsic needs -mxsave on this portable file. */
+    unsigned lo, hi;
+    __asm__ __volatile__("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    return ((unsigned long long)hi << 32) | lo;
+}
+#endif
+
+static int bit(unsigned v, int b)
+{
+    return (int)((v >> b) & 1u);
+}
+
+/* Highest level (1 scalar, 2 avx2, 3 avx512) this CPU + OS can run. */
+static int detect_level(void)
+{
+    unsigned r1[4], r7[4];
+    cpuid(0, 0, r1);
+    unsigned max_leaf = r1[0];
+    cpuid(1, 0, r1);
+    /* OSXSAVE (ECX 27) must be set before XGETBV may be executed at all. */
+    if (!bit(r1[2], 27) || !bit(r1[2], 28) || !bit(r1[2], 12) || !bit(r1[2], 29))
+        return 1; /* no OSXSAVE, AVX, FMA or F16C */
+    unsigned long long xcr0 = read_xcr0();
+    if ((xcr0 & 0x6u) != 0x6u)
+        return 1; /* OS does not save XMM+YMM state */
+    if (max_leaf < 7)
+        return 1;
+    cpuid(7, 0, r7);
+    if (!bit(r7[1], 5))
+        return 1; /* AVX2 */
+    int avx512 = bit(r7[1], 16) /* F */ && bit(r7[1], 17) /* DQ */ && bit(r7[1], 30) /* BW */ &&
+                 bit(r7[1], 31) /* VL */ && bit(r7[2], 11) /* VNNI */;
+    /* XCR0 bits 5-7: opmask, upper halves of ZMM0-15, ZMM16-31. */
+    if (avx512 && (xcr0 & 0xE6u) == 0xE6u)
+        return 3;
+    return 2;
+}
+#else
+static int detect_level(void)
+{
+    return 1;
+}
+#endif
+
+static const kvl_kernels *table_for(int level)
+{
+    switch (level) {
+    case 1:
+        return &kvl_kernels_scalar_table;
+#if KVL_X86
+    case 2:
+        return &kvl_kernels_avx2_table;
+    case 3:
+        return &kvl_kernels_avx512_table;
+#endif
+    default:
+        return NULL;
+    }
+}
+
+int kvl_kernels_supported(int level)
+{
+    if (level < 1 || level > 3)
+        return 0;
+    return level <= detect_level() && table_for(level) != NULL;
+}
+
+const kvl_kernels *kvl_kernels_select(int level)
+{
+    if (level == 0) {
+        int best = detect_level();
+        /* KVL_KERNELS=scalar|avx2|avx512 caps the choice (debugging, A/B numerics); it can
+         * never raise it above what the CPU supports. */
+        const char *env = getenv("KVL_KERNELS");
+        if (env) {
+            int want = strcmp(env, "scalar") == 0 ? 1
+                       : strcmp(env, "avx2") == 0 ? 2
+                       : strcmp(env, "avx512") == 0 ? 3
+                                                   : best;
+            if (want < best)
+                best = want;
+        }
+        return table_for(best);
+    }
+    if (!kvl_kernels_supported(level))
+        return NULL;
+    return table_for(level);
+}

@@ -1,0 +1,659 @@
+/* test_kernels.c — every kernel table entry against independent references.
+ *
+ * Owns: the numeric tests of kernels.h (all levels the CPU supports: scalar, avx2, avx512).
+ * Does not own: threading tests (test_threadpool.c), timing (bench/kernels_bench.c).
+ *
+ * Tolerances (u = 2^-24, the FP32 unit roundoff). A sum of k products computed in FP32 in any
+ * order, with FMA or not, differs from the exact sum by at most about k*u*S, S = sum |w_i x_i|
+ * (Higham, "Accuracy and Stability of Numerical Algorithms", 3.1). SIMD code keeps >= 8 lane
+ * partial sums, each of <= cols/8 + 1 terms, plus <= 4 levels of horizontal adds and one scale
+ * multiply, so it must be within (cols/8 + 8)*u*S of the double-precision sum: a bound that
+ * holds for every summation order such code can use, yet is ~30x smaller than the error of a
+ * single dropped or doubled term for cols = 2048 (a term is ~S/cols). The scalar reference
+ * (sequential sum) must be within (cols + 2)*u*S. Nothing else may differ: weight conversions
+ * (bf16 shift, int8 -> float) are exact, and the int8 x int8 dot products of matmul_q8_q8 are
+ * checked bit-exactly on data chosen so that every float operation after them is exact too.
+ */
+#include "kernels.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define U (1.0 / 16777216.0)
+
+static int g_pass, g_fail;
+
+static void check(int ok, const char *level, const char *what, const char *fmt_detail, double a,
+                  double b)
+{
+    if (ok) {
+        g_pass++;
+        return;
+    }
+    g_fail++;
+    if (g_fail <= 50) {
+        printf("FAIL [%s] %s: ", level, what);
+        printf(fmt_detail, a, b);
+        printf("\n");
+    }
+}
+
+/* ---- deterministic random data --------------------------------------------------------- */
+
+static uint64_t g_rng = 0x9E3779B97F4A7C15ull;
+static uint32_t rnd32(void)
+{
+    g_rng ^= g_rng << 13;
+    g_rng ^= g_rng >> 7;
+    g_rng ^= g_rng << 17;
+    return (uint32_t)(g_rng >> 16);
+}
+static float rndf(void) /* uniform in [-1, 1) */
+{
+    return (float)((double)(rnd32() & 0xffffff) / 8388608.0 - 1.0);
+}
+static float rnd_normalish(void) /* heavier tails, mixed magnitudes */
+{
+    float v = rndf();
+    float m = (float)(1 << (rnd32() % 6)) * 0.25f;
+    return v * m;
+}
+
+static float bits_to_f(uint32_t b)
+{
+    float f;
+    memcpy(&f, &b, sizeof f);
+    return f;
+}
+static uint32_t f_to_bits(float f)
+{
+    uint32_t b;
+    memcpy(&b, &f, sizeof b);
+    return b;
+}
+/* Exact bf16 -> double without the code under test. */
+static double bf16_value(uint16_t h)
+{
+    return (double)bits_to_f((uint32_t)h << 16);
+}
+
+static void *xmalloc(size_t n)
+{
+    void *p = calloc(n ? n : 1, 1);
+    if (!p) {
+        printf("test_kernels: out of memory\n");
+        exit(2);
+    }
+    return p;
+}
+
+/* ---- matmuls --------------------------------------------------------------------------- */
+
+enum { W_BF16, W_Q8, W_F32 };
+static const char *kind_name[] = {"matmul_bf16", "matmul_q8", "matmul_f32"};
+
+static double w_value(int kind, const void *W, size_t idx, const float *scale, size_t r)
+{
+    if (kind == W_BF16)
+        return bf16_value(((const uint16_t *)W)[idx]);
+    if (kind == W_Q8)
+        return (double)((const int8_t *)W)[idx] * (double)scale[r];
+    return (double)((const float *)W)[idx];
+}
+
+static void run_matmul(int kind, const kvl_kernels *K, const kvl_kernels *R, const void *W,
+                       const float *scale, size_t rows, size_t cols, const float *X, size_t ldx,
+                       size_t n, float *Y, size_t ldy)
+{
+    const kvl_kernels *T = K ? K : R;
+    if (kind == W_BF16)
+        T->matmul_bf16(Y, ldy, (const uint16_t *)W, rows, cols, X, ldx, n);
+    else if (kind == W_Q8)
+        T->matmul_q8(Y, ldy, (const int8_t *)W, scale, rows, cols, X, ldx, n);
+    else
+        T->matmul_f32(Y, ldy, (const float *)W, rows, cols, X, ldx, n);
+}
+
+static void test_matmul(const kvl_kernels *K, const kvl_kernels *ref, int kind, size_t rows,
+                        size_t cols, size_t n)
+{
+    size_t ldx = cols + 3, ldy = rows + 5;
+    size_t esz = kind == W_BF16 ? 2 : kind == W_Q8 ? 1 : 4;
+    void *W = xmalloc(rows * cols * esz);
+    float *scale = (float *)xmalloc(rows * sizeof(float));
+    float *X = (float *)xmalloc(n * ldx * sizeof(float));
+    float *Y = (float *)xmalloc(n * ldy * sizeof(float));
+    float *Yr = (float *)xmalloc(n * ldy * sizeof(float));
+    for (size_t i = 0; i < rows * cols; i++) {
+        if (kind == W_BF16)
+            ((uint16_t *)W)[i] = (uint16_t)(f_to_bits(rnd_normalish()) >> 16);
+        else if (kind == W_Q8)
+            ((int8_t *)W)[i] = (int8_t)(int)(rnd32() % 256 - 128);
+        else
+            ((float *)W)[i] = rnd_normalish();
+    }
+    for (size_t r = 0; r < rows; r++)
+        scale[r] = 0.001f + (float)(rnd32() % 1000) * 1e-5f;
+    for (size_t i = 0; i < n * ldx; i++)
+        X[i] = rnd_normalish();
+    /* Sentinels in the gaps of Y must survive: the kernel writes only its rows. */
+    for (size_t i = 0; i < n * ldy; i++)
+        Y[i] = Yr[i] = 12345.0f;
+
+    run_matmul(kind, K, ref, W, scale, rows, cols, X, ldx, n, Y, ldy);
+    run_matmul(kind, NULL, ref, W, scale, rows, cols, X, ldx, n, Yr, ldy);
+
+    int ok_simd = 1, ok_ref = 1, ok_pair = 1, ok_gap = 1;
+    double worst = 0.0, worst_bound = 0.0;
+    for (size_t t = 0; t < n && ok_simd && ok_ref && ok_pair; t++) {
+        for (size_t r = 0; r < rows; r++) {
+            double exact = 0.0, mag = 0.0;
+            for (size_t c = 0; c < cols; c++) {
+                double p = w_value(kind, W, r * cols + c, scale, r) * (double)X[t * ldx + c];
+                exact += p;
+                mag += fabs(p);
+            }
+            double y = Y[t * ldy + r], yr = Yr[t * ldy + r];
+            double b_simd = ((double)cols / 8.0 + 8.0) * U * mag + 1e-30;
+            double b_ref = ((double)cols + 2.0) * U * mag + 1e-30;
+            if (fabs(y - exact) > b_simd) {
+                ok_simd = 0;
+                worst = fabs(y - exact);
+                worst_bound = b_simd;
+            }
+            if (fabs(yr - exact) > b_ref) {
+                ok_ref = 0;
+                worst = fabs(yr - exact);
+                worst_bound = b_ref;
+            }
+            if (fabs(y - yr) > b_simd + b_ref)
+                ok_pair = 0;
+        }
+    }
+    for (size_t t = 0; t < n; t++)
+        for (size_t r = rows; r < ldy; r++)
+            if (Y[t * ldy + r] != 12345.0f)
+                ok_gap = 0;
+    char what[128];
+    snprintf(what, sizeof what, "%s rows=%zu cols=%zu n=%zu", kind_name[kind], rows, cols, n);
+    /* The scalar table is checked against double with its own (sequential) bound. */
+    if (K == ref)
+        check(ok_ref, K->name, what, "err %g > bound %g", worst, worst_bound);
+    else
+        check(ok_simd && ok_ref && ok_pair, K->name, what, "err %g > bound %g", worst, worst_bound);
+    check(ok_gap, K->name, what, "wrote outside rows (%g %g)", 0, 0);
+    free(W);
+    free(scale);
+    free(X);
+    free(Y);
+    free(Yr);
+}
+
+/* ---- Q8 x Q8 --------------------------------------------------------------------------- */
+
+static void test_quantize(const kvl_kernels *K, const kvl_kernels *ref, size_t cols, size_t n)
+{
+    size_t ldi = cols + 7, ldo = cols + 32;
+    float *X = (float *)xmalloc(n * ldi * sizeof(float));
+    int8_t *q = (int8_t *)xmalloc(n * ldo), *qr = (int8_t *)xmalloc(n * ldo);
+    float *s = (float *)xmalloc(n * (ldo / 32) * sizeof(float));
+    float *sr = (float *)xmalloc(n * (ldo / 32) * sizeof(float));
+    for (size_t i = 0; i < n * ldi; i++)
+        X[i] = rnd_normalish();
+    if (cols >= 64) { /* an all-zero block and exact .5 ties after scaling */
+        for (size_t i = 0; i < 32; i++)
+            X[i] = 0.0f;
+        for (size_t i = 32; i < 64; i++)
+            X[i] = (float)((int)(i % 9) - 4) + 0.5f; /* amax 4.5 -> inv 127/4.5 */
+        X[32] = 127.0f;                              /* amax 127 -> inv 1: x.5 are true ties */
+    }
+    memset(q, 0, n * ldo);
+    memset(qr, 0, n * ldo);
+    K->quantize_q8_act(q, s, X, cols, n, ldi, ldo);
+    ref->quantize_q8_act(qr, sr, X, cols, n, ldi, ldo);
+    int same = 1, sane = 1;
+    for (size_t t = 0; t < n; t++) {
+        for (size_t b = 0; b < cols / 32; b++) {
+            float sv = s[t * (ldo / 32) + b];
+            if (f_to_bits(sv) != f_to_bits(sr[t * (ldo / 32) + b]))
+                same = 0;
+            double amax = 0.0;
+            for (size_t i = 0; i < 32; i++)
+                amax = fmax(amax, fabs((double)X[t * ldi + b * 32 + i]));
+            if (fabs(sv - amax / 127.0) > 1e-6 * amax)
+                sane = 0;
+            for (size_t i = 0; i < 32; i++) {
+                size_t k = t * ldo + b * 32 + i;
+                if (q[k] != qr[k])
+                    same = 0;
+                double x = X[t * ldi + b * 32 + i];
+                /* |q - x/s| <= 1/2 (+ rounding of the scaling); ties go to even. */
+                double target = amax > 0 ? x * 127.0 / amax : 0.0;
+                if (q[k] < -127 || fabs((double)q[k] - target) > 0.5 + 1e-4)
+                    sane = 0;
+                if (fabs(fabs((double)q[k] - target) - 0.5) < 1e-9 && (q[k] & 1))
+                    sane = 0;
+            }
+        }
+    }
+    char what[96];
+    snprintf(what, sizeof what, "quantize_q8_act cols=%zu n=%zu", cols, n);
+    check(same, K->name, what, "differs from scalar (%g %g)", 0, 0);
+    check(sane, K->name, what, "not round-to-nearest-even of x/scale (%g %g)", 0, 0);
+    free(X);
+    free(q);
+    free(qr);
+    free(s);
+    free(sr);
+}
+
+/* exact_data: activations are k*2^e with a +-127*2^e in every block (so scale = 2^e and the
+ * quantised values are exactly k), row scales are powers of two and weights are small enough
+ * that every partial sum is an integer multiple of 2^e below 2^24: then every float operation
+ * after the int8 dot products is exact and the result must match the int64 computation bit
+ * for bit, whatever the summation order. */
+static void test_q8q8(const kvl_kernels *K, const kvl_kernels *ref, size_t rows, size_t cols,
+                      size_t n, int exact_data)
+{
+    size_t ldx = cols + 64, ldy = rows + 1, blocks = cols / 32;
+    int8_t *W = (int8_t *)xmalloc(rows * cols);
+    float *ws = (float *)xmalloc(rows * sizeof(float));
+    float *X = (float *)xmalloc(n * cols * sizeof(float));
+    int8_t *Xq = (int8_t *)xmalloc(n * ldx);
+    float *xs = (float *)xmalloc(n * (ldx / 32) * sizeof(float));
+    float *Y = (float *)xmalloc(n * ldy * sizeof(float));
+    float *Yr = (float *)xmalloc(n * ldy * sizeof(float));
+    int wmax = exact_data && blocks > 1 ? 31 : 128; /* 64 blocks * 32 * 127 * 31 < 2^24 */
+    for (size_t i = 0; i < rows * cols; i++)
+        W[i] = (int8_t)((int)(rnd32() % (unsigned)(2 * wmax)) - wmax);
+    if (exact_data && rows * cols > 0)
+        W[0] = (int8_t)(wmax == 128 ? -128 : -wmax);
+    for (size_t r = 0; r < rows; r++)
+        ws[r] = exact_data ? ldexpf(1.0f, (int)(rnd32() % 9) - 4)
+                           : 0.001f + (float)(rnd32() % 1000) * 1e-5f;
+    for (size_t t = 0; t < n; t++) {
+        int e = (int)(rnd32() % 7) - 3;
+        for (size_t c = 0; c < cols; c++) {
+            if (exact_data) {
+                int k = (int)(rnd32() % 255) - 127;
+                if (c % 32 == (t * 7) % 32)
+                    k = (rnd32() & 1) ? 127 : -127;
+                X[t * cols + c] = ldexpf((float)k, e);
+            } else {
+                X[t * cols + c] = rnd_normalish();
+            }
+        }
+    }
+    ref->quantize_q8_act(Xq, xs, X, cols, n, cols, ldx);
+    K->matmul_q8_q8(Y, ldy, W, ws, rows, cols, Xq, xs, ldx, n);
+    ref->matmul_q8_q8(Yr, ldy, W, ws, rows, cols, Xq, xs, ldx, n);
+    int ok = 1;
+    double bad_a = 0, bad_b = 0;
+    for (size_t t = 0; t < n; t++) {
+        for (size_t r = 0; r < rows; r++) {
+            double exact = 0.0, mag = 0.0;
+            for (size_t b = 0; b < blocks; b++) {
+                int64_t isum = 0;
+                for (size_t i = 0; i < 32; i++)
+                    isum += (int64_t)W[r * cols + b * 32 + i] * Xq[t * ldx + b * 32 + i];
+                double sc = (double)xs[t * (ldx / 32) + b] * (double)ws[r];
+                exact += sc * (double)isum;
+                /* magnitude per element, not per block: SIMD code rounds partial sums of a few
+                 * elements (one lane) each, which may cancel inside a block */
+                for (size_t i = 0; i < 32; i++)
+                    mag += fabs(sc * W[r * cols + b * 32 + i] * Xq[t * ldx + b * 32 + i]);
+            }
+            double y = Y[t * ldy + r], yr = Yr[t * ldy + r];
+            if (exact_data) {
+                /* and the quantiser reproduced the integers: Xq == k */
+                if (y != exact || yr != exact) {
+                    ok = 0;
+                    bad_a = y;
+                    bad_b = exact;
+                }
+            } else {
+                double bound = ((double)blocks + 8.0) * U * mag + 1e-30;
+                if (fabs(y - exact) > bound || fabs(yr - exact) > bound) {
+                    ok = 0;
+                    bad_a = y;
+                    bad_b = exact;
+                }
+            }
+        }
+    }
+    if (exact_data) {
+        for (size_t t = 0; t < n; t++)
+            for (size_t c = 0; c < cols; c++)
+                if (ldexp((double)Xq[t * ldx + c], (int)lround(log2(xs[t * (ldx / 32) + c / 32]))) !=
+                    (double)X[t * cols + c])
+                    ok = 0;
+    }
+    char what[128];
+    snprintf(what, sizeof what, "matmul_q8_q8%s rows=%zu cols=%zu n=%zu",
+             exact_data ? " (bit-exact data)" : "", rows, cols, n);
+    check(ok, K->name, what, "got %.9g want %.9g", bad_a, bad_b);
+    free(W);
+    free(ws);
+    free(X);
+    free(Xq);
+    free(xs);
+    free(Y);
+    free(Yr);
+}
+
+/* ---- vector ops ------------------------------------------------------------------------ */
+
+static void test_vec(const kvl_kernels *K, size_t n)
+{
+    float *a = (float *)xmalloc((n + 1) * sizeof(float));
+    float *b = (float *)xmalloc((n + 1) * sizeof(float));
+    float *y = (float *)xmalloc((n + 1) * sizeof(float));
+    for (size_t i = 0; i < n + 1; i++) {
+        a[i] = rnd_normalish();
+        b[i] = rnd_normalish();
+        y[i] = rnd_normalish();
+    }
+    double exact = 0.0, mag = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        exact += (double)a[i] * b[i];
+        mag += fabs((double)a[i] * b[i]);
+    }
+    float d = K->dot_f32(a, b, n);
+    char what[64];
+    snprintf(what, sizeof what, "dot_f32 n=%zu", n);
+    check(fabs(d - exact) <= ((double)n + 2.0) * U * mag + 1e-30, K->name, what, "got %g want %g", d,
+          exact);
+
+    float a0 = rndf();
+    float *y0 = (float *)xmalloc((n + 1) * sizeof(float));
+    memcpy(y0, y, (n + 1) * sizeof(float));
+    K->axpy_f32(y, a0, a, n);
+    int ok = y[n] == y0[n]; /* untouched past n */
+    for (size_t i = 0; i < n; i++) {
+        double e = (double)y0[i] + (double)a0 * a[i];
+        /* mul+add: 2 roundings; FMA: 1 */
+        if (fabs(y[i] - e) > 2.0 * U * (fabs((double)y0[i]) + fabs((double)a0 * a[i])) + 1e-38)
+            ok = 0;
+    }
+    snprintf(what, sizeof what, "axpy_f32 n=%zu", n);
+    check(ok, K->name, what, "(%g %g)", 0, 0);
+    free(a);
+    free(b);
+    free(y);
+    free(y0);
+}
+
+/* Expected bf16 bits for hand-picked edge cases, derived from the IEEE definition by hand. */
+static const struct {
+    uint32_t in;
+    uint16_t out;
+} bf16_cases[] = {
+    {0x3F800000u, 0x3F80}, /* 1.0 */
+    {0x3F808000u, 0x3F80}, /* tie, even kept bit 0 -> down */
+    {0x3F818000u, 0x3F82}, /* tie, odd -> up */
+    {0x3F808001u, 0x3F81}, /* just above tie -> up */
+    {0x3F807FFFu, 0x3F80}, /* just below tie -> down */
+    {0xBF818000u, 0xBF82}, /* negative tie, odd -> away (magnitude up) */
+    {0x7F7FFFFFu, 0x7F80}, /* FLT_MAX rounds to +inf */
+    {0x7F7F7FFFu, 0x7F7F}, /* largest value that stays finite */
+    {0x7F800000u, 0x7F80}, /* +inf */
+    {0xFF800000u, 0xFF80}, /* -inf */
+    {0x00000000u, 0x0000}, /* +0 */
+    {0x80000000u, 0x8000}, /* -0 */
+    {0x00000001u, 0x0000}, /* smallest denormal -> 0 */
+    {0x00008000u, 0x0000}, /* denormal tie, even -> down */
+    {0x00018000u, 0x0002}, /* denormal tie, odd -> up */
+    {0x00008001u, 0x0001}, /* denormal above tie */
+    {0x007FFFFFu, 0x0080}, /* largest denormal -> smallest normal */
+    {0x807FFFFFu, 0x8080},
+};
+
+static int is_bf16_nan(uint16_t h)
+{
+    return (h & 0x7F80) == 0x7F80 && (h & 0x007F) != 0;
+}
+
+static void test_bf16(const kvl_kernels *K, const kvl_kernels *ref)
+{
+    size_t ncase = sizeof bf16_cases / sizeof bf16_cases[0];
+    /* Edge cases at every position of a vector (lane and tail handling). */
+    for (size_t len = 1; len <= 40; len += 13) {
+        float in[64];
+        uint16_t out[64];
+        for (size_t k = 0; k < ncase; k++) {
+            for (size_t i = 0; i < len; i++)
+                in[i] = bits_to_f(bf16_cases[(k + i) % ncase].in);
+            K->f32_to_bf16(out, in, len);
+            int ok = 1;
+            for (size_t i = 0; i < len; i++)
+                if (out[i] != bf16_cases[(k + i) % ncase].out)
+                    ok = 0;
+            check(ok, K->name, "f32_to_bf16 edge cases", "(%g %g)", (double)len, (double)k);
+        }
+    }
+    /* NaNs: quiet NaN out, sign kept, never an infinity (0x7F800001 truncates to inf bits). */
+    uint32_t nans[] = {0x7FC00000u, 0xFFC00000u, 0x7F800001u, 0xFF800001u, 0x7FBFFFFFu, 0x7FFFFFFFu};
+    for (size_t i = 0; i < sizeof nans / sizeof nans[0]; i++) {
+        float f = bits_to_f(nans[i]);
+        uint16_t h;
+        K->f32_to_bf16(&h, &f, 1);
+        check(is_bf16_nan(h) && (h >> 15) == (nans[i] >> 31), K->name, "f32_to_bf16 NaN",
+              "in %g out %g", (double)nans[i], (double)h);
+        check(is_bf16_nan(kvl_float_to_bf16(f)), "helper", "kvl_float_to_bf16 NaN", "(%g %g)", 0, 0);
+        check(isnan(kvl_bf16_round(f)), "helper", "kvl_bf16_round NaN", "(%g %g)", 0, 0);
+    }
+    /* Random bit patterns (all classes) must match the scalar table bit for bit. */
+    size_t n = 1027;
+    float *in = (float *)xmalloc(n * sizeof(float));
+    uint16_t *o = (uint16_t *)xmalloc(n * sizeof(uint16_t));
+    uint16_t *orf = (uint16_t *)xmalloc(n * sizeof(uint16_t));
+    float *back = (float *)xmalloc(n * sizeof(float));
+    for (int rep = 0; rep < 20; rep++) {
+        for (size_t i = 0; i < n; i++)
+            in[i] = bits_to_f(rnd32() ^ (rnd32() << 16));
+        K->f32_to_bf16(o, in, n);
+        ref->f32_to_bf16(orf, in, n);
+        int same = memcmp(o, orf, n * sizeof(uint16_t)) == 0;
+        /* Rounding is to nearest: |bf16(x) - x| <= half a bf16 ulp for finite results. */
+        int nearest = 1;
+        for (size_t i = 0; i < n; i++) {
+            double x = in[i], h = bf16_value(o[i]);
+            if (isnan(x) || isinf(h))
+                continue;
+            double ulp = ldexp(1.0, (int)(((o[i] >> 7) & 0xFF) ? ((o[i] >> 7) & 0xFF) : 1) - 127 - 7);
+            if (fabs(h - x) > 0.5 * ulp)
+                nearest = 0;
+        }
+        check(same, K->name, "f32_to_bf16 random bits == scalar", "(%g %g)", 0, 0);
+        check(nearest, K->name, "f32_to_bf16 within half ulp", "(%g %g)", 0, 0);
+        K->bf16_to_f32(back, o, n);
+        int exact = 1;
+        for (size_t i = 0; i < n; i++) {
+            uint32_t want = (uint32_t)o[i] << 16;
+            if (f_to_bits(back[i]) != want)
+                exact = 0;
+        }
+        check(exact, K->name, "bf16_to_f32 exact", "(%g %g)", 0, 0);
+    }
+    free(in);
+    free(o);
+    free(orf);
+    free(back);
+}
+
+/* ---- scalar helpers vs double formulas --------------------------------------------------- */
+
+static void test_helpers(void)
+{
+    const size_t n = 1000;
+    float x[1000], y[1000], w[1000], b[1000], up[1000];
+    for (size_t i = 0; i < n; i++) {
+        x[i] = (float)(((double)i - 500.0) / 50.0); /* [-10, 10) */
+        up[i] = rndf();
+        w[i] = rndf();
+        b[i] = rndf();
+    }
+    /* Each float formula has a handful of roundings on |value|-sized quantities, plus library
+     * functions accurate to a few ulp; where 1 + tanh / 1 + erf cancels (x << 0) the absolute
+     * error scales with |x| * u. Hence: |f - exact| <= 16 u |exact| + 8 u |x|. */
+    float g[1000];
+    memcpy(g, x, sizeof g);
+    kvl_gelu_tanh(g, n);
+    int ok = 1;
+    for (size_t i = 0; i < n; i++) {
+        double v = x[i];
+        double e = 0.5 * v * (1.0 + tanh(sqrt(2.0 / 3.14159265358979323846) * (v + 0.044715 * v * v * v)));
+        if (fabs(g[i] - e) > 16 * U * fabs(e) + 8 * U * fabs(v))
+            ok = 0;
+    }
+    check(ok, "helper", "gelu_tanh vs double", "(%g %g)", 0, 0);
+    memcpy(g, x, sizeof g);
+    kvl_gelu_erf(g, n);
+    ok = 1;
+    for (size_t i = 0; i < n; i++) {
+        double v = x[i];
+        double e = 0.5 * v * (1.0 + erf(v / sqrt(2.0)));
+        if (fabs(g[i] - e) > 16 * U * fabs(e) + 8 * U * fabs(v))
+            ok = 0;
+    }
+    check(ok, "helper", "gelu_erf vs double", "(%g %g)", 0, 0);
+    memcpy(g, x, sizeof g);
+    kvl_silu_mul(g, up, n);
+    ok = 1;
+    for (size_t i = 0; i < n; i++) {
+        double v = x[i];
+        double e = v / (1.0 + exp(-v)) * up[i];
+        if (fabs(g[i] - e) > 16 * U * fabs(e) + 1e-30)
+            ok = 0;
+    }
+    check(ok, "helper", "silu_mul vs double", "(%g %g)", 0, 0);
+
+    /* softmax: including large logits (overflow without max subtraction) and masked -inf. */
+    for (int variant = 0; variant < 3; variant++) {
+        size_t m = variant == 0 ? 1 : variant == 1 ? 257 : 1000;
+        for (size_t i = 0; i < m; i++)
+            g[i] = variant == 2 ? 80.0f + 10.0f * rndf() : 4.0f * rndf();
+        if (variant == 1)
+            g[3] = g[100] = -INFINITY;
+        double mx = -INFINITY, sum = 0.0;
+        for (size_t i = 0; i < m; i++)
+            mx = fmax(mx, g[i]);
+        double e[1000];
+        for (size_t i = 0; i < m; i++)
+            sum += (e[i] = exp((double)g[i] - mx));
+        kvl_softmax(g, m);
+        double s = 0.0;
+        ok = 1;
+        for (size_t i = 0; i < m; i++) {
+            s += g[i];
+            /* expf (few ulp) + FP32 sum of m terms (m u) + one reciprocal */
+            if (fabs(g[i] - e[i] / sum) > ((double)m + 8.0) * U * (e[i] / sum) + 1e-45)
+                ok = 0;
+            if (!(g[i] >= 0.0f))
+                ok = 0;
+        }
+        if (fabs(s - 1.0) > ((double)m + 8.0) * U)
+            ok = 0;
+        check(ok, "helper", "softmax vs double, sums to 1", "n=%g sum=%g", (double)m, s);
+    }
+    for (size_t i = 0; i < 5; i++)
+        g[i] = -INFINITY;
+    kvl_softmax(g, 5);
+    check(g[0] == 0.2f && g[4] == 0.2f, "helper", "softmax all masked is uniform", "%g %g", g[0], 0);
+
+    /* rmsnorm / layernorm: double statistics internally; a few roundings per output. */
+    for (size_t i = 0; i < n; i++)
+        x[i] = 3.0f + rnd_normalish();
+    kvl_rmsnorm(y, x, w, n, 1e-6f);
+    double ss = 0.0;
+    for (size_t i = 0; i < n; i++)
+        ss += (double)x[i] * x[i];
+    double inv = 1.0 / sqrt(ss / n + 1e-6);
+    ok = 1;
+    for (size_t i = 0; i < n; i++) {
+        double e = x[i] * inv * w[i];
+        if (fabs(y[i] - e) > 4 * U * fabs(e) + 1e-30)
+            ok = 0;
+    }
+    check(ok, "helper", "rmsnorm vs double", "(%g %g)", 0, 0);
+    kvl_layernorm(y, x, w, b, n, 1e-5f);
+    double mean = 0.0, var = 0.0;
+    for (size_t i = 0; i < n; i++)
+        mean += x[i];
+    mean /= n;
+    for (size_t i = 0; i < n; i++)
+        var += (x[i] - mean) * (x[i] - mean);
+    var /= n;
+    ok = 1;
+    for (size_t i = 0; i < n; i++) {
+        double nv = (x[i] - mean) / sqrt(var + 1e-5);
+        double e = nv * w[i] + b[i];
+        /* x - mean cancels: error relative to (|x| + |mean|) * inv_std, not to the result */
+        if (fabs(y[i] - e) >
+            8 * U * ((fabs(x[i]) + fabs(mean)) / sqrt(var + 1e-5) * fabs(w[i]) + fabs(b[i])))
+            ok = 0;
+    }
+    check(ok, "helper", "layernorm vs double", "(%g %g)", 0, 0);
+
+    check(kvl_bf16_round(1.00390625f) == 1.0f, "helper", "bf16_round tie to even", "%g %g",
+          kvl_bf16_round(1.00390625f), 1.0);
+    check(kvl_bf16_round(1.01171875f) == 1.015625f, "helper", "bf16_round tie odd up", "%g %g",
+          kvl_bf16_round(1.01171875f), 1.015625);
+    check(kvl_bf16_to_float(0x4049) == 3.140625f, "helper", "bf16_to_float", "%g %g",
+          kvl_bf16_to_float(0x4049), 3.140625);
+}
+
+int main(void)
+{
+    const kvl_kernels *ref = kvl_kernels_select(1);
+    if (!ref || !kvl_kernels_supported(1)) {
+        printf("test_kernels: scalar table missing\n");
+        return 1;
+    }
+    check(kvl_kernels_select(0) != NULL, "select", "best level available", "(%g %g)", 0, 0);
+    check(kvl_kernels_select(4) == NULL && kvl_kernels_select(-1) == NULL, "select",
+          "invalid level rejected", "(%g %g)", 0, 0);
+    test_helpers();
+
+    static const size_t rows_list[] = {1, 3, 31, 64, 65, 257};
+    static const size_t cols_list[] = {1, 3, 31, 64, 65, 257, 2048};
+    static const size_t n_list[] = {1, 3, 4, 9};
+    for (int level = 1; level <= 3; level++) {
+        if (!kvl_kernels_supported(level)) {
+            printf("test_kernels: level %d not supported on this CPU/build, not tested\n", level);
+            continue;
+        }
+        const kvl_kernels *K = kvl_kernels_select(level);
+        check(K != NULL, "select", "supported level has a table", "(%g %g)", (double)level, 0);
+        if (!K)
+            continue;
+        for (int kind = 0; kind < 3; kind++)
+            for (size_t a = 0; a < sizeof rows_list / sizeof rows_list[0]; a++)
+                for (size_t b = 0; b < sizeof cols_list / sizeof cols_list[0]; b++)
+                    for (size_t c = 0; c < sizeof n_list / sizeof n_list[0]; c++) {
+                        /* keep the run short: the largest shapes only with few tokens */
+                        if (rows_list[a] * cols_list[b] * n_list[c] > 2500000)
+                            continue;
+                        test_matmul(K, ref, kind, rows_list[a], cols_list[b], n_list[c]);
+                    }
+        static const size_t qcols[] = {32, 64, 96, 320, 2048};
+        for (size_t b = 0; b < sizeof qcols / sizeof qcols[0]; b++)
+            for (size_t c = 0; c < sizeof n_list / sizeof n_list[0]; c++) {
+                test_quantize(K, ref, qcols[b], n_list[c]);
+                for (size_t a = 0; a < 4; a++) {
+                    test_q8q8(K, ref, rows_list[a] + 2, qcols[b], n_list[c], 1);
+                    test_q8q8(K, ref, rows_list[a], qcols[b], n_list[c], 0);
+                }
+            }
+        static const size_t vn[] = {0, 1, 3, 15, 16, 17, 31, 33, 64, 65, 257, 2048, 2051};
+        for (size_t i = 0; i < sizeof vn / sizeof vn[0]; i++)
+            test_vec(K, vn[i]);
+        test_bf16(K, ref);
+        printf("test_kernels: level %s tested\n", K->name);
+    }
+    printf("test_kernels: %d passed, %d failed\n", g_pass, g_fail);
+    return g_fail ? 1 : 0;
+}
