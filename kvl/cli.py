@@ -39,7 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     module = importlib.import_module(SUBCOMMANDS[name][0])
     sub_parser = argparse.ArgumentParser(prog=f"kvl {name}", description=SUBCOMMANDS[name][1])
     module.add_arguments(sub_parser)
-    args = sub_parser.parse_args(argv[1:])
+    # intermixed: options may follow positionals (`kvl chat MODEL "prompt" --json`) or precede them
+    args = sub_parser.parse_intermixed_args(argv[1:])
     try:
         return int(module.run(args) or 0)
     except UserError as exc:
