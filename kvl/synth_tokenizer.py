@@ -20,20 +20,13 @@ import json
 
 import regex
 
+from kvl.tokenizer import PATTERN
+
 N_BASE_TOKENS = 163_584
 N_SPECIAL_SLOTS = 256  # ids N_BASE_TOKENS .. N_BASE_TOKENS+255 (= model vocab 163840 - 1)
 
-# Pre-tokenizer of the official tokenizer (spec §8), in tiktoken syntax.
-PAT_STR = "|".join([
-    r"""[\p{Han}]+""",
-    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
-    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
-    r"""\p{N}{1,3}""",
-    r""" ?[^\s\p{L}\p{N}]+[\r\n]*""",
-    r"""\s*[\r\n]+""",
-    r"""\s+(?!\S)""",
-    r"""\s+""",
-])
+# The pre-tokenizer of the official tokenizer (spec §8): one definition, kvl.tokenizer's.
+PAT_STR = PATTERN
 
 NAMED_SPECIALS: dict[int, str] = {
     163584: "[BOS]", 163585: "[EOS]", 163586: "<|im_end|>", 163587: "<|im_user|>",

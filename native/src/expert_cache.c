@@ -16,14 +16,7 @@
  * unpinned extent this batch does not want; what does not fit stays pending and is issued as
  * releases free slots. The next prefetch call replaces the batch.
  */
-/* POSIX/GNU prototypes (pread, posix_memalign, clock_gettime, mkdtemp, O_DIRECT) stay hidden
- * under -std=c11 unless requested before the first system header. */
-#if !defined(_WIN32) && !defined(_GNU_SOURCE)
-#define _GNU_SOURCE
-#endif
-#if !defined(_WIN32) && !defined(_FILE_OFFSET_BITS)
-#define _FILE_OFFSET_BITS 64
-#endif
+/* _GNU_SOURCE and _FILE_OFFSET_BITS=64 come from the build (native/CMakeLists.txt). */
 #include "expert_cache.h"
 
 #include <stdarg.h>

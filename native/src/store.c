@@ -6,14 +6,7 @@
  * the Q8 extent layout, aligned allocation and the monotonic clock.
  * Does not own: caching (expert_cache.c, engine.c), any math, or which stores a pack holds.
  */
-/* POSIX/GNU prototypes (pread, posix_memalign, clock_gettime, mkdtemp, O_DIRECT) stay hidden
- * under -std=c11 unless requested before the first system header. */
-#if !defined(_WIN32) && !defined(_GNU_SOURCE)
-#define _GNU_SOURCE
-#endif
-#if !defined(_WIN32) && !defined(_FILE_OFFSET_BITS)
-#define _FILE_OFFSET_BITS 64
-#endif
+/* _GNU_SOURCE and _FILE_OFFSET_BITS=64 come from the build (native/CMakeLists.txt). */
 #include "store.h"
 
 #include <stdarg.h>

@@ -7,14 +7,7 @@
  * random workload with prefetch for budgets from 1 slot to all slots.
  * Prints "N passed, M failed"; returns non-zero on any failure.
  */
-/* POSIX/GNU prototypes (pread, posix_memalign, clock_gettime, mkdtemp, O_DIRECT) stay hidden
- * under -std=c11 unless requested before the first system header. */
-#if !defined(_WIN32) && !defined(_GNU_SOURCE)
-#define _GNU_SOURCE
-#endif
-#if !defined(_WIN32) && !defined(_FILE_OFFSET_BITS)
-#define _FILE_OFFSET_BITS 64
-#endif
+/* _GNU_SOURCE and _FILE_OFFSET_BITS=64 come from the build (native/CMakeLists.txt). */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
