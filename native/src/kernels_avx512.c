@@ -9,8 +9,9 @@
  *
  * Register tiles of up to 4 weight rows x 4 activation vectors (16 zmm accumulators): each
  * weight vector is loaded and widened once per 4 tokens, each activation vector once per 4
- * rows. Column tails (cols % 16) use masked loads, i.e. the same vector code on zero-padded
- * lanes, so there is no separate slow path. AVX512_BF16 instructions are deliberately not
+ * rows; decode (n = 1) uses 8 rows x 1 token to keep more weight streams in flight. Column
+ * tails (cols % 16) use masked loads, i.e. the same vector code on zero-padded lanes, so there
+ * is no separate slow path. AVX512_BF16 instructions are deliberately not
  * used: VCVTNEPS2BF16 flushes denormals and VDPBF16PS would round the FP32 activations.
  */
 #include "kernels.h"
@@ -35,6 +36,7 @@
 #endif
 
 #define TR 4 /* rows per tile */
+#define TR_DECODE 8 /* rows per tile when n == 1: more streams in flight, 8 FMA chains */
 #define TT 4 /* tokens per tile */
 
 KVL_INLINE float hsum512(__m512 v)
@@ -89,8 +91,8 @@ KVL_INLINE void tile(int kind, float *Y, size_t ldy, const void *W, const float 
                      size_t r0, size_t cols, const float *X, size_t ldx, int prefetch, const int R,
                      const int T)
 {
-    __m512 acc[TR][TT];
-    const char *wrow[TR];
+    __m512 acc[TR_DECODE][TT]; /* only R x T entries are used (and kept in registers) */
+    const char *wrow[TR_DECODE];
     KVL_UNROLL
     for (int i = 0; i < R; i++) {
         wrow[i] = (const char *)W + (r0 + (size_t)i) * cols * elem_size(kind);
@@ -108,7 +110,7 @@ KVL_INLINE void tile(int kind, float *Y, size_t ldy, const void *W, const float 
             for (int i = 0; i < R; i++)
                 _mm_prefetch(wrow[i] + (size_t)R * row_bytes + c * elem_size(kind), _MM_HINT_T1);
         }
-        __m512 w[TR];
+        __m512 w[TR_DECODE];
         KVL_UNROLL
         for (int i = 0; i < R; i++)
             w[i] = load_w(kind, wrow[i], c);
@@ -122,7 +124,7 @@ KVL_INLINE void tile(int kind, float *Y, size_t ldy, const void *W, const float 
     }
     if (c < cols) {
         __mmask16 m = tail_mask16(cols - c);
-        __m512 w[TR];
+        __m512 w[TR_DECODE];
         KVL_UNROLL
         for (int i = 0; i < R; i++)
             w[i] = load_w_masked(kind, wrow[i], c, m);
@@ -149,6 +151,9 @@ KVL_INLINE void matmul_generic(int kind, float *Y, size_t ldy, const void *W, co
                                size_t rows, size_t cols, const float *X, size_t ldx, size_t n)
 {
     size_t r = 0;
+    if (n == 1) /* decode: purely bandwidth-bound, so widen the tile over rows */
+        for (; r + TR_DECODE <= rows; r += TR_DECODE)
+            tile(kind, Y, ldy, W, scale, r, cols, X, ldx, r + 2 * TR_DECODE <= rows, TR_DECODE, 1);
     for (; r + TR <= rows; r += TR) {
         int pf = r + 2 * TR <= rows; /* next tile exists: prefetch it (first token block only) */
         size_t t = 0;
