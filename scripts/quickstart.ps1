@@ -1,0 +1,36 @@
+# One command from a fresh Windows machine to a chat (PowerShell 5.1+ or 7):
+#   scripts\quickstart.ps1 [-ModelDir DIR]        install kvl, download + pack the pinned model,
+#                                                 run the doctor, open an interactive chat
+#   scripts\quickstart.ps1 -Demo [-ModelDir DIR]  the same path on a tiny synthesized model
+# Needs Python >= 3.11 on PATH and the "Desktop development with C++" build tools (MSVC), which
+# pip uses to compile the native core; CMake and Ninja come from PyPI automatically.
+param([switch]$Demo, [string]$ModelDir = "")
+$ErrorActionPreference = "Stop"
+Set-Location (Split-Path -Parent $PSScriptRoot)
+
+if ($ModelDir -eq "") {
+    $name = if ($Demo) { "demo-tiny" } else { "kimi-vl-a3b-instruct" }
+    $ModelDir = Join-Path $env:LOCALAPPDATA "kvl\$name"
+}
+
+function Invoke-Checked([string]$exe, [string[]]$arguments) {
+    & $exe @arguments
+    if ($LASTEXITCODE -ne 0) { throw "$exe $($arguments -join ' ') failed with exit code $LASTEXITCODE" }
+}
+
+Write-Host "== installing kvl into .venv (builds the native core)"
+if (-not (Test-Path ".venv\Scripts\python.exe")) { Invoke-Checked "python" @("-m", "venv", ".venv") }
+$py = ".venv\Scripts\python.exe"
+Invoke-Checked $py @("-m", "pip", "install", "-q", "--upgrade", "pip")
+Invoke-Checked $py @("-m", "pip", "install", "-q", ".")
+
+if ($Demo) {
+    $src = "$ModelDir.src"
+    if (-not (Test-Path "$src\config.json")) { Invoke-Checked $py @("-m", "kvl", "synth", $src, "--preset", "tiny", "--seed", "0") }
+    Invoke-Checked $py @("-m", "kvl", "pack", $src, $ModelDir, "--allow-revision")
+} else {
+    Invoke-Checked $py @("-m", "kvl", "prepare", $ModelDir)
+}
+Invoke-Checked $py @("-m", "kvl", "doctor", $ModelDir)
+Write-Host "== chat (type /quit to leave)"
+& $py -m kvl chat $ModelDir
