@@ -118,7 +118,7 @@ def check_directory(model: Path, reader) -> Check:
     for store in ("trunk", "vision"):
         dense.update({r.name: r for r in reader.stores[store].records})
     expert_names = {r.name: r for r in reader.stores["experts"].records}
-    for name, (dtype, shape) in expected.items():
+    for name, (_, shape) in expected.items():
         if ".mlp.experts." in name:
             continue
         rec = dense.get(name)

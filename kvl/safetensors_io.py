@@ -114,7 +114,7 @@ class SafetensorsFile:
             raise self._fail(f"is truncated: header says {max_end} bytes of data, file has "
                              f"{data_size}")
         spans.sort()
-        for (b0, e0, k0), (b1, e1, k1) in zip(spans, spans[1:]):
+        for (_, e0, k0), (b1, _, k1) in zip(spans, spans[1:]):
             if b1 < e0:
                 raise self._fail(f"has a corrupt header: tensors {k0} and {k1} overlap")
 
