@@ -8,6 +8,7 @@ reader (native/src/store.c), which must agree with this file byte for byte.
 from __future__ import annotations
 
 import json
+import math
 import os
 import struct
 import zlib
@@ -182,7 +183,9 @@ class StoreIndex:
 def record_nbytes(dtype: int, shape: tuple[int, ...]) -> int:
     if dtype == DTYPE_Q8_EXPERT:
         return expert_layout(shape[2], shape[3]).nbytes
-    return DTYPE_ITEMSIZE[dtype] * int(np.prod(shape, dtype=np.int64))
+    # exact Python integers: np.prod(int64) wrapped around for hostile shapes (e.g. [2**32, 2**32]
+    # gave 0, so a 0-byte record passed), which store.c rejects
+    return DTYPE_ITEMSIZE[dtype] * math.prod(int(d) for d in shape)
 
 
 def encode_index(kind: int, bin_size: int, hparams: dict[str, float], records: list[TensorRecord],
@@ -248,21 +251,28 @@ def decode_index(data: bytes, where: str, expected_kind: int | None = None) -> S
         raise UserError(f"{where}: CRC mismatch (stored {crc:08x}, computed {actual_crc:08x}) — {corrupt}")
     if bin_size % BIN_ALIGN:
         raise UserError(f"{where}: bin_size {bin_size} is not a multiple of {BIN_ALIGN} — {corrupt}")
+    # The checks below mirror store.c's, so both readers accept exactly the same indexes.
+    if any(_reserved):
+        raise UserError(f"{where}: reserved header bytes are not zero — written by an incompatible "
+                        "packer; rerun kvl pack")
     if rev_raw == b"\0" * 40:
         revision = None
     else:
-        try:
-            revision = rev_raw.decode("ascii")
-        except UnicodeDecodeError:
-            raise UserError(f"{where}: source revision is not ASCII — {corrupt}") from None
+        if not all(0x21 <= b <= 0x7E for b in rev_raw):
+            raise UserError(f"{where}: source revision is not 40 printable ASCII characters — {corrupt}")
+        revision = rev_raw.decode("ascii")
     pos = HEADER_BYTES
     hparams: dict[str, float] = {}
     for i in range(n_hparams):
         key_raw, value = _HPARAM.unpack_from(data, pos)
         pos += HPARAM_RECORD_BYTES
         key = _cstr(key_raw, f"hparam record {i} key", where)
+        if not key:
+            raise UserError(f"{where}: hparam record {i} has an empty key — {corrupt}")
         if key in hparams:
             raise UserError(f"{where}: hparam {key!r} appears twice — {corrupt}")
+        if not math.isfinite(value):  # the packer writes config numbers only; inf/NaN broke readers
+            raise UserError(f"{where}: hparam {key!r} = {value} is not a finite number — {corrupt}")
         hparams[key] = value
     records: list[TensorRecord] = []
     prev_end = 0
@@ -271,6 +281,8 @@ def decode_index(data: bytes, where: str, expected_kind: int | None = None) -> S
         fields = _TENSOR.unpack_from(data, pos)
         pos += TENSOR_RECORD_BYTES
         name = _cstr(fields[0], f"tensor record {i} name", where)
+        if not name:
+            raise UserError(f"{where}: tensor record {i} has an empty name — {corrupt}")
         dtype, ndim = fields[1], fields[2]
         dims = fields[3:7]
         offset, nbytes, rec_crc, flags = fields[7:11]
@@ -283,6 +295,8 @@ def decode_index(data: bytes, where: str, expected_kind: int | None = None) -> S
         if not 1 <= ndim <= MAX_NDIM or any(dims[ndim:]):
             raise UserError(f"{label} has an invalid shape (ndim {ndim}, dims {list(dims)}) — {corrupt}")
         shape = tuple(int(d) for d in dims[:ndim])
+        if dtype != DTYPE_Q8_EXPERT and not all(shape):
+            raise UserError(f"{label} has a zero dimension in shape {list(shape)} — {corrupt}")
         if dtype == DTYPE_Q8_EXPERT and (ndim != 4 or not shape[2] or not shape[3]):
             raise UserError(f"{label}: Q8 expert records need shape [layer, expert, I, H] with "
                             f"I, H > 0, found {list(shape)} — {corrupt}")
@@ -377,8 +391,13 @@ class PackReader:
             complete = json.loads(complete_path.read_text(encoding="utf-8"))
             files = complete["files"]
             complete_version = complete["format_version"]
-        except (ValueError, KeyError, TypeError) as exc:
+        except (ValueError, KeyError, TypeError, RecursionError) as exc:
+            # RecursionError: json's answer to absurdly nested input, which is not a ValueError
             raise UserError(f"{complete_path}: unreadable ({exc}) — {INCOMPLETE_HINT}") from None
+        # Type-check what the loop below calls .get() on: a mangled marker must be a UserError,
+        # not an AttributeError (found by tests/test_pack_fuzz.py).
+        if not isinstance(files, dict) or not all(isinstance(v, dict) for v in files.values()):
+            raise UserError(f"{complete_path}: 'files' is not a table of file entries — {INCOMPLETE_HINT}")
         if complete_version != FORMAT_VERSION:
             raise UserError(f"{complete_path}: format version {complete_version}, this kvl reads "
                             f"version {FORMAT_VERSION}; repack with this kvl version")

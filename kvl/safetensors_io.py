@@ -73,7 +73,8 @@ class SafetensorsFile:
                             "permissions") from None
         try:
             header = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+            # RecursionError: json's answer to absurdly nested input (found by test_pack_fuzz.py)
             raise self._fail(f"has a corrupt header: not valid JSON ({exc})") from None
         if not isinstance(header, dict):
             raise self._fail("has a corrupt header: the JSON header is not an object")
@@ -181,7 +182,7 @@ class SafetensorsCheckpoint:
     def _read_index(index: Path) -> dict[str, str]:
         try:
             data = json.loads(index.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
             raise UserError(f"{INDEX_NAME} is unreadable ({exc}); re-download it") from None
         weight_map = data.get("weight_map") if isinstance(data, dict) else None
         if not isinstance(weight_map, dict) or not weight_map or not all(
@@ -202,7 +203,7 @@ class SafetensorsCheckpoint:
             except FileNotFoundError:
                 raise UserError(f"{self.dir} has no config.json; download it with the "
                                 "checkpoint") from None
-            except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
                 raise UserError(f"config.json is unreadable ({exc}); re-download it") from None
             if not isinstance(self._config, dict):
                 raise UserError("config.json is not a JSON object; re-download it")

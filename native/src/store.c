@@ -316,6 +316,13 @@ static kvl_status parse_index(kvl_store *s, const unsigned char *buf, uint64_t s
         }
         memcpy(s->hparams[i].key, r, IDX_HPARAM_KEY_BYTES);
         s->hparams[i].value = rdf64(r + IDX_HPARAM_KEY_BYTES);
+        /* v - v is 0 exactly for finite v (NaN for inf and NaN): the packer writes config numbers
+         * only, and kvl/packfmt.py refuses the same values */
+        if (s->hparams[i].value - s->hparams[i].value != 0.0) {
+            set_err(err, err_len, "%s: hparam '%s' is not a finite number; the index is corrupt, "
+                    "rerun `kvl pack`", path, s->hparams[i].key);
+            return KVL_ERR_FORMAT;
+        }
     }
     if (n_hp > 1) qsort(s->hparams, n_hp, sizeof(hparam_entry), cmp_hparam);
     for (i = 1; i < n_hp; i++) {
