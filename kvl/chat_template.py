@@ -65,7 +65,9 @@ class ChatTemplate:
             raise UserError(f"{path} is not a valid jinja template ({exc})") from exc
         try:
             tokenizer_config = json.loads((model_dir / "tokenizer_config.json").read_text("utf-8"))
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):
+            tokenizer_config = {}
+        if not isinstance(tokenizer_config, dict):
             tokenizer_config = {}
         self._special_vars = _special_token_vars(tokenizer_config)
 

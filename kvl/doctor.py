@@ -100,7 +100,7 @@ def check_directory(model: Path, reader) -> Check:
 
     try:
         config = json.loads((model / "config.json").read_text("utf-8"))
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
         return Check("FAIL", "tensor directory", f"config.json unreadable ({exc})",
                      "restore config.json (rerun kvl pack)")
     problems: list[str] = []

@@ -96,14 +96,18 @@ class Tokenizer:
             config = json.loads(config_path.read_text(encoding="utf-8"))
         except FileNotFoundError as exc:
             raise UserError(f"{config_path} is missing; rerun kvl pack") from exc
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError
             raise UserError(f"{config_path} is not valid JSON ({exc}); rerun kvl pack") from exc
+        decoder = config.get("added_tokens_decoder") if isinstance(config, dict) else None
+        if not isinstance(decoder, dict):
+            raise UserError(f"{config_path} has no added_tokens_decoder object, so the special "
+                            "token ids are unknown; rerun kvl pack")
         named: dict[int, str] = {}
-        for key, entry in (config.get("added_tokens_decoder") or {}).items():
-            try:
-                named[int(key)] = entry["content"]
-            except (ValueError, KeyError, TypeError) as exc:
-                raise UserError(f"{config_path}: bad added_tokens_decoder entry {key!r}") from exc
+        for key, entry in decoder.items():
+            content = entry.get("content") if isinstance(entry, dict) else None
+            if not isinstance(content, str) or not key.isdigit():
+                raise UserError(f"{config_path}: bad added_tokens_decoder entry {key!r}; rerun kvl pack")
+            named[int(key)] = content
         self.num_base_tokens = len(ranks)
         specials: dict[str, int] = {}
         first = self.num_base_tokens
