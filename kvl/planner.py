@@ -118,8 +118,8 @@ def session_layout_bytes(hp: dict[str, float], max_context: int, max_batch: int,
     widths = [1]
     for layer in range(n_layers):
         if layer_is_moe(hp, layer):
-            widths += [g("n_shared_experts") * g("moe_intermediate_size"),
-                       g("moe_intermediate_size")]
+            # shared rows + one expert's: a small chunk keeps both side by side (model.c)
+            widths.append((g("n_shared_experts") + 1) * g("moe_intermediate_size"))
         else:
             widths.append(g("intermediate_size"))
     mlp_width = max(widths)
@@ -294,11 +294,22 @@ def vision_call_estimate(hp: dict[str, float], patches: int, n_threads: int) -> 
     return max(embed, block, proj) + activations
 
 
+# Divisors among the hparams: zero would mean a corrupt pack, not an empty model.
+_POSITIVE = {"vision.num_attention_heads", "vision.patch_size", "vision.merge_kernel_h",
+             "vision.merge_kernel_w", "text.num_attention_heads"}
+
+
 def _hparam(hp: dict[str, float], key: str) -> int:
+    """An integer hparam, in the range the native engine accepts (a whole number in 0..2^24)."""
     try:
-        return int(hp[key])
+        value = hp[key]
     except KeyError:
         raise UserError(f"the pack's hparams lack {key!r}; repack with this kvl version") from None
+    low = 1 if key in _POSITIVE else 0
+    if not (low <= value <= 1 << 24) or value != int(value):
+        raise UserError(f"the pack's hparam {key!r} = {value!r} is out of range; the pack is "
+                        "corrupt: rerun kvl pack")
+    return int(value)
 
 
 def largest_image_grid(preprocessor_config: dict, merge: tuple[int, int]) -> tuple[int, int]:

@@ -43,6 +43,15 @@ void kvl_atomic_store(volatile int *p, int v)
 #endif
 }
 
+int kvl_atomic_fetch_add(volatile int *p, int v)
+{
+#ifdef _MSC_VER
+    return (int)InterlockedExchangeAdd((volatile long *)p, (long)v);
+#else
+    return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST);
+#endif
+}
+
 #ifdef _WIN32
 typedef CRITICAL_SECTION kvl_mutex;
 typedef CONDITION_VARIABLE kvl_cond;
@@ -362,6 +371,17 @@ static kvl_status read_hparams(open_ctx *c, kvl_text_hparams *hp)
                             TEXT_KEYS[i], f2 ? w : -1.0, v[i]);
         }
     }
+    /* Hostile packs (tests/test_pack_fuzz.py): converting a NaN, infinite or out-of-range double
+     * to int is undefined behaviour, and sums such as nope + rope below are int, so every integer
+     * hparam must be a whole number in 0..2^24 (far above any real model's; 16, 19..22 are the
+     * real-valued ones). */
+    for (size_t i = 0; i < N_TEXT_KEYS; i++) {
+        int real_valued = i == 16 || (i >= 19 && i <= 22);
+        if (real_valued ? !(v[i] > -1e30 && v[i] < 1e30)
+                        : !(v[i] >= 0.0 && v[i] <= 16777216.0 && v[i] == (double)(int64_t)v[i]))
+            return oerr(c, KVL_ERR_CONFIG, "trunk.idx: hparam %s = %g is not a valid %s; rerun kvl pack",
+                        TEXT_KEYS[i], v[i], real_valued ? "finite number" : "integer in 0..2^24");
+    }
     hp->vocab = (int)v[0]; hp->hidden = (int)v[1]; hp->intermediate = (int)v[2];
     hp->moe_intermediate = (int)v[3]; hp->n_layers = (int)v[4]; hp->n_heads = (int)v[5];
     hp->n_routed = (int)v[6]; hp->n_shared = (int)v[7]; hp->topk = (int)v[8];
@@ -454,6 +474,13 @@ static kvl_status load_text(open_ctx *c, const kvl_engine_options *o)
         const char *mlp = lg->is_moe ? "mlp.shared_experts" : "mlp";
         uint64_t rows = lg->is_moe ? (uint64_t)hp->n_shared * (uint64_t)hp->moe_intermediate
                                    : (uint64_t)hp->intermediate;
+        /* a dense layer without MLP rows would leave its MLP tensors unvalidated and NULL (a
+         * crash at the first token; found by tests/test_pack_fuzz.py) */
+        if (!lg->is_moe && rows == 0) {
+            st = oerr(c, KVL_ERR_CONFIG, "trunk.idx: layer %d is dense but hparam "
+                      "text.intermediate_size is 0; rerun kvl pack", l);
+            goto out;
+        }
         if (lg->is_moe) {
             EXPECT("mlp.gate.weight", KVL_DTYPE_BF16, 2, E, H, &small[l * 5 + 3]);
             EXPECT("mlp.gate.e_score_correction_bias", KVL_DTYPE_F32, 1, E, 0, &small[l * 5 + 4]);
@@ -645,7 +672,10 @@ static kvl_status load_text(open_ctx *c, const kvl_engine_options *o)
         uint64_t all = (uint64_t)n_moe * E * t->extent_bytes;
         if (budget > all) budget = all; /* never allocate more than every extent */
         char cerr[256] = "";
-        st = kvl_expert_cache_create(e->experts, hp->n_layers, hp->n_routed, budget, hp->topk, 2,
+        /* readers share each extent's ~2 MiB pieces: 4 keeps a disk queue busy (measured: a
+         * virtio disk gave ~270 MB/s with one 8 MiB read in flight, ~1.6-2 GB/s with four 2 MiB
+         * reads); they sleep when idle and do no math, so they do not compete with the pool */
+        st = kvl_expert_cache_create(e->experts, hp->n_layers, hp->n_routed, budget, hp->topk, 4,
                                      &t->ecache, cerr, sizeof cerr);
         if (st != KVL_OK) {
             st = oerr(c, st, "experts.bin: %s", cerr);
@@ -792,6 +822,14 @@ kvl_status kvl_engine_open(const char *pack_dir, const kvl_engine_options *optio
             if (!vparam(e->vision, VK[i], &v[i]) || !vparam(e->trunk, VK[i], &w) || w != v[i]) {
                 st = oerr(&c, KVL_ERR_CONFIG, "vision.idx: hparam '%s' is missing or disagrees with "
                           "trunk.idx; rerun kvl pack", VK[i]);
+                goto fail;
+            }
+        }
+        /* as for the text hparams: no double-to-int conversion of NaN / out-of-range values */
+        for (int i = 0; i < 9; i++) {
+            if (!(v[i] >= 0.0 && v[i] <= 16777216.0)) {
+                st = oerr(&c, KVL_ERR_CONFIG, "vision.idx: hparam '%s' = %g is out of range; rerun "
+                          "kvl pack", VK[i], v[i]);
                 goto fail;
             }
         }
@@ -1013,6 +1051,8 @@ static kvl_status run_tokens(kvl_session *s, const int32_t *tokens, int32_t n, c
     const int pos_before = s->position;
     int cursor = 0;
     kvl_status st = KVL_OK;
+    /* the pool's workers run with FTZ/DAZ always; the calling thread only during this call */
+    unsigned fp_mode = kvl_fast_float_enter();
     for (int32_t start = 0; start < n; start += s->max_batch) {
         int m = n - start < s->max_batch ? n - start : s->max_batch;
         int last_chunk = start + m == n;
@@ -1022,6 +1062,7 @@ static kvl_status run_tokens(kvl_session *s, const int32_t *tokens, int32_t n, c
         st = kvl_model_forward(s, tokens + start, m, n_media ? media : NULL, &cursor, cmode, out);
         if (st != KVL_OK) break;
     }
+    kvl_fast_float_leave(fp_mode);
     if (st != KVL_OK) {
         s->position = pos_before; /* roll back: the cache beyond position is ignored */
         return st;

@@ -131,5 +131,6 @@ kvl_status kvl_model_forward(kvl_session *s, const int32_t *tokens, int n, const
 /* portable atomic int helpers (engine.c) */
 int kvl_atomic_load(volatile int *p);
 void kvl_atomic_store(volatile int *p, int v);
+int kvl_atomic_fetch_add(volatile int *p, int v);   /* returns the old value */
 
 #endif

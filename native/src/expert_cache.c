@@ -8,8 +8,13 @@
  * Concurrency: one mutex guards all metadata; reads run outside it. A slot is FREE, LOADING
  * (a read in flight: never a victim, whatever its pin count), READY, or FAILED (a read failed;
  * kept only while acquirers that waited on it still hold pins). Acquirers that find a slot
- * LOADING pin it and wait on done_cv. Nothing is allocated after create: the ring has one
- * entry per slot and a slot is queued at most once (only when it turns LOADING).
+ * LOADING pin it and wait on done_cv. Nothing is allocated after create: the ring has
+ * n_chunks entries per slot and a slot is queued at most once (only when it turns LOADING).
+ *
+ * Reads are split into n_chunks page-aligned pieces that the reader threads take separately:
+ * virtualised and NVMe disks only reach their bandwidth with several requests in flight, and a
+ * decode step often waits on a single extent, so one extent is read by every reader at once.
+ * The slot turns READY (or FAILED) when its last chunk lands.
  *
  * Prefetch: a call names one layer's experts in the order they will be acquired. Members
  * already resident are marked wanted; the others are claimed while a slot is free or holds an
@@ -38,6 +43,8 @@ typedef struct cache_slot {
     int32_t state;
     int32_t unclaimed;    /* 1: filled by a prefetch that no acquire has used yet */
     int32_t wanted;       /* 1: named by the latest prefetch call and not yet acquired */
+    int32_t chunks_left;  /* LOADING by the readers: pieces not yet finished */
+    kvl_status chunk_error; /* first failure among this read's pieces */
     kvl_status error;     /* FAILED: what the read returned */
     uint64_t last_use;    /* LRU clock value of the last prefetch/acquire/release touching it */
 } cache_slot;
@@ -53,8 +60,10 @@ struct kvl_expert_cache {
     uint64_t extent_bytes;         /* slot stride: align4096(nbytes) */
     kvl_q8_layout layout;
 
-    int32_t *ring;                 /* [n_slots] queued slot indices */
-    int ring_head, ring_count;
+    int32_t *ring;                 /* [n_slots * n_chunks] queued slot * n_chunks + chunk */
+    int ring_head, ring_count, ring_cap;
+    int n_chunks;                  /* pieces one prefetched extent is read in */
+    uint64_t chunk_bytes;          /* bytes per piece (a multiple of 4 KiB; the last is shorter) */
     /* Keys of the latest prefetch call that found no free slot yet; issued as releases free
      * slots, so a batch larger than the cache still streams ahead of its acquires. */
     int32_t *pending;              /* [n_experts] */
@@ -158,24 +167,47 @@ static kvl_status read_slot(kvl_expert_cache *c, int i, const kvl_tensor_rec *re
     return kvl_store_read(c->store, rec->offset, rec->nbytes, c->slab + (size_t)i * c->extent_bytes);
 }
 
+/* Reads piece `chunk` of the extent `rec` into slot i. */
+static kvl_status read_chunk(kvl_expert_cache *c, int i, const kvl_tensor_rec *rec, int chunk) {
+    uint64_t begin = (uint64_t)chunk * c->chunk_bytes;
+    uint64_t len = rec->nbytes - begin < c->chunk_bytes ? rec->nbytes - begin : c->chunk_bytes;
+    return kvl_store_read(c->store, rec->offset + begin, len,
+                          c->slab + (size_t)i * c->extent_bytes + (size_t)begin);
+}
+
+/* Queues every piece of slot i (lock held). */
+static void queue_slot(kvl_expert_cache *c, int i) {
+    int k;
+    c->slots[i].chunks_left = c->n_chunks;
+    c->slots[i].chunk_error = KVL_OK;
+    for (k = 0; k < c->n_chunks; k++) {
+        c->ring[(c->ring_head + c->ring_count) % c->ring_cap] = i * c->n_chunks + k;
+        c->ring_count++;
+    }
+}
+
 static KVL_THREAD_RET KVL_THREAD_CALL reader_main(void *arg) {
     kvl_expert_cache *c = (kvl_expert_cache *)arg;
     kvl_os_mutex_lock(&c->lock);
     for (;;) {
-        int i;
+        int i, chunk;
         const kvl_tensor_rec *rec;
         kvl_status st;
+        cache_slot *s;
         while (c->ring_count == 0 && !c->stop) kvl_os_cond_wait(&c->work_cv, &c->lock);
         if (c->stop) break;
-        i = c->ring[c->ring_head];
-        c->ring_head = (c->ring_head + 1) % c->n_slots;
+        i = c->ring[c->ring_head] / c->n_chunks;
+        chunk = c->ring[c->ring_head] % c->n_chunks;
+        c->ring_head = (c->ring_head + 1) % c->ring_cap;
         c->ring_count--;
         /* a LOADING slot cannot be re-targeted, so key and rec stay valid during the read */
         rec = c->rec_of[c->slots[i].key];
         kvl_os_mutex_unlock(&c->lock);
-        st = read_slot(c, i, rec);
+        st = read_chunk(c, i, rec, chunk);
         kvl_os_mutex_lock(&c->lock);
-        finish_read(c, i, st);
+        s = &c->slots[i];
+        if (st != KVL_OK && s->chunk_error == KVL_OK) s->chunk_error = st;
+        if (--s->chunks_left == 0) finish_read(c, i, s->chunk_error);
     }
     kvl_os_mutex_unlock(&c->lock);
     return KVL_THREAD_RETURN;
@@ -287,7 +319,15 @@ kvl_status kvl_expert_cache_create(kvl_store *experts, int n_layers_total, int n
     }
     c->n_slots = (int)n_fit;
     c->slots = (cache_slot *)calloc((size_t)c->n_slots, sizeof *c->slots);
-    c->ring = (int32_t *)calloc((size_t)c->n_slots, sizeof *c->ring);
+    /* pieces of about 2 MiB: enough requests in flight to keep a disk busy, few enough that
+     * each request stays large */
+    c->n_chunks = (int)((c->extent_bytes + (2u << 20) - 1) / (2u << 20));
+    if (c->n_chunks < 1) c->n_chunks = 1;
+    c->chunk_bytes = (c->extent_bytes / KVL_PAGE + (uint64_t)c->n_chunks - 1) / (uint64_t)c->n_chunks * KVL_PAGE;
+    /* rounding pieces up to whole pages can leave the last ones empty: drop them */
+    c->n_chunks = (int)((c->extent_bytes + c->chunk_bytes - 1) / c->chunk_bytes);
+    c->ring_cap = c->n_slots * c->n_chunks;
+    c->ring = (int32_t *)calloc((size_t)c->ring_cap, sizeof *c->ring);
     c->pending = (int32_t *)calloc((size_t)n_experts, sizeof *c->pending);
     if ((uint64_t)c->n_slots * c->extent_bytes <= (uint64_t)SIZE_MAX)
         c->slab = (unsigned char *)kvl_aligned_alloc(KVL_PAGE, (size_t)((uint64_t)c->n_slots * c->extent_bytes));
@@ -363,11 +403,10 @@ static void issue_pending(kvl_expert_cache *c) {
         slot = pick_victim(c, 1);
         if (slot < 0) break; /* every slot pinned, loading or wanted: wait for a release */
         claim_slot(c, slot, key, 0, 1);
-        c->ring[(c->ring_head + c->ring_count) % c->n_slots] = slot;
-        c->ring_count++;
+        queue_slot(c, slot);
         c->ctr.prefetch_issued++;
         c->pending_pos++;
-        queued++;
+        queued += c->n_chunks;
     }
     if (queued == 1) kvl_os_cond_signal(&c->work_cv);
     else if (queued > 1) kvl_os_cond_broadcast(&c->work_cv);
@@ -484,6 +523,35 @@ kvl_status kvl_expert_cache_acquire(kvl_expert_cache *c, int layer, int expert, 
     kvl_os_mutex_unlock(&c->lock);
     fill_view(c, slot, out);
     return KVL_OK;
+}
+
+int kvl_expert_cache_try_acquire(kvl_expert_cache *c, int layer, int expert, kvl_expert_view *out) {
+    int key, slot;
+    cache_slot *s;
+    if (!c || !out) return 0;
+    key = key_of(c, layer, expert);
+    if (key < 0) return 0;
+    kvl_os_mutex_lock(&c->lock);
+    slot = c->slot_of[key];
+    if (slot < 0 || c->slots[slot].state != SLOT_READY) {
+        kvl_os_mutex_unlock(&c->lock);
+        return 0;
+    }
+    /* the same bookkeeping as acquire's resident path, minus any waiting */
+    s = &c->slots[slot];
+    s->pins++;
+    s->last_use = ++c->clock;
+    s->wanted = 0;
+    if (s->unclaimed) {
+        s->unclaimed = 0;
+        c->ctr.misses++;
+        c->ctr.prefetch_served++;
+    } else {
+        c->ctr.hits++;
+    }
+    kvl_os_mutex_unlock(&c->lock);
+    fill_view(c, slot, out);
+    return 1;
 }
 
 void kvl_expert_cache_release(kvl_expert_cache *c, int layer, int expert) {

@@ -66,4 +66,11 @@ typedef struct kvl_expert_cache_counters {
 } kvl_expert_cache_counters;
 void kvl_expert_cache_counters_get(const kvl_expert_cache *cache, kvl_expert_cache_counters *out);
 
+/* Non-blocking acquire (added for availability-ordered expert compute): if the extent is resident
+ * and its read has finished, pins it, fills *out, counts it like kvl_expert_cache_acquire and
+ * returns 1. Otherwise (not resident, still loading, or its read failed) returns 0 and pins
+ * nothing; a later kvl_expert_cache_acquire waits for it or reports the failure. */
+int kvl_expert_cache_try_acquire(kvl_expert_cache *cache, int layer, int expert,
+                                 kvl_expert_view *out);
+
 #endif

@@ -7,6 +7,13 @@
  * Does not own: opening/validating the pack or the trunk cache/streamer (engine.c), kernels
  * (kernels_*.c), expert reads (expert_cache.c). Every shape was validated at open, so this file
  * carries no shape checks; nothing here allocates.
+ *
+ * Parallel shape: decode streams every weight once per token, so the pool work is organised to
+ * keep both memory streams busy: each pool run is a list of matmul "segments" (e.g. q_proj and
+ * kv_a_proj of one input, or gate+up of the shared expert and of every ready routed expert) cut
+ * into row blocks that threads take from a shared counter, so a thread delayed by the OS does not
+ * stall the join. Every output row is still computed by one kernel call over the same inputs, so
+ * results do not depend on the split (bit-identical to a one-thread run).
  */
 #include <math.h>
 #include <string.h>
@@ -26,11 +33,13 @@ static size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
 static size_t max_mlp_width(const kvl_engine_text *t)
 {
+    /* MoE layers: the shared experts' rows plus one expert's, so that a small chunk (n*topk <=
+     * max_batch) fits n*R shared rows and n*topk expert rows of moe_intermediate side by side */
     size_t w = 1;
     for (int l = 0; l < t->hp.n_layers; l++) {
-        if ((size_t)t->layers[l].mlp_rows > w) w = (size_t)t->layers[l].mlp_rows;
-        if (t->layers[l].is_moe && (size_t)t->hp.moe_intermediate > w)
-            w = (size_t)t->hp.moe_intermediate;
+        size_t lw = (size_t)t->layers[l].mlp_rows;
+        if (t->layers[l].is_moe) lw += (size_t)t->hp.moe_intermediate;
+        if (lw > w) w = lw;
     }
     return w;
 }
@@ -47,7 +56,7 @@ static size_t per_thread_floats(const kvl_text_hparams *hp, int max_context)
  * a few hundred bytes). Every piece is rounded up to 64 bytes (a64); B = max_batch (clamped to
  * max_context), C = max_context, T = pool threads, H = hidden, nh = heads, L = layers,
  * r = qk_rope_head_dim, lat = kv_lora_rank, W = the widest MLP (max of intermediate_size on
- * dense layers, n_shared*moe_intermediate and moe_intermediate on MoE layers), E = routed experts,
+ * dense layers and (n_shared+1)*moe_intermediate on MoE layers), E = routed experts,
  * k = experts per token:
  *   KV      L*C*(lat+r)*(4 f32 | 2 bf16)
  *   f32     x, xn, moe_out, xg, yg: B*H each; q: B*nh*(nope+r); a: B*(lat+r);
@@ -123,12 +132,20 @@ void kvl_session_bind(kvl_session *s, const kvl_session_layout *ly)
     s->embed_row = (uint16_t *)(base + ly->off[L_EMBED]);
 }
 
-/* ---- parallel matmul: rows of W split across the pool ------------------------------------- */
+/* ---- parallel matmuls: row blocks of one or more products handed out dynamically ---------- */
 
 enum { MM_BF16 = 0, MM_Q8 = 1 };
 
-typedef struct mm_job {
-    const kvl_kernels *k;
+/* Segments per pool run: one layer's FFN at most uses shared gate+up plus gate+up of every
+ * routed expert of a wave, and a wave holds at most MOE_WAVE_MAX experts. */
+#define MOE_WAVE_MAX 24
+#define MM_MAX_SEGS (2 * MOE_WAVE_MAX + 2)
+/* Work items per thread: enough that the faster thread absorbs a slow one's lag, few enough that
+ * each item is a long sequential stream (>= MM_MIN_ITEM_BYTES of weights). */
+#define MM_ITEMS_PER_THREAD 16
+#define MM_MIN_ITEM_BYTES (64u << 10)
+
+typedef struct mm_seg {
     int kind;
     float *Y;
     size_t ldy;
@@ -137,34 +154,103 @@ typedef struct mm_job {
     size_t rows, cols;
     const float *X;
     size_t ldx, n;
+    size_t block_rows;  /* rows per work item */
+    int first_item;     /* index of this segment's first work item */
+} mm_seg;
+
+typedef struct mm_job {
+    const kvl_kernels *k;
+    int n_seg, n_items;
+    uint64_t bytes, macs;
+    volatile int next;  /* next unclaimed work item */
+    mm_seg seg[MM_MAX_SEGS];
 } mm_job;
 
-static void mm_worker(void *ctx, int i, int nt)
+static void mm_init(mm_job *j, const kvl_engine *e)
 {
-    const mm_job *j = (const mm_job *)ctx;
-    size_t b, e;
-    kvl_split_range(j->rows, ROW_ALIGN, i, nt, &b, &e);
-    if (b >= e) return;
-    if (j->kind == MM_BF16)
-        j->k->matmul_bf16(j->Y + b, j->ldy, (const uint16_t *)j->W + b * j->cols, e - b, j->cols,
-                          j->X, j->ldx, j->n);
-    else
-        j->k->matmul_q8(j->Y + b, j->ldy, (const int8_t *)j->W + b * j->cols, j->scale + b, e - b,
-                        j->cols, j->X, j->ldx, j->n);
+    j->k = e->k;
+    j->n_seg = 0;
+    j->n_items = 0;
+    j->bytes = 0;
+    j->macs = 0;
+    j->next = 0;
 }
 
+static void mm_add(mm_job *j, int kind, float *Y, size_t ldy, const void *W, const float *scale,
+                   size_t rows, size_t cols, const float *X, size_t ldx, size_t n)
+{
+    mm_seg *g = &j->seg[j->n_seg++];
+    g->kind = kind; g->Y = Y; g->ldy = ldy; g->W = W; g->scale = scale;
+    g->rows = rows; g->cols = cols; g->X = X; g->ldx = ldx; g->n = n;
+    j->bytes += (uint64_t)rows * cols * (kind == MM_BF16 ? 2u : 1u);
+    j->macs += (uint64_t)rows * cols * n;
+}
+
+static void mm_do(const mm_job *j, const mm_seg *g, size_t b, size_t e)
+{
+    if (g->kind == MM_BF16)
+        j->k->matmul_bf16(g->Y + b, g->ldy, (const uint16_t *)g->W + b * g->cols, e - b, g->cols,
+                          g->X, g->ldx, g->n);
+    else
+        j->k->matmul_q8(g->Y + b, g->ldy, (const int8_t *)g->W + b * g->cols, g->scale + b, e - b,
+                        g->cols, g->X, g->ldx, g->n);
+}
+
+static void mm_worker(void *ctx, int ti, int nt)
+{
+    mm_job *j = (mm_job *)ctx;
+    int s = 0;
+    (void)ti; (void)nt;
+    for (;;) {
+        int item = kvl_atomic_fetch_add(&j->next, 1);
+        if (item >= j->n_items) return;
+        /* items are claimed in increasing order, so the segment cursor only moves forward */
+        while (s + 1 < j->n_seg && item >= j->seg[s + 1].first_item) s++;
+        const mm_seg *g = &j->seg[s];
+        size_t b = (size_t)(item - g->first_item) * g->block_rows;
+        size_t e = b + g->block_rows < g->rows ? b + g->block_rows : g->rows;
+        mm_do(j, g, b, e);
+    }
+}
+
+/* Runs every segment of j: on the caller alone when the work is too small to pay for a fork/join
+ * (routers, tiny models), else on the pool in row blocks. */
+static void mm_run(kvl_engine *e, mm_job *j)
+{
+    if (j->n_seg == 0) return;
+    int nt = kvl_pool_size(e->pool);
+    if (j->macs < SMALL_MATMUL_MACS || nt <= 1) {
+        for (int i = 0; i < j->n_seg; i++) mm_do(j, &j->seg[i], 0, j->seg[i].rows);
+        return;
+    }
+    uint64_t item_bytes = j->bytes / ((uint64_t)nt * MM_ITEMS_PER_THREAD);
+    if (item_bytes < MM_MIN_ITEM_BYTES) item_bytes = MM_MIN_ITEM_BYTES;
+    int items = 0;
+    for (int i = 0; i < j->n_seg; i++) {
+        mm_seg *g = &j->seg[i];
+        uint64_t row_bytes = (uint64_t)g->cols * (g->kind == MM_BF16 ? 2u : 1u);
+        size_t br = (size_t)(item_bytes / (row_bytes ? row_bytes : 1));
+        br = br / ROW_ALIGN * ROW_ALIGN;
+        if (br < ROW_ALIGN) br = ROW_ALIGN;
+        if (br > g->rows) br = g->rows ? g->rows : 1;
+        g->block_rows = br;
+        g->first_item = items;
+        items += (int)((g->rows + br - 1) / br);
+    }
+    j->n_items = items;
+    j->next = 0; /* published to the workers by kvl_pool_run's release of the generation */
+    kvl_pool_run(e->pool, mm_worker, j);
+}
+
+/* One product as its own run (the common case before fusion) */
 static void par_mm(kvl_engine *e, int kind, float *Y, size_t ldy, const void *W,
                    const float *scale, size_t rows, size_t cols, const float *X, size_t ldx,
                    size_t n)
 {
     mm_job j;
-    j.k = e->k; j.kind = kind; j.Y = Y; j.ldy = ldy; j.W = W; j.scale = scale;
-    j.rows = rows; j.cols = cols; j.X = X; j.ldx = ldx; j.n = n;
-    /* a fork/join costs more than a product this small (routers, tiny models): run it here */
-    if ((uint64_t)rows * cols * n < SMALL_MATMUL_MACS)
-        mm_worker(&j, 0, 1);
-    else
-        kvl_pool_run(e->pool, mm_worker, &j);
+    mm_init(&j, e);
+    mm_add(&j, kind, Y, ldy, W, scale, rows, cols, X, ldx, n);
+    mm_run(e, &j);
 }
 
 /* RMSNorm of n rows (the weight was widened to f32 at open) */
@@ -305,10 +391,23 @@ static kvl_status attention(kvl_session *s, int layer, int n, int pos0)
     kvl_status st;
 
     norm_rows(s->xn, s->x, t->layers[layer].input_ln, H, n, hp->rms_eps);
-    if ((st = kvl_trunk_get(e, base + KVL_TT_Q, &w)) != KVL_OK) return st;
-    par_mm(e, MM_BF16, s->q, nh * qd, w, NULL, nh * qd, H, s->xn, H, (size_t)n);
-    if ((st = kvl_trunk_get(e, base + KVL_TT_KVA, &w)) != KVL_OK) return st;
-    par_mm(e, MM_BF16, s->a, kvrow, w, NULL, kvrow, H, s->xn, H, (size_t)n);
+    if (t->tt[base + KVL_TT_Q].resident && t->tt[base + KVL_TT_KVA].resident) {
+        /* both read xn: one pool run over both weights */
+        const uint16_t *wq, *wa;
+        mm_job mj;
+        if ((st = kvl_trunk_get(e, base + KVL_TT_Q, &wq)) != KVL_OK) return st;
+        if ((st = kvl_trunk_get(e, base + KVL_TT_KVA, &wa)) != KVL_OK) return st;
+        mm_init(&mj, e);
+        mm_add(&mj, MM_BF16, s->q, nh * qd, wq, NULL, nh * qd, H, s->xn, H, (size_t)n);
+        mm_add(&mj, MM_BF16, s->a, kvrow, wa, NULL, kvrow, H, s->xn, H, (size_t)n);
+        mm_run(e, &mj);
+    } else {
+        /* streamed: the double buffer holds one tensor for compute at a time */
+        if ((st = kvl_trunk_get(e, base + KVL_TT_Q, &w)) != KVL_OK) return st;
+        par_mm(e, MM_BF16, s->q, nh * qd, w, NULL, nh * qd, H, s->xn, H, (size_t)n);
+        if ((st = kvl_trunk_get(e, base + KVL_TT_KVA, &w)) != KVL_OK) return st;
+        par_mm(e, MM_BF16, s->a, kvrow, w, NULL, kvrow, H, s->xn, H, (size_t)n);
+    }
     store_kv(s, layer, n, pos0);
     if ((st = kvl_trunk_get(e, base + KVL_TT_KVB, &w)) != KVL_OK) return st;
     attn_job j;
@@ -374,6 +473,12 @@ static void route_token(const kvl_text_hparams *hp, const float *logits, const f
     }
 }
 
+static int trunk_resident3(const kvl_engine_text *t, int base)
+{
+    return t->tt[base + KVL_TT_MLP_GATE].resident && t->tt[base + KVL_TT_MLP_UP].resident &&
+           t->tt[base + KVL_TT_MLP_DOWN].resident;
+}
+
 /* gate/up/down SwiGLU over n tokens with streamed/resident BF16 weights; result in Y [n, H] */
 static kvl_status dense_mlp(kvl_session *s, int layer, int n, float *Y)
 {
@@ -383,14 +488,105 @@ static kvl_status dense_mlp(kvl_session *s, int layer, int n, float *Y)
     const int base = layer * KVL_TT_PER_LAYER;
     const uint16_t *w;
     kvl_status st;
-    if ((st = kvl_trunk_get(e, base + KVL_TT_MLP_GATE, &w)) != KVL_OK) return st;
-    par_mm(e, MM_BF16, s->gate, R, w, NULL, R, H, s->xn, H, (size_t)n);
-    if ((st = kvl_trunk_get(e, base + KVL_TT_MLP_UP, &w)) != KVL_OK) return st;
-    par_mm(e, MM_BF16, s->up, R, w, NULL, R, H, s->xn, H, (size_t)n);
+    if (t->tt[base + KVL_TT_MLP_GATE].resident && t->tt[base + KVL_TT_MLP_UP].resident) {
+        const uint16_t *wg, *wu;
+        mm_job mj;
+        if ((st = kvl_trunk_get(e, base + KVL_TT_MLP_GATE, &wg)) != KVL_OK) return st;
+        if ((st = kvl_trunk_get(e, base + KVL_TT_MLP_UP, &wu)) != KVL_OK) return st;
+        mm_init(&mj, e);
+        mm_add(&mj, MM_BF16, s->gate, R, wg, NULL, R, H, s->xn, H, (size_t)n);
+        mm_add(&mj, MM_BF16, s->up, R, wu, NULL, R, H, s->xn, H, (size_t)n);
+        mm_run(e, &mj);
+    } else {
+        if ((st = kvl_trunk_get(e, base + KVL_TT_MLP_GATE, &w)) != KVL_OK) return st;
+        par_mm(e, MM_BF16, s->gate, R, w, NULL, R, H, s->xn, H, (size_t)n);
+        if ((st = kvl_trunk_get(e, base + KVL_TT_MLP_UP, &w)) != KVL_OK) return st;
+        par_mm(e, MM_BF16, s->up, R, w, NULL, R, H, s->xn, H, (size_t)n);
+    }
     kvl_silu_mul(s->gate, s->up, (size_t)n * R);
     if ((st = kvl_trunk_get(e, base + KVL_TT_MLP_DOWN, &w)) != KVL_OK) return st;
     par_mm(e, MM_BF16, Y, H, w, NULL, H, R, s->gate, R, (size_t)n);
     return KVL_OK;
+}
+
+/* ---- routed experts in waves -----------------------------------------------------------------
+ * A wave is a set of pinned experts (optionally with the resident shared experts) computed with
+ * two pool runs: gate+up of all members, then down of all members. Expert x's (token, slot) pairs
+ * are elist[ecount[x] .. ecount[x+1]).
+ * "Small" chunks (n*topk <= max_batch: decode and short prompts) give every pair its own row in
+ * gate/up (after the shared experts' n*R rows), xg and yg, so experts can be computed in the order
+ * their extents become available and still be summed into moe_out in ascending expert order at
+ * the end — the same order as a sequential pass, so results do not depend on I/O timing.
+ * Larger chunks take experts one at a time in ascending order (rows from 0), each summed at once. */
+typedef struct moe_wave {
+    int n;
+    int x[MOE_WAVE_MAX];
+    kvl_expert_view v[MOE_WAVE_MAX];
+} moe_wave;
+
+static void moe_wave_run(kvl_session *s, int layer, int n, const moe_wave *wv, int with_shared,
+                         int small)
+{
+    kvl_engine *e = s->engine;
+    const kvl_engine_text *t = e->text;
+    const size_t H = (size_t)t->hp.hidden, I = (size_t)t->hp.moe_intermediate;
+    const size_t R = (size_t)t->layers[layer].mlp_rows;
+    const int base = layer * KVL_TT_PER_LAYER;
+    const size_t K = (size_t)t->hp.topk;
+    float *gbase = s->gate + (small ? (size_t)n * R : 0), *ubase = s->up + (small ? (size_t)n * R : 0);
+    mm_job mj;
+    mm_init(&mj, e);
+    if (with_shared) {
+        /* resident (the caller checked), so kvl_trunk_get cannot fail or stream */
+        mm_add(&mj, MM_BF16, s->gate, R, t->tt[base + KVL_TT_MLP_GATE].resident, NULL, R, H, s->xn,
+               H, (size_t)n);
+        mm_add(&mj, MM_BF16, s->up, R, t->tt[base + KVL_TT_MLP_UP].resident, NULL, R, H, s->xn, H,
+               (size_t)n);
+    }
+    for (int i = 0; i < wv->n; i++) {
+        int x = wv->x[i];
+        size_t b = (size_t)s->ecount[x], cnt = (size_t)(s->ecount[x + 1] - s->ecount[x]);
+        size_t off = small ? b : 0;
+        /* one token needs no copy; several were gathered into xg rows off.. */
+        const float *X = cnt == 1 ? s->xn + (size_t)(s->elist[b] / (int)K) * H : s->xg + off * H;
+        mm_add(&mj, MM_Q8, gbase + off * I, I, wv->v[i].gate_q, wv->v[i].gate_s, I, H, X, H, cnt);
+        mm_add(&mj, MM_Q8, ubase + off * I, I, wv->v[i].up_q, wv->v[i].up_s, I, H, X, H, cnt);
+    }
+    mm_run(e, &mj);
+    if (with_shared) kvl_silu_mul(s->gate, s->up, (size_t)n * R);
+    mm_init(&mj, e);
+    if (with_shared)
+        mm_add(&mj, MM_BF16, s->moe_out, H, t->tt[base + KVL_TT_MLP_DOWN].resident, NULL, H, R,
+               s->gate, R, (size_t)n);
+    for (int i = 0; i < wv->n; i++) {
+        int x = wv->x[i];
+        size_t b = (size_t)s->ecount[x], cnt = (size_t)(s->ecount[x + 1] - s->ecount[x]);
+        size_t off = small ? b : 0;
+        kvl_silu_mul(gbase + off * I, ubase + off * I, cnt * I);
+        mm_add(&mj, MM_Q8, s->yg + off * H, H, wv->v[i].down_q, wv->v[i].down_s, H, I,
+               gbase + off * I, I, cnt);
+    }
+    mm_run(e, &mj);
+    for (int i = 0; i < wv->n; i++) kvl_expert_cache_release(t->ecache, layer, wv->x[i]);
+}
+
+/* moe_out[token] += weight * yg row, for expert x's pairs (rows from row0) */
+static void moe_accumulate(kvl_session *s, int x, size_t row0)
+{
+    const kvl_engine_text *t = s->engine->text;
+    const size_t H = (size_t)t->hp.hidden;
+    const int K = t->hp.topk;
+    int b = s->ecount[x], cnt = s->ecount[x + 1] - b;
+    for (int g = 0; g < cnt; g++) {
+        int p = s->elist[b + g];
+        s->engine->k->axpy_f32(s->moe_out + (size_t)(p / K) * H, s->selw[p],
+                               s->yg + (row0 + (size_t)g) * H, H);
+    }
+}
+
+static kvl_status acquire_failed(kvl_engine *e, kvl_status st, int layer, int x)
+{
+    return kvl_engine_fail(e, st, "reading expert %d of layer %d from experts.bin failed", x, layer);
 }
 
 static kvl_status moe(kvl_session *s, int layer, int n)
@@ -400,7 +596,7 @@ static kvl_status moe(kvl_session *s, int layer, int n)
     const kvl_text_hparams *hp = &t->hp;
     const kvl_layer_globals *lg = &t->layers[layer];
     const size_t H = (size_t)hp->hidden, E = (size_t)hp->n_routed, K = (size_t)hp->topk;
-    const size_t I = (size_t)hp->moe_intermediate;
+    const int base = layer * KVL_TT_PER_LAYER;
     kvl_status st;
 
     par_mm(e, MM_BF16, s->rlog, E, lg->router_w, NULL, E, H, s->xn, H, (size_t)n);
@@ -426,34 +622,84 @@ static kvl_status moe(kvl_session *s, int layer, int n)
     }
     kvl_expert_cache_prefetch(t->ecache, layer, s->eorder, n_used);
 
-    if (lg->mlp_rows > 0) {
-        /* shared experts run while the routed experts load */
-        if ((st = dense_mlp(s, layer, n, s->moe_out)) != KVL_OK) return st;
-    } else {
+    /* the shared experts run while the routed experts load: fused into the first wave when
+     * resident, else streamed on their own now */
+    int shared_pending = lg->mlp_rows > 0 && trunk_resident3(t, base);
+    if (lg->mlp_rows > 0 && !shared_pending) {
+        st = dense_mlp(s, layer, n, s->moe_out);
+        if (st != KVL_OK) return st;
+    } else if (lg->mlp_rows == 0) {
         memset(s->moe_out, 0, (size_t)n * H * 4);
     }
+    if (shared_pending) {
+        /* resident, so these only count the trunk hits; moe_wave_run reads tt[].resident */
+        const uint16_t *w;
+        for (int i = KVL_TT_MLP_GATE; i <= KVL_TT_MLP_DOWN; i++)
+            if ((st = kvl_trunk_get(e, base + i, &w)) != KVL_OK) return st;
+    }
+    moe_wave wv;
+    const int small = (size_t)n * K <= (size_t)s->max_batch;
+    if (!small) {
+        if (shared_pending) {
+            wv.n = 0;
+            moe_wave_run(s, layer, n, &wv, 1, 0);
+        }
+        for (int u = 0; u < n_used; u++) {
+            int x = s->eorder[u];
+            int b = s->ecount[x], cnt = s->ecount[x + 1] - b;
+            st = kvl_expert_cache_acquire(t->ecache, layer, x, &wv.v[0]);
+            if (st != KVL_OK) return acquire_failed(e, st, layer, x);
+            if (cnt > 1)
+                for (int g = 0; g < cnt; g++)
+                    memcpy(s->xg + (size_t)g * H, s->xn + (size_t)(s->elist[b + g] / (int)K) * H,
+                           H * 4);
+            wv.n = 1;
+            wv.x[0] = x;
+            moe_wave_run(s, layer, n, &wv, 0, 0);
+            moe_accumulate(s, x, 0);
+        }
+        return KVL_OK;
+    }
+    /* small: gather the pairs of experts that several tokens chose, then waves in order of
+     * availability; eorder[0..done) are the experts already computed */
     for (int u = 0; u < n_used; u++) {
         int x = s->eorder[u];
         int b = s->ecount[x], cnt = s->ecount[x + 1] - b;
-        kvl_expert_view v;
-        if ((st = kvl_expert_cache_acquire(t->ecache, layer, x, &v)) != KVL_OK)
-            return kvl_engine_fail(e, st, "reading expert %d of layer %d from experts.bin failed",
-                                   x, layer);
-        for (int g = 0; g < cnt; g++) {
-            int tok = s->elist[b + g] / (int)K;
-            memcpy(s->xg + (size_t)g * H, s->xn + (size_t)tok * H, H * 4);
-        }
-        par_mm(e, MM_Q8, s->gate, I, v.gate_q, v.gate_s, I, H, s->xg, H, (size_t)cnt);
-        par_mm(e, MM_Q8, s->up, I, v.up_q, v.up_s, I, H, s->xg, H, (size_t)cnt);
-        kvl_silu_mul(s->gate, s->up, (size_t)cnt * I);
-        par_mm(e, MM_Q8, s->yg, H, v.down_q, v.down_s, H, I, s->gate, I, (size_t)cnt);
-        kvl_expert_cache_release(t->ecache, layer, x);
-        for (int g = 0; g < cnt; g++) {
-            int p = s->elist[b + g];
-            e->k->axpy_f32(s->moe_out + (size_t)(p / (int)K) * H, s->selw[p], s->yg + (size_t)g * H,
-                           H);
-        }
+        if (cnt > 1)
+            for (int g = 0; g < cnt; g++)
+                memcpy(s->xg + (size_t)(b + g) * H,
+                       s->xn + (size_t)(s->elist[b + g] / (int)K) * H, H * 4);
     }
+    int done = 0;
+    while (done < n_used || shared_pending) {
+        wv.n = 0;
+        if (!shared_pending) {
+            /* a wave needs one expert: the earliest-queued one, waiting for its read if needed
+             * (nothing else is left to overlap with) */
+            int x = s->eorder[done];
+            if (!kvl_expert_cache_try_acquire(t->ecache, layer, x, &wv.v[0])) {
+                st = kvl_expert_cache_acquire(t->ecache, layer, x, &wv.v[0]);
+                if (st != KVL_OK) return acquire_failed(e, st, layer, x);
+            }
+            wv.x[0] = x;
+            wv.n = 1;
+        }
+        /* take every other member that is ready now, keeping eorder[done + wv.n ..) in order */
+        for (int u = done + wv.n; u < n_used && wv.n < MOE_WAVE_MAX; u++) {
+            int x = s->eorder[u];
+            if (!kvl_expert_cache_try_acquire(t->ecache, layer, x, &wv.v[wv.n])) continue;
+            memmove(s->eorder + done + wv.n + 1, s->eorder + done + wv.n,
+                    (size_t)(u - done - wv.n) * sizeof(int));
+            s->eorder[done + wv.n] = x;
+            wv.x[wv.n++] = x;
+        }
+        moe_wave_run(s, layer, n, &wv, shared_pending, 1);
+        shared_pending = 0;
+        done += wv.n;
+    }
+    /* ascending expert order, as a sequential pass would add them */
+    for (size_t x = 0; x < E; x++)
+        if (s->ecount[x + 1] > s->ecount[x]) moe_accumulate(s, (int)x, (size_t)s->ecount[x]);
     return KVL_OK;
 }
 

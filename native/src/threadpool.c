@@ -9,6 +9,7 @@
  * on for a short while; only workers that spun in vain block on a condition variable, and the
  * caller only takes the mutex when someone is actually asleep (a seq_cst "sleepers" count,
  * Dekker-style, decides that without a lock). Completion uses the same scheme in reverse.
+ * Pool code runs with flush-to-zero/denormals-are-zero on x86-64 (see kvl_fast_float_enter in threadpool.h).
  */
 #if !defined(_WIN32) && !defined(_GNU_SOURCE) && !defined(_POSIX_C_SOURCE)
 #define _POSIX_C_SOURCE 200809L /* pthreads, sysconf, nanosleep under -std=c11 */
@@ -33,6 +34,7 @@
 #else
 #define cpu_relax() ((void)0)
 #endif
+
 
 /* ---- atomics: C11 where available, Interlocked* on MSVC (stdatomic needs a flag there) ---- */
 #if defined(_MSC_VER) && !defined(__clang__)
@@ -113,6 +115,7 @@ static void worker_loop(kvl_worker *w)
 {
     kvl_pool *p = w->pool;
     long seen = 0; /* generation at creation is 0 */
+    (void)kvl_fast_float_enter();
     for (;;) {
         long gen = at_load(&p->generation);
         for (int i = 0; gen == seen && i < KVL_SPIN_ITERS; i++) {
@@ -269,8 +272,10 @@ int kvl_pool_size(const kvl_pool *pool)
 
 void kvl_pool_run(kvl_pool *pool, kvl_pool_fn fn, void *ctx)
 {
+    unsigned fp_mode = kvl_fast_float_enter();
     if (pool->n_threads == 1) {
         fn(ctx, 0, 1);
+        kvl_fast_float_leave(fp_mode);
         return;
     }
     pool->fn = fn;
@@ -279,6 +284,7 @@ void kvl_pool_run(kvl_pool *pool, kvl_pool_fn fn, void *ctx)
     publish(pool);
 
     fn(ctx, 0, pool->n_threads);
+    kvl_fast_float_leave(fp_mode);
 
     for (int i = 0; i < KVL_SPIN_ITERS && at_load(&pool->remaining) != 0; i++)
         cpu_relax();
