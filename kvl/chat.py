@@ -9,6 +9,7 @@ Does not own: prompt building, prefix reuse or sampling (engine.py / generate.py
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import queue
 import signal
@@ -265,10 +266,8 @@ def one_shot(engine: Any, args: argparse.Namespace, params: SamplingParams,
 
 def interactive(engine: Any, args: argparse.Namespace, params: SamplingParams,
                 images: list[ImageInput]) -> int:
-    try:
+    with contextlib.suppress(ImportError):  # Windows without pyreadline
         import readline  # noqa: F401 - line editing and history for input()
-    except ImportError:  # Windows without pyreadline
-        pass
     chat = engine.new_chat()
     history: list[Message] = system_messages(args)
     pending = list(images)

@@ -9,9 +9,9 @@ Does not own: pixels (image.py), the vision forward (engine.py) or the sampling 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Hashable
+from typing import Any
 
 from kvl.chat_template import ChatTemplate, expand_media
 from kvl.errors import UserError

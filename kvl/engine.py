@@ -10,12 +10,12 @@ Does not own: the sampling loop details (generate.py), templates (chat_template.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Hashable, Iterator, Sequence
 from pathlib import Path
-from typing import Hashable
 
 import numpy as np
 
@@ -282,10 +282,8 @@ class ChatSession:
         except BaseException:
             # Unknown KV state after an error: start the next turn from scratch.
             self._keys = []
-            try:
+            with contextlib.suppress(Exception):  # the original error matters more
                 session.truncate(0)
-            except Exception:  # noqa: BLE001 - the original error matters more
-                pass
             raise
         finally:
             watcher.stop()

@@ -8,13 +8,25 @@ prefill/step.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import sys
-from ctypes import (POINTER, Structure, c_char, c_char_p, c_float, c_int32, c_int64, c_size_t,
-                    c_uint64, c_void_p)
+from collections.abc import Iterable, Sequence
+from ctypes import (
+    POINTER,
+    Structure,
+    c_char,
+    c_char_p,
+    c_float,
+    c_int32,
+    c_int64,
+    c_size_t,
+    c_uint64,
+    c_void_p,
+)
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -294,7 +306,7 @@ class NativeEngine:
                     "session size")
         return int(out.value)
 
-    def new_session(self, max_context: int = 4096, max_batch: int = 256) -> "NativeSession":
+    def new_session(self, max_context: int = 4096, max_batch: int = 256) -> NativeSession:
         opts = SessionOptions(max_context=int(max_context), max_batch=int(max_batch))
         handle = _session_p()
         self._check(self._lib.kvl_session_new(self._h(), ctypes.byref(opts), ctypes.byref(handle)),
@@ -334,17 +346,15 @@ class NativeEngine:
             self._lib.kvl_engine_free(self._handle)
             self._handle = None
 
-    def __enter__(self) -> "NativeEngine":
+    def __enter__(self) -> NativeEngine:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
 
     def __del__(self) -> None:
-        try:
+        with contextlib.suppress(Exception):
             self.close()
-        except Exception:
-            pass
 
 
 class NativeSession:
@@ -422,17 +432,15 @@ class NativeSession:
             self._lib.kvl_session_free(self._handle)
             self._handle = None
 
-    def __enter__(self) -> "NativeSession":
+    def __enter__(self) -> NativeSession:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
 
     def __del__(self) -> None:
-        try:
+        with contextlib.suppress(Exception):
             self.close()
-        except Exception:
-            pass
 
 
 class Sampler:

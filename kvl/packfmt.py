@@ -229,21 +229,26 @@ def decode_index(data: bytes, where: str, expected_kind: int | None = None) -> S
     """Parse and fully validate .idx bytes; `where` names the file in error messages."""
     corrupt = "the index is corrupt; rerun kvl pack"
     if len(data) < HEADER_BYTES:
-        raise UserError(f"{where}: {len(data)} bytes is shorter than the {HEADER_BYTES}-byte header — {corrupt}")
+        raise UserError(f"{where}: {len(data)} bytes is shorter than the {HEADER_BYTES}-byte header — "
+                        f"{corrupt}")
     (magic, version, kind, bin_size, n_hparams, n_tensors, config_bytes, crc, rev_raw,
      _reserved) = _HEADER.unpack_from(data, 0)
     if magic != IDX_MAGIC:
-        raise UserError(f"{where}: bad magic {magic!r} (expected {IDX_MAGIC!r}) — not a kvl index; rerun kvl pack")
+        raise UserError(f"{where}: bad magic {magic!r} (expected {IDX_MAGIC!r}) — not a kvl index; "
+                        "rerun kvl pack")
     if version != FORMAT_VERSION:
         raise UserError(f"{where}: format version {version}, this kvl reads version {FORMAT_VERSION}; "
                         "repack with this kvl version")
     if kind not in STORE_NAMES:
         raise UserError(f"{where}: unknown store kind {kind} — {corrupt}")
     if expected_kind is not None and kind != expected_kind:
-        raise UserError(f"{where}: store kind {STORE_NAMES[kind]}, expected {STORE_NAMES[expected_kind]} — {corrupt}")
-    expected_size = HEADER_BYTES + HPARAM_RECORD_BYTES * n_hparams + TENSOR_RECORD_BYTES * n_tensors + config_bytes
+        raise UserError(f"{where}: store kind {STORE_NAMES[kind]}, expected {STORE_NAMES[expected_kind]} — "
+                        f"{corrupt}")
+    expected_size = (HEADER_BYTES + HPARAM_RECORD_BYTES * n_hparams + TENSOR_RECORD_BYTES * n_tensors
+                     + config_bytes)
     if len(data) != expected_size:
-        raise UserError(f"{where}: expected {expected_size} bytes from its header, found {len(data)} — {corrupt}")
+        raise UserError(f"{where}: expected {expected_size} bytes from its header, found {len(data)} — "
+                        f"{corrupt}")
     check = bytearray(data)
     struct.pack_into("<I", check, _CRC_FIELD_OFFSET, 0)
     actual_crc = zlib.crc32(check) & 0xFFFFFFFF
@@ -421,7 +426,8 @@ class PackReader:
                 raise UserError(f"{bin_path.name}: expected {index.bin_size} bytes, found {found} — "
                                 f"{INCOMPLETE_HINT}")
             if files.get(bin_path.name, {}).get("size") != found:
-                raise UserError(f"{bin_path.name}: size {found} differs from {COMPLETE_FILE} — {INCOMPLETE_HINT}")
+                raise UserError(f"{bin_path.name}: size {found} differs from {COMPLETE_FILE} — "
+                                f"{INCOMPLETE_HINT}")
             self.stores[name] = index
         first = self.stores["trunk"]
         for name, index in self.stores.items():

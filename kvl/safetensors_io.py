@@ -14,8 +14,8 @@ import math
 import os
 import re
 import struct
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 import numpy as np
 
@@ -47,7 +47,8 @@ class SafetensorsFile:
 
     def __init__(self, path: Path):
         self.path = path
-        self.tensors: dict[str, tuple[str, tuple[int, ...], int, int]] = {}  # name -> dtype, shape, begin, end
+        # name -> dtype, shape, begin, end
+        self.tensors: dict[str, tuple[str, tuple[int, ...], int, int]] = {}
         self.data_start = 0
         self._file = None
         self._parse()
@@ -115,7 +116,7 @@ class SafetensorsFile:
             raise self._fail(f"is truncated: header says {max_end} bytes of data, file has "
                              f"{data_size}")
         spans.sort()
-        for (_, e0, k0), (b1, _, k1) in zip(spans, spans[1:]):
+        for (_, e0, k0), (b1, _, k1) in zip(spans, spans[1:], strict=False):
             if b1 < e0:
                 raise self._fail(f"has a corrupt header: tensors {k0} and {k1} overlap")
 
@@ -125,7 +126,8 @@ class SafetensorsFile:
         if end == begin:
             return out
         if self._file is None:
-            self._file = open(self.path, "rb", buffering=0)
+            # kept open across read() calls for positional reads; closed in close()
+            self._file = open(self.path, "rb", buffering=0)  # noqa: SIM115
         # Positional reads into a fresh buffer rather than an mmap of the whole shard: mapped
         # pages would stay resident and push the packer's RSS towards the shard size (~5 GB).
         buf = memoryview(out.reshape(-1).view(np.uint8))
@@ -239,7 +241,7 @@ class SafetensorsCheckpoint:
         for shard in self._shards.values():
             shard.close()
 
-    def __enter__(self) -> "SafetensorsCheckpoint":
+    def __enter__(self) -> SafetensorsCheckpoint:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -306,7 +308,8 @@ class SafetensorsWriter:
         raw = json.dumps(header, separators=(",", ":")).encode("utf-8")
         raw += b" " * (-len(raw) % 8)  # keep the data 8-byte aligned, as the reference writer does
         self._tmp = self.path.with_name(self.path.name + ".partial")
-        self._f = open(self._tmp, "wb")
+        # written by successive write() calls; closed (and renamed into place) in close()
+        self._f = open(self._tmp, "wb")  # noqa: SIM115
         self._f.write(struct.pack("<Q", len(raw)))
         self._f.write(raw)
         self._next = 0
@@ -342,7 +345,7 @@ class SafetensorsWriter:
             self._f.close()
         self._tmp.unlink(missing_ok=True)
 
-    def __enter__(self) -> "SafetensorsWriter":
+    def __enter__(self) -> SafetensorsWriter:
         return self
 
     def __exit__(self, exc_type: object, *rest: object) -> None:

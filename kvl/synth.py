@@ -26,8 +26,7 @@ import numpy as np
 
 from kvl import synth_tokenizer
 from kvl.errors import UserError
-from kvl.modelspec import (LM_HEAD, ROUTER_BIAS_SUFFIX, check_supported, expected_tensors,
-                           text_dims)
+from kvl.modelspec import LM_HEAD, ROUTER_BIAS_SUFFIX, check_supported, expected_tensors, text_dims
 from kvl.safetensors_io import INDEX_NAME, NUMPY_DTYPES, SafetensorsWriter, write_index
 
 _FULL_TEXT = {
@@ -133,7 +132,7 @@ def f32_to_bf16_bits(values: np.ndarray) -> np.ndarray:
 
 
 def _stream_seed(seed: int, name: str) -> int:
-    digest = hashlib.sha256(f"kvl-synth/{seed}/{name}".encode("utf-8")).digest()
+    digest = hashlib.sha256(f"kvl-synth/{seed}/{name}".encode()).digest()
     return int.from_bytes(digest[:16], "little")
 
 

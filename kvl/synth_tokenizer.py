@@ -83,7 +83,7 @@ def _train_merges(text: str, max_merges: int) -> list[bytes]:
     for _ in range(max_merges):
         pairs: collections.Counter[tuple[bytes, bytes]] = collections.Counter()
         for seq, count in seqs:
-            for a, b in zip(seq, seq[1:]):
+            for a, b in zip(seq, seq[1:], strict=False):
                 pairs[(a, b)] += count
         if not pairs:
             break

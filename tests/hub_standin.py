@@ -52,7 +52,7 @@ class HubStandin:
         host, port = self._server.server_address[:2]
         return f"http://{host}:{port}"
 
-    def start(self) -> "HubStandin":
+    def start(self) -> HubStandin:
         self._thread.start()
         return self
 
@@ -60,7 +60,7 @@ class HubStandin:
         self._server.shutdown()
         self._server.server_close()
 
-    def __enter__(self) -> "HubStandin":
+    def __enter__(self) -> HubStandin:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

@@ -90,7 +90,7 @@ def test_one_shot_streams_text_and_show_tokens(tiny_pack: Path, ref_tok: Referen
                       "--threads", "2", "--max-context", "512")
     assert result.returncode == 0, result.stderr
     assert "component" in result.stderr and "total" in result.stderr  # the plan
-    output_line = next(l for l in result.stderr.splitlines() if l.startswith("[tokens] output"))
+    output_line = next(line for line in result.stderr.splitlines() if line.startswith("[tokens] output"))
     ids = [int(x) for x in output_line.split(":", 1)[1].split()]
     assert result.stdout == ref_tok.decode(ids) + "\n"
     # official grid for 100x50: rows 4, cols 8 -> 8 media tokens (spec §6)

@@ -30,16 +30,16 @@ def test_doctor_passes_on_tiny_pack(tiny_pack: Path) -> None:
     out = lines(result)
     assert result.returncode == 0, result.stdout + result.stderr
     assert out[-1] == "PASS"
-    assert sum(1 for l in out if l in ("PASS",) or l.startswith("FAIL")) == 1
-    checks = {l.split(":")[0].split(None, 1)[1]: l.split()[0] for l in out[:-1]}
+    assert sum(1 for line in out if line in ("PASS",) or line.startswith("FAIL")) == 1
+    checks = {line.split(":")[0].split(None, 1)[1]: line.split()[0] for line in out[:-1]}
     for name in ("pack", "tensor directory", "native library", "generation"):
         assert checks[name] == "OK", out
     # the synthetic pack is recognised as not the pinned checkpoint
     assert checks["provenance"] == "WARN"
-    assert "synthetic" in next(l for l in out if "provenance" in l)
+    assert "synthetic" in next(line for line in out if "provenance" in line)
     assert {"direct I/O", "RAM"} <= set(checks)
-    assert "8 greedy tokens" in next(l for l in out if "generation" in l) or \
-        "(stop)" in next(l for l in out if "generation" in l)
+    generation_line = next(line for line in out if "generation" in line)
+    assert "8 greedy tokens" in generation_line or "(stop)" in generation_line
 
 
 @pytest.fixture
@@ -53,7 +53,7 @@ def _fail_line(result: subprocess.CompletedProcess) -> str:
     out = lines(result)
     assert result.returncode == 1, result.stdout + result.stderr
     assert out[-1].startswith("FAIL: ")
-    assert not any(l == "PASS" for l in out)
+    assert not any(line == "PASS" for line in out)
     return out[-1]
 
 

@@ -15,8 +15,14 @@ import numpy as np
 import pytest
 import torch
 
-from kvl.native import (KVL_ERR_CANCELLED, KVL_ERR_CONTEXT_FULL, KVL_ERR_INVALID_ARG, KvlError,
-                        NativeEngine, Sampler)
+from kvl.native import (
+    KVL_ERR_CANCELLED,
+    KVL_ERR_CONTEXT_FULL,
+    KVL_ERR_INVALID_ARG,
+    KvlError,
+    NativeEngine,
+    Sampler,
+)
 from tests.reference.text import TextReference
 
 PROMPT = [5, 17, 300, 4242, 9, 77, 1000, 163000, 12, 88, 6021, 3, 31337, 250, 7, 99, 1234]

@@ -123,7 +123,8 @@ def test_index_round_trip() -> None:
 
 
 @pytest.mark.parametrize("mutate, message", [
-    (lambda recs: [recs[0], packfmt.TensorRecord("b.bias", 2, (7,), 4000, 28, 0), recs[2]], "multiple of 4096"),
+    (lambda recs: [recs[0], packfmt.TensorRecord("b.bias", 2, (7,), 4000, 28, 0), recs[2]],
+     "multiple of 4096"),
     (lambda recs: [recs[0], recs[2], recs[1]], "overlaps"),
     (lambda recs: recs[:2] + [packfmt.TensorRecord("c", 1, (2, 2, 2, 2), 12288, 32, 0)], "past bin_size"),
     (lambda recs: [packfmt.TensorRecord("a.weight", 1, (3, 5), 0, 31, 0)] + recs[1:], "need 30"),
@@ -135,7 +136,8 @@ def test_index_rejects_bad_records(mutate, message: str) -> None:
 
 
 def test_index_rejects_flipped_byte_and_truncation() -> None:
-    data = bytearray(packfmt.encode_index(packfmt.STORE_VISION, 12288, {"x": 1.0}, sample_records(), "{}", None))
+    data = bytearray(packfmt.encode_index(packfmt.STORE_VISION, 12288, {"x": 1.0}, sample_records(), "{}",
+                                          None))
     data[200] ^= 0x01
     with pytest.raises(UserError, match=r"vision\.idx: CRC mismatch"):
         packfmt.decode_index(bytes(data), "vision.idx")
@@ -191,7 +193,8 @@ def test_pack_matches_source(tiny_ckpt: Path, tiny_pack: Path) -> None:
         got = reader.expert(layer, expert)
         quant = reader.expert_quantized(layer, expert)
         for proj, short in (("gate_proj", "gate"), ("up_proj", "up"), ("down_proj", "down")):
-            w = bits_to_f32(src.read(f"language_model.model.layers.{layer}.mlp.experts.{expert}.{proj}.weight"))
+            name = f"language_model.model.layers.{layer}.mlp.experts.{expert}.{proj}.weight"
+            w = bits_to_f32(src.read(name))
             q_ref, s_ref = reference_q8(w) if (layer, expert) == (1, 0) else packfmt.quantize_rows_q8(w)
             np.testing.assert_array_equal(quant[f"{short}_s"], s_ref)
             np.testing.assert_array_equal(quant[f"{short}_q"], q_ref)
@@ -301,7 +304,8 @@ def _raise_user_error() -> None:
     raise UserError("complete marker present; nothing to check here")
 
 
-def test_external_sigkill_while_writing(tiny_ckpt: Path, clean_pack: dict[str, bytes], tmp_path: Path) -> None:
+def test_external_sigkill_while_writing(tiny_ckpt: Path, clean_pack: dict[str, bytes],
+                                       tmp_path: Path) -> None:
     """A real kill -9 from outside once the journal shows progress, then a rerun."""
     out = tmp_path / "pack"
     env = dict(os.environ, PYTHONPATH=str(REPO), KVL_PACK_FLUSH_ITEMS="1")

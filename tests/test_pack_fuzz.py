@@ -28,7 +28,7 @@ import pytest
 
 from kvl import packfmt
 from kvl.errors import UserError
-from kvl.safetensors_io import INDEX_NAME, SafetensorsCheckpoint
+from kvl.safetensors_io import SafetensorsCheckpoint
 
 REPO = Path(__file__).resolve().parent.parent
 SEED = int(os.environ.get("KVL_FUZZ_SEED", "20261202"))  # fixed by default: every run is the same
@@ -511,12 +511,13 @@ def _header_variants(header: dict, raw_header: bytes, rng: random.Random) -> lis
         with_entry(f"dtype {value!r}", "dtype", value)
     with_entry("entry list", "shape", {"x": 1})
     for label, h in (("list", []), ("null", None), ("int", 5), ("entry-null", {**header, names[0]: None}),
-                     ("entry-str", {**header, names[0]: "x"}), ("metadata-list", {**header, "__metadata__": [1]}),
-                     ("empty", {})):
+                     ("entry-str", {**header, names[0]: "x"}),
+                     ("metadata-list", {**header, "__metadata__": [1]}), ("empty", {})):
         out.append((label, json.dumps(h).encode()))
     a, b = rng.sample(names, 2)
     swapped = json.loads(json.dumps(header))
-    swapped[a]["data_offsets"], swapped[b]["data_offsets"] = header[b]["data_offsets"], header[a]["data_offsets"]
+    swapped[a]["data_offsets"], swapped[b]["data_offsets"] = (header[b]["data_offsets"],
+                                                              header[a]["data_offsets"])
     out.append((f"offsets swapped {a} {b}", json.dumps(swapped).encode()))
     overlap = json.loads(json.dumps(header))
     overlap[b]["data_offsets"] = list(header[a]["data_offsets"])
@@ -527,7 +528,8 @@ def _header_variants(header: dict, raw_header: bytes, rng: random.Random) -> lis
     for n in range(12):
         raw = bytearray(raw_header)
         for _ in range(rng.randint(1, 3)):
-            raw[rng.randrange(len(raw))] = rng.choice([0, 0xFF, ord('"'), ord("}"), ord("9"), rng.randrange(256)])
+            value = rng.choice([0, 0xFF, ord('"'), ord("}"), ord("9"), rng.randrange(256)])
+            raw[rng.randrange(len(raw))] = value  # value drawn first, as when this was one statement
         out.append((f"bytes{n}", bytes(raw)))
     return out
 

@@ -13,8 +13,14 @@ from types import SimpleNamespace
 import pytest
 
 from kvl.errors import UserError
-from kvl.planner import (MIB, SESSION_STRUCT_RESERVE, _trunk_layout, plan, session_layout_bytes,
-                         trunk_cache_split)
+from kvl.planner import (
+    MIB,
+    SESSION_STRUCT_RESERVE,
+    _trunk_layout,
+    plan,
+    session_layout_bytes,
+    trunk_cache_split,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -36,7 +36,8 @@ def closed_port() -> int:
 
 
 def test_prepare_end_to_end_with_resumed_transfer(tiny_ckpt: Path, tiny_pack: Path, tmp_path: Path,
-                                                  monkeypatch: pytest.MonkeyPatch, small_chunks: None) -> None:
+                                                  monkeypatch: pytest.MonkeyPatch,
+                                                  small_chunks: None) -> None:
     weight_map = json.loads((tiny_ckpt / "model.safetensors.index.json").read_text())["weight_map"]
     shards = sorted(set(weight_map.values()))
     biggest = max(shards, key=lambda s: (tiny_ckpt / s).stat().st_size)

@@ -20,8 +20,14 @@ from tests.reference.preprocess import load_preprocessor_config, num_media_token
 from tests.reference.template import expand_media, prompt_ids, render_prompt
 from tests.reference.text import TextReference
 from tests.reference.tokenizer import PATTERN, ReferenceTokenizer
-from tests.reference.vision import (VisionReference, bicubic_by_hand, bicubic_torch, merge_patches,
-                                    rope_2d, rope_2d_angles)
+from tests.reference.vision import (
+    VisionReference,
+    bicubic_by_hand,
+    bicubic_torch,
+    merge_patches,
+    rope_2d,
+    rope_2d_angles,
+)
 
 LOGIT_TOLERANCE = 1e-4
 
@@ -125,7 +131,7 @@ def test_grouped_routing_is_exercised(tiny_ckpt_grouped):
     p = f"model.layers.{layer}.mlp.gate."
     biased = torch.sigmoid(x @ ref.w[p + "weight"].T) + ref.w[p + "e_score_correction_bias"]
     ungrouped = biased.topk(c["num_experts_per_tok"], dim=-1).indices
-    changed = sum(set(a.tolist()) != set(b.tolist()) for a, b in zip(idx, ungrouped))
+    changed = sum(set(a.tolist()) != set(b.tolist()) for a, b in zip(idx, ungrouped, strict=True))
     assert changed > 0
     torch.testing.assert_close(weights.sum(dim=-1), torch.full((256,), c["routed_scaling_factor"]))
 
@@ -238,7 +244,8 @@ def test_patch_embed_equals_conv_on_preprocessed_image(tiny_ckpt, vision_ref):
     config = load_preprocessor_config(tiny_ckpt)
     p = config["patch_size"]
     rng = np.random.default_rng(17)
-    pixels, grids = preprocess([Image.fromarray(rng.integers(0, 256, size=(50, 70, 3), dtype=np.uint8))], config)
+    image_array = rng.integers(0, 256, size=(50, 70, 3), dtype=np.uint8)
+    pixels, grids = preprocess([Image.fromarray(image_array)], config)
     gh, gw = grids[0]
     patches = torch.from_numpy(pixels)
     image = patches.view(gh, gw, 3, p, p).permute(2, 0, 3, 1, 4).reshape(1, 3, gh * p, gw * p)
@@ -325,7 +332,8 @@ def test_image_to_logits_pipeline(tiny_ckpt, vision_ref):
     n = num_media_tokens(grids[0], config["merge_kernel_size"])
     assert embeds.shape[0] == n
     tok = ReferenceTokenizer(tiny_ckpt)
-    ids = prompt_ids(tok, [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Hi"}]}], [n])
+    content = [{"type": "image"}, {"type": "text", "text": "Hi"}]
+    ids = prompt_ids(tok, [{"role": "user", "content": content}], [n])
     text = TextReference(tiny_ckpt)
     assert ids.count(text.media_token_id) == n
     logits = text.logits(ids, embeds)
@@ -351,7 +359,8 @@ CORPUS = [
     "text<|media_start|>image<|media_content|><|media_pad|><|media_pad|><|media_end|>more[EOS][BOS]",
     "ALLCAPS MixedCase camelCaseWord snake_case_word kebab-case-word",
     "a" * 300 + " " + "ab" * 100,
-    "it'ſ THAT'S x'K ß'S İstanbul'da ǅemal ﬁne a\x1c\x1db a\u00a0 b l1\u2028l2 p\u0085q a\u3000b \ufeffbom Ⅻ ①②",
+    ("it'ſ THAT'S x'K ß'S İstanbul'da ǅemal ﬁne a\x1c\x1db a\u00a0 b "
+     "l1\u2028l2 p\u0085q a\u3000b \ufeffbom Ⅻ ①②"),
     "",
 ]
 

@@ -11,7 +11,8 @@ import base64
 import io
 import json
 import threading
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import anthropic
 import openai

@@ -16,8 +16,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import anthropic
 import httpx
@@ -331,30 +332,30 @@ def test_greedy_output_matches_kvl_chat(server: Server, tiny_pack: Path) -> None
 def test_queue_full_429_and_disconnects(server: Server) -> None:
     slow = {"model": MODEL, "max_tokens": SLOW, "temperature": 0, "stream": True,
             "messages": [{"role": "user", "content": "Write a very long story."}]}
-    with server.http() as running_client, server.http() as waiting_client:
-        with running_client.stream("POST", "/v1/chat/completions", json=slow) as running:
-            assert running.status_code == 200
-            lines = running.iter_lines()
-            for line in lines:  # until a generated token arrives: the worker is busy with it
-                if line.startswith("data: ") and '"content": "' in line and \
-                        '"role"' not in line:
-                    break
-            with waiting_client.stream("POST", "/v1/messages", json=slow) as waiting:
-                assert waiting.status_code == 200
-                waiting_lines = waiting.iter_lines()  # kept referenced: dropping it closes
-                assert next(waiting_lines) == "event: message_start"  # queued, still connected
-                with pytest.raises(openai.RateLimitError):
-                    server.openai().chat.completions.create(
-                        model=MODEL, max_tokens=2,
-                        messages=[{"role": "user", "content": "hi"}])
-                with server.http() as client:
-                    busy = client.post("/v1/messages", json={
-                        "model": MODEL, "max_tokens": 2,
-                        "messages": [{"role": "user", "content": "hi"}]})
-                assert busy.status_code == 429
-                assert busy.json()["error"]["type"] == "rate_limit_error"
-                assert int(busy.headers["retry-after"]) > 0
-            # leaving the blocks closes both connections mid-stream
+    with (server.http() as running_client, server.http() as waiting_client,
+          running_client.stream("POST", "/v1/chat/completions", json=slow) as running):
+        assert running.status_code == 200
+        lines = running.iter_lines()
+        for line in lines:  # until a generated token arrives: the worker is busy with it
+            if line.startswith("data: ") and '"content": "' in line and \
+                    '"role"' not in line:
+                break
+        with waiting_client.stream("POST", "/v1/messages", json=slow) as waiting:
+            assert waiting.status_code == 200
+            waiting_lines = waiting.iter_lines()  # kept referenced: dropping it closes
+            assert next(waiting_lines) == "event: message_start"  # queued, still connected
+            with pytest.raises(openai.RateLimitError):
+                server.openai().chat.completions.create(
+                    model=MODEL, max_tokens=2,
+                    messages=[{"role": "user", "content": "hi"}])
+            with server.http() as client:
+                busy = client.post("/v1/messages", json={
+                    "model": MODEL, "max_tokens": 2,
+                    "messages": [{"role": "user", "content": "hi"}]})
+            assert busy.status_code == 429
+            assert busy.json()["error"]["type"] == "rate_limit_error"
+            assert int(busy.headers["retry-after"]) > 0
+        # leaving the blocks closes both connections mid-stream
     after = server.openai().chat.completions.create(
         model=MODEL, max_tokens=3, messages=[{"role": "user", "content": "Still there?"}])
     assert after.choices[0].finish_reason in ("stop", "length")

@@ -15,9 +15,21 @@ from typing import Any
 
 from kvl.conversation import ImageInput, Message
 from kvl.generate import Done, SamplingParams
-from kvl.server.errors import (ApiError, IMAGE_MEDIA_TYPES, anthropic_error_body,
-                               decode_image_base64, get_bool, get_int, get_number, get_str,
-                               invalid, json_type, max_tokens_value, require_object, stop_list)
+from kvl.server.errors import (
+    IMAGE_MEDIA_TYPES,
+    ApiError,
+    anthropic_error_body,
+    decode_image_base64,
+    get_bool,
+    get_int,
+    get_number,
+    get_str,
+    invalid,
+    json_type,
+    max_tokens_value,
+    require_object,
+    stop_list,
+)
 
 ROLES = ("user", "assistant")
 UNSUPPORTED_BLOCKS = {

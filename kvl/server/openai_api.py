@@ -14,9 +14,20 @@ from typing import Any
 
 from kvl.conversation import ImageInput, Message
 from kvl.generate import Done, SamplingParams
-from kvl.server.errors import (ApiError, IMAGE_MEDIA_TYPES, decode_image_base64, get_bool,
-                               get_int, get_number, get_str, invalid, json_type,
-                               max_tokens_value, require_object, stop_list)
+from kvl.server.errors import (
+    IMAGE_MEDIA_TYPES,
+    ApiError,
+    decode_image_base64,
+    get_bool,
+    get_int,
+    get_number,
+    get_str,
+    invalid,
+    json_type,
+    max_tokens_value,
+    require_object,
+    stop_list,
+)
 
 # "developer" is the newer OpenAI name for the system role.
 ROLE_MAP = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant",

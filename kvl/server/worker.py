@@ -10,6 +10,7 @@ Does not own: HTTP or the API dialects (app.py, openai_api.py, anthropic_api.py)
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import queue
 import sys
 import threading
@@ -125,10 +126,8 @@ class Worker:
             if job is not None:
                 job.emit(ApiError("unavailable", "the server is shutting down"))
                 job.emit(END)
-        try:
+        with contextlib.suppress(queue.Full):
             self._jobs.put_nowait(None)
-        except queue.Full:
-            pass
         if self._thread.is_alive():
             self._thread.join(timeout)
 

@@ -43,9 +43,10 @@ def expand_media(prompt: str, tokens_per_image: list[int]) -> str:
     """Replace the i-th <|media_pad|> by tokens_per_image[i] copies of it."""
     pieces = prompt.split(MEDIA_PAD)
     if len(pieces) - 1 != len(tokens_per_image):
-        raise ValueError(f"prompt has {len(pieces) - 1} images but {len(tokens_per_image)} token counts given")
+        raise ValueError(f"prompt has {len(pieces) - 1} images but {len(tokens_per_image)} "
+                         "token counts given")
     out = [pieces[0]]
-    for count, rest in zip(tokens_per_image, pieces[1:]):
+    for count, rest in zip(tokens_per_image, pieces[1:], strict=True):
         out.append(MEDIA_PAD * count + rest)
     return "".join(out)
 

@@ -141,7 +141,8 @@ class TextReference:
             else torch.empty(0, dtype=torch.long)
         n_media = 0 if media_embeds is None else media_embeds.shape[0]
         if n_media != media_rows.numel():
-            raise ValueError(f"{media_rows.numel()} media placeholder tokens but {n_media} media embedding rows")
+            raise ValueError(f"{media_rows.numel()} media placeholder tokens but {n_media} "
+                             "media embedding rows")
         if n_media:
             x[media_rows] = media_embeds.to(torch.float32)
         return x

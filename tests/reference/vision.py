@@ -42,7 +42,7 @@ def bicubic_matrix(n_in: int, n_out: int) -> torch.Tensor:
         i0 = math.floor(src)
         t = src - i0
         taps = (cubic_weight(1.0 + t), cubic_weight(t), cubic_weight(1.0 - t), cubic_weight(2.0 - t))
-        for offset, weight in zip((-1, 0, 1, 2), taps):
+        for offset, weight in zip((-1, 0, 1, 2), taps, strict=True):
             m[dst, min(max(i0 + offset, 0), n_in - 1)] += weight
     return m
 
@@ -65,7 +65,8 @@ def bicubic_torch(table: torch.Tensor, out_h: int, out_w: int) -> torch.Tensor:
 def rope_2d_angles(grid_h: int, grid_w: int, head_dim: int) -> torch.Tensor:
     """[gh*gw, head_dim/2] angles: pair 2i turns by column*freq_i, pair 2i+1 by row*freq_i,
     freq_i = theta^(-4i/head_dim) (spec §5.3; the code, not the docstring, is authoritative)."""
-    freqs = 1.0 / (ROPE_THETA ** (torch.arange(0, head_dim, 4, dtype=torch.float32)[: head_dim // 4] / head_dim))
+    exponents = torch.arange(0, head_dim, 4, dtype=torch.float32)[: head_dim // 4] / head_dim
+    freqs = 1.0 / (ROPE_THETA ** exponents)
     flat = torch.arange(grid_h * grid_w, dtype=torch.float32)
     col = flat % grid_w
     row = torch.div(flat, grid_w, rounding_mode="floor")
@@ -101,7 +102,8 @@ class VisionReference:
         self.w.update(load_tensors(ckpt_dir, "multi_modal_projector."))
 
     def _layer_norm(self, x: torch.Tensor, prefix: str) -> torch.Tensor:
-        return F.layer_norm(x, x.shape[-1:], self.w[prefix + ".weight"], self.w[prefix + ".bias"], LAYER_NORM_EPS)
+        return F.layer_norm(x, x.shape[-1:], self.w[prefix + ".weight"], self.w[prefix + ".bias"],
+                            LAYER_NORM_EPS)
 
     def _attention(self, block: str, x: torch.Tensor, grids: list[tuple[int, int]]) -> torch.Tensor:
         n_heads = self.cfg["num_attention_heads"]
@@ -158,7 +160,8 @@ class VisionReference:
         grids = [(int(gh), int(gw)) for gh, gw in grids]
         expected = sum(gh * gw for gh, gw in grids)
         if pixel_values.shape[0] != expected:
-            raise ValueError(f"pixel_values has {pixel_values.shape[0]} patches but the grids need {expected}")
+            raise ValueError(f"pixel_values has {pixel_values.shape[0]} patches but the grids need "
+                             f"{expected}")
         for gh, gw in grids:
             if gh % self.kernel[0] or gw % self.kernel[1]:
                 raise ValueError(f"grid {gh}x{gw} is not a multiple of the merge kernel {self.kernel}")
