@@ -538,7 +538,7 @@ static kvl_status load_text(open_ctx *c, const kvl_engine_options *o)
      * then every MoE layer's router weight (BF16, align4096(nbytes)), then per layer the
      * input/post-attention/kv_a norms widened to f32 (align64 each) and, on MoE layers, the f32
      * router bias (align64), then the final norm in f32 (align64). BF16 -> f32 is exact. ---- */
-    t->global_mem = kvl_aligned_alloc(KVL_PAGE, (size_t)gbytes);
+    t->global_mem = kvl_large_alloc((size_t)gbytes);
     if (!t->global_mem) {
         st = oerr(c, KVL_ERR_NOMEM, "cannot allocate %llu bytes for the resident lm_head and norms",
                   (unsigned long long)gbytes);
@@ -619,7 +619,7 @@ static kvl_status load_text(open_ctx *c, const kvl_engine_options *o)
             used += t->tt[i].padded;
         }
         if (used > 0) {
-            t->trunk_mem = kvl_aligned_alloc(KVL_PAGE, (size_t)used);
+            t->trunk_mem = kvl_large_alloc((size_t)used);
             if (!t->trunk_mem) {
                 st = oerr(c, KVL_ERR_NOMEM, "cannot allocate the %llu-byte trunk cache; lower "
                           "trunk_cache_bytes", (unsigned long long)used);

@@ -330,7 +330,7 @@ kvl_status kvl_expert_cache_create(kvl_store *experts, int n_layers_total, int n
     c->ring = (int32_t *)calloc((size_t)c->ring_cap, sizeof *c->ring);
     c->pending = (int32_t *)calloc((size_t)n_experts, sizeof *c->pending);
     if ((uint64_t)c->n_slots * c->extent_bytes <= (uint64_t)SIZE_MAX)
-        c->slab = (unsigned char *)kvl_aligned_alloc(KVL_PAGE, (size_t)((uint64_t)c->n_slots * c->extent_bytes));
+        c->slab = (unsigned char *)kvl_large_alloc((size_t)((uint64_t)c->n_slots * c->extent_bytes));
     if (!c->slots || !c->ring || !c->pending || !c->slab) {
         set_err(err, err_len, "expert cache: cannot allocate %d slots of %llu bytes", c->n_slots,
                 (unsigned long long)c->extent_bytes);

@@ -30,6 +30,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <time.h>
@@ -196,6 +197,16 @@ static inline void kvl_os_strerror(int code, char *buf, size_t len) {
 /* ------------------------------------------------------------------ memory */
 
 /* alignment must be a power of two and a multiple of sizeof(void *); not zeroed. */
+/* Ask for transparent huge pages on [p, p+bytes) (Linux MADV_HUGEPAGE; a hint, so failure is
+ * ignored; elsewhere a no-op: Windows large pages need a privilege ordinary users lack). */
+static inline void kvl_os_advise_hugepages(void *p, size_t bytes) {
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+    (void)madvise(p, bytes, MADV_HUGEPAGE);
+#else
+    (void)p; (void)bytes;
+#endif
+}
+
 static inline void *kvl_os_aligned_malloc(size_t alignment, size_t bytes) {
     if (bytes == 0) bytes = alignment;
 #ifdef _WIN32

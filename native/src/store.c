@@ -142,6 +142,13 @@ void *kvl_aligned_alloc(size_t alignment, size_t bytes) {
     return p;
 }
 
+void *kvl_large_alloc(size_t bytes) {
+    const size_t huge = (size_t)2 << 20;
+    void *p = kvl_os_aligned_malloc(huge, bytes);
+    if (p) kvl_os_advise_hugepages(p, bytes);
+    return p;
+}
+
 void kvl_aligned_free(void *p) {
     if (p) kvl_os_aligned_free(p);
 }

@@ -45,6 +45,12 @@ kvl_status kvl_store_read(kvl_store *store, uint64_t offset, uint64_t nbytes, vo
 kvl_status kvl_store_read_small(kvl_store *store, uint64_t offset, uint64_t nbytes, void *dst);
 
 void *kvl_aligned_alloc(size_t alignment, size_t bytes); /* zeroed; NULL on failure */
+/* Large long-lived buffers that reads fill before any use (expert slab, trunk cache, globals):
+ * 2 MiB-aligned with transparent huge pages requested (decode streams GBs per token through them;
+ * 4 KiB pages cost a TLB walk every 4 KiB) and NOT zeroed, so opening an engine with a 14 GiB
+ * cache does not fault 14 GiB in up front: RSS grows as the cache fills, never past the plan.
+ * Free with kvl_aligned_free. NULL on failure. */
+void *kvl_large_alloc(size_t bytes);
 void kvl_aligned_free(void *p);
 uint64_t kvl_now_ns(void);
 
