@@ -79,13 +79,13 @@ if [ "${SKIP_TEXT:-0}" != 1 ]; then
   #    before each engine open
   python -m kvl bench "$PACK" --ram-mib 4096 --cache-mib 512 --trunk-cache-mib auto \
       --threads "$THREADS" --prompt-lens 16,512 --decode-tokens "$DECODE_TOKENS" --drop-caches \
-      --limits "$OUT/limits.jsonl" --out "$OUT/streaming.json" | tee "$OUT/streaming.txt"
+      --limits "$OUT/limits.jsonl" --membw "$OUT/membw" --out "$OUT/streaming.json" | tee "$OUT/streaming.txt"
   log_load setting-B
   # 4. setting B: everything resident (all 1664 extents fit in 14000 MiB); cold prompt first,
   #    then a 512-token warm-up prompt fills the caches and the same prompt + decode run warm
   python -m kvl bench "$PACK" --ram-mib 20000 --cache-mib 14000 --trunk-cache-mib auto \
       --threads "$THREADS" --prompt-lens 16,512 --decode-tokens "$DECODE_TOKENS" --drop-caches \
-      --warm --warmup-tokens 512 --limits "$OUT/limits.jsonl" --out "$OUT/inram.json" \
+      --warm --warmup-tokens 512 --limits "$OUT/limits.jsonl" --membw "$OUT/membw" --out "$OUT/inram.json" \
       | tee "$OUT/inram.txt"
   python - "$OUT" > "$OUT/tables.md" <<'EOF2'
 import json, sys

@@ -32,6 +32,7 @@ import json
 import mmap
 import os
 import resource
+import subprocess
 import sys
 import threading
 import time
@@ -78,6 +79,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--limits", type=Path, default=None,
                         help="JSON lines from bench/membw.c (dram/ssd/fma); without it the limits "
                              "are measured here with numpy threads and O_DIRECT reads")
+    parser.add_argument("--membw", type=Path, default=None,
+                        help="bench/membw.c binary: re-measure DRAM and direct-read bandwidth right "
+                             "before and after each decode, so its ratio uses the machine's "
+                             "bandwidth of that moment (shared machines drift by 30%% and more)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--out", type=Path, default=None, help="also write the JSON to this file")
 
@@ -182,6 +187,22 @@ def drop_page_cache() -> None:
         Path("/proc/sys/vm/drop_caches").write_text("3\n")
     except OSError as exc:
         raise UserError(f"--drop-caches needs root on Linux ({exc}); run without it") from None
+
+
+def probe_limits(membw: Path, model: Path, threads: int, seed: int) -> dict[str, float]:
+    """A short DRAM read (1 GiB, best of 3) and direct-read probe (128 reads of 2 MiB, 4 in
+    flight, the engine's read pattern) with the membw binary, in a child process so its buffers
+    never count in this process's peak RSS."""
+    def run(*argv: str) -> dict:
+        proc = subprocess.run([str(membw), *argv], capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            raise UserError(f"--membw {membw} {' '.join(argv)} failed: {proc.stderr.strip()}")
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+    dram = run("dram", "1024", str(threads), "3", "avx2")["best_bytes_per_s"]
+    experts = model / "experts.bin"
+    block = min(2 << 20, max(PAGE, experts.stat().st_size // 2 // PAGE * PAGE))  # tiny packs
+    ssd = run("ssd", str(experts), str(block), "4", "128", str(seed))["bytes_per_s"]
+    return {"dram_bytes_per_s": float(dram), "ssd_bytes_per_s": float(ssd)}
 
 
 # ---- byte accounting ------------------------------------------------------------------------
@@ -330,6 +351,17 @@ def time_decode(engine: Any, session: Any, first: int, n: int) -> dict:
             "trunk_bytes_read": int(d["trunk_bytes_read"])}
 
 
+def timed_decode(args: argparse.Namespace, model: Path, threads: int, engine: Any, session: Any,
+                 first: int) -> dict:
+    """time_decode, bracketed by bandwidth probes when --membw is given."""
+    if not args.membw:
+        return time_decode(engine, session, first, args.decode_tokens)
+    before = probe_limits(args.membw, model, threads, seed=first)
+    dec = time_decode(engine, session, first, args.decode_tokens)
+    dec["probes"] = (before, probe_limits(args.membw, model, threads, seed=first + 1))
+    return dec
+
+
 def decode_bounds(dec: dict, pb: PackBytes, lim: Limits, kv_bytes: int) -> None:
     context = dec["context_start"] + (dec["tokens"] + 1) / 2.0
     ram = pb.decode_ram(context, kv_bytes)
@@ -339,6 +371,17 @@ def decode_bounds(dec: dict, pb: PackBytes, lim: Limits, kv_bytes: int) -> None:
                bound_s=max(ssd_t, ram_t), bound_sum_s=ssd_t + ram_t,
                ratio=dec["s_per_token_mean"] / max(ssd_t, ram_t),
                ratio_to_sum=dec["s_per_token_mean"] / (ssd_t + ram_t))
+
+
+def adjacent_bounds(dec: dict, before: dict[str, float], after: dict[str, float]) -> None:
+    """The decode's ratio against the mean of the probes taken just before and after it."""
+    dram = (before["dram_bytes_per_s"] + after["dram_bytes_per_s"]) / 2
+    ssd = (before["ssd_bytes_per_s"] + after["ssd_bytes_per_s"]) / 2
+    bound = max(dec["ssd_bytes_per_token"] / ssd, dec["ram_bytes_per_token"] / dram)
+    dec.update(adjacent={"before": before, "after": after, "dram_bytes_per_s": dram,
+                         "ssd_bytes_per_s": ssd, "bound_s": bound,
+                         "ratio": dec["s_per_token_mean"] / bound,
+                         "ratio_median": dec["s_per_token_median"] / bound})
 
 
 def prompt_bounds(p: dict, pb: PackBytes, lim: Limits, streamed_trunk: int, distinct: int,
@@ -419,8 +462,10 @@ def run_bench(args: argparse.Namespace) -> dict:
             distinct = cold["expert_misses"]
             prompt_bounds(cold, pb, limits, streamed_trunk, distinct, kv_bytes, cold=True)
             run["cold_prompt"] = cold
-            dec = time_decode(engine, session, cold["first_token"], args.decode_tokens)
+            dec = timed_decode(args, model, threads, engine, session, cold["first_token"])
             decode_bounds(dec, pb, limits, kv_bytes)
+            if "probes" in dec:
+                adjacent_bounds(dec, *dec.pop("probes"))
             run["decode_after_cold"] = dec
             session.close()
             if args.warm:
@@ -430,8 +475,10 @@ def run_bench(args: argparse.Namespace) -> dict:
                 session, warm = time_prompt(engine, tokens, max_context, max_batch)
                 prompt_bounds(warm, pb, limits, streamed_trunk, distinct, kv_bytes, cold=False)
                 run["warm_prompt"] = warm
-                dec = time_decode(engine, session, warm["first_token"], args.decode_tokens)
+                dec = timed_decode(args, model, threads, engine, session, warm["first_token"])
                 decode_bounds(dec, pb, limits, kv_bytes)
+                if "probes" in dec:
+                    adjacent_bounds(dec, *dec.pop("probes"))
                 run["decode_warm"] = dec
                 session.close()
         finally:
@@ -478,6 +525,11 @@ def format_run(run: dict) -> str:
                      f"{d['bound_s']:.3f} s (SSD {d['bound_ssd_s']:.3f} + RAM {d['bound_ram_s']:.3f}"
                      f" = {d['bound_sum_s']:.3f}) -> ratio {d['ratio']:.2f} "
                      f"(to sum {d['ratio_to_sum']:.2f})")
+        if "adjacent" in d:
+            a = d["adjacent"]
+            lines.append(f"    adjacent probes: DRAM {_g(a['dram_bytes_per_s'])}/s, direct read "
+                         f"{_g(a['ssd_bytes_per_s'])}/s -> bound {a['bound_s']:.3f} s, ratio "
+                         f"{a['ratio']:.2f} (median {a['ratio_median']:.2f})")
     lines.append(f"  peak RSS so far {run['peak_rss_bytes'] / MIB:,.0f} MiB")
     return "\n".join(lines)
 
@@ -503,6 +555,14 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _adjacent_cells(d: dict) -> str:
+    a = d.get("adjacent")
+    if not a:
+        return "n/a | n/a | n/a"
+    return (f"{a['dram_bytes_per_s'] / GB:.1f} / {a['ssd_bytes_per_s'] / GB:.2f} | {a['bound_s']:.3f} | "
+            f"**{a['ratio']:.2f}** ({a['ratio_median']:.2f})")
+
+
 def markdown_report(results: list[tuple[str, dict]]) -> str:
     """Markdown tables of several `kvl bench --out` results, each labelled by its setting."""
     out = ["| setting | prompt tokens | engine open s | RAM plan MiB | prefill tok/s | first token s "
@@ -522,8 +582,9 @@ def markdown_report(results: list[tuple[str, dict]]) -> str:
                            f"{floor} |")
     out += ["", "| setting | context (tokens) | decode s/token (mean / median) | SSD GB/token "
             "| RAM GB/token | expert hit rate | SSD bound s | RAM bound s | bound = max s "
-            "| ratio | ratio to SSD+RAM sum | expert stall s/token |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            "| ratio | ratio to SSD+RAM sum | expert stall s/token "
+            "| adjacent probes DRAM / direct read GB/s | adjacent bound s | adjacent ratio (median) |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for label, res in results:
         for r in res["runs"]:
             for key, state in (("decode_after_cold", "after cold prompt"), ("decode_warm", "warm")):
@@ -536,7 +597,7 @@ def markdown_report(results: list[tuple[str, dict]]) -> str:
                            f"{d['ssd_bytes_per_token'] / GB:.3f} | {d['ram_bytes_per_token'] / GB:.3f} | "
                            f"{hit} | {d['bound_ssd_s']:.3f} | {d['bound_ram_s']:.3f} | "
                            f"{d['bound_s']:.3f} | **{d['ratio']:.2f}** | {d['ratio_to_sum']:.2f} | "
-                           f"{d['expert_stall_s_per_token']:.3f} |")
+                           f"{d['expert_stall_s_per_token']:.3f} | {_adjacent_cells(d)} |")
     out += ["", "| setting | peak RSS MiB (ru_maxrss since start / VmHWM since the engine phase) "
             "| RAM plan total MiB |", "|---|---|---|"]
     for label, res in results:

@@ -56,3 +56,26 @@ def test_cold_prompt_reads_each_distinct_expert_once(tiny_pack: Path, tmp_path: 
     # the bound uses the fixed limits given above
     assert decode["bound_ram_s"] == decode["ram_bytes_per_token"] / 10e9
     assert result["peak_rss_bytes"] > 0
+
+
+def test_adjacent_probes_bracket_each_decode(tiny_pack: Path, tmp_path: Path) -> None:
+    # bench/membw.c is the probe: build it as bench/run_all.sh does
+    membw = tmp_path / "membw"
+    repo = Path(__file__).resolve().parent.parent
+    subprocess.run(["gcc", "-std=c11", "-O2", "-mavx2", "-mfma", str(repo / "bench" / "membw.c"),
+                    "-lpthread", "-o", str(membw)], check=True)
+    out = tmp_path / "bench.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "kvl", "bench", str(tiny_pack), "--prompt-lens", "8",
+         "--decode-tokens", "2", "--limits", str(_limits_file(tmp_path)), "--membw", str(membw),
+         "--json", "--out", str(out)],
+        capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr
+    decode = json.loads(out.read_text())["runs"][0]["decode_after_cold"]
+    adj = decode["adjacent"]
+    for probe in (adj["before"], adj["after"]):
+        assert probe["dram_bytes_per_s"] > 0 and probe["ssd_bytes_per_s"] > 0
+    assert adj["dram_bytes_per_s"] == (adj["before"]["dram_bytes_per_s"]
+                                       + adj["after"]["dram_bytes_per_s"]) / 2
+    assert adj["bound_s"] >= decode["ram_bytes_per_token"] / adj["dram_bytes_per_s"]
+    assert adj["ratio"] == decode["s_per_token_mean"] / adj["bound_s"]

@@ -620,7 +620,7 @@ int main(void)
 
     static const size_t rows_list[] = {1, 3, 31, 64, 65, 257};
     static const size_t cols_list[] = {1, 3, 31, 64, 65, 257, 2048};
-    static const size_t n_list[] = {1, 3, 4, 9};
+    static const size_t n_list[] = {1, 3, 4, 9, 17};
     for (int level = 1; level <= 3; level++) {
         if (!kvl_kernels_supported(level)) {
             printf("test_kernels: level %d not supported on this CPU/build, not tested\n", level);
