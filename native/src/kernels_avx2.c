@@ -146,10 +146,38 @@ KVL_INLINE void tile(int kind, float *Y, size_t ldy, const void *W, const float 
     }
 }
 
+/* Decode (one activation vector): one row at a time with four independent accumulators, so
+ * each thread reads its share of the matrix as one sequential stream that the hardware
+ * prefetchers follow across rows (see decode_row in kernels_avx512.c for the measurement). */
+KVL_INLINE void decode_row(int kind, float *Y, const void *W, const float *scale, size_t r,
+                           size_t cols, const float *X)
+{
+    const char *w = (const char *)W + r * cols * elem_size(kind);
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    size_t c = 0;
+    for (; c + 32 <= cols; c += 32) {
+        a0 = _mm256_fmadd_ps(load_w(kind, w, c), _mm256_loadu_ps(X + c), a0);
+        a1 = _mm256_fmadd_ps(load_w(kind, w, c + 8), _mm256_loadu_ps(X + c + 8), a1);
+        a2 = _mm256_fmadd_ps(load_w(kind, w, c + 16), _mm256_loadu_ps(X + c + 16), a2);
+        a3 = _mm256_fmadd_ps(load_w(kind, w, c + 24), _mm256_loadu_ps(X + c + 24), a3);
+    }
+    for (; c + 8 <= cols; c += 8)
+        a0 = _mm256_fmadd_ps(load_w(kind, w, c), _mm256_loadu_ps(X + c), a0);
+    float s = hsum256(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+    for (; c < cols; c++)
+        s += scalar_w(kind, w, c) * X[c];
+    Y[r] = scale ? s * scale[r] : s;
+}
+
 KVL_INLINE void matmul_generic(int kind, float *Y, size_t ldy, const void *W, const float *scale,
                                size_t rows, size_t cols, const float *X, size_t ldx, size_t n)
 {
     size_t r = 0;
+    if (n == 1) {
+        for (; r < rows; r++)
+            decode_row(kind, Y, W, scale, r, cols, X);
+        return;
+    }
     for (; r + TR <= rows; r += TR) {
         int pf = r + 2 * TR <= rows; /* next tile exists: prefetch it (first token block only) */
         size_t t = 0;
