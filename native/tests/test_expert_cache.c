@@ -304,6 +304,35 @@ static void check_lru(kvl_store *s) {
     kvl_expert_cache_free(c);
 }
 
+/* Two slots; each round acquires the hot extent A, then two cold ones that come back only every
+ * fourth round. Between two uses of A more distinct extents arrive than fit, so LRU evicts A
+ * every round (the cyclic pattern of decode with a cache smaller than one token's experts);
+ * eviction by frequency keeps A. Returns A's hits in rounds 2..11. */
+static int hot_extent_hits(kvl_store *s) {
+    kvl_expert_cache *c = make_cache(s, 2, 0);
+    int hits = 0;
+    if (!c) return -1;
+    for (int round = 0; round < 12; round++) {
+        int a = probe(c, 1, 0);
+        if (round >= 2 && a == 1) hits++;
+        CHECK(probe(c, 2, (2 * round) % N_EXPERTS) == 0, "cold extent misses (round %d)", round);
+        CHECK(probe(c, 2, (2 * round + 1) % N_EXPERTS) == 0, "cold extent misses (round %d)", round);
+    }
+    kvl_expert_cache_free(c);
+    return hits;
+}
+
+static void check_frequency_policy(kvl_store *s) {
+    int hits = hot_extent_hits(s);
+    CHECK(hits == 10, "by frequency the hot extent stays resident: %d hits of 10", hits);
+#ifndef _WIN32
+    setenv("KVL_EXPERT_CACHE_POLICY", "lru", 1);
+    hits = hot_extent_hits(s);
+    unsetenv("KVL_EXPERT_CACHE_POLICY");
+    CHECK(hits == 0, "plain LRU evicts it every round: %d hits", hits);
+#endif
+}
+
 static void check_pinning(kvl_store *s, int io_threads) {
     kvl_expert_cache *c = make_cache(s, 3, io_threads);
     kvl_expert_view v[3], w;
@@ -545,6 +574,7 @@ int main(void) {
             if (slots == 1 || slots == 7 || slots == N_EXTENTS) check_sequential(s, slots, 2);
         }
         check_lru(s);
+        check_frequency_policy(s);
         check_pinning(s, 0);
         check_pinning(s, 2);
         check_prefetch(s);
