@@ -481,6 +481,21 @@ static void fill_view(const kvl_expert_cache *c, int slot, kvl_expert_view *v) {
     v->down_s = (const float *)(const void *)(base + c->layout.down_s);
 }
 
+/* Pins a slot that holds the wanted extent (lock held). An extent a prefetch brought in counts
+ * as a miss served by the prefetch the first time, a hit after that. */
+static void pin_resident(kvl_expert_cache *c, cache_slot *s) {
+    s->pins++;
+    s->last_use = ++c->clock;
+    s->wanted = 0;
+    if (s->unclaimed) {
+        s->unclaimed = 0;
+        c->ctr.misses++;
+        c->ctr.prefetch_served++;
+    } else {
+        c->ctr.hits++;
+    }
+}
+
 kvl_status kvl_expert_cache_acquire(kvl_expert_cache *c, int layer, int expert, kvl_expert_view *out) {
     int key, slot;
     cache_slot *s;
@@ -495,16 +510,7 @@ kvl_status kvl_expert_cache_acquire(kvl_expert_cache *c, int layer, int expert, 
         slot = c->slot_of[key];
         if (slot >= 0) {
             s = &c->slots[slot];
-            s->pins++;
-            s->last_use = ++c->clock;
-            s->wanted = 0;
-            if (s->unclaimed) {
-                s->unclaimed = 0;
-                c->ctr.misses++;
-                c->ctr.prefetch_served++;
-            } else {
-                c->ctr.hits++;
-            }
+            pin_resident(c, s);
             if (s->state == SLOT_LOADING) {
                 t0 = kvl_now_ns();
                 while (s->state == SLOT_LOADING) kvl_os_cond_wait(&c->done_cv, &c->lock);
@@ -571,16 +577,7 @@ int kvl_expert_cache_try_acquire(kvl_expert_cache *c, int layer, int expert, kvl
     /* the same bookkeeping as acquire's resident path, minus any waiting */
     count_use(c, key);
     s = &c->slots[slot];
-    s->pins++;
-    s->last_use = ++c->clock;
-    s->wanted = 0;
-    if (s->unclaimed) {
-        s->unclaimed = 0;
-        c->ctr.misses++;
-        c->ctr.prefetch_served++;
-    } else {
-        c->ctr.hits++;
-    }
+    pin_resident(c, s);
     kvl_os_mutex_unlock(&c->lock);
     fill_view(c, slot, out);
     return 1;

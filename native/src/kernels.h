@@ -43,6 +43,10 @@ typedef struct kvl_kernels {
     void (*axpy_f32)(float *y, float a, const float *x, size_t n);       /* y += a*x */
     void (*bf16_to_f32)(float *dst, const uint16_t *src, size_t n);
     void (*f32_to_bf16)(uint16_t *dst, const float *src, size_t n);      /* round to nearest even */
+    /* In place, the same functions as kvl_softmax and kvl_gelu_tanh (their references) with a
+     * vectorised exp; agree with them to a few ulp. */
+    void (*softmax)(float *x, size_t n);
+    void (*gelu_tanh)(float *x, size_t n);
 } kvl_kernels;
 
 /* level: 0 = best supported, 1 scalar, 2 avx2, 3 avx512. Returns NULL if the CPU (or the build)

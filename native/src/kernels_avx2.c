@@ -373,4 +373,6 @@ const kvl_kernels kvl_kernels_avx2_table = {
     avx2_axpy_f32,
     avx2_bf16_to_f32,
     avx2_f32_to_bf16,
+    kvl_softmax,   /* no AVX2 exp yet: the scalar references */
+    kvl_gelu_tanh,
 };

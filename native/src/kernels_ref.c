@@ -185,6 +185,8 @@ const kvl_kernels kvl_kernels_scalar_table = {
     ref_axpy_f32,
     ref_bf16_to_f32,
     ref_f32_to_bf16,
+    kvl_softmax,
+    kvl_gelu_tanh,
 };
 
 /* ---- scalar helpers -------------------------------------------------------------------- */

@@ -341,7 +341,7 @@ static void attn_worker(void *ctx, int ti, int nt)
             }
         }
         for (size_t h = hb; h < he; h++) {
-            kvl_softmax(scores + h * ctx_len, (size_t)P + 1);
+            k->softmax(scores + h * ctx_len, (size_t)P + 1);
             memset(s->chat + ((size_t)t * nh + h) * kvl, 0, kvl * 4);
         }
         for (int p = 0; p <= P; p++) {

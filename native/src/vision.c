@@ -552,7 +552,7 @@ static void job_attention(const vision_job *j, size_t item, float *scratch, attn
         float *row = scores + t * len;
         for (s = 0; s < len; s++)
             row[s] *= scale;
-        kvl_softmax(row, len);
+        j->k->softmax(row, len);
         /* Probabilities this small cannot change a sum that has a term >= 1/len, but as
          * subnormal floats they make the next product many times slower on x86. */
         for (s = 0; s < len; s++)
@@ -606,7 +606,7 @@ static void vision_worker(void *ctx, int ti, int nt)
             break;
         case OP_BIAS_GELU_TANH:
             for (c = 0; c < j->width; c++) row[c] += j->b[c];
-            kvl_gelu_tanh(row, j->width);
+            j->k->gelu_tanh(row, j->width);
             break;
         case OP_BIAS_GELU_ERF:
             for (c = 0; c < j->width; c++) row[c] += j->b[c];

@@ -416,6 +416,50 @@ static int is_bf16_nan(uint16_t h)
     return (h & 0x7F80) == 0x7F80 && (h & 0x007F) != 0;
 }
 
+/* softmax and gelu_tanh against their scalar references (expf/tanhf): rows of attention-like
+ * scores spanning -100..+30 with masked (-inf) entries, a fully masked row, and GELU inputs over
+ * the whole useful range including the saturated tails. */
+static void test_exp_based(const kvl_kernels *K, size_t n)
+{
+    float *x = (float *)xmalloc((n + 1) * sizeof(float));
+    float *y = (float *)xmalloc((n + 1) * sizeof(float));
+    char what[64];
+    for (int pass = 0; pass < 3; pass++) {
+        for (size_t i = 0; i < n; i++) {
+            float v = rndf();
+            x[i] = pass == 2 ? -INFINITY : 30.0f * v * v * v - (i % 7 == 0 ? 70.0f : 0.0f);
+            if (pass == 1 && i % 5 == 3) x[i] = -INFINITY;
+        }
+        memcpy(y, x, n * sizeof(float));
+        kvl_softmax(y, n);
+        K->softmax(x, n);
+        double worst = 0.0, total = 0.0;
+        for (size_t i = 0; i < n; i++) {
+            worst = fmax(worst, fabs((double)x[i] - y[i]) / fmax((double)y[i], 1e-30));
+            total += x[i];
+        }
+        snprintf(what, sizeof what, "softmax n=%zu pass %d", n, pass);
+        /* entries below 1e-30 of the row's mass are compared absolutely */
+        check(worst <= 2e-6 || n == 0, K->name, what, "max rel err %g (sum %g)", worst, total);
+        check(n == 0 || fabs(total - 1.0) <= 1e-5, K->name, what, "sums to %g (max rel err %g)",
+              total, worst);
+    }
+    for (size_t i = 0; i < n; i++)
+        x[i] = 12.0f * rndf() * (i % 3 == 0 ? 1.0f : 0.25f);
+    memcpy(y, x, n * sizeof(float));
+    kvl_gelu_tanh(y, n);
+    K->gelu_tanh(x, n);
+    double worst = 0.0;
+    for (size_t i = 0; i < n; i++)
+        worst = fmax(worst, fabs((double)x[i] - y[i]) / fmax(fabs((double)y[i]), 1.0));
+    snprintf(what, sizeof what, "gelu_tanh n=%zu", n);
+    /* relative to the activation scale (>= 1): the reference's 1 + tanhf(u) itself cancels to
+     * ~1e-7 absolute for negative inputs */
+    check(worst <= 1e-6, K->name, what, "max err %g (relative to max(|y|, 1)) %g", worst, 0);
+    free(x);
+    free(y);
+}
+
 static void test_bf16(const kvl_kernels *K, const kvl_kernels *ref)
 {
     size_t ncase = sizeof bf16_cases / sizeof bf16_cases[0];
@@ -651,6 +695,8 @@ int main(void)
         static const size_t vn[] = {0, 1, 3, 15, 16, 17, 31, 33, 64, 65, 257, 2048, 2051};
         for (size_t i = 0; i < sizeof vn / sizeof vn[0]; i++)
             test_vec(K, vn[i]);
+        for (size_t i = 0; i < sizeof vn / sizeof vn[0]; i++)
+            test_exp_based(K, vn[i]);
         test_bf16(K, ref);
         printf("test_kernels: level %s tested\n", K->name);
     }
