@@ -26,7 +26,7 @@ from ctypes import (
     c_void_p,
 )
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import numpy as np
 
@@ -230,8 +230,33 @@ def _i32_ptr(a: np.ndarray) -> Any:
     return a.ctypes.data_as(_i32p)
 
 
-class NativeEngine:
+class _NativeHandle:
+    """Owns one C handle: freed by close(), on leaving a `with` block, or when collected."""
+
+    _lib: Any
+    _handle: int | None
+    _free_fn: str  # the kvl.h function that frees this kind of handle
+
+    def close(self) -> None:
+        if self._handle is not None:
+            getattr(self._lib, self._free_fn)(self._handle)
+            self._handle = None
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self.close()
+
+
+class NativeEngine(_NativeHandle):
     """An opened pack: kvl_engine_open with keyword options (see kvl.h kvl_engine_options)."""
+
+    _free_fn = "kvl_engine_free"
 
     def __init__(self, pack_dir: str | os.PathLike[str], *, n_threads: int = 0,
                  expert_cache_bytes: int = 0, trunk_cache_bytes: int = 0, io_mode: str = "auto",
@@ -341,24 +366,11 @@ class NativeEngine:
                                                 _f32_ptr(out)), "vision encode")
         return out
 
-    def close(self) -> None:
-        if self._handle is not None:
-            self._lib.kvl_engine_free(self._handle)
-            self._handle = None
 
-    def __enter__(self) -> NativeEngine:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        with contextlib.suppress(Exception):
-            self.close()
-
-
-class NativeSession:
+class NativeSession(_NativeHandle):
     """One KV timeline of an engine. Close sessions before their engine."""
+
+    _free_fn = "kvl_session_free"
 
     def __init__(self, engine: NativeEngine, handle: int, max_context: int) -> None:
         self._engine = engine
@@ -426,21 +438,6 @@ class NativeSession:
         """Ask a prefill/step running in another thread to stop (it raises KvlError CANCELLED)."""
         if self._handle is not None:
             self._lib.kvl_session_cancel(self._handle)
-
-    def close(self) -> None:
-        if self._handle is not None:
-            self._lib.kvl_session_free(self._handle)
-            self._handle = None
-
-    def __enter__(self) -> NativeSession:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        with contextlib.suppress(Exception):
-            self.close()
 
 
 class Sampler:

@@ -107,6 +107,10 @@ class Worker:
         current = self._current
         if current is not None:
             current.cancel.set()
+        self._refuse_waiting()
+
+    def _refuse_waiting(self) -> None:
+        """Answer every queued request with 'shutting down' (a None entry only wakes the thread)."""
         while True:
             try:
                 job = self._jobs.get_nowait()
@@ -118,14 +122,7 @@ class Worker:
 
     def stop(self, timeout: float = 10.0) -> None:
         self.begin_shutdown()
-        while True:  # refuse what is still waiting, then wake the thread
-            try:
-                job = self._jobs.get_nowait()
-            except queue.Empty:
-                break
-            if job is not None:
-                job.emit(ApiError("unavailable", "the server is shutting down"))
-                job.emit(END)
+        self._refuse_waiting()  # what arrived since, then wake the thread
         with contextlib.suppress(queue.Full):
             self._jobs.put_nowait(None)
         if self._thread.is_alive():

@@ -169,31 +169,7 @@ KVL_INLINE void decode_row(int kind, float *Y, const void *W, const float *scale
     Y[r] = scale ? s * scale[r] : s;
 }
 
-KVL_INLINE void matmul_generic(int kind, float *Y, size_t ldy, const void *W, const float *scale,
-                               size_t rows, size_t cols, const float *X, size_t ldx, size_t n)
-{
-    size_t r = 0;
-    if (n == 1) {
-        for (; r < rows; r++)
-            decode_row(kind, Y, W, scale, r, cols, X);
-        return;
-    }
-    for (; r + TR <= rows; r += TR) {
-        int pf = r + 2 * TR <= rows; /* next tile exists: prefetch it (first token block only) */
-        size_t t = 0;
-        for (; t + TT <= n; t += TT)
-            tile(kind, Y + t * ldy, ldy, W, scale, r, cols, X + t * ldx, ldx, pf && t == 0, TR, TT);
-        for (; t < n; t++)
-            tile(kind, Y + t * ldy, ldy, W, scale, r, cols, X + t * ldx, ldx, pf && t < TT, TR, 1);
-    }
-    for (; r < rows; r++) {
-        size_t t = 0;
-        for (; t + TT <= n; t += TT)
-            tile(kind, Y + t * ldy, ldy, W, scale, r, cols, X + t * ldx, ldx, 0, 1, TT);
-        for (; t < n; t++)
-            tile(kind, Y + t * ldy, ldy, W, scale, r, cols, X + t * ldx, ldx, 0, 1, 1);
-    }
-}
+#include "kernels_matmul_driver.h"
 
 static void avx2_matmul_bf16(float *Y, size_t ldy, const uint16_t *W, size_t rows, size_t cols,
                              const float *X, size_t ldx, size_t n)

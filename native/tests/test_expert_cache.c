@@ -16,6 +16,7 @@
 #include "expert_cache.h"
 #include "platform.h"
 #include "store.h"
+#include "test_bytes.h"
 
 #ifdef _WIN32
 #include <direct.h>
@@ -57,26 +58,6 @@ static uint64_t off_up, off_down, off_gs, off_us, off_ds, extent_nbytes, extent_
 static unsigned char *bin_data;
 static uint64_t ext_offset[N_LAYERS][N_EXPERTS];
 
-static uint32_t ref_crc32(const unsigned char *p, size_t n) {
-    uint32_t c = 0xFFFFFFFFu;
-    size_t i;
-    int k;
-    for (i = 0; i < n; i++) {
-        c ^= p[i];
-        for (k = 0; k < 8; k++) c = (c >> 1) ^ (0xEDB88320u & (0u - (c & 1u)));
-    }
-    return c ^ 0xFFFFFFFFu;
-}
-static void put32(unsigned char *p, uint32_t v) {
-    p[0] = (unsigned char)v;
-    p[1] = (unsigned char)(v >> 8);
-    p[2] = (unsigned char)(v >> 16);
-    p[3] = (unsigned char)(v >> 24);
-}
-static void put64(unsigned char *p, uint64_t v) {
-    put32(p, (uint32_t)v);
-    put32(p + 4, (uint32_t)(v >> 32));
-}
 
 typedef struct rng { uint64_t s; } rng;
 static uint32_t rnd(rng *r) {

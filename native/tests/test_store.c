@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "store.h"
+#include "test_bytes.h"
 
 #ifdef _WIN32
 #include <direct.h>
@@ -36,34 +37,6 @@ static int n_pass, n_fail;
     } while (0)
 
 /* ------------------------------------------------------------------ independent writer */
-
-static uint32_t ref_crc32(const unsigned char *p, size_t n) {
-    uint32_t c = 0xFFFFFFFFu;
-    size_t i;
-    int k;
-    for (i = 0; i < n; i++) {
-        c ^= p[i];
-        for (k = 0; k < 8; k++) c = (c >> 1) ^ (0xEDB88320u & (0u - (c & 1u)));
-    }
-    return c ^ 0xFFFFFFFFu;
-}
-
-static void put32(unsigned char *p, uint32_t v) {
-    p[0] = (unsigned char)v;
-    p[1] = (unsigned char)(v >> 8);
-    p[2] = (unsigned char)(v >> 16);
-    p[3] = (unsigned char)(v >> 24);
-}
-static void put64(unsigned char *p, uint64_t v) {
-    put32(p, (uint32_t)v);
-    put32(p + 4, (uint32_t)(v >> 32));
-}
-static uint64_t get64(const unsigned char *p) {
-    uint64_t v = 0;
-    int i;
-    for (i = 7; i >= 0; i--) v = (v << 8) | p[i];
-    return v;
-}
 
 static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
 static uint32_t rnd(void) {

@@ -24,6 +24,7 @@
 #include <string.h>
 
 #include "store.h"
+#include "test_bytes.h"
 
 #ifdef _WIN32
 #include <direct.h>
@@ -47,33 +48,7 @@ static unsigned long current_iter;
         }                                                                                 \
     } while (0)
 
-/* ------------------------------------------------------------------ bytes, CRC, RNG */
-
-static uint32_t ref_crc32(const unsigned char *p, size_t n) {
-    uint32_t c = 0xFFFFFFFFu;
-    size_t i;
-    int k;
-    for (i = 0; i < n; i++) {
-        c ^= p[i];
-        for (k = 0; k < 8; k++) c = (c >> 1) ^ (0xEDB88320u & (0u - (c & 1u)));
-    }
-    return c ^ 0xFFFFFFFFu;
-}
-
-static void put32(unsigned char *p, uint32_t v) {
-    p[0] = (unsigned char)v;
-    p[1] = (unsigned char)(v >> 8);
-    p[2] = (unsigned char)(v >> 16);
-    p[3] = (unsigned char)(v >> 24);
-}
-static void put64(unsigned char *p, uint64_t v) {
-    put32(p, (uint32_t)v);
-    put32(p + 4, (uint32_t)(v >> 32));
-}
-static uint32_t get32(const unsigned char *p) {
-    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
-}
-static uint64_t get64(const unsigned char *p) { return (uint64_t)get32(p) | ((uint64_t)get32(p + 4) << 32); }
+/* ------------------------------------------------------------------ RNG (bytes and CRC: test_bytes.h) */
 
 static uint64_t rng_state;
 static uint64_t rnd64(void) { /* xorshift64*: deterministic for a given seed on every platform */
