@@ -49,7 +49,7 @@ static double now_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static const char *const kind_names[] = {"bf16", "q8", "q8q8"};
+static const char *const kind_names[] = {"bf16", "q8", "q8q8", "bf16xb", "q8xb"};
 
 /* ---- DRAM streaming sum ---- */
 typedef struct {
@@ -75,7 +75,8 @@ static void sum_fn(void *p, int i, int n)
 /* ---- matmul over many matrices ---- */
 typedef struct {
     const kvl_kernels *K;
-    int kind; /* 0 bf16, 1 q8, 2 q8 x q8 (activations quantised once, outside the timing) */
+    int kind; /* 0 bf16, 1 q8, 2 q8 x q8 (activations quantised once, outside the timing),
+                 3 bf16 and 4 q8 with BF16-rounded activations (the *_xb entries) */
     const int8_t *Xq;
     const float *xs;
     const void *W;
@@ -95,6 +96,12 @@ static void mm_fn(void *p, int i, int nt)
     if (c->kind == 2)
         c->K->matmul_q8_q8(c->Y + b, c->rows, (const int8_t *)c->W + b * c->cols, c->scale + b,
                            e - b, c->cols, c->Xq, c->xs, c->cols, c->n);
+    else if (c->kind == 3)
+        c->K->matmul_bf16_xb(c->Y + b, c->rows, (const uint16_t *)c->W + b * c->cols, e - b, c->cols,
+                             c->X, c->cols, c->n);
+    else if (c->kind == 4)
+        c->K->matmul_q8_xb(c->Y + b, c->rows, (const int8_t *)c->W + b * c->cols, c->scale + b, e - b,
+                           c->cols, c->X, c->cols, c->n);
     else if (c->kind == 0)
         c->K->matmul_bf16(c->Y + b, c->rows, (const uint16_t *)c->W + b * c->cols, e - b, c->cols,
                           c->X, c->cols, c->n);
@@ -107,7 +114,7 @@ static void mm_fn(void *p, int i, int nt)
  * measure those instead of the kernel. */
 static void fill_weights(unsigned char *W, int kind, size_t bytes)
 {
-    if (kind == 0) {
+    if (kind == 0 || kind == 3) {
         uint16_t *h = (uint16_t *)(void *)W;
         for (size_t i = 0; i < bytes / 2; i++)
             h[i] = kvl_float_to_bf16(0.01f * (float)((int)((i * 2654435761u) >> 20 & 0xff) - 128) + 0.001f);
@@ -120,7 +127,7 @@ static void fill_weights(unsigned char *W, int kind, size_t bytes)
 static void bench_decode(kvl_pool *pool, const kvl_kernels *K, int kind, size_t rows, size_t cols,
                          size_t nmat)
 {
-    size_t esz = kind == 0 ? 2 : 1; /* q8 and q8q8 weights are both int8 */
+    size_t esz = kind == 0 || kind == 3 ? 2 : 1; /* q8, q8q8, q8xb weights are int8 */
     size_t mbytes = rows * cols * esz;
     unsigned char *W = (unsigned char *)malloc(mbytes * nmat);
     float *scale = (float *)malloc(rows * sizeof(float));
@@ -156,7 +163,7 @@ static void bench_decode(kvl_pool *pool, const kvl_kernels *K, int kind, size_t 
         if (dc < bestc)
             bestc = dc;
     }
-    printf("  %-6s %-4s [%5zu x %zu] x %3zu mats (%4.0f MB), %d thr: %6.2f GB/s wall, %6.2f GB/s cpu\n",
+    printf("  %-6s %-6s [%5zu x %zu] x %3zu mats (%4.0f MB), %d thr: %6.2f GB/s wall, %6.2f GB/s cpu\n",
            K->name, kind_names[kind], rows, cols, nmat, (double)(mbytes * nmat) / 1e6,
            kvl_pool_size(pool), (double)(mbytes * nmat) / best / 1e9,
            (double)(mbytes * nmat) / bestc / 1e9);
@@ -171,7 +178,7 @@ static void bench_decode(kvl_pool *pool, const kvl_kernels *K, int kind, size_t 
 static void bench_batch(kvl_pool *pool, const kvl_kernels *K, int kind, size_t rows, size_t cols,
                         size_t n)
 {
-    size_t esz = kind == 0 ? 2 : 1; /* q8 and q8q8 weights are both int8 */
+    size_t esz = kind == 0 || kind == 3 ? 2 : 1; /* q8, q8q8, q8xb weights are int8 */
     unsigned char *W = (unsigned char *)malloc(rows * cols * esz);
     float *scale = (float *)malloc(rows * sizeof(float));
     float *X = (float *)malloc(n * cols * sizeof(float));
@@ -200,7 +207,7 @@ static void bench_batch(kvl_pool *pool, const kvl_kernels *K, int kind, size_t r
             bestc = dc;
     }
     double flop = 2.0 * (double)rows * (double)cols * (double)n;
-    printf("  %-6s %-4s [%5zu x %zu] x %zu tokens, %d thr: %6.1f GFLOP/s wall, %6.1f GFLOP/s cpu\n",
+    printf("  %-6s %-6s [%5zu x %zu] x %zu tokens, %d thr: %6.1f GFLOP/s wall, %6.1f GFLOP/s cpu\n",
            K->name, kind_names[kind], rows, cols, n, kvl_pool_size(pool),
            flop / best / 1e9, flop / bestc / 1e9);
     free(Xq);
@@ -278,9 +285,16 @@ int main(int argc, char **argv)
         bench_decode(pool, K, 0, 256, 2048, 1);
         bench_decode(pool, K, 1, 256, 2048, 1);
         bench_decode(pool, K, 2, 256, 2048, 1);
-        bench_batch(pool, K, 0, 1408, 2048, 64);
-        bench_batch(pool, K, 1, 1408, 2048, 64);
-        bench_batch(pool, K, 2, 1408, 2048, 64);
+        bench_decode(pool, K, 3, 1408, 2048, 192);
+        bench_decode(pool, K, 4, 1408, 2048, 384);
+        bench_decode(pool, K, 3, 256, 2048, 1);
+        bench_decode(pool, K, 4, 256, 2048, 1);
+        for (int kind = 0; kind <= 4; kind++)
+            bench_batch(pool, K, kind, 1408, 2048, 64);
+        bench_batch(pool, K, 0, 2048, 2048, 512);
+        bench_batch(pool, K, 3, 2048, 2048, 512);
+        bench_batch(pool, K, 1, 1408, 2048, 48);
+        bench_batch(pool, K, 4, 1408, 2048, 48);
         kvl_pool_free(pool);
     }
     return 0;

@@ -4,7 +4,8 @@
 # Owns: the order of the measurements and where their raw output goes. Nothing is asserted.
 # Usage: bench/run_all.sh [PACK] [OUT]      (defaults: /tmp/kvl-full-pack, /tmp/kvl-bench/results)
 # Env:   KVL_BENCH_BUILD (CMake build dir, default /tmp/kvl-build-bench), THREADS (default 2),
-#        DECODE_TOKENS (16), SKIP_VISION=1, SKIP_TEXT=1.
+#        DECODE_TOKENS (16), ACT_DTYPES (Linear-input modes to run, default "f32 bf16"),
+#        SKIP_VISION=1, SKIP_TEXT=1.
 # The full-size pack comes from: python -m kvl pack --synth-preset full --seed 0 /tmp/kvl-full-pack
 set -euo pipefail
 
@@ -74,26 +75,36 @@ EOF
 cat "$OUT/limits.jsonl" "$OUT/limits_python.jsonl"
 
 if [ "${SKIP_TEXT:-0}" != 1 ]; then
-  log_load setting-A
+  for act in ${ACT_DTYPES:-f32 bf16}; do
+  sfx=$([ "$act" = f32 ] && echo "" || echo "-$act")
+  log_load "setting-A $act"
   # 3. setting A: 4 GiB plan, 512 MiB expert cache, experts streamed from SSD; page cache dropped
   #    before each engine open
   python -m kvl bench "$PACK" --ram-mib 4096 --cache-mib 512 --trunk-cache-mib auto \
       --threads "$THREADS" --prompt-lens 16,512 --decode-tokens "$DECODE_TOKENS" --drop-caches \
-      --limits "$OUT/limits.jsonl" --membw "$OUT/membw" --out "$OUT/streaming.json" | tee "$OUT/streaming.txt"
-  log_load setting-B
+      --act-dtype "$act" --limits "$OUT/limits.jsonl" --membw "$OUT/membw" \
+      --out "$OUT/streaming$sfx.json" | tee "$OUT/streaming$sfx.txt"
+  log_load "setting-B $act"
   # 4. setting B: everything resident (all 1664 extents fit in 14000 MiB); cold prompt first,
   #    then a 512-token warm-up prompt fills the caches and the same prompt + decode run warm
   python -m kvl bench "$PACK" --ram-mib 20000 --cache-mib 14000 --trunk-cache-mib auto \
       --threads "$THREADS" --prompt-lens 16,512 --decode-tokens "$DECODE_TOKENS" --drop-caches \
-      --warm --warmup-tokens 512 --limits "$OUT/limits.jsonl" --membw "$OUT/membw" --out "$OUT/inram.json" \
-      | tee "$OUT/inram.txt"
+      --warm --warmup-tokens 512 --act-dtype "$act" --limits "$OUT/limits.jsonl" \
+      --membw "$OUT/membw" --out "$OUT/inram$sfx.json" | tee "$OUT/inram$sfx.txt"
+  done
   python - "$OUT" > "$OUT/tables.md" <<'EOF2'
 import json, sys
 from pathlib import Path
 from kvl.bench import markdown_report
 out = Path(sys.argv[1])
-print(markdown_report([("A: 4096 MiB plan, 512 MiB expert cache", json.loads((out / "streaming.json").read_text())),
-                       ("B: all in RAM (20000/14000)", json.loads((out / "inram.json").read_text()))]))
+runs = []
+for sfx, label in (("", "Linear inputs f32 (default)"), ("-bf16", "Linear inputs bf16 (--act-dtype bf16)")):
+    for name, setting in (("streaming", "A: 4096 MiB plan, 512 MiB expert cache"),
+                          ("inram", "B: all in RAM (20000/14000)")):
+        path = out / f"{name}{sfx}.json"
+        if path.exists():
+            runs.append((f"{setting}, {label}", json.loads(path.read_text())))
+print(markdown_report(runs))
 EOF2
 fi
 

@@ -74,6 +74,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="prefill chunk in tokens (0 = the longest prompt, so each prompt is "
                              "one chunk and reads each routed expert at most once)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random prompts (0)")
+    parser.add_argument("--act-dtype", default="f32", choices=["f32", "bf16"],
+                        help="inputs of the Linear layers (kvl chat --act-dtype; f32)")
     parser.add_argument("--drop-caches", action="store_true",
                         help="echo 3 > /proc/sys/vm/drop_caches before each engine open (root)")
     parser.add_argument("--limits", type=Path, default=None,
@@ -433,7 +435,7 @@ def run_bench(args: argparse.Namespace) -> dict:
             "trunk_cache_mib": args.trunk_cache_mib, "threads": threads,
             "prompt_lens": lens, "decode_tokens": args.decode_tokens, "warm": args.warm,
             "max_batch": max_batch, "max_context": max_context, "seed": args.seed,
-            "drop_caches": args.drop_caches},
+            "drop_caches": args.drop_caches, "act_dtype": args.act_dtype},
         "limits": asdict(limits), "pack_bytes": asdict(pb), "runs": []}
     for n in lens:
         if args.drop_caches:
@@ -441,7 +443,7 @@ def run_bench(args: argparse.Namespace) -> dict:
         t0 = time.perf_counter()
         engine = Engine(model, ram_mib=args.ram_mib, cache_mib=args.cache_mib,
                         trunk_cache_mib=trunk_mib, threads=args.threads, max_context=max_context,
-                        load_vision=False, max_batch=max_batch)
+                        load_vision=False, max_batch=max_batch, act_dtype=args.act_dtype)
         open_s = time.perf_counter() - t0
         try:
             info = engine.info()
@@ -451,8 +453,8 @@ def run_bench(args: argparse.Namespace) -> dict:
             run: dict[str, Any] = {
                 "prompt_tokens": n, "open_s": open_s, "plan_total_bytes": engine.plan.total,
                 "plan": engine.plan.describe(), "open_ssd_bytes": _ssd(open_stats),
-                "info": {k: info[k] for k in ("n_threads", "kernels", "kv_dtype", "trunk_direct_io",
-                                              "expert_direct_io", "global_bytes",
+                "info": {k: info[k] for k in ("n_threads", "kernels", "kv_dtype", "act_dtype",
+                                              "trunk_direct_io", "expert_direct_io", "global_bytes",
                                               "trunk_cache_bytes", "expert_cache_bytes",
                                               "engine_workspace_bytes", "expert_extent_bytes")},
                 "streamed_trunk_bytes": streamed_trunk}
@@ -500,7 +502,8 @@ def _g(x: float) -> str:
 
 def format_run(run: dict) -> str:
     lines = [f"== prompt {run['prompt_tokens']} tokens: engine open {run['open_s']:.2f} s, "
-             f"RAM plan {run['plan_total_bytes'] / MIB:,.0f} MiB, kernels {run['info']['kernels']}, "
+             f"RAM plan {run['plan_total_bytes'] / MIB:,.0f} MiB, kernels {run['info']['kernels']} "
+             f"(Linear inputs {run['info'].get('act_dtype', 'f32')}), "
              f"direct I/O trunk={run['info']['trunk_direct_io']} "
              f"experts={run['info']['expert_direct_io']}, streamed trunk "
              f"{_g(run['streamed_trunk_bytes'])}"]

@@ -47,6 +47,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=0, help="worker threads (0 = all cores)")
     parser.add_argument("--max-context", type=int, default=4096)
     parser.add_argument("--kernels", default="auto", choices=["auto", "scalar", "avx2", "avx512"])
+    parser.add_argument("--act-dtype", default="f32", choices=["f32", "bf16"],
+                        help="inputs of the Linear layers: f32 (exact, default) or bf16 (as the "
+                             "checkpoint's own BF16 inference: ~2x faster prefill on CPUs with "
+                             "AVX512_BF16, logits move by BF16 rounding)")
     parser.add_argument("--no-vision", action="store_true", help="do not load the vision tower")
     parser.add_argument("--show-tokens", action="store_true",
                         help="print token ids, timings, cache/I-O statistics and peak RSS")
@@ -180,7 +184,8 @@ def turn_report(engine: Any, chat: Any, reply: str, done: Done,
         "io": {"trunk_direct_io": bool(info.get("trunk_direct_io")),
                "expert_direct_io": bool(info.get("expert_direct_io")),
                "vision_direct_io": bool(info.get("vision_direct_io")),
-               "kernels": info.get("kernels"), "threads": info.get("n_threads")},
+               "kernels": info.get("kernels"), "act_dtype": info.get("act_dtype"),
+               "threads": info.get("n_threads")},
         "images": chat.last_images,
         "peak_rss_bytes": peak_rss_bytes(),
         "plan_bytes": engine.plan.total,
@@ -205,8 +210,8 @@ def print_show_tokens(report: dict[str, Any], out: TextIO) -> None:
               f" / {c['expert_misses']} misses / {(c['expert_bytes_read'] or 0) / MIB:.1f} MiB read"
               "\n")
     out.write(f"[io] trunk {yes[io['trunk_direct_io']]}, experts {yes[io['expert_direct_io']]}, "
-              f"vision {yes[io['vision_direct_io']]}; kernels {io['kernels']}, "
-              f"{io['threads']} threads\n")
+              f"vision {yes[io['vision_direct_io']]}; kernels {io['kernels']}, Linear inputs "
+              f"{io['act_dtype']}, {io['threads']} threads\n")
     peak = report["peak_rss_bytes"]
     out.write(f"[memory] peak RSS {'n/a' if peak is None else f'{peak / MIB:.1f} MiB'} "
               f"(plan {report['plan_bytes'] / MIB:.1f} MiB)\n")
@@ -222,7 +227,7 @@ def open_engine(args: argparse.Namespace) -> Any:
     return Engine(args.model, ram_mib=args.ram_mib, cache_mib=args.cache_mib,
                   trunk_cache_mib=args.trunk_cache_mib, threads=args.threads,
                   max_context=args.max_context, load_vision=not args.no_vision,
-                  kernels=args.kernels)
+                  kernels=args.kernels, act_dtype=args.act_dtype)
 
 
 def run(args: argparse.Namespace) -> int:

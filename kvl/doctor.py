@@ -189,7 +189,8 @@ def check_native(model: Path) -> tuple[list[Check], dict | None]:
     finally:
         engine.close()
     checks = [Check("OK", "native library",
-                    f"loaded; kernels {info.get('kernels')}, {info.get('n_threads')} threads")]
+                    f"loaded; kernels {info.get('kernels')}, Linear inputs "
+                    f"{info.get('act_dtype')}, {info.get('n_threads')} threads")]
     direct = {k: bool(info.get(f"{k}_direct_io")) for k in ("trunk", "expert", "vision")}
     if all(direct.values()):
         checks.append(Check("OK", "direct I/O", f"works in {model}"))

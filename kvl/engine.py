@@ -48,7 +48,7 @@ class Engine:
     def __init__(self, model_dir: str | Path, *, ram_mib: int = 4096, cache_mib: int = 512,
                  trunk_cache_mib: int | None = None, threads: int = 0, max_context: int = 4096,
                  load_vision: bool = True, kernels: str = "auto",
-                 max_batch: int = DEFAULT_MAX_BATCH):
+                 max_batch: int = DEFAULT_MAX_BATCH, act_dtype: str = "f32"):
         from kvl import native
 
         self.model_dir = Path(model_dir)
@@ -67,7 +67,8 @@ class Engine:
         self._native = native.NativeEngine(
             str(self.model_dir), n_threads=threads, expert_cache_bytes=self.plan.expert_cache,
             trunk_cache_bytes=self.plan.trunk_cache if self.plan.trunk_cache > 0 else -1,
-            kernels=kernels, kv_dtype=self.plan.kv_dtype, load_vision=load_vision)
+            kernels=kernels, kv_dtype=self.plan.kv_dtype, load_vision=load_vision,
+            act_dtype=act_dtype)
         try:
             info = self._native.info()
             self.merge = (int(info["vision_merge_h"]), int(info["vision_merge_w"]))

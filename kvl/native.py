@@ -50,12 +50,15 @@ KVL_ERR_INTERNAL = 9
 KVL_IO_AUTO, KVL_IO_DIRECT, KVL_IO_BUFFERED = 0, 1, 2
 KVL_KERNELS_AUTO, KVL_KERNELS_SCALAR, KVL_KERNELS_AVX2, KVL_KERNELS_AVX512 = 0, 1, 2, 3
 KVL_KV_DEFAULT, KVL_KV_F32, KVL_KV_BF16 = 0, 1, 2
+KVL_ACT_DEFAULT, KVL_ACT_F32, KVL_ACT_BF16 = 0, 1, 2
 KVL_LOGITS_NONE, KVL_LOGITS_LAST, KVL_LOGITS_ALL = 0, 1, 2
 
 IO_MODES = {"auto": KVL_IO_AUTO, "direct": KVL_IO_DIRECT, "buffered": KVL_IO_BUFFERED}
 KERNELS = {"auto": KVL_KERNELS_AUTO, "scalar": KVL_KERNELS_SCALAR, "avx2": KVL_KERNELS_AVX2,
            "avx512": KVL_KERNELS_AVX512}
 KV_DTYPES = {"default": KVL_KV_DEFAULT, "f32": KVL_KV_F32, "bf16": KVL_KV_BF16}
+# Inputs of the Linear layers: f32 exact (default), bf16 opt-in fast prefill (kvl.h KVL_ACT_*).
+ACT_DTYPES = {"default": KVL_ACT_DEFAULT, "f32": KVL_ACT_F32, "bf16": KVL_ACT_BF16}
 LOGITS_MODES = {"none": KVL_LOGITS_NONE, "last": KVL_LOGITS_LAST, "all": KVL_LOGITS_ALL}
 
 
@@ -70,6 +73,7 @@ class EngineOptions(Structure):
         ("kernels", c_int32),
         ("kv_dtype", c_int32),
         ("load_vision", c_int32),
+        ("act_dtype", c_int32),
     ]
 
 
@@ -91,6 +95,7 @@ class EngineInfo(Structure):
         ("expert_cache_bytes", c_uint64),
         ("engine_workspace_bytes", c_uint64),
         ("expert_extent_bytes", c_uint64),
+        ("act_dtype", c_char * 8),
     ]
 
 
@@ -260,11 +265,13 @@ class NativeEngine(_NativeHandle):
 
     def __init__(self, pack_dir: str | os.PathLike[str], *, n_threads: int = 0,
                  expert_cache_bytes: int = 0, trunk_cache_bytes: int = 0, io_mode: str = "auto",
-                 kernels: str = "auto", kv_dtype: str = "default", load_vision: bool = False) -> None:
+                 kernels: str = "auto", kv_dtype: str = "default", load_vision: bool = False,
+                 act_dtype: str = "default") -> None:
         self._lib = load_library()
         self._handle: int | None = None
         for label, value, table in (("io_mode", io_mode, IO_MODES), ("kernels", kernels, KERNELS),
-                                    ("kv_dtype", kv_dtype, KV_DTYPES)):
+                                    ("kv_dtype", kv_dtype, KV_DTYPES),
+                                    ("act_dtype", act_dtype, ACT_DTYPES)):
             if value not in table:
                 raise KvlError(KVL_ERR_INVALID_ARG,
                                f"{label}={value!r} is not one of {', '.join(table)}")
@@ -274,7 +281,8 @@ class NativeEngine(_NativeHandle):
         opts = EngineOptions(n_threads=int(n_threads), expert_cache_bytes=int(expert_cache_bytes),
                              trunk_cache_bytes=int(trunk_cache_bytes), io_mode=IO_MODES[io_mode],
                              kernels=KERNELS[kernels], kv_dtype=KV_DTYPES[kv_dtype],
-                             load_vision=1 if load_vision else 0)
+                             load_vision=1 if load_vision else 0,
+                             act_dtype=ACT_DTYPES[act_dtype])
         handle = _engine_p()
         err = ctypes.create_string_buffer(1024)
         status = self._lib.kvl_engine_open(os.fsencode(str(pack_dir)), ctypes.byref(opts),

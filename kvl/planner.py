@@ -125,12 +125,13 @@ def session_layout_bytes(hp: dict[str, float], max_context: int, max_batch: int,
     mlp_width = max(widths)
     scores = heads * max_context
     routing = 3 * n_routed + n_group + 4
-    per_thread = align_to(max(scores, routing) + 2 * kv_row + rope, 16)
+    tiled = kv_lora * heads + (kv_lora * nope + 1) // 2   # attn_tiled: context block, W_uk^T
+    per_thread = align_to(max(scores, routing) + 2 * kv_row + rope + tiled, 16)
     sizes = [
         n_layers * max_context * kv_row * KV_DTYPE_BYTES[kv_dtype],   # KV
         batch * hidden * 4, batch * hidden * 4,                        # x, xn
         batch * heads * (nope + rope) * 4, batch * kv_row * 4,         # q, a
-        batch * heads * kv_lora * 4, batch * heads * kv_lora * 4,      # q absorbed, context
+        batch * heads * kv_row * 4, batch * heads * kv_lora * 4,       # q absorbed + rope, context
         batch * heads * v_dim * 4,                                     # o
         batch * mlp_width * 4, batch * mlp_width * 4,                  # gate, up
         batch * n_routed * 4, batch * top_k * 4,                       # router logits, weights
@@ -138,6 +139,7 @@ def session_layout_bytes(hp: dict[str, float], max_context: int, max_batch: int,
         n_threads * per_thread * 4,                                    # per-thread scratch
         batch * top_k * 4, (n_routed + 1) * 4, batch * top_k * 4, n_routed * 4,  # expert lists
         hidden * 2,                                                    # one embedding row
+        kv_lora * max_context * 4,                                     # latents transposed
     ]
     return sum(align_to(size or 1, ARENA_ALIGN) for size in sizes)
 

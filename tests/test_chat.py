@@ -81,6 +81,19 @@ def test_one_shot_json_matches_reference(tiny_pack: Path, ref_text: TextReferenc
     assert "component" not in result.stderr  # --json prints no plan
 
 
+def test_one_shot_bf16_linear_inputs_match_reference(tiny_ckpt: Path, tiny_pack: Path,
+                                                     ref_tok: ReferenceTokenizer) -> None:
+    result = kvl_chat(str(tiny_pack), "Reply with exactly one short word: hello",
+                      "--json", "--temperature", "0", "--max-new", str(N_NEW), "--ram-mib", "1024",
+                      "--threads", "2", "--max-context", "512", "--act-dtype", "bf16")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["io"]["act_dtype"] == "bf16"
+    ids = prompt_ids(ref_tok, [{"role": "user", "content": "Reply with exactly one short word: hello"}], [])
+    ref16 = TextReference(tiny_ckpt, q8_experts=True, linear_inputs="bf16")
+    reference_reply(ref16, ref_tok, ids, report["output_token_ids"], N_NEW)
+
+
 def test_one_shot_streams_text_and_show_tokens(tiny_pack: Path, ref_tok: ReferenceTokenizer,
                                                tmp_path: Path) -> None:
     image_path = tmp_path / "red.png"

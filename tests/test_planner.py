@@ -94,16 +94,17 @@ def test_full_size_globals_and_trunk() -> None:
 def test_full_size_kv_and_session() -> None:
     one = session_layout_bytes(FULL_HP, 2048, 256, "f32", 1)
     two = session_layout_bytes(FULL_HP, 4096, 256, "f32", 1)
-    # KV grows 27 layers x (512 + 64) x 4 bytes = 62,208 bytes per token (f32), and the
-    # per-thread attention scores 16 heads x 4 bytes = 64 bytes per token
-    assert two - one == 2048 * (62_208 + 64)
+    # KV grows 27 layers x (512 + 64) x 4 bytes = 62,208 bytes per token (f32), the
+    # per-thread attention scores 16 heads x 4 bytes = 64 bytes per token, and the transposed
+    # latents of prefill attention 512 x 4 bytes = 2,048 bytes per token
+    assert two - one == 2048 * (62_208 + 64 + 2_048)
     bf16 = session_layout_bytes(FULL_HP, 4096, 256, "bf16", 1)
     assert two - bf16 == 4096 * 31_104
     # at 4096 tokens the f32 KV alone is 254,803,968 bytes; the arena adds prefill buffers
     assert two > 254_803_968
     threads = session_layout_bytes(FULL_HP, 4096, 256, "f32", 3) - two
-    # per-thread scratch: align16(16*4096 + 2*576 + 64) = 66,752 floats
-    assert threads == 2 * 66_752 * 4
+    # per-thread scratch: align16(16*4096 + 2*576 + 64 + 512*16 + 512*128/2) = 107,712 floats
+    assert threads == 2 * 107_712 * 4
 
 
 def test_plan_refuses_over_budget(tiny_pack: Path) -> None:

@@ -402,6 +402,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-body-mib", type=int, default=DEFAULT_MAX_BODY_MIB,
                         help=f"largest accepted request body (default {DEFAULT_MAX_BODY_MIB})")
     parser.add_argument("--kernels", default="auto", choices=["auto", "scalar", "avx2", "avx512"])
+    parser.add_argument("--act-dtype", default="f32", choices=["f32", "bf16"],
+                        help="inputs of the Linear layers: f32 (exact, default) or bf16 (as the "
+                             "checkpoint's own BF16 inference: ~2x faster prefill on CPUs with "
+                             "AVX512_BF16, logits move by BF16 rounding)")
     parser.add_argument("--no-vision", action="store_true", help="do not load the vision tower")
 
 
@@ -429,7 +433,7 @@ def run(args: argparse.Namespace) -> int:
         engine = Engine(model_dir, ram_mib=args.ram_mib, cache_mib=args.cache_mib,
                         trunk_cache_mib=args.trunk_cache_mib, threads=args.threads,
                         max_context=args.max_context, load_vision=not args.no_vision,
-                        kernels=args.kernels)
+                        kernels=args.kernels, act_dtype=args.act_dtype)
         print(engine.plan.describe(), file=sys.stderr, flush=True)
         print(f"kvl serve: model ready as {args.model_id!r}", file=sys.stderr, flush=True)
         return engine

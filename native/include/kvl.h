@@ -54,6 +54,14 @@ typedef struct kvl_session kvl_session;
 enum { KVL_IO_AUTO = 0, KVL_IO_DIRECT = 1, KVL_IO_BUFFERED = 2 };
 enum { KVL_KERNELS_AUTO = 0, KVL_KERNELS_SCALAR = 1, KVL_KERNELS_AVX2 = 2, KVL_KERNELS_AVX512 = 3 };
 enum { KVL_KV_DEFAULT = 0, KVL_KV_F32 = 1, KVL_KV_BF16 = 2 };
+/* Inputs of the text decoder's Linear layers (attention projections, MLPs, experts, lm_head;
+ * not the router, not the attention itself). DEFAULT = F32: exact, within 1e-3 of the FP32
+ * reference. BF16 (opt-in) rounds them to BF16 as the checkpoint's own BF16 inference does
+ * (products and sums stay FP32) and runs on BF16 dot products where the CPU has them
+ * (AVX512_BF16; elsewhere it is slower than F32): about 2x the prefill rate. Its logits move by
+ * BF16 rounding, not by 1e-3: an activation that lies near a rounding midpoint can round either
+ * way under FP32 summation-order differences (tests/test_engine.py measures both). */
+enum { KVL_ACT_DEFAULT = 0, KVL_ACT_F32 = 1, KVL_ACT_BF16 = 2 };
 
 typedef struct kvl_engine_options {
     int32_t n_threads;             /* 0 = every core */
@@ -69,6 +77,7 @@ typedef struct kvl_engine_options {
     int32_t kv_dtype;              /* KVL_KV_*; DEFAULT = F32 (BF16 moved tiny-model logits by
                                       4e-2, over the 1e-3 correctness tolerance) */
     int32_t load_vision;           /* 1 = open vision.idx/vision.bin too */
+    int32_t act_dtype;             /* KVL_ACT_* */
 } kvl_engine_options;
 
 typedef struct kvl_engine_info {
@@ -80,7 +89,7 @@ typedef struct kvl_engine_info {
     /* what the engine chose */
     int32_t n_threads;
     int32_t trunk_direct_io, expert_direct_io, vision_direct_io; /* 1 direct, 0 buffered */
-    char kernels[16];              /* "scalar" | "avx2" | "avx512" */
+    char kernels[16];              /* "scalar" | "avx2" | "avx512" | "avx512-bf16" */
     char kv_dtype[8];              /* "f32" | "bf16" */
     /* resident bytes the engine allocated at open (for the RAM planner's check) */
     uint64_t global_bytes;         /* lm_head, final norm, small tensors kept resident */
@@ -88,6 +97,7 @@ typedef struct kvl_engine_info {
     uint64_t expert_cache_bytes;   /* the expert cache slab */
     uint64_t engine_workspace_bytes;
     uint64_t expert_extent_bytes;  /* one (layer, expert) extent, padded to 4 KiB */
+    char act_dtype[8];             /* "f32" | "bf16": inputs of the Linear layers */
 } kvl_engine_info;
 
 typedef struct kvl_stats {

@@ -786,6 +786,8 @@ kvl_status kvl_engine_open(const char *pack_dir, const kvl_engine_options *optio
         return oerr(&c, KVL_ERR_INVALID_ARG, "kernels = %d is invalid", (int)o.kernels);
     if (o.kv_dtype < KVL_KV_DEFAULT || o.kv_dtype > KVL_KV_BF16)
         return oerr(&c, KVL_ERR_INVALID_ARG, "kv_dtype = %d is invalid", (int)o.kv_dtype);
+    if (o.act_dtype < KVL_ACT_DEFAULT || o.act_dtype > KVL_ACT_BF16)
+        return oerr(&c, KVL_ERR_INVALID_ARG, "act_dtype = %d is invalid", (int)o.act_dtype);
 
     join_path(path, sizeof path, pack_dir, "PACK_COMPLETE.json");
     if (file_exists(path) != KVL_OK)
@@ -853,6 +855,7 @@ kvl_status kvl_engine_open(const char *pack_dir, const kvl_engine_options *optio
     e->pool = kvl_pool_create(o.n_threads);
     if (!e->pool) { st = oerr(&c, KVL_ERR_NOMEM, "cannot create the thread pool"); goto fail; }
     e->text->kv_bf16 = o.kv_dtype == KVL_KV_BF16;
+    e->text->act_bf16 = o.act_dtype == KVL_ACT_BF16;
     if ((st = load_text(&c, &o)) != KVL_OK) goto fail;
     *out_engine = e;
     return KVL_OK;
@@ -888,6 +891,7 @@ kvl_status kvl_engine_get_info(const kvl_engine *e, kvl_engine_info *out)
     out->vision_direct_io = e->vision ? kvl_store_direct_io(e->vision) : 0;
     snprintf(out->kernels, sizeof out->kernels, "%s", e->k->name);
     snprintf(out->kv_dtype, sizeof out->kv_dtype, "%s", t->kv_bf16 ? "bf16" : "f32");
+    snprintf(out->act_dtype, sizeof out->act_dtype, "%s", t->act_bf16 ? "bf16" : "f32");
     out->global_bytes = t->global_bytes;
     out->trunk_cache_bytes = t->trunk_bytes;
     out->expert_cache_bytes = t->ecache ? kvl_expert_cache_bytes(t->ecache) : 0;

@@ -87,6 +87,7 @@ typedef struct kvl_engine_text {
     kvl_expert_cache *ecache;
     uint64_t extent_bytes;               /* padded */
     int kv_bf16;
+    int act_bf16;                        /* Linear inputs rounded to BF16 (KVL_ACT_BF16) */
     /* trunk counters (one driver thread at a time, plain integers) */
     uint64_t trunk_hits, trunk_misses, trunk_bytes_read, trunk_stall_ns;
     uint64_t tokens_prefilled, tokens_decoded;
@@ -112,6 +113,7 @@ struct kvl_session {
     void *kv;
     /* scratch pointers into the arena (model.c) */
     float *x, *xn, *q, *a, *qabs, *chat, *o, *gate, *up, *rlog, *selw, *moe_out, *xg, *yg;
+    float *kvt;                /* cached latents transposed [lat][positions] (prefill) */
     float *thread_scratch;     /* n_threads x per_thread floats */
     size_t per_thread;
     int *seli, *ecount, *elist, *eorder;

@@ -17,7 +17,8 @@
 #include <stdint.h>
 
 typedef struct kvl_kernels {
-    const char *name; /* "scalar", "avx2", "avx512" */
+    const char *name; /* "scalar", "avx2", "avx512", "avx512-bf16" */
+    int bf16_dot;     /* 1 if the *_xb entries run on BF16 dot-product instructions */
 
     /* BF16 weights (raw uint16 bits), FP32 activations, FP32 accumulate. */
     void (*matmul_bf16)(float *Y, size_t ldy, const uint16_t *W, size_t rows, size_t cols,
@@ -28,6 +29,14 @@ typedef struct kvl_kernels {
     /* FP32 weights. */
     void (*matmul_f32)(float *Y, size_t ldy, const float *W, size_t rows, size_t cols,
                        const float *X, size_t ldx, size_t n);
+    /* The same products with every activation first rounded to BF16 (kvl_bf16_round_daz:
+     * nearest-even, subnormal inputs as zero), i.e. the checkpoint's own BF16 inputs to every
+     * Linear, with FP32 products and accumulation. On CPUs with AVX512_BF16 these run on
+     * VDPBF16PS, two multiply-adds per FP32 lane and instruction. */
+    void (*matmul_bf16_xb)(float *Y, size_t ldy, const uint16_t *W, size_t rows, size_t cols,
+                           const float *X, size_t ldx, size_t n);
+    void (*matmul_q8_xb)(float *Y, size_t ldy, const int8_t *W, const float *scale, size_t rows,
+                         size_t cols, const float *X, size_t ldx, size_t n);
 
     /* Opt-in fast path (not the default: it changes results by activation rounding):
      * activations quantised per block of 32 values (scale = max|x|/127 per block, round half
@@ -55,6 +64,10 @@ const kvl_kernels *kvl_kernels_select(int level);
 /* 1 if the running CPU supports the level (and it was compiled in). */
 int kvl_kernels_supported(int level);
 
+/* AVX-512 without the BF16 dot products, the level-3 table on CPUs that lack AVX512_BF16
+ * (exposed so the tests cover it on every AVX-512 machine). */
+extern const kvl_kernels kvl_kernels_avx512_table;
+
 /* Scalar helpers that are never hot enough to vectorise (still the one reference for each). */
 void kvl_rmsnorm(float *y, const float *x, const float *w, size_t n, float eps);
 void kvl_layernorm(float *y, const float *x, const float *w, const float *b, size_t n, float eps);
@@ -63,6 +76,8 @@ void kvl_gelu_tanh(float *x, size_t n);
 void kvl_gelu_erf(float *x, size_t n);
 void kvl_softmax(float *x, size_t n);                               /* in place, FP32 */
 float kvl_bf16_round(float x);                                      /* round-trip through BF16 */
+/* kvl_bf16_round with subnormal inputs read as (signed) zero, as VCVTNE2PS2BF16 does. */
+float kvl_bf16_round_daz(float x);
 /* Single-value BF16 conversions (same rounding as the table entries; NaN stays a quiet NaN). */
 float kvl_bf16_to_float(uint16_t h);
 uint16_t kvl_float_to_bf16(float f);

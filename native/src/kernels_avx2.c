@@ -88,6 +88,31 @@ KVL_INLINE float scalar_w(int kind, const void *w, size_t c)
     return ((const float *)w)[c];
 }
 
+/* kvl_bf16_round_daz on 8 lanes: nearest-even by integer add and truncate, subnormal inputs to
+ * signed zero (NaN payloads are not preserved: a NaN activation gives a non-finite result
+ * either way). */
+KVL_INLINE __m256 round_bf16x8(__m256 v)
+{
+    __m256i b = _mm256_castps_si256(v);
+    __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
+    __m256i r = _mm256_add_epi32(b, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff)));
+    r = _mm256_and_si256(r, _mm256_set1_epi32((int)0xffff0000u));
+    __m256i subnormal = _mm256_cmpeq_epi32(_mm256_and_si256(b, _mm256_set1_epi32(0x7f800000)),
+                                           _mm256_setzero_si256());
+    r = _mm256_blendv_epi8(r, _mm256_and_si256(b, _mm256_set1_epi32((int)0x80000000u)), subnormal);
+    return _mm256_castsi256_ps(r);
+}
+
+KVL_INLINE __m256 load_x(int xb, const float *x)
+{
+    return xb ? round_bf16x8(_mm256_loadu_ps(x)) : _mm256_loadu_ps(x);
+}
+
+KVL_INLINE float scalar_x(int xb, float x)
+{
+    return xb ? kvl_bf16_round_daz(x) : x;
+}
+
 KVL_INLINE size_t elem_size(int kind)
 {
     return kind == KIND_BF16 ? 2 : kind == KIND_Q8 ? 1 : 4;
@@ -96,7 +121,7 @@ KVL_INLINE size_t elem_size(int kind)
 /* Y[t*ldy + r0 + i] = (sum_c W[r0+i, c] X[t, c]) * (scale ? scale[r0+i] : 1) for i<R, t<T.
  * R and T are compile-time constants at every call site, so the accumulators live in
  * registers after inlining. */
-KVL_INLINE void tile(int kind, float *Y, size_t ldy, const void *W, const float *scale,
+KVL_INLINE void tile(int kind, int xb, float *Y, size_t ldy, const void *W, const float *scale,
                      size_t r0, size_t cols, const float *X, size_t ldx, int prefetch, const int R,
                      const int T)
 {
@@ -125,7 +150,7 @@ KVL_INLINE void tile(int kind, float *Y, size_t ldy, const void *W, const float 
             w[i] = load_w(kind, wrow[i], c);
         KVL_UNROLL
         for (int t = 0; t < T; t++) {
-            __m256 x = _mm256_loadu_ps(X + (size_t)t * ldx + c);
+            __m256 x = load_x(xb, X + (size_t)t * ldx + c);
             KVL_UNROLL
             for (int i = 0; i < R; i++)
                 acc[i][t] = _mm256_fmadd_ps(w[i], x, acc[i][t]);
@@ -138,7 +163,7 @@ KVL_INLINE void tile(int kind, float *Y, size_t ldy, const void *W, const float 
             float s = hsum256(acc[i][t]);
             const float *x = X + (size_t)t * ldx;
             for (size_t cc = c; cc < cols; cc++)
-                s += scalar_w(kind, wrow[i], cc) * x[cc];
+                s += scalar_w(kind, wrow[i], cc) * scalar_x(xb, x[cc]);
             if (scale)
                 s *= scale[r0 + (size_t)i];
             Y[(size_t)t * ldy + r0 + (size_t)i] = s;
@@ -149,23 +174,23 @@ KVL_INLINE void tile(int kind, float *Y, size_t ldy, const void *W, const float 
 /* Decode (one activation vector): one row at a time with four independent accumulators, so
  * each thread reads its share of the matrix as one sequential stream that the hardware
  * prefetchers follow across rows (see decode_row in kernels_avx512.c for the measurement). */
-KVL_INLINE void decode_row(int kind, float *Y, const void *W, const float *scale, size_t r,
+KVL_INLINE void decode_row(int kind, int xb, float *Y, const void *W, const float *scale, size_t r,
                            size_t cols, const float *X)
 {
     const char *w = (const char *)W + r * cols * elem_size(kind);
     __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
     size_t c = 0;
     for (; c + 32 <= cols; c += 32) {
-        a0 = _mm256_fmadd_ps(load_w(kind, w, c), _mm256_loadu_ps(X + c), a0);
-        a1 = _mm256_fmadd_ps(load_w(kind, w, c + 8), _mm256_loadu_ps(X + c + 8), a1);
-        a2 = _mm256_fmadd_ps(load_w(kind, w, c + 16), _mm256_loadu_ps(X + c + 16), a2);
-        a3 = _mm256_fmadd_ps(load_w(kind, w, c + 24), _mm256_loadu_ps(X + c + 24), a3);
+        a0 = _mm256_fmadd_ps(load_w(kind, w, c), load_x(xb, X + c), a0);
+        a1 = _mm256_fmadd_ps(load_w(kind, w, c + 8), load_x(xb, X + c + 8), a1);
+        a2 = _mm256_fmadd_ps(load_w(kind, w, c + 16), load_x(xb, X + c + 16), a2);
+        a3 = _mm256_fmadd_ps(load_w(kind, w, c + 24), load_x(xb, X + c + 24), a3);
     }
     for (; c + 8 <= cols; c += 8)
-        a0 = _mm256_fmadd_ps(load_w(kind, w, c), _mm256_loadu_ps(X + c), a0);
+        a0 = _mm256_fmadd_ps(load_w(kind, w, c), load_x(xb, X + c), a0);
     float s = hsum256(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
     for (; c < cols; c++)
-        s += scalar_w(kind, w, c) * X[c];
+        s += scalar_w(kind, w, c) * scalar_x(xb, X[c]);
     Y[r] = scale ? s * scale[r] : s;
 }
 
@@ -174,19 +199,31 @@ KVL_INLINE void decode_row(int kind, float *Y, const void *W, const float *scale
 static void avx2_matmul_bf16(float *Y, size_t ldy, const uint16_t *W, size_t rows, size_t cols,
                              const float *X, size_t ldx, size_t n)
 {
-    matmul_generic(KIND_BF16, Y, ldy, W, NULL, rows, cols, X, ldx, n);
+    matmul_generic(KIND_BF16, 0, Y, ldy, W, NULL, rows, cols, X, ldx, n);
 }
 
 static void avx2_matmul_q8(float *Y, size_t ldy, const int8_t *W, const float *scale, size_t rows,
                            size_t cols, const float *X, size_t ldx, size_t n)
 {
-    matmul_generic(KIND_Q8, Y, ldy, W, scale, rows, cols, X, ldx, n);
+    matmul_generic(KIND_Q8, 0, Y, ldy, W, scale, rows, cols, X, ldx, n);
 }
 
 static void avx2_matmul_f32(float *Y, size_t ldy, const float *W, size_t rows, size_t cols,
                             const float *X, size_t ldx, size_t n)
 {
-    matmul_generic(KIND_F32, Y, ldy, W, NULL, rows, cols, X, ldx, n);
+    matmul_generic(KIND_F32, 0, Y, ldy, W, NULL, rows, cols, X, ldx, n);
+}
+
+static void avx2_matmul_bf16_xb(float *Y, size_t ldy, const uint16_t *W, size_t rows, size_t cols,
+                                const float *X, size_t ldx, size_t n)
+{
+    matmul_generic(KIND_BF16, 1, Y, ldy, W, NULL, rows, cols, X, ldx, n);
+}
+
+static void avx2_matmul_q8_xb(float *Y, size_t ldy, const int8_t *W, const float *scale,
+                              size_t rows, size_t cols, const float *X, size_t ldx, size_t n)
+{
+    matmul_generic(KIND_Q8, 1, Y, ldy, W, scale, rows, cols, X, ldx, n);
 }
 
 /* ---- Q8 activations -------------------------------------------------------------------- */
@@ -340,9 +377,12 @@ static void avx2_f32_to_bf16(uint16_t *dst, const float *src, size_t n)
 
 const kvl_kernels kvl_kernels_avx2_table = {
     "avx2",
+    0,
     avx2_matmul_bf16,
     avx2_matmul_q8,
     avx2_matmul_f32,
+    avx2_matmul_bf16_xb,
+    avx2_matmul_q8_xb,
     avx2_quantize_q8_act,
     avx2_matmul_q8_q8,
     avx2_dot_f32,

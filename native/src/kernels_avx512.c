@@ -11,8 +11,13 @@
  * weight vector is loaded and widened once per 4 tokens, each activation vector once per 4
  * rows; decode (n = 1) reads one row at a time as a sequential stream (decode_row). Column
  * tails (cols % 16) use masked loads, i.e. the same vector code on zero-padded lanes, so there
- * is no separate slow path. AVX512_BF16 instructions are deliberately not
- * used: VCVTNEPS2BF16 flushes denormals and VDPBF16PS would round the FP32 activations.
+ * is no separate slow path.
+ *
+ * Two tables: "avx512" (every CPU with AVX-512 F/BW/VL/DQ + VNNI) computes the *_xb entries
+ * with FP32 FMAs on activations rounded in registers; "avx512-bf16" (CPUs that also have
+ * AVX512_BF16) runs them on VDPBF16PS, two products per lane and instruction, which is what
+ * makes the BF16-activation mode fast. The plain FP32 entries never use BF16 instructions
+ * (VDPBF16PS would round the FP32 activations).
  */
 #include "kernels.h"
 
@@ -59,6 +64,30 @@ KVL_INLINE __m512 bf16x16(__m256i h)
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
+/* kvl_bf16_round_daz on 16 lanes: nearest-even by integer add and truncate, subnormal inputs to
+ * signed zero (NaN payloads are not preserved). */
+KVL_INLINE __m512 round_bf16x16(__m512 v)
+{
+    __m512i b = _mm512_castps_si512(v);
+    __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
+    __m512i r = _mm512_add_epi32(b, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
+    r = _mm512_and_si512(r, _mm512_set1_epi32((int)0xffff0000u));
+    __mmask16 subnormal = _mm512_testn_epi32_mask(b, _mm512_set1_epi32(0x7f800000));
+    r = _mm512_mask_and_epi32(r, subnormal, b, _mm512_set1_epi32((int)0x80000000u));
+    return _mm512_castsi512_ps(r);
+}
+
+KVL_INLINE __m512 load_x(int xb, const float *x)
+{
+    return xb ? round_bf16x16(_mm512_loadu_ps(x)) : _mm512_loadu_ps(x);
+}
+
+KVL_INLINE __m512 load_x_masked(int xb, const float *x, __mmask16 m)
+{
+    __m512 v = _mm512_maskz_loadu_ps(m, x);
+    return xb ? round_bf16x16(v) : v;
+}
+
 enum { KIND_BF16, KIND_Q8, KIND_F32 };
 
 KVL_INLINE size_t elem_size(int kind)
@@ -87,7 +116,7 @@ KVL_INLINE __m512 load_w_masked(int kind, const void *w, size_t c, __mmask16 m)
 
 /* Y[t*ldy + r0 + i] = (sum_c W[r0+i, c] X[t, c]) * (scale ? scale[r0+i] : 1) for i<R, t<T.
  * R and T are constants at every call site, so after inlining the accumulators are registers. */
-KVL_INLINE void tile(int kind, float *Y, size_t ldy, const void *W, const float *scale,
+KVL_INLINE void tile(int kind, int xb, float *Y, size_t ldy, const void *W, const float *scale,
                      size_t r0, size_t cols, const float *X, size_t ldx, int prefetch, const int R,
                      const int T)
 {
@@ -116,7 +145,7 @@ KVL_INLINE void tile(int kind, float *Y, size_t ldy, const void *W, const float 
             w[i] = load_w(kind, wrow[i], c);
         KVL_UNROLL
         for (int t = 0; t < T; t++) {
-            __m512 x = _mm512_loadu_ps(X + (size_t)t * ldx + c);
+            __m512 x = load_x(xb, X + (size_t)t * ldx + c);
             KVL_UNROLL
             for (int i = 0; i < R; i++)
                 acc[i][t] = _mm512_fmadd_ps(w[i], x, acc[i][t]);
@@ -130,7 +159,7 @@ KVL_INLINE void tile(int kind, float *Y, size_t ldy, const void *W, const float 
             w[i] = load_w_masked(kind, wrow[i], c, m);
         KVL_UNROLL
         for (int t = 0; t < T; t++) {
-            __m512 x = _mm512_maskz_loadu_ps(m, X + (size_t)t * ldx + c);
+            __m512 x = load_x_masked(xb, X + (size_t)t * ldx + c, m);
             KVL_UNROLL
             for (int i = 0; i < R; i++)
                 acc[i][t] = _mm512_fmadd_ps(w[i], x, acc[i][t]);
@@ -153,23 +182,23 @@ KVL_INLINE void tile(int kind, float *Y, size_t ldy, const void *W, const float 
  * short (one-page) stream per row to restart on. Measured with bench/kernels_bench.c on the
  * 2-vCPU EPYC VM, 2 threads, weights from DRAM: 43-66 GB/s against 33-38 GB/s for 8-row tiles,
  * in alternating runs. */
-KVL_INLINE void decode_row(int kind, float *Y, const void *W, const float *scale, size_t r,
+KVL_INLINE void decode_row(int kind, int xb, float *Y, const void *W, const float *scale, size_t r,
                            size_t cols, const float *X)
 {
     const char *w = (const char *)W + r * cols * elem_size(kind);
     __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
     size_t c = 0;
     for (; c + 64 <= cols; c += 64) {
-        a0 = _mm512_fmadd_ps(load_w(kind, w, c), _mm512_loadu_ps(X + c), a0);
-        a1 = _mm512_fmadd_ps(load_w(kind, w, c + 16), _mm512_loadu_ps(X + c + 16), a1);
-        a2 = _mm512_fmadd_ps(load_w(kind, w, c + 32), _mm512_loadu_ps(X + c + 32), a2);
-        a3 = _mm512_fmadd_ps(load_w(kind, w, c + 48), _mm512_loadu_ps(X + c + 48), a3);
+        a0 = _mm512_fmadd_ps(load_w(kind, w, c), load_x(xb, X + c), a0);
+        a1 = _mm512_fmadd_ps(load_w(kind, w, c + 16), load_x(xb, X + c + 16), a1);
+        a2 = _mm512_fmadd_ps(load_w(kind, w, c + 32), load_x(xb, X + c + 32), a2);
+        a3 = _mm512_fmadd_ps(load_w(kind, w, c + 48), load_x(xb, X + c + 48), a3);
     }
     for (; c + 16 <= cols; c += 16)
-        a0 = _mm512_fmadd_ps(load_w(kind, w, c), _mm512_loadu_ps(X + c), a0);
+        a0 = _mm512_fmadd_ps(load_w(kind, w, c), load_x(xb, X + c), a0);
     if (c < cols) {
         __mmask16 m = tail_mask16(cols - c);
-        a1 = _mm512_fmadd_ps(load_w_masked(kind, w, c, m), _mm512_maskz_loadu_ps(m, X + c), a1);
+        a1 = _mm512_fmadd_ps(load_w_masked(kind, w, c, m), load_x_masked(xb, X + c, m), a1);
     }
     float s = hsum512(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
     Y[r] = scale ? s * scale[r] : s;
@@ -180,19 +209,281 @@ KVL_INLINE void decode_row(int kind, float *Y, const void *W, const float *scale
 static void avx512_matmul_bf16(float *Y, size_t ldy, const uint16_t *W, size_t rows, size_t cols,
                                const float *X, size_t ldx, size_t n)
 {
-    matmul_generic(KIND_BF16, Y, ldy, W, NULL, rows, cols, X, ldx, n);
+    matmul_generic(KIND_BF16, 0, Y, ldy, W, NULL, rows, cols, X, ldx, n);
 }
 
 static void avx512_matmul_q8(float *Y, size_t ldy, const int8_t *W, const float *scale,
                              size_t rows, size_t cols, const float *X, size_t ldx, size_t n)
 {
-    matmul_generic(KIND_Q8, Y, ldy, W, scale, rows, cols, X, ldx, n);
+    matmul_generic(KIND_Q8, 0, Y, ldy, W, scale, rows, cols, X, ldx, n);
 }
 
 static void avx512_matmul_f32(float *Y, size_t ldy, const float *W, size_t rows, size_t cols,
                               const float *X, size_t ldx, size_t n)
 {
-    matmul_generic(KIND_F32, Y, ldy, W, NULL, rows, cols, X, ldx, n);
+    matmul_generic(KIND_F32, 0, Y, ldy, W, NULL, rows, cols, X, ldx, n);
+}
+
+static void avx512_matmul_bf16_xb(float *Y, size_t ldy, const uint16_t *W, size_t rows,
+                                  size_t cols, const float *X, size_t ldx, size_t n)
+{
+    matmul_generic(KIND_BF16, 1, Y, ldy, W, NULL, rows, cols, X, ldx, n);
+}
+
+static void avx512_matmul_q8_xb(float *Y, size_t ldy, const int8_t *W, const float *scale,
+                                size_t rows, size_t cols, const float *X, size_t ldx, size_t n)
+{
+    matmul_generic(KIND_Q8, 1, Y, ldy, W, scale, rows, cols, X, ldx, n);
+}
+
+/* ---- BF16 dot products (AVX512_BF16): the *_xb entries of the "avx512-bf16" table ---------
+ *
+ * Weights are BF16 in memory (matmul_bf16_xb) or converted to BF16 (exact for int8) a panel of
+ * DP_R rows x DP_KC columns at a time into a stack buffer (matmul_q8_xb); activations are
+ * rounded to BF16 (VCVTNE2PS2BF16: nearest-even, subnormals as zero, the reference's
+ * kvl_bf16_round_daz) a block of DP_NB tokens x DP_KC columns at a time into a stack buffer
+ * (64 KiB, L2-resident), and every row panel sweeps that block, so each weight panel is reused
+ * by DP_NB tokens from L1. Rounding the block once, rather than in every tile, doubled the rate
+ * (bench/kernels_bench.c, 1 thread, [1408 x 2048] x 64 tokens: 215 -> 370 GFLOP/s; the FP32
+ * matmul_bf16 does 180); 4 x 4 tiles divide the engine's 16-row work items, 6 x 4 was only 4 %
+ * faster. Columns beyond DP_KC are summed into Y chunk by chunk. Decode (n = 1) rounds the
+ * activation once and streams rows as in decode_row. */
+
+#define DP_R 4       /* rows per register tile */
+#define DP_T 4       /* tokens per register tile */
+#define DP_NB 32     /* tokens per L2 block */
+#define DP_KC 1024   /* columns per chunk */
+#define DP_DEC_KC 16384 /* decode: activation columns rounded at a time (32 KiB of stack) */
+
+/* Bit casts between __m512i and __m512bh (compilers disagree on whether a cast is allowed;
+ * memcpy of a register is free). */
+KVL_INLINE __m512bh AS_BH(__m512i v)
+{
+    __m512bh h;
+    memcpy(&h, &v, sizeof h);
+    return h;
+}
+
+KVL_INLINE __m512i BH_BITS(__m512bh h)
+{
+    __m512i v;
+    memcpy(&v, &h, sizeof v);
+    return v;
+}
+
+KVL_INLINE __mmask32 tail_mask32(size_t k)
+{
+    return (__mmask32)((1u << k) - 1u); /* k < 32 */
+}
+
+/* 32 activations -> 32 BF16 (element i of the result is x[i]). */
+KVL_INLINE __m512bh x_bf16x32(const float *x)
+{
+    return _mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + 16), _mm512_loadu_ps(x));
+}
+
+KVL_INLINE __m512bh x_bf16x32_masked(const float *x, size_t k)
+{
+    __mmask16 lo = k >= 16 ? (__mmask16)0xffff : tail_mask16(k);
+    __mmask16 hi = k > 16 ? tail_mask16(k - 16) : (__mmask16)0;
+    return _mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(hi, x + 16), _mm512_maskz_loadu_ps(lo, x));
+}
+
+/* 32 int8 -> 32 BF16 (exact: |w| <= 128 needs 8 significant bits). */
+KVL_INLINE __m512i q8_bf16x32(__m256i b)
+{
+    __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(b)));
+    __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(b, 1)));
+    return BH_BITS(_mm512_cvtne2ps_pbh(hi, lo));
+}
+
+/* Rows [0, R) of a Q8 panel, columns [k0, k0 + kc), to BF16 at dst (row stride DP_KC). */
+KVL_INLINE void q8_panel_to_bf16(uint16_t *dst, const int8_t *W, size_t cols, size_t k0,
+                                 size_t kc, int R)
+{
+    for (int i = 0; i < R; i++) {
+        const int8_t *w = W + (size_t)i * cols + k0;
+        uint16_t *d = dst + (size_t)i * DP_KC;
+        size_t c = 0;
+        for (; c + 32 <= kc; c += 32)
+            _mm512_storeu_si512((void *)(d + c),
+                                q8_bf16x32(_mm256_loadu_si256((const __m256i *)(const void *)(w + c))));
+        if (c < kc)
+            _mm512_storeu_si512((void *)(d + c), q8_bf16x32(_mm256_maskz_loadu_epi8(tail_mask32(kc - c), w + c)));
+    }
+}
+
+/* Y[t*ldy + i] (=|+=) scale_i * sum_{c<kc} W[i*ldw + c] Xb[t*DP_KC + c], i < R, t < T; Xb holds
+ * BF16 activations zero-padded to a multiple of 32 columns. */
+KVL_INLINE void tile_dp(float *Y, size_t ldy, const uint16_t *W, size_t ldw, const float *scale,
+                        int accumulate, size_t kc, const uint16_t *Xb, const int R, const int T)
+{
+    __m512 acc[DP_R][DP_T];
+    KVL_UNROLL
+    for (int i = 0; i < R; i++)
+        KVL_UNROLL
+        for (int t = 0; t < T; t++)
+            acc[i][t] = _mm512_setzero_ps();
+    size_t c = 0;
+    for (; c + 32 <= kc; c += 32) {
+        __m512i w[DP_R];
+        KVL_UNROLL
+        for (int i = 0; i < R; i++)
+            w[i] = _mm512_loadu_si512((const void *)(W + (size_t)i * ldw + c));
+        KVL_UNROLL
+        for (int t = 0; t < T; t++) {
+            __m512bh x = AS_BH(_mm512_loadu_si512((const void *)(Xb + (size_t)t * DP_KC + c)));
+            KVL_UNROLL
+            for (int i = 0; i < R; i++)
+                acc[i][t] = _mm512_dpbf16_ps(acc[i][t], AS_BH(w[i]), x);
+        }
+    }
+    if (c < kc) {
+        __mmask32 m = tail_mask32(kc - c);
+        __m512i w[DP_R];
+        KVL_UNROLL
+        for (int i = 0; i < R; i++)
+            w[i] = _mm512_maskz_loadu_epi16(m, W + (size_t)i * ldw + c);
+        KVL_UNROLL
+        for (int t = 0; t < T; t++) {
+            __m512bh x = AS_BH(_mm512_loadu_si512((const void *)(Xb + (size_t)t * DP_KC + c)));
+            KVL_UNROLL
+            for (int i = 0; i < R; i++)
+                acc[i][t] = _mm512_dpbf16_ps(acc[i][t], AS_BH(w[i]), x);
+        }
+    }
+    KVL_UNROLL
+    for (int i = 0; i < R; i++)
+        KVL_UNROLL
+        for (int t = 0; t < T; t++) {
+            float s = hsum512(acc[i][t]);
+            if (scale)
+                s *= scale[i];
+            float *y = Y + (size_t)t * ldy + (size_t)i;
+            *y = accumulate ? *y + s : s;
+        }
+}
+
+/* One panel (R rows, constant) against a block of nb tokens. */
+KVL_INLINE void panel_dp(float *Y, size_t ldy, const uint16_t *W, size_t ldw, const float *scale,
+                         int accumulate, size_t kc, const uint16_t *Xb, size_t nb, const int R)
+{
+    size_t t = 0;
+    for (; t + DP_T <= nb; t += DP_T)
+        tile_dp(Y + t * ldy, ldy, W, ldw, scale, accumulate, kc, Xb + t * DP_KC, R, DP_T);
+    for (; t < nb; t++)
+        tile_dp(Y + t * ldy, ldy, W, ldw, scale, accumulate, kc, Xb + t * DP_KC, R, 1);
+}
+
+/* kc activations to BF16 at dst, zero-padded to the next multiple of 32. */
+KVL_INLINE void x_to_bf16(uint16_t *dst, const float *x, size_t kc)
+{
+    size_t c = 0;
+    for (; c + 32 <= kc; c += 32)
+        _mm512_storeu_si512((void *)(dst + c), BH_BITS(x_bf16x32(x + c)));
+    if (c < kc)
+        _mm512_storeu_si512((void *)(dst + c), BH_BITS(x_bf16x32_masked(x + c, kc - c)));
+}
+
+KVL_INLINE void decode_row_dp(int kind, float *y, const void *W, const float *scale, size_t r,
+                              size_t cols, size_t k0, size_t kc, const uint16_t *xb, int accumulate)
+{
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    size_t c = 0;
+    if (kind == KIND_BF16) {
+        const uint16_t *w = (const uint16_t *)W + r * cols + k0;
+        for (; c + 128 <= kc; c += 128) {
+            a0 = _mm512_dpbf16_ps(a0, AS_BH(_mm512_loadu_si512((const void *)(w + c))),
+                                  AS_BH(_mm512_loadu_si512((const void *)(xb + c))));
+            a1 = _mm512_dpbf16_ps(a1, AS_BH(_mm512_loadu_si512((const void *)(w + c + 32))),
+                                  AS_BH(_mm512_loadu_si512((const void *)(xb + c + 32))));
+            a2 = _mm512_dpbf16_ps(a2, AS_BH(_mm512_loadu_si512((const void *)(w + c + 64))),
+                                  AS_BH(_mm512_loadu_si512((const void *)(xb + c + 64))));
+            a3 = _mm512_dpbf16_ps(a3, AS_BH(_mm512_loadu_si512((const void *)(w + c + 96))),
+                                  AS_BH(_mm512_loadu_si512((const void *)(xb + c + 96))));
+        }
+        for (; c + 32 <= kc; c += 32)
+            a0 = _mm512_dpbf16_ps(a0, AS_BH(_mm512_loadu_si512((const void *)(w + c))),
+                                  AS_BH(_mm512_loadu_si512((const void *)(xb + c))));
+        if (c < kc) /* xb is zero-padded to a multiple of 32 */
+            a1 = _mm512_dpbf16_ps(a1, AS_BH(_mm512_maskz_loadu_epi16(tail_mask32(kc - c), w + c)),
+                                  AS_BH(_mm512_loadu_si512((const void *)(xb + c))));
+    } else {
+        const int8_t *w = (const int8_t *)W + r * cols + k0;
+        for (; c + 64 <= kc; c += 64) {
+            a0 = _mm512_dpbf16_ps(a0, AS_BH(q8_bf16x32(_mm256_loadu_si256((const __m256i *)(const void *)(w + c)))),
+                                  AS_BH(_mm512_loadu_si512((const void *)(xb + c))));
+            a1 = _mm512_dpbf16_ps(a1, AS_BH(q8_bf16x32(_mm256_loadu_si256((const __m256i *)(const void *)(w + c + 32)))),
+                                  AS_BH(_mm512_loadu_si512((const void *)(xb + c + 32))));
+        }
+        for (; c + 32 <= kc; c += 32)
+            a2 = _mm512_dpbf16_ps(a2, AS_BH(q8_bf16x32(_mm256_loadu_si256((const __m256i *)(const void *)(w + c)))),
+                                  AS_BH(_mm512_loadu_si512((const void *)(xb + c))));
+        if (c < kc) /* xb is zero-padded to a multiple of 32 */
+            a3 = _mm512_dpbf16_ps(a3, AS_BH(q8_bf16x32(_mm256_maskz_loadu_epi8(tail_mask32(kc - c), w + c))),
+                                  AS_BH(_mm512_loadu_si512((const void *)(xb + c))));
+    }
+    float s = hsum512(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+    if (scale)
+        s *= scale[r];
+    *y = accumulate ? *y + s : s;
+}
+
+KVL_INLINE void matmul_dp(int kind, float *Y, size_t ldy, const void *W, const float *scale,
+                          size_t rows, size_t cols, const float *X, size_t ldx, size_t n)
+{
+    if (n == 1) {
+        uint16_t xb[DP_DEC_KC + 32];
+        for (size_t k0 = 0; k0 < cols; k0 += DP_DEC_KC) {
+            size_t kc = cols - k0 < DP_DEC_KC ? cols - k0 : DP_DEC_KC;
+            x_to_bf16(xb, X + k0, kc);
+            for (size_t r = 0; r < rows; r++)
+                decode_row_dp(kind, Y + r, W, scale, r, cols, k0, kc, xb, k0 > 0);
+        }
+        return;
+    }
+    uint16_t xblock[DP_NB * DP_KC]; /* the token block's activations, BF16 */
+    uint16_t panel[DP_R * DP_KC];   /* Q8 rows converted to BF16 */
+    for (size_t k0 = 0; k0 < cols; k0 += DP_KC) {
+        size_t kc = cols - k0 < DP_KC ? cols - k0 : DP_KC;
+        for (size_t t0 = 0; t0 < n; t0 += DP_NB) {
+            size_t nb = n - t0 < DP_NB ? n - t0 : DP_NB;
+            float *Yb = Y + t0 * ldy;
+            for (size_t t = 0; t < nb; t++)
+                x_to_bf16(xblock + t * DP_KC, X + (t0 + t) * ldx + k0, kc);
+            size_t r = 0;
+            for (; r + DP_R <= rows; r += DP_R) {
+                if (kind == KIND_BF16) {
+                    panel_dp(Yb + r, ldy, (const uint16_t *)W + r * cols + k0, cols, NULL, k0 > 0, kc,
+                             xblock, nb, DP_R);
+                } else {
+                    q8_panel_to_bf16(panel, (const int8_t *)W + r * cols, cols, k0, kc, DP_R);
+                    panel_dp(Yb + r, ldy, panel, DP_KC, scale + r, k0 > 0, kc, xblock, nb, DP_R);
+                }
+            }
+            for (; r < rows; r++) {
+                if (kind == KIND_BF16) {
+                    panel_dp(Yb + r, ldy, (const uint16_t *)W + r * cols + k0, cols, NULL, k0 > 0, kc,
+                             xblock, nb, 1);
+                } else {
+                    q8_panel_to_bf16(panel, (const int8_t *)W + r * cols, cols, k0, kc, 1);
+                    panel_dp(Yb + r, ldy, panel, DP_KC, scale + r, k0 > 0, kc, xblock, nb, 1);
+                }
+            }
+        }
+    }
+}
+
+static void avx512bf16_matmul_bf16_xb(float *Y, size_t ldy, const uint16_t *W, size_t rows,
+                                      size_t cols, const float *X, size_t ldx, size_t n)
+{
+    matmul_dp(KIND_BF16, Y, ldy, W, NULL, rows, cols, X, ldx, n);
+}
+
+static void avx512bf16_matmul_q8_xb(float *Y, size_t ldy, const int8_t *W, const float *scale,
+                                    size_t rows, size_t cols, const float *X, size_t ldx, size_t n)
+{
+    matmul_dp(KIND_Q8, Y, ldy, W, scale, rows, cols, X, ldx, n);
 }
 
 /* ---- Q8 activations -------------------------------------------------------------------- */
@@ -494,9 +785,30 @@ static void avx512_gelu_tanh(float *x, size_t n)
 
 const kvl_kernels kvl_kernels_avx512_table = {
     "avx512",
+    0,
     avx512_matmul_bf16,
     avx512_matmul_q8,
     avx512_matmul_f32,
+    avx512_matmul_bf16_xb,
+    avx512_matmul_q8_xb,
+    avx512_quantize_q8_act,
+    avx512_matmul_q8_q8,
+    avx512_dot_f32,
+    avx512_axpy_f32,
+    avx512_bf16_to_f32,
+    avx512_f32_to_bf16,
+    avx512_softmax,
+    avx512_gelu_tanh,
+};
+
+const kvl_kernels kvl_kernels_avx512_bf16_table = {
+    "avx512-bf16",
+    1,
+    avx512_matmul_bf16,
+    avx512_matmul_q8,
+    avx512_matmul_f32,
+    avx512bf16_matmul_bf16_xb,
+    avx512bf16_matmul_q8_xb,
     avx512_quantize_q8_act,
     avx512_matmul_q8_q8,
     avx512_dot_f32,

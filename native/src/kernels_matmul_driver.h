@@ -4,34 +4,35 @@
  * tiles, token and row tails), so every ISA uses the same blocking.
  * Does not own: the tiles themselves. Included (once, after them) by kernels_avx2.c and
  * kernels_avx512.c, each compiled with its own ISA flags, which must define KVL_INLINE, TR, TT,
- * and the ISA's tile() and decode_row() with the signatures used below.
+ * and the ISA's tile() and decode_row() with the signatures used below. xb = 1 rounds every
+ * activation to BF16 as it is loaded (the *_xb entries); it is a constant at each call site.
  */
 #ifndef KVL_KERNELS_MATMUL_DRIVER_H
 #define KVL_KERNELS_MATMUL_DRIVER_H
 
-KVL_INLINE void matmul_generic(int kind, float *Y, size_t ldy, const void *W, const float *scale,
+KVL_INLINE void matmul_generic(int kind, int xb, float *Y, size_t ldy, const void *W, const float *scale,
                                size_t rows, size_t cols, const float *X, size_t ldx, size_t n)
 {
     size_t r = 0;
     if (n == 1) {
         for (; r < rows; r++)
-            decode_row(kind, Y, W, scale, r, cols, X);
+            decode_row(kind, xb, Y, W, scale, r, cols, X);
         return;
     }
     for (; r + TR <= rows; r += TR) {
         int pf = r + 2 * TR <= rows; /* next tile exists: prefetch it (first token block only) */
         size_t t = 0;
         for (; t + TT <= n; t += TT)
-            tile(kind, Y + t * ldy, ldy, W, scale, r, cols, X + t * ldx, ldx, pf && t == 0, TR, TT);
+            tile(kind, xb, Y + t * ldy, ldy, W, scale, r, cols, X + t * ldx, ldx, pf && t == 0, TR, TT);
         for (; t < n; t++)
-            tile(kind, Y + t * ldy, ldy, W, scale, r, cols, X + t * ldx, ldx, pf && t < TT, TR, 1);
+            tile(kind, xb, Y + t * ldy, ldy, W, scale, r, cols, X + t * ldx, ldx, pf && t < TT, TR, 1);
     }
     for (; r < rows; r++) {
         size_t t = 0;
         for (; t + TT <= n; t += TT)
-            tile(kind, Y + t * ldy, ldy, W, scale, r, cols, X + t * ldx, ldx, 0, 1, TT);
+            tile(kind, xb, Y + t * ldy, ldy, W, scale, r, cols, X + t * ldx, ldx, 0, 1, TT);
         for (; t < n; t++)
-            tile(kind, Y + t * ldy, ldy, W, scale, r, cols, X + t * ldx, ldx, 0, 1, 1);
+            tile(kind, xb, Y + t * ldy, ldy, W, scale, r, cols, X + t * ldx, ldx, 0, 1, 1);
     }
 }
 

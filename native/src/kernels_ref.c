@@ -43,6 +43,18 @@ float kvl_bf16_round(float x)
     return kvl_bf16_to_float(kvl_float_to_bf16(x));
 }
 
+float kvl_bf16_round_daz(float x)
+{
+    uint32_t bits;
+    memcpy(&bits, &x, sizeof bits);
+    if ((bits & 0x7f800000u) == 0) {
+        bits &= 0x80000000u;
+        memcpy(&x, &bits, sizeof x);
+        return x;
+    }
+    return kvl_bf16_round(x);
+}
+
 static void ref_bf16_to_f32(float *dst, const uint16_t *src, size_t n)
 {
     for (size_t i = 0; i < n; i++)
@@ -99,6 +111,36 @@ static void ref_matmul_f32(float *Y, size_t ldy, const float *W, size_t rows, si
             for (size_t c = 0; c < cols; c++)
                 acc += w[c] * x[c];
             Y[t * ldy + r] = acc;
+        }
+    }
+}
+
+static void ref_matmul_bf16_xb(float *Y, size_t ldy, const uint16_t *W, size_t rows, size_t cols,
+                               const float *X, size_t ldx, size_t n)
+{
+    for (size_t t = 0; t < n; t++) {
+        const float *x = X + t * ldx;
+        for (size_t r = 0; r < rows; r++) {
+            const uint16_t *w = W + r * cols;
+            float acc = 0.0f;
+            for (size_t c = 0; c < cols; c++)
+                acc += kvl_bf16_to_float(w[c]) * kvl_bf16_round_daz(x[c]);
+            Y[t * ldy + r] = acc;
+        }
+    }
+}
+
+static void ref_matmul_q8_xb(float *Y, size_t ldy, const int8_t *W, const float *scale,
+                             size_t rows, size_t cols, const float *X, size_t ldx, size_t n)
+{
+    for (size_t t = 0; t < n; t++) {
+        const float *x = X + t * ldx;
+        for (size_t r = 0; r < rows; r++) {
+            const int8_t *w = W + r * cols;
+            float acc = 0.0f;
+            for (size_t c = 0; c < cols; c++)
+                acc += (float)w[c] * kvl_bf16_round_daz(x[c]);
+            Y[t * ldy + r] = acc * scale[r];
         }
     }
 }
@@ -176,9 +218,12 @@ static void ref_axpy_f32(float *y, float a, const float *x, size_t n)
 
 const kvl_kernels kvl_kernels_scalar_table = {
     "scalar",
+    0,
     ref_matmul_bf16,
     ref_matmul_q8,
     ref_matmul_f32,
+    ref_matmul_bf16_xb,
+    ref_matmul_q8_xb,
     ref_quantize_q8_act,
     ref_matmul_q8_q8,
     ref_dot_f32,

@@ -23,7 +23,7 @@
 extern const kvl_kernels kvl_kernels_scalar_table;
 #if KVL_X86
 extern const kvl_kernels kvl_kernels_avx2_table;
-extern const kvl_kernels kvl_kernels_avx512_table;
+extern const kvl_kernels kvl_kernels_avx512_bf16_table;
 
 #if defined(_MSC_VER) && !defined(__clang__)
 #include <intrin.h>
@@ -87,10 +87,27 @@ static int detect_level(void)
         return 3;
     return 2;
 }
+
+/* AVX512_BF16 (CPUID.(7,1):EAX bit 5), on top of level 3. */
+static int has_avx512_bf16(void)
+{
+    unsigned r7[4] = {0, 0, 0, 0};
+    cpuid(7, 0, r7);
+    if (r7[0] < 1)
+        return 0; /* no subleaf 1 */
+    unsigned r71[4] = {0, 0, 0, 0};
+    cpuid(7, 1, r71);
+    return bit(r71[0], 5);
+}
 #else
 static int detect_level(void)
 {
     return 1;
+}
+
+static int has_avx512_bf16(void)
+{
+    return 0;
 }
 #endif
 
@@ -103,7 +120,7 @@ static const kvl_kernels *table_for(int level)
     case 2:
         return &kvl_kernels_avx2_table;
     case 3:
-        return &kvl_kernels_avx512_table;
+        return has_avx512_bf16() ? &kvl_kernels_avx512_bf16_table : &kvl_kernels_avx512_table;
 #endif
     default:
         return NULL;

@@ -26,7 +26,7 @@
 
 enum {
     L_KV = 0, L_X, L_XN, L_Q, L_A, L_QABS, L_CHAT, L_O, L_GATE, L_UP, L_RLOG, L_SELW,
-    L_MOE_OUT, L_XG, L_YG, L_THREAD, L_SELI, L_ECOUNT, L_ELIST, L_EORDER, L_EMBED, L_COUNT
+    L_MOE_OUT, L_XG, L_YG, L_THREAD, L_SELI, L_ECOUNT, L_ELIST, L_EORDER, L_EMBED, L_KVT, L_COUNT
 };
 
 static size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
@@ -44,12 +44,21 @@ static size_t max_mlp_width(const kvl_engine_text *t)
     return w;
 }
 
+/* Prefill chunks of at least this many tokens compute attention as matmuls (attn_tiled);
+ * shorter ones (decode) per position (attn_per_position), which reads each cached row once. */
+#define ATTN_TILED_MIN 8
+
+/* Per thread: scores (one row per head for one token, or one block of n_heads tokens), routing
+ * scratch in the same place, two cache rows and a rope row; then, for attn_tiled, the
+ * transposed context block [lat][n_heads] and one head's W_uk transposed to [lat][nope] BF16. */
 static size_t per_thread_floats(const kvl_text_hparams *hp, int max_context)
 {
     size_t scores = (size_t)hp->n_heads * (size_t)max_context;
     size_t routing = 3u * (size_t)hp->n_routed + (size_t)hp->n_group + 4u;
     size_t rows = 2u * (size_t)(hp->kv_lora + hp->rope) + (size_t)hp->rope;
-    return align_up((scores > routing ? scores : routing) + rows, 16);
+    size_t tiled = (size_t)hp->kv_lora * (size_t)hp->n_heads +
+                   ((size_t)hp->kv_lora * (size_t)hp->nope + 1u) / 2u;
+    return align_up((scores > routing ? scores : routing) + rows + tiled, 16);
 }
 
 /* Session arena, for the RAM planner (kvl_session_bytes = this total + sizeof(struct kvl_session),
@@ -60,9 +69,11 @@ static size_t per_thread_floats(const kvl_text_hparams *hp, int max_context)
  * k = experts per token:
  *   KV      L*C*(lat+r)*(4 f32 | 2 bf16)
  *   f32     x, xn, moe_out, xg, yg: B*H each; q: B*nh*(nope+r); a: B*(lat+r);
- *           qabs, chat: B*nh*lat each; o: B*nh*v; gate, up: B*W each; router logits B*E;
- *           weights B*k
- *   threads T * align16(max(nh*C, 3E + n_group + 4) + 2*(lat+r) + r) floats
+ *           qabs (absorbed q_nope + roped q_rope): B*nh*(lat+r); chat: B*nh*lat; o: B*nh*v;
+ *           gate, up: B*W each; router logits B*E; weights B*k; the cached latents
+ *           transposed for attn_tiled: lat*C
+ *   threads T * align16(max(nh*C, 3E + n_group + 4) + 2*(lat+r) + r + lat*nh
+ *                       + ceil(lat*nope/2)) floats
  *   ints    selected B*k, counts E+1, token list B*k, expert order E; embed row H uint16
  */
 void kvl_session_layout_compute(const kvl_engine *engine, int max_context, int max_batch,
@@ -80,7 +91,7 @@ void kvl_session_layout_compute(const kvl_engine *engine, int max_context, int m
     sizes[L_XN] = B * H * 4;
     sizes[L_Q] = B * nh * (size_t)(hp->nope + hp->rope) * 4;
     sizes[L_A] = B * kvrow * 4;
-    sizes[L_QABS] = B * nh * (size_t)hp->kv_lora * 4;
+    sizes[L_QABS] = B * nh * kvrow * 4;
     sizes[L_CHAT] = B * nh * (size_t)hp->kv_lora * 4;
     sizes[L_O] = B * nh * (size_t)hp->v_dim * 4;
     sizes[L_GATE] = B * max_mlp_width(t) * 4;
@@ -96,6 +107,7 @@ void kvl_session_layout_compute(const kvl_engine *engine, int max_context, int m
     sizes[L_ELIST] = B * (size_t)hp->topk * sizeof(int);
     sizes[L_EORDER] = (size_t)hp->n_routed * sizeof(int);
     sizes[L_EMBED] = H * sizeof(uint16_t);
+    sizes[L_KVT] = (size_t)hp->kv_lora * (size_t)max_context * 4;
     size_t off = 0;
     for (int i = 0; i < L_COUNT; i++) {
         out->off[i] = off;
@@ -130,11 +142,15 @@ void kvl_session_bind(kvl_session *s, const kvl_session_layout *ly)
     s->elist = (int *)(base + ly->off[L_ELIST]);
     s->eorder = (int *)(base + ly->off[L_EORDER]);
     s->embed_row = (uint16_t *)(base + ly->off[L_EMBED]);
+    s->kvt = (float *)(base + ly->off[L_KVT]);
 }
 
 /* ---- parallel matmuls: row blocks of one or more products handed out dynamically ---------- */
 
-enum { MM_BF16 = 0, MM_Q8 = 1 };
+/* MM_BF16 and MM_Q8 are the Linear layers: with the engine's BF16 activation mode they take
+ * BF16-rounded inputs (the *_xb kernels). MM_BF16_F32ACT always keeps FP32 inputs: the MoE
+ * router, which the checkpoint's own code runs in FP32. */
+enum { MM_BF16 = 0, MM_Q8 = 1, MM_BF16_F32ACT = 2 };
 
 /* Segments per pool run: one layer's FFN at most uses shared gate+up plus gate+up of every
  * routed expert of a wave, and a wave holds at most MOE_WAVE_MAX experts. */
@@ -160,6 +176,7 @@ typedef struct mm_seg {
 
 typedef struct mm_job {
     const kvl_kernels *k;
+    int act_bf16;       /* the engine's activation mode (KVL_ACT_BF16) */
     int n_seg, n_items;
     uint64_t bytes, macs;
     volatile int next;  /* next unclaimed work item */
@@ -169,6 +186,7 @@ typedef struct mm_job {
 static void mm_init(mm_job *j, const kvl_engine *e)
 {
     j->k = e->k;
+    j->act_bf16 = e->text->act_bf16;
     j->n_seg = 0;
     j->n_items = 0;
     j->bytes = 0;
@@ -182,18 +200,20 @@ static void mm_add(mm_job *j, int kind, float *Y, size_t ldy, const void *W, con
     mm_seg *g = &j->seg[j->n_seg++];
     g->kind = kind; g->Y = Y; g->ldy = ldy; g->W = W; g->scale = scale;
     g->rows = rows; g->cols = cols; g->X = X; g->ldx = ldx; g->n = n;
-    j->bytes += (uint64_t)rows * cols * (kind == MM_BF16 ? 2u : 1u);
+    j->bytes += (uint64_t)rows * cols * (kind == MM_Q8 ? 1u : 2u);
     j->macs += (uint64_t)rows * cols * n;
 }
 
 static void mm_do(const mm_job *j, const mm_seg *g, size_t b, size_t e)
 {
-    if (g->kind == MM_BF16)
-        j->k->matmul_bf16(g->Y + b, g->ldy, (const uint16_t *)g->W + b * g->cols, e - b, g->cols,
-                          g->X, g->ldx, g->n);
+    if (g->kind == MM_Q8)
+        (j->act_bf16 ? j->k->matmul_q8_xb : j->k->matmul_q8)(
+            g->Y + b, g->ldy, (const int8_t *)g->W + b * g->cols, g->scale + b, e - b, g->cols, g->X,
+            g->ldx, g->n);
     else
-        j->k->matmul_q8(g->Y + b, g->ldy, (const int8_t *)g->W + b * g->cols, g->scale + b, e - b,
-                        g->cols, g->X, g->ldx, g->n);
+        (j->act_bf16 && g->kind == MM_BF16 ? j->k->matmul_bf16_xb : j->k->matmul_bf16)(
+            g->Y + b, g->ldy, (const uint16_t *)g->W + b * g->cols, e - b, g->cols, g->X, g->ldx,
+            g->n);
 }
 
 static void mm_worker(void *ctx, int ti, int nt)
@@ -228,7 +248,7 @@ static void mm_run(kvl_engine *e, mm_job *j)
     int items = 0;
     for (int i = 0; i < j->n_seg; i++) {
         mm_seg *g = &j->seg[i];
-        uint64_t row_bytes = (uint64_t)g->cols * (g->kind == MM_BF16 ? 2u : 1u);
+        uint64_t row_bytes = (uint64_t)g->cols * (g->kind == MM_Q8 ? 1u : 2u);
         size_t br = (size_t)(item_bytes / (row_bytes ? row_bytes : 1));
         br = br / ROW_ALIGN * ROW_ALIGN;
         if (br < ROW_ALIGN) br = ROW_ALIGN;
@@ -293,48 +313,25 @@ static const float *kv_row(const attn_job *j, int pos, float *conv)
     return conv;
 }
 
-static void attn_worker(void *ctx, int ti, int nt)
+/* Decode and short chunks: per token, every cached position's score as two dot products
+ * (latent part with the absorbed query, rope part), then the softmax-weighted sum of latents as
+ * axpys: each cached row is read once per token, for all of this thread's heads. */
+static void attn_per_position(const attn_job *j, size_t hb, size_t he, float *scores,
+                              float *conv)
 {
-    const attn_job *j = (const attn_job *)ctx;
     kvl_session *s = j->s;
     const kvl_kernels *k = s->engine->k;
     const kvl_text_hparams *hp = &s->engine->text->hp;
-    size_t hb, he;
-    kvl_split_range((size_t)hp->n_heads, 1, ti, nt, &hb, &he);
-    if (hb >= he) return;
     const size_t nh = (size_t)hp->n_heads, kvl = (size_t)hp->kv_lora, nope = (size_t)hp->nope;
-    const size_t rope = (size_t)hp->rope, vd = (size_t)hp->v_dim, qd = nope + rope;
+    const size_t rope = (size_t)hp->rope, qd = nope + rope, kvrow = kvl + rope;
     const size_t ctx_len = (size_t)s->max_context;
-    float *scr = s->thread_scratch + (size_t)ti * s->per_thread;
-    float *scores = scr;                          /* [n_heads][max_context] (own heads only) */
-    size_t scores_len = nh * ctx_len;
-    size_t routing_len = 3u * (size_t)hp->n_routed + (size_t)hp->n_group + 4u;
-    float *rowbuf = scr + (scores_len > routing_len ? scores_len : routing_len);
-    float *conv = rowbuf + kvl + rope;            /* kv_lora + rope */
-    float *rtmp = conv + kvl + rope;              /* rope */
     const float scale = 1.0f / sqrtf((float)(nope + rope));
-    const int n = j->n;
-
-    for (size_t h = hb; h < he; h++) {
-        /* RoPE on this head's q_rope for every token, then absorb q_nope into latent space */
-        for (int t = 0; t < n; t++)
-            rope_apply(s->q + (size_t)t * nh * qd + h * qd + nope, rtmp, (int)rope, j->pos0 + t,
-                       hp->rope_theta);
-        for (int t = 0; t < n; t++) memset(s->qabs + ((size_t)t * nh + h) * kvl, 0, kvl * 4);
-        const uint16_t *wuk = j->kvb + h * (nope + vd) * kvl;
-        for (size_t d = 0; d < nope; d++) {
-            k->bf16_to_f32(rowbuf, wuk + d * kvl, kvl);
-            for (int t = 0; t < n; t++)
-                k->axpy_f32(s->qabs + ((size_t)t * nh + h) * kvl,
-                            s->q[(size_t)t * nh * qd + h * qd + d], rowbuf, kvl);
-        }
-    }
-    for (int t = 0; t < n; t++) {
+    for (int t = 0; t < j->n; t++) {
         int P = j->pos0 + t; /* attends to positions 0..P */
         for (int p = 0; p <= P; p++) {
             const float *row = kv_row(j, p, conv);
             for (size_t h = hb; h < he; h++) {
-                const float *qa = s->qabs + ((size_t)t * nh + h) * kvl;
+                const float *qa = s->qabs + ((size_t)t * nh + h) * kvrow;
                 const float *qr = s->q + (size_t)t * nh * qd + h * qd + nope;
                 scores[h * ctx_len + (size_t)p] =
                     scale * (k->dot_f32(qa, row, kvl) + k->dot_f32(qr, row + kvl, rope));
@@ -350,6 +347,100 @@ static void attn_worker(void *ctx, int ti, int nt)
                 k->axpy_f32(s->chat + ((size_t)t * nh + h) * kvl, scores[h * ctx_len + (size_t)p],
                             row, kvl);
         }
+    }
+}
+
+/* Prefill chunks: per head, blocks of n_heads tokens as two matmuls. Scores [token][position] =
+ * cached rows (latent | rope key) . (absorbed query | roped query), the whole block against
+ * positions 0..last of the block (later positions are dropped by the per-token softmax length
+ * and zeroed); the context = probabilities . latents, computed transposed against s->kvt (the
+ * latents as [lat][positions], built by attention()) so that both operands are read along
+ * rows. The same sums as attn_per_position in another FP32 order. */
+static void attn_tiled(const attn_job *j, size_t hb, size_t he, float *scores, float *chat_t,
+                       uint16_t *wukt)
+{
+    kvl_session *s = j->s;
+    const kvl_kernels *k = s->engine->k;
+    const kvl_text_hparams *hp = &s->engine->text->hp;
+    const size_t nh = (size_t)hp->n_heads, kvl = (size_t)hp->kv_lora, nope = (size_t)hp->nope;
+    const size_t rope = (size_t)hp->rope, qd = nope + rope, kvrow = kvl + rope;
+    const size_t n = (size_t)j->n, pos0 = (size_t)j->pos0, ptot = pos0 + n;
+    const float scale = 1.0f / sqrtf((float)(nope + rope));
+    for (size_t h = hb; h < he; h++) {
+        for (size_t t = 0; t < n; t++)
+            memcpy(s->qabs + (t * nh + h) * kvrow + kvl, s->q + t * nh * qd + h * qd + nope, rope * 4);
+        for (size_t d = 0; d < nope; d++) {
+            const uint16_t *wuk = j->kvb + h * (nope + (size_t)hp->v_dim) * kvl + d * kvl;
+            for (size_t c = 0; c < kvl; c++) wukt[c * nope + d] = wuk[c];
+        }
+        k->matmul_bf16(s->qabs + h * kvrow, nh * kvrow, wukt, kvl, nope, s->q + h * qd, nh * qd, n);
+        for (size_t t0 = 0; t0 < n; t0 += nh) {
+            size_t tb = n - t0 < nh ? n - t0 : nh;
+            size_t seen = pos0 + t0 + tb; /* positions the block's last token attends to */
+            const float *qb = s->qabs + (t0 * nh + h) * kvrow;
+            if (s->engine->text->kv_bf16)
+                k->matmul_bf16(scores, seen, (const uint16_t *)j->kv, seen, kvrow, qb, nh * kvrow, tb);
+            else
+                k->matmul_f32(scores, seen, (const float *)j->kv, seen, kvrow, qb, nh * kvrow, tb);
+            for (size_t i = 0; i < tb; i++) {
+                float *row = scores + i * seen;
+                size_t len = pos0 + t0 + i + 1;
+                for (size_t p = 0; p < len; p++) row[p] *= scale;
+                k->softmax(row, len);
+                memset(row + len, 0, (seen - len) * 4);
+            }
+            k->matmul_f32(chat_t, tb, scores, tb, seen, s->kvt, ptot, kvl);
+            for (size_t i = 0; i < tb; i++) {
+                float *dst = s->chat + ((t0 + i) * nh + h) * kvl;
+                for (size_t c = 0; c < kvl; c++) dst[c] = chat_t[c * tb + i];
+            }
+        }
+    }
+}
+
+static void attn_worker(void *ctx, int ti, int nt)
+{
+    const attn_job *j = (const attn_job *)ctx;
+    kvl_session *s = j->s;
+    const kvl_kernels *k = s->engine->k;
+    const kvl_text_hparams *hp = &s->engine->text->hp;
+    size_t hb, he;
+    kvl_split_range((size_t)hp->n_heads, 1, ti, nt, &hb, &he);
+    if (hb >= he) return;
+    const size_t nh = (size_t)hp->n_heads, kvl = (size_t)hp->kv_lora, nope = (size_t)hp->nope;
+    const size_t rope = (size_t)hp->rope, vd = (size_t)hp->v_dim, qd = nope + rope;
+    const size_t kvrow = kvl + rope;
+    const size_t ctx_len = (size_t)s->max_context;
+    float *scr = s->thread_scratch + (size_t)ti * s->per_thread;
+    float *scores = scr;                          /* [n_heads][max_context] (own heads only) */
+    size_t scores_len = nh * ctx_len;
+    size_t routing_len = 3u * (size_t)hp->n_routed + (size_t)hp->n_group + 4u;
+    float *rowbuf = scr + (scores_len > routing_len ? scores_len : routing_len);
+    float *conv = rowbuf + kvrow;                 /* kv_lora + rope */
+    float *rtmp = conv + kvrow;                   /* rope */
+    float *chat_t = rtmp + rope;                  /* [kv_lora][n_heads] */
+    uint16_t *wukt = (uint16_t *)(void *)(chat_t + kvl * nh); /* [kv_lora][nope] */
+    const int n = j->n;
+
+    for (size_t h = hb; h < he; h++)
+        for (int t = 0; t < n; t++)
+            rope_apply(s->q + (size_t)t * nh * qd + h * qd + nope, rtmp, (int)rope, j->pos0 + t,
+                       hp->rope_theta);
+    if (n >= ATTN_TILED_MIN) {
+        attn_tiled(j, hb, he, scores, chat_t, wukt);
+    } else {
+        for (size_t h = hb; h < he; h++) {
+            /* absorb q_nope into latent space */
+            for (int t = 0; t < n; t++) memset(s->qabs + ((size_t)t * nh + h) * kvrow, 0, kvl * 4);
+            const uint16_t *wuk = j->kvb + h * (nope + vd) * kvl;
+            for (size_t d = 0; d < nope; d++) {
+                k->bf16_to_f32(rowbuf, wuk + d * kvl, kvl);
+                for (int t = 0; t < n; t++)
+                    k->axpy_f32(s->qabs + ((size_t)t * nh + h) * kvrow,
+                                s->q[(size_t)t * nh * qd + h * qd + d], rowbuf, kvl);
+            }
+        }
+        attn_per_position(j, hb, he, scores, conv);
     }
     for (size_t h = hb; h < he; h++) {
         const uint16_t *wuv = j->kvb + (h * (nope + vd) + nope) * kvl;
@@ -414,6 +505,14 @@ static kvl_status attention(kvl_session *s, int layer, int n, int pos0)
     j.s = s; j.kvb = w; j.n = n; j.pos0 = pos0;
     size_t elt = t->kv_bf16 ? 2u : 4u;
     j.kv = (const char *)s->kv + (size_t)layer * (size_t)s->max_context * kvrow * elt;
+    if (n >= ATTN_TILED_MIN) { /* the cached latents transposed, for attn_tiled */
+        size_t kvl = (size_t)hp->kv_lora, ptot = (size_t)(pos0 + n);
+        float *conv = s->thread_scratch; /* no pool job is running */
+        for (size_t p = 0; p < ptot; p++) {
+            const float *row = kv_row(&j, (int)p, conv);
+            for (size_t c = 0; c < kvl; c++) s->kvt[c * ptot + p] = row[c];
+        }
+    }
     kvl_pool_run(e->pool, attn_worker, &j);
     if ((st = kvl_trunk_get(e, base + KVL_TT_O, &w)) != KVL_OK) return st;
     size_t od = nh * (size_t)hp->v_dim;
@@ -599,7 +698,7 @@ static kvl_status moe(kvl_session *s, int layer, int n)
     const int base = layer * KVL_TT_PER_LAYER;
     kvl_status st;
 
-    par_mm(e, MM_BF16, s->rlog, E, lg->router_w, NULL, E, H, s->xn, H, (size_t)n);
+    par_mm(e, MM_BF16_F32ACT, s->rlog, E, lg->router_w, NULL, E, H, s->xn, H, (size_t)n);
     for (int i = 0; i < n; i++)
         route_token(hp, s->rlog + (size_t)i * E, lg->router_bias, s->thread_scratch,
                     s->seli + (size_t)i * K, s->selw + (size_t)i * K);

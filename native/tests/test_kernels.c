@@ -92,14 +92,26 @@ static void *xmalloc(size_t n)
 
 /* ---- matmuls --------------------------------------------------------------------------- */
 
-enum { W_BF16, W_Q8, W_F32 };
-static const char *kind_name[] = {"matmul_bf16", "matmul_q8", "matmul_f32"};
+enum { W_BF16, W_Q8, W_F32, W_BF16_XB, W_Q8_XB, W_KINDS };
+static const char *kind_name[] = {"matmul_bf16", "matmul_q8", "matmul_f32", "matmul_bf16_xb",
+                                  "matmul_q8_xb"};
+
+/* BF16 rounding of an activation, written independently of kernels_ref.c: keep 8 significant
+ * bits, nearest-even (rint in the default mode), subnormal inputs as zero. */
+static double bf16_round_daz_independent(float x)
+{
+    if (fabs((double)x) < 1.1754943508222875e-38) /* FLT_MIN */
+        return 0.0;
+    int e;
+    double m = frexp((double)x, &e); /* |m| in [0.5, 1) */
+    return ldexp(rint(m * 256.0), e - 8);
+}
 
 static double w_value(int kind, const void *W, size_t idx, const float *scale, size_t r)
 {
-    if (kind == W_BF16)
+    if (kind == W_BF16 || kind == W_BF16_XB)
         return bf16_value(((const uint16_t *)W)[idx]);
-    if (kind == W_Q8)
+    if (kind == W_Q8 || kind == W_Q8_XB)
         return (double)((const int8_t *)W)[idx] * (double)scale[r];
     return (double)((const float *)W)[idx];
 }
@@ -113,6 +125,10 @@ static void run_matmul(int kind, const kvl_kernels *K, const kvl_kernels *R, con
         T->matmul_bf16(Y, ldy, (const uint16_t *)W, rows, cols, X, ldx, n);
     else if (kind == W_Q8)
         T->matmul_q8(Y, ldy, (const int8_t *)W, scale, rows, cols, X, ldx, n);
+    else if (kind == W_BF16_XB)
+        T->matmul_bf16_xb(Y, ldy, (const uint16_t *)W, rows, cols, X, ldx, n);
+    else if (kind == W_Q8_XB)
+        T->matmul_q8_xb(Y, ldy, (const int8_t *)W, scale, rows, cols, X, ldx, n);
     else
         T->matmul_f32(Y, ldy, (const float *)W, rows, cols, X, ldx, n);
 }
@@ -121,24 +137,31 @@ static void test_matmul(const kvl_kernels *K, const kvl_kernels *ref, int kind, 
                         size_t cols, size_t n)
 {
     size_t ldx = cols + 3, ldy = rows + 5;
-    size_t esz = kind == W_BF16 ? 2 : kind == W_Q8 ? 1 : 4;
+    int xb = kind == W_BF16_XB || kind == W_Q8_XB;
+    size_t esz = kind == W_BF16 || kind == W_BF16_XB ? 2 : kind == W_Q8 || kind == W_Q8_XB ? 1 : 4;
     void *W = xmalloc(rows * cols * esz);
     float *scale = (float *)xmalloc(rows * sizeof(float));
     float *X = (float *)xmalloc(n * ldx * sizeof(float));
     float *Y = (float *)xmalloc(n * ldy * sizeof(float));
     float *Yr = (float *)xmalloc(n * ldy * sizeof(float));
     for (size_t i = 0; i < rows * cols; i++) {
-        if (kind == W_BF16)
+        if (esz == 2)
             ((uint16_t *)W)[i] = (uint16_t)(f_to_bits(rnd_normalish()) >> 16);
-        else if (kind == W_Q8)
+        else if (esz == 1)
             ((int8_t *)W)[i] = (int8_t)(int)(rnd32() % 256 - 128);
         else
             ((float *)W)[i] = rnd_normalish();
     }
     for (size_t r = 0; r < rows; r++)
         scale[r] = 0.001f + (float)(rnd32() % 1000) * 1e-5f;
-    for (size_t i = 0; i < n * ldx; i++)
+    for (size_t i = 0; i < n * ldx; i++) {
         X[i] = rnd_normalish();
+        /* BF16 rounding corner cases: exact ties (both parities) and subnormals */
+        if (xb && i % 7 == 3)
+            X[i] = bits_to_f((f_to_bits(X[i]) & 0xffff0000u) | 0x8000u);
+        if (xb && i % 13 == 5)
+            X[i] = bits_to_f((rnd32() & 0x807fffffu) | 1u);
+    }
     /* Sentinels in the gaps of Y must survive: the kernel writes only its rows. */
     for (size_t i = 0; i < n * ldy; i++)
         Y[i] = Yr[i] = 12345.0f;
@@ -152,7 +175,8 @@ static void test_matmul(const kvl_kernels *K, const kvl_kernels *ref, int kind, 
         for (size_t r = 0; r < rows; r++) {
             double exact = 0.0, mag = 0.0;
             for (size_t c = 0; c < cols; c++) {
-                double p = w_value(kind, W, r * cols + c, scale, r) * (double)X[t * ldx + c];
+                double x = xb ? bf16_round_daz_independent(X[t * ldx + c]) : (double)X[t * ldx + c];
+                double p = w_value(kind, W, r * cols + c, scale, r) * x;
                 exact += p;
                 mag += fabs(p);
             }
@@ -665,6 +689,10 @@ int main(void)
     static const size_t rows_list[] = {1, 3, 31, 64, 65, 257};
     static const size_t cols_list[] = {1, 3, 31, 64, 65, 257, 2048};
     static const size_t n_list[] = {1, 3, 4, 9, 17};
+    /* Every level the CPU supports; on an AVX-512 machine with BF16 dot products also the
+     * AVX-512 table that CPUs without them get. */
+    const kvl_kernels *tables[5];
+    int n_tables = 0;
     for (int level = 1; level <= 3; level++) {
         if (!kvl_kernels_supported(level)) {
             printf("test_kernels: level %d not supported on this CPU/build, not tested\n", level);
@@ -672,9 +700,23 @@ int main(void)
         }
         const kvl_kernels *K = kvl_kernels_select(level);
         check(K != NULL, "select", "supported level has a table", "(%g %g)", (double)level, 0);
-        if (!K)
-            continue;
-        for (int kind = 0; kind < 3; kind++)
+        if (K)
+            tables[n_tables++] = K;
+#if defined(__x86_64__) || defined(_M_X64) || defined(__i386__) || defined(_M_IX86)
+        if (K && level == 3 && K != &kvl_kernels_avx512_table)
+            tables[n_tables++] = &kvl_kernels_avx512_table;
+#endif
+    }
+    for (int ti = 0; ti < n_tables; ti++) {
+        const kvl_kernels *K = tables[ti];
+        /* BF16-activation shapes past the blocking limits: > 2048 columns (chunked sums), > 32
+         * tokens (several L2 blocks), > 16384 columns in decode (chunked activation). */
+        static const size_t xb_shapes[][3] = {{5, 4200, 37}, {9, 16500, 1}, {7, 300, 70},
+                                              {4, 2048, 33}, {66, 1408, 40}, {16, 32, 5}, {16, 64, 5}, {32, 128, 5}, {64, 32, 5}, {16, 64, 1}, {4096, 64, 5}, {16,32,2}, {48, 64, 5}};
+        for (int kind = W_BF16_XB; kind <= W_Q8_XB; kind++)
+            for (size_t i = 0; i < sizeof xb_shapes / sizeof xb_shapes[0]; i++)
+                test_matmul(K, ref, kind, xb_shapes[i][0], xb_shapes[i][1], xb_shapes[i][2]);
+        for (int kind = 0; kind < W_KINDS; kind++)
             for (size_t a = 0; a < sizeof rows_list / sizeof rows_list[0]; a++)
                 for (size_t b = 0; b < sizeof cols_list / sizeof cols_list[0]; b++)
                     for (size_t c = 0; c < sizeof n_list / sizeof n_list[0]; c++) {

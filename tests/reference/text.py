@@ -1,5 +1,10 @@
 """Reference text decoder (DeepSeek-V3 style, naive MLA), FP32 throughout.
 
+With linear_inputs="bf16" the input of every Linear layer (q_proj, kv_a_proj_with_mqa, o_proj,
+the MLPs and experts, lm_head; not the router, which the official code runs in FP32, and not
+kv_b_proj, which the runtime applies to the FP32 latent in its absorbed form) is rounded to BF16
+first: the checkpoint's own BF16 inputs, with FP32 products, as the runtime's --act-dtype bf16.
+
 Owns: the decoder forward written directly from the model spec §4 (embeddings with media rows,
 RMSNorm, MLA with q_lora_rank null, interleaved-layout RoPE, dense SwiGLU, sigmoid/noaux_tc MoE
 with group-limited routing, shared experts, final norm, lm_head) and a greedy loop that recomputes
@@ -9,6 +14,7 @@ or anything used by the runtime.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -25,8 +31,18 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * (x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps))
 
 
-def swiglu(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
-    return F.linear(F.silu(F.linear(x, gate)) * F.linear(x, up), down)
+def _identity(x: torch.Tensor) -> torch.Tensor:
+    return x
+
+
+def round_bf16(x: torch.Tensor) -> torch.Tensor:
+    return x.to(torch.bfloat16).to(torch.float32)
+
+
+def swiglu(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor,
+           cast: Callable[[torch.Tensor], torch.Tensor] = _identity) -> torch.Tensor:
+    h = F.silu(F.linear(cast(x), gate)) * F.linear(cast(x), up)
+    return F.linear(cast(h), down)
 
 
 def rope_official_layout(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
@@ -48,7 +64,11 @@ def rope_official_layout(x: torch.Tensor, positions: torch.Tensor, theta: float)
 class TextReference:
     """FP32 reference of the text decoder. `q8_experts` swaps routed experts for their Q8 round trip."""
 
-    def __init__(self, ckpt_dir: str | Path, q8_experts: bool = False) -> None:
+    def __init__(self, ckpt_dir: str | Path, q8_experts: bool = False,
+                 linear_inputs: str = "f32") -> None:
+        if linear_inputs not in ("f32", "bf16"):
+            raise ValueError(f"linear_inputs {linear_inputs!r} must be f32 or bf16")
+        self.cast = round_bf16 if linear_inputs == "bf16" else _identity
         config = load_config(ckpt_dir)
         self.media_token_id: int | None = config.get("media_placeholder_token_id")
         self.cfg = config.get("text_config", config)
@@ -69,9 +89,9 @@ class TextReference:
         n = x.shape[0]
         positions = torch.arange(n)
 
-        q = F.linear(x, self.w[p + "q_proj.weight"]).view(n, n_heads, nope + rope).transpose(0, 1)
+        q = F.linear(self.cast(x), self.w[p + "q_proj.weight"]).view(n, n_heads, nope + rope).transpose(0, 1)
         q_nope, q_rope = q[..., :nope], q[..., nope:]
-        a = F.linear(x, self.w[p + "kv_a_proj_with_mqa.weight"])
+        a = F.linear(self.cast(x), self.w[p + "kv_a_proj_with_mqa.weight"])
         c_kv = rms_norm(a[:, :latent], self.w[p + "kv_a_layernorm.weight"], KV_A_LAYERNORM_EPS)
         k_rope = a[:, latent:]
         kv = F.linear(c_kv, self.w[p + "kv_b_proj.weight"]).view(n, n_heads, nope + v_dim).transpose(0, 1)
@@ -87,7 +107,7 @@ class TextReference:
         scores = scores.masked_fill(~causal, float("-inf"))
         probs = torch.softmax(scores.to(torch.float32), dim=-1)
         out = (probs @ v).transpose(0, 1).reshape(n, n_heads * v_dim)
-        return F.linear(out, self.w[p + "o_proj.weight"])
+        return F.linear(self.cast(out), self.w[p + "o_proj.weight"])
 
     def route(self, layer: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Spec §4.8 for every row of x: (expert indices [n, k], weights [n, k])."""
@@ -120,17 +140,17 @@ class TextReference:
             rows, slots = (idx == e).nonzero(as_tuple=True)
             q = f"{p}experts.{e}."
             y = swiglu(x[rows], self.w[q + "gate_proj.weight"], self.w[q + "up_proj.weight"],
-                       self.w[q + "down_proj.weight"])
+                       self.w[q + "down_proj.weight"], self.cast)
             out[rows] += y * weights[rows, slots].unsqueeze(-1)  # rows are distinct within one expert
         s = p + "shared_experts."
         return out + swiglu(x, self.w[s + "gate_proj.weight"], self.w[s + "up_proj.weight"],
-                            self.w[s + "down_proj.weight"])
+                            self.w[s + "down_proj.weight"], self.cast)
 
     def _ffn(self, layer: int, x: torch.Tensor) -> torch.Tensor:
         if layer < self.cfg.get("first_k_dense_replace", 0):
             p = f"model.layers.{layer}.mlp."
             return swiglu(x, self.w[p + "gate_proj.weight"], self.w[p + "up_proj.weight"],
-                          self.w[p + "down_proj.weight"])
+                          self.w[p + "down_proj.weight"], self.cast)
         return self._moe(layer, x)
 
     # -- public API -----------------------------------------------------------------------------
@@ -160,7 +180,7 @@ class TextReference:
     @torch.no_grad()
     def logits(self, input_ids: list[int], media_embeds: torch.Tensor | None = None) -> torch.Tensor:
         """FP32 logits [n, vocab] for every position."""
-        return F.linear(self.hidden_states(input_ids, media_embeds), self.w["lm_head.weight"])
+        return F.linear(self.cast(self.hidden_states(input_ids, media_embeds)), self.w["lm_head.weight"])
 
     @torch.no_grad()
     def greedy(self, input_ids: list[int], n_new: int, media_embeds: torch.Tensor | None = None) -> list[int]:
@@ -169,7 +189,7 @@ class TextReference:
         new: list[int] = []
         for _ in range(n_new):
             last = self.hidden_states(ids, media_embeds)[-1]
-            token = int(F.linear(last, self.w["lm_head.weight"]).argmax())
+            token = int(F.linear(self.cast(last), self.w["lm_head.weight"]).argmax())
             ids.append(token)
             new.append(token)
         return new
