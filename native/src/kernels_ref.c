@@ -69,8 +69,9 @@ static void ref_f32_to_bf16(uint16_t *dst, const float *src, size_t n)
 
 /* ---- matrix products ------------------------------------------------------------------- */
 
-static void ref_matmul_bf16(float *Y, size_t ldy, const uint16_t *W, size_t rows, size_t cols,
-                            const float *X, size_t ldx, size_t n)
+/* xb = 1: activations rounded to BF16 first (the *_xb entries). */
+static void ref_bf16_rows(float *Y, size_t ldy, const uint16_t *W, size_t rows, size_t cols,
+                          const float *X, size_t ldx, size_t n, int xb)
 {
     for (size_t t = 0; t < n; t++) {
         const float *x = X + t * ldx;
@@ -78,14 +79,14 @@ static void ref_matmul_bf16(float *Y, size_t ldy, const uint16_t *W, size_t rows
             const uint16_t *w = W + r * cols;
             float acc = 0.0f;
             for (size_t c = 0; c < cols; c++)
-                acc += kvl_bf16_to_float(w[c]) * x[c];
+                acc += kvl_bf16_to_float(w[c]) * (xb ? kvl_bf16_round_daz(x[c]) : x[c]);
             Y[t * ldy + r] = acc;
         }
     }
 }
 
-static void ref_matmul_q8(float *Y, size_t ldy, const int8_t *W, const float *scale, size_t rows,
-                          size_t cols, const float *X, size_t ldx, size_t n)
+static void ref_q8_rows(float *Y, size_t ldy, const int8_t *W, const float *scale, size_t rows,
+                        size_t cols, const float *X, size_t ldx, size_t n, int xb)
 {
     for (size_t t = 0; t < n; t++) {
         const float *x = X + t * ldx;
@@ -93,11 +94,35 @@ static void ref_matmul_q8(float *Y, size_t ldy, const int8_t *W, const float *sc
             const int8_t *w = W + r * cols;
             float acc = 0.0f;
             for (size_t c = 0; c < cols; c++)
-                acc += (float)w[c] * x[c];
+                acc += (float)w[c] * (xb ? kvl_bf16_round_daz(x[c]) : x[c]);
             /* The row scale is common to every term, so it is applied once at the end. */
             Y[t * ldy + r] = acc * scale[r];
         }
     }
+}
+
+static void ref_matmul_bf16(float *Y, size_t ldy, const uint16_t *W, size_t rows, size_t cols,
+                            const float *X, size_t ldx, size_t n)
+{
+    ref_bf16_rows(Y, ldy, W, rows, cols, X, ldx, n, 0);
+}
+
+static void ref_matmul_q8(float *Y, size_t ldy, const int8_t *W, const float *scale, size_t rows,
+                          size_t cols, const float *X, size_t ldx, size_t n)
+{
+    ref_q8_rows(Y, ldy, W, scale, rows, cols, X, ldx, n, 0);
+}
+
+static void ref_matmul_bf16_xb(float *Y, size_t ldy, const uint16_t *W, size_t rows, size_t cols,
+                               const float *X, size_t ldx, size_t n)
+{
+    ref_bf16_rows(Y, ldy, W, rows, cols, X, ldx, n, 1);
+}
+
+static void ref_matmul_q8_xb(float *Y, size_t ldy, const int8_t *W, const float *scale,
+                             size_t rows, size_t cols, const float *X, size_t ldx, size_t n)
+{
+    ref_q8_rows(Y, ldy, W, scale, rows, cols, X, ldx, n, 1);
 }
 
 static void ref_matmul_f32(float *Y, size_t ldy, const float *W, size_t rows, size_t cols,
@@ -111,36 +136,6 @@ static void ref_matmul_f32(float *Y, size_t ldy, const float *W, size_t rows, si
             for (size_t c = 0; c < cols; c++)
                 acc += w[c] * x[c];
             Y[t * ldy + r] = acc;
-        }
-    }
-}
-
-static void ref_matmul_bf16_xb(float *Y, size_t ldy, const uint16_t *W, size_t rows, size_t cols,
-                               const float *X, size_t ldx, size_t n)
-{
-    for (size_t t = 0; t < n; t++) {
-        const float *x = X + t * ldx;
-        for (size_t r = 0; r < rows; r++) {
-            const uint16_t *w = W + r * cols;
-            float acc = 0.0f;
-            for (size_t c = 0; c < cols; c++)
-                acc += kvl_bf16_to_float(w[c]) * kvl_bf16_round_daz(x[c]);
-            Y[t * ldy + r] = acc;
-        }
-    }
-}
-
-static void ref_matmul_q8_xb(float *Y, size_t ldy, const int8_t *W, const float *scale,
-                             size_t rows, size_t cols, const float *X, size_t ldx, size_t n)
-{
-    for (size_t t = 0; t < n; t++) {
-        const float *x = X + t * ldx;
-        for (size_t r = 0; r < rows; r++) {
-            const int8_t *w = W + r * cols;
-            float acc = 0.0f;
-            for (size_t c = 0; c < cols; c++)
-                acc += (float)w[c] * kvl_bf16_round_daz(x[c]);
-            Y[t * ldy + r] = acc * scale[r];
         }
     }
 }
