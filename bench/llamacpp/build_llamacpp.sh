@@ -5,7 +5,7 @@
 #
 # Usage: bench/llamacpp/build_llamacpp.sh [target ...]      (default: llama-bench llama-cli)
 # Env:   LLAMACPP_SDIST  path to llama_cpp_python-*.tar.gz (default /tmp/llamacpp-dl/llama_cpp_python-0.3.36.tar.gz;
-#                        fetched with `pip download --no-deps --no-binary :all: llama-cpp-python==0.3.36` if absent)
+#                        fetched from PyPI's simple index, sha256-checked, if absent)
 #        LLAMACPP_WORK   work dir (default /tmp/kvl-llamacpp)
 set -euo pipefail
 
@@ -16,8 +16,16 @@ TARGETS=("$@")
 [ ${#TARGETS[@]} -eq 0 ] && TARGETS=(llama-bench llama-cli)
 
 if [ ! -f "$SDIST" ]; then
+    # The file itself from PyPI's simple index, checked against the index's sha256. Not
+    # `pip download --no-binary :all:`: that builds the sdist's metadata and so compiles its
+    # build dependencies (cmake) from source, which takes longer than the whole benchmark.
     mkdir -p "$(dirname "$SDIST")"
-    pip download --no-deps --no-binary :all: "llama-cpp-python==${SDIST_VERSION}" -d "$(dirname "$SDIST")"
+    link=$(curl -fsSL "https://pypi.org/simple/llama-cpp-python/" |
+           grep -o "https://[^\"]*llama_cpp_python-${SDIST_VERSION}\.tar\.gz#sha256=[0-9a-f]*" | head -1)
+    [ -n "$link" ] || { echo "llama-cpp-python ${SDIST_VERSION} sdist not found on PyPI" >&2; exit 1; }
+    curl -fsSL -o "$SDIST.part" "${link%%#*}"
+    echo "${link##*sha256=}  $SDIST.part" | sha256sum -c - >/dev/null
+    mv "$SDIST.part" "$SDIST"
 fi
 
 SRC_ROOT="$WORK/src/llama_cpp_python-${SDIST_VERSION}"
