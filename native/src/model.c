@@ -313,9 +313,9 @@ static const float *kv_row(const attn_job *j, int pos, float *conv)
     return conv;
 }
 
-/* Decode and short chunks: per token, every cached position's score as two dot products
- * (latent part with the absorbed query, rope part), then the softmax-weighted sum of latents as
- * axpys: each cached row is read once per token, for all of this thread's heads. */
+/* Decode and short chunks, per token: the scores of this thread's heads against every cached
+ * row as one matmul (rows = positions, vectors = the heads' absorbed | roped queries), then the
+ * softmax-weighted sum of latents as axpys, each cached row read once for all the heads. */
 static void attn_per_position(const attn_job *j, size_t hb, size_t he, float *scores,
                               float *conv)
 {
@@ -327,25 +327,26 @@ static void attn_per_position(const attn_job *j, size_t hb, size_t he, float *sc
     const size_t ctx_len = (size_t)s->max_context;
     const float scale = 1.0f / sqrtf((float)(nope + rope));
     for (int t = 0; t < j->n; t++) {
-        int P = j->pos0 + t; /* attends to positions 0..P */
-        for (int p = 0; p <= P; p++) {
-            const float *row = kv_row(j, p, conv);
-            for (size_t h = hb; h < he; h++) {
-                const float *qa = s->qabs + ((size_t)t * nh + h) * kvrow;
-                const float *qr = s->q + (size_t)t * nh * qd + h * qd + nope;
-                scores[h * ctx_len + (size_t)p] =
-                    scale * (k->dot_f32(qa, row, kvl) + k->dot_f32(qr, row + kvl, rope));
-            }
-        }
+        size_t P = (size_t)(j->pos0 + t); /* attends to positions 0..P */
+        float *qt = s->qabs + (size_t)t * nh * kvrow;
+        for (size_t h = hb; h < he; h++)
+            memcpy(qt + h * kvrow + kvl, s->q + (size_t)t * nh * qd + h * qd + nope, rope * 4);
+        if (s->engine->text->kv_bf16)
+            k->matmul_bf16(scores + hb * ctx_len, ctx_len, (const uint16_t *)j->kv, P + 1, kvrow,
+                           qt + hb * kvrow, kvrow, he - hb);
+        else
+            k->matmul_f32(scores + hb * ctx_len, ctx_len, (const float *)j->kv, P + 1, kvrow,
+                          qt + hb * kvrow, kvrow, he - hb);
         for (size_t h = hb; h < he; h++) {
-            k->softmax(scores + h * ctx_len, (size_t)P + 1);
+            float *row = scores + h * ctx_len;
+            for (size_t p = 0; p <= P; p++) row[p] *= scale;
+            k->softmax(row, P + 1);
             memset(s->chat + ((size_t)t * nh + h) * kvl, 0, kvl * 4);
         }
-        for (int p = 0; p <= P; p++) {
-            const float *row = kv_row(j, p, conv);
+        for (size_t p = 0; p <= P; p++) {
+            const float *row = kv_row(j, (int)p, conv);
             for (size_t h = hb; h < he; h++)
-                k->axpy_f32(s->chat + ((size_t)t * nh + h) * kvl, scores[h * ctx_len + (size_t)p],
-                            row, kvl);
+                k->axpy_f32(s->chat + ((size_t)t * nh + h) * kvl, scores[h * ctx_len + p], row, kvl);
         }
     }
 }
