@@ -44,8 +44,9 @@ static size_t max_mlp_width(const kvl_engine_text *t)
     return w;
 }
 
-/* Prefill chunks of at least this many tokens compute attention as matmuls (attn_tiled);
- * shorter ones (decode) per position (attn_per_position), which reads each cached row once. */
+/* Prefill chunks of at least this many tokens compute attention in blocks of tokens per head
+ * (attn_tiled); shorter ones (decode) token by token for all of a thread's heads at once
+ * (attn_per_token), which needs no transposed copy of the cache. */
 #define ATTN_TILED_MIN 8
 
 /* Per thread: scores (one row per head for one token, or one block of n_heads tokens), routing
@@ -316,7 +317,7 @@ static const float *kv_row(const attn_job *j, int pos, float *conv)
 /* Decode and short chunks, per token: the scores of this thread's heads against every cached
  * row as one matmul (rows = positions, vectors = the heads' absorbed | roped queries), then the
  * softmax-weighted sum of latents as axpys, each cached row read once for all the heads. */
-static void attn_per_position(const attn_job *j, size_t hb, size_t he, float *scores,
+static void attn_per_token(const attn_job *j, size_t hb, size_t he, float *scores,
                               float *conv)
 {
     kvl_session *s = j->s;
@@ -356,7 +357,7 @@ static void attn_per_position(const attn_job *j, size_t hb, size_t he, float *sc
  * positions 0..last of the block (later positions are dropped by the per-token softmax length
  * and zeroed); the context = probabilities . latents, computed transposed against s->kvt (the
  * latents as [lat][positions], built by attention()) so that both operands are read along
- * rows. The same sums as attn_per_position in another FP32 order. */
+ * rows. The same sums as attn_per_token in another FP32 order. */
 static void attn_tiled(const attn_job *j, size_t hb, size_t he, float *scores, float *chat_t,
                        uint16_t *wukt)
 {
@@ -441,7 +442,7 @@ static void attn_worker(void *ctx, int ti, int nt)
                                 s->q[(size_t)t * nh * qd + h * qd + d], rowbuf, kvl);
             }
         }
-        attn_per_position(j, hb, he, scores, conv);
+        attn_per_token(j, hb, he, scores, conv);
     }
     for (size_t h = hb; h < he; h++) {
         const uint16_t *wuv = j->kvb + (h * (nope + vd) + nope) * kvl;
