@@ -783,38 +783,16 @@ static void avx512_gelu_tanh(float *x, size_t n)
     }
 }
 
-const kvl_kernels kvl_kernels_avx512_table = {
-    "avx512",
-    0,
-    avx512_matmul_bf16,
-    avx512_matmul_q8,
-    avx512_matmul_f32,
-    avx512_matmul_bf16_xb,
-    avx512_matmul_q8_xb,
-    avx512_quantize_q8_act,
-    avx512_matmul_q8_q8,
-    avx512_dot_f32,
-    avx512_axpy_f32,
-    avx512_bf16_to_f32,
-    avx512_f32_to_bf16,
-    avx512_softmax,
-    avx512_gelu_tanh,
-};
+/* The two AVX-512 tables differ only in how the BF16-input products run. */
+#define AVX512_TABLE(NAME, BF16_DOT, MATMUL_BF16_XB, MATMUL_Q8_XB)                              \
+    {                                                                                            \
+        NAME, BF16_DOT, avx512_matmul_bf16, avx512_matmul_q8, avx512_matmul_f32, MATMUL_BF16_XB, \
+            MATMUL_Q8_XB, avx512_quantize_q8_act, avx512_matmul_q8_q8, avx512_dot_f32,          \
+            avx512_axpy_f32, avx512_bf16_to_f32, avx512_f32_to_bf16, avx512_softmax,            \
+            avx512_gelu_tanh                                                                     \
+    }
 
-const kvl_kernels kvl_kernels_avx512_bf16_table = {
-    "avx512-bf16",
-    1,
-    avx512_matmul_bf16,
-    avx512_matmul_q8,
-    avx512_matmul_f32,
-    avx512bf16_matmul_bf16_xb,
-    avx512bf16_matmul_q8_xb,
-    avx512_quantize_q8_act,
-    avx512_matmul_q8_q8,
-    avx512_dot_f32,
-    avx512_axpy_f32,
-    avx512_bf16_to_f32,
-    avx512_f32_to_bf16,
-    avx512_softmax,
-    avx512_gelu_tanh,
-};
+const kvl_kernels kvl_kernels_avx512_table =
+    AVX512_TABLE("avx512", 0, avx512_matmul_bf16_xb, avx512_matmul_q8_xb);
+const kvl_kernels kvl_kernels_avx512_bf16_table =
+    AVX512_TABLE("avx512-bf16", 1, avx512bf16_matmul_bf16_xb, avx512bf16_matmul_q8_xb);
