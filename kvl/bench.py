@@ -496,6 +496,11 @@ def run_bench(args: argparse.Namespace) -> dict:
 
 # ---- output ---------------------------------------------------------------------------------
 
+def _hit_rate_text(decode: dict) -> str:
+    rate = decode["expert_hit_rate"]
+    return "n/a" if rate is None else f"{100 * rate:.1f}%"
+
+
 def _g(x: float) -> str:
     return f"{x / GB:.3f} GB"
 
@@ -521,7 +526,7 @@ def format_run(run: dict) -> str:
         d = run.get(key)
         if not d:
             continue
-        hit = "n/a" if d["expert_hit_rate"] is None else f"{100 * d['expert_hit_rate']:.1f}%"
+        hit = _hit_rate_text(d)
         lines.append(f"  {label}: {d['s_per_token_mean']:.3f} s/token (median "
                      f"{d['s_per_token_median']:.3f}), SSD {_g(d['ssd_bytes_per_token'])}/token, "
                      f"RAM {_g(d['ram_bytes_per_token'])}/token, hit rate {hit}, bound "
@@ -594,7 +599,7 @@ def markdown_report(results: list[tuple[str, dict]]) -> str:
                 d = r.get(key)
                 if not d:
                     continue
-                hit = "n/a" if d["expert_hit_rate"] is None else f"{100 * d['expert_hit_rate']:.1f}%"
+                hit = _hit_rate_text(d)
                 out.append(f"| {label} ({state}) | {d['context_start']}+{d['tokens']} | "
                            f"{d['s_per_token_mean']:.3f} / {d['s_per_token_median']:.3f} | "
                            f"{d['ssd_bytes_per_token'] / GB:.3f} | {d['ram_bytes_per_token'] / GB:.3f} | "

@@ -324,14 +324,12 @@ static void attn_per_token(const attn_job *j, size_t hb, size_t he, float *score
     const kvl_kernels *k = s->engine->k;
     const kvl_text_hparams *hp = &s->engine->text->hp;
     const size_t nh = (size_t)hp->n_heads, kvl = (size_t)hp->kv_lora, nope = (size_t)hp->nope;
-    const size_t rope = (size_t)hp->rope, qd = nope + rope, kvrow = kvl + rope;
+    const size_t rope = (size_t)hp->rope, kvrow = kvl + rope;
     const size_t ctx_len = (size_t)s->max_context;
     const float scale = 1.0f / sqrtf((float)(nope + rope));
     for (int t = 0; t < j->n; t++) {
         size_t P = (size_t)(j->pos0 + t); /* attends to positions 0..P */
         float *qt = s->qabs + (size_t)t * nh * kvrow;
-        for (size_t h = hb; h < he; h++)
-            memcpy(qt + h * kvrow + kvl, s->q + (size_t)t * nh * qd + h * qd + nope, rope * 4);
         if (s->engine->text->kv_bf16)
             k->matmul_bf16(scores + hb * ctx_len, ctx_len, (const uint16_t *)j->kv, P + 1, kvrow,
                            qt + hb * kvrow, kvrow, he - hb);
@@ -369,8 +367,6 @@ static void attn_tiled(const attn_job *j, size_t hb, size_t he, float *scores, f
     const size_t n = (size_t)j->n, pos0 = (size_t)j->pos0, ptot = pos0 + n;
     const float scale = 1.0f / sqrtf((float)(nope + rope));
     for (size_t h = hb; h < he; h++) {
-        for (size_t t = 0; t < n; t++)
-            memcpy(s->qabs + (t * nh + h) * kvrow + kvl, s->q + t * nh * qd + h * qd + nope, rope * 4);
         for (size_t d = 0; d < nope; d++) {
             const uint16_t *wuk = j->kvb + h * (nope + (size_t)hp->v_dim) * kvl + d * kvl;
             for (size_t c = 0; c < kvl; c++) wukt[c * nope + d] = wuk[c];
@@ -424,10 +420,13 @@ static void attn_worker(void *ctx, int ti, int nt)
     uint16_t *wukt = (uint16_t *)(void *)(chat_t + kvl * nh); /* [kv_lora][nope] */
     const int n = j->n;
 
+    /* the roped q_rope goes next to the absorbed query: both paths score [latent | rope] rows */
     for (size_t h = hb; h < he; h++)
-        for (int t = 0; t < n; t++)
-            rope_apply(s->q + (size_t)t * nh * qd + h * qd + nope, rtmp, (int)rope, j->pos0 + t,
-                       hp->rope_theta);
+        for (int t = 0; t < n; t++) {
+            float *qr = s->q + (size_t)t * nh * qd + h * qd + nope;
+            rope_apply(qr, rtmp, (int)rope, j->pos0 + t, hp->rope_theta);
+            memcpy(s->qabs + ((size_t)t * nh + h) * kvrow + kvl, qr, rope * 4);
+        }
     if (n >= ATTN_TILED_MIN) {
         attn_tiled(j, hb, he, scores, chat_t, wukt);
     } else {

@@ -50,9 +50,6 @@ static kvl_os_mutex check_lock; /* CHECK is used from two threads */
 #define DIM_I 40
 #define DIM_H 64
 
-static uint64_t a64(uint64_t x) { return (x + 63) / 64 * 64; }
-static uint64_t a4k(uint64_t x) { return (x + 4095) / 4096 * 4096; }
-
 /* FORMAT.md sub-block offsets, computed here independently of store.c */
 static uint64_t off_up, off_down, off_gs, off_us, off_ds, extent_nbytes, extent_padded;
 static unsigned char *bin_data;
@@ -67,51 +64,27 @@ static uint32_t rnd(rng *r) {
     return (uint32_t)(r->s >> 11);
 }
 
-static int write_file(const char *path, const unsigned char *data, size_t len) {
-    FILE *f = fopen(path, "wb");
-    if (!f) return -1;
-    if (len && fwrite(data, 1, len, f) != len) {
-        fclose(f);
-        return -1;
-    }
-    return fclose(f) == 0 ? 0 : -1;
-}
-
 /* Writes experts.idx/.bin (kind = 2) or, with kind 1, the same records as a "trunk" store. */
 static int write_store(const char *dir, uint32_t kind, const char *stem) {
     char path[512];
-    size_t idx_len = 128 + 64 + 192 * N_EXTENTS + 2;
+    size_t idx_len = idx_len_for(1, N_EXTENTS, 2);
     unsigned char *idx = (unsigned char *)calloc(idx_len, 1), *p;
-    uint64_t bin_len = (uint64_t)N_EXTENTS * extent_padded, bits;
-    double hp = 64.0;
+    uint64_t bin_len = (uint64_t)N_EXTENTS * extent_padded;
     int l, e, rc;
-    memcpy(idx, "KVLIDX01", 8);
-    put32(idx + 8, 1);
-    put32(idx + 12, kind);
-    put64(idx + 16, bin_len);
-    put32(idx + 24, 1);
-    put32(idx + 28, N_EXTENTS);
-    put32(idx + 32, 2);
-    memcpy(idx + 128, "text.hidden_size", 16);
-    memcpy(&bits, &hp, 8);
-    put64(idx + 128 + 56, bits);
+    idx_put_header(idx, kind, bin_len, 1, N_EXTENTS, 2, NULL);
+    idx_put_hparam(idx + 128, "text.hidden_size", 64.0);
     p = idx + 128 + 64;
     for (l = 1; l < N_LAYERS; l++) {
         for (e = 0; e < N_EXPERTS; e++, p += 192) {
-            snprintf((char *)p, 128, "language_model.model.layers.%d.mlp.experts.%d", l, e);
-            put32(p + 128, 3);
-            put32(p + 132, 4);
-            put64(p + 136, (uint64_t)l);
-            put64(p + 144, (uint64_t)e);
-            put64(p + 152, DIM_I);
-            put64(p + 160, DIM_H);
-            put64(p + 168, ext_offset[l][e]);
-            put64(p + 176, extent_nbytes);
-            put32(p + 184, ref_crc32(bin_data + ext_offset[l][e], (size_t)extent_nbytes));
+            char name[128];
+            const uint64_t shape[4] = {(uint64_t)l, (uint64_t)e, DIM_I, DIM_H};
+            snprintf(name, sizeof name, "language_model.model.layers.%d.mlp.experts.%d", l, e);
+            idx_put_record(p, name, 3, 4, shape, ext_offset[l][e], extent_nbytes,
+                           ref_crc32(bin_data + ext_offset[l][e], (size_t)extent_nbytes));
         }
     }
     memcpy(p, "{}", 2);
-    put32(idx + 36, ref_crc32(idx, idx_len));
+    idx_seal(idx, idx_len);
     snprintf(path, sizeof path, "%s/%s.idx", dir, stem);
     rc = write_file(path, idx, idx_len);
     snprintf(path, sizeof path, "%s/%s.bin", dir, stem);

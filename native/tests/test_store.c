@@ -60,26 +60,11 @@ typedef struct built_store {
     uint32_t n_tensors, n_hparams;
 } built_store;
 
-static uint64_t a64(uint64_t x) { return (x + 63) / 64 * 64; }
-static uint64_t a4k(uint64_t x) { return (x + 4095) / 4096 * 4096; }
-
-/* FORMAT.md extent size, written out step by step independently of store.c */
-static uint64_t q8_nbytes(uint64_t I, uint64_t H) {
-    uint64_t up = a64(I * H), down = a64(up + I * H), gs = a64(down + H * I);
-    uint64_t us = a64(gs + 4 * I), ds = a64(us + 4 * I);
-    return ds + 4 * H;
-}
-
 static const char *HP_KEYS[] = {"text.hidden_size", "text.num_hidden_layers", "text.rms_norm_eps",
                                 "media_placeholder_token_id"};
 static const double HP_VALS[] = {64.0, 3.0, 1e-5, 163605.0};
 static const char CONFIG[] = "{\"model_type\": \"kimi_vl\", \"text_config\": {\"hidden_size\": 64}}";
 static const char REVISION[] = "398eede0903cd983a2bfa0cc634e9ac1d843f375";
-
-static void finalize_crc(unsigned char *idx, size_t len) {
-    put32(idx + 36, 0);
-    put32(idx + 36, ref_crc32(idx, len));
-}
 
 static void build(built_store *b, uint32_t kind, const spec_tensor *ts, uint32_t n) {
     size_t n_hp = sizeof HP_KEYS / sizeof HP_KEYS[0];
@@ -98,51 +83,22 @@ static void build(built_store *b, uint32_t kind, const spec_tensor *ts, uint32_t
         uint64_t k;
         for (k = 0; k < ts[i].nbytes; k++) b->bin[b->offsets[i] + k] = (unsigned char)rnd();
     }
-    b->idx_len = 128 + 64 * n_hp + 192 * (size_t)n + cfg;
+    b->idx_len = idx_len_for(n_hp, n, cfg);
     b->idx = (unsigned char *)calloc(b->idx_len, 1);
-    memcpy(b->idx, "KVLIDX01", 8);
-    put32(b->idx + 8, 1);
-    put32(b->idx + 12, kind);
-    put64(b->idx + 16, off);
-    put32(b->idx + 24, (uint32_t)n_hp);
-    put32(b->idx + 28, n);
-    put32(b->idx + 32, (uint32_t)cfg);
-    memcpy(b->idx + 40, REVISION, 40);
+    idx_put_header(b->idx, kind, off, (uint32_t)n_hp, n, (uint32_t)cfg, REVISION);
     p = b->idx + 128;
-    for (i = 0; i < n_hp; i++, p += 64) {
-        uint64_t bits;
-        memcpy(&bits, &HP_VALS[i], 8);
-        memcpy(p, HP_KEYS[i], strlen(HP_KEYS[i]));
-        put64(p + 56, bits);
-    }
-    for (i = 0; i < n; i++, p += 192) {
-        int d;
-        memcpy(p, ts[i].name, strlen(ts[i].name));
-        put32(p + 128, ts[i].dtype);
-        put32(p + 132, ts[i].ndim);
-        for (d = 0; d < 4; d++) put64(p + 136 + 8 * d, ts[i].shape[d]);
-        put64(p + 168, b->offsets[i]);
-        put64(p + 176, ts[i].nbytes);
-        put32(p + 184, ref_crc32(b->bin + b->offsets[i], (size_t)ts[i].nbytes));
-    }
+    for (i = 0; i < n_hp; i++, p += 64) idx_put_hparam(p, HP_KEYS[i], HP_VALS[i]);
+    for (i = 0; i < n; i++, p += 192)
+        idx_put_record(p, ts[i].name, ts[i].dtype, ts[i].ndim, ts[i].shape, b->offsets[i],
+                       ts[i].nbytes, ref_crc32(b->bin + b->offsets[i], (size_t)ts[i].nbytes));
     memcpy(p, CONFIG, cfg);
     b->n_tensors = n;
     b->n_hparams = (uint32_t)n_hp;
-    finalize_crc(b->idx, b->idx_len);
+    idx_seal(b->idx, b->idx_len);
 }
 
 static unsigned char *rec_at(built_store *b, uint32_t i) {
     return b->idx + 128 + 64 * (size_t)b->n_hparams + 192 * (size_t)i;
-}
-
-static int write_file(const char *path, const unsigned char *data, size_t len) {
-    FILE *f = fopen(path, "wb");
-    if (!f) return -1;
-    if (len && fwrite(data, 1, len, f) != len) {
-        fclose(f);
-        return -1;
-    }
-    return fclose(f) == 0 ? 0 : -1;
 }
 
 static int make_temp_dir(const char *base, char *out, size_t len) {
@@ -410,7 +366,7 @@ static void check_corruption(const char *dir, corruption c) {
         break;
     default: break;
     }
-    if (refix) finalize_crc(b.idx, b.idx_len); /* so the intended rule, not the CRC, fires */
+    if (refix) idx_seal(b.idx, b.idx_len); /* so the intended rule, not the CRC, fires */
     write_file(idx, b.idx, idx_len);
     remove(bin);
     if (bin_len != (size_t)-1) write_file(bin, b.bin, bin_len);

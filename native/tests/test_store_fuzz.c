@@ -59,16 +59,6 @@ static uint64_t rnd64(void) { /* xorshift64*: deterministic for a given seed on 
 }
 static uint32_t rnd(uint32_t n) { return n ? (uint32_t)(rnd64() % n) : 0; }
 
-static uint64_t a64(uint64_t x) { return (x + 63) / 64 * 64; }
-static uint64_t a4k(uint64_t x) { return (x + 4095) / 4096 * 4096; }
-
-/* FORMAT.md extent size, step by step (independent of store.c's kvl_q8_layout_of) */
-static uint64_t q8_nbytes(uint64_t I, uint64_t H) {
-    uint64_t up = a64(I * H), down = a64(up + I * H), gs = a64(down + H * I);
-    uint64_t us = a64(gs + 4 * I), ds = a64(us + 4 * I);
-    return ds + 4 * H;
-}
-
 /* ------------------------------------------------------------------ the valid stores */
 
 typedef struct spec {
@@ -129,58 +119,27 @@ static void build(image *im, uint32_t kind, const spec *ts, uint32_t n) {
     im->bin_len = (size_t)off;
     im->bin = (unsigned char *)malloc(im->bin_len);
     for (i = 0; i < im->bin_len; i++) im->bin[i] = (unsigned char)rnd64();
-    im->idx_len = 128 + 64 * N_HP + 192 * (size_t)n + cfg;
+    im->idx_len = idx_len_for(N_HP, n, cfg);
     im->idx = (unsigned char *)calloc(im->idx_len, 1);
-    memcpy(im->idx, "KVLIDX01", 8);
-    put32(im->idx + 8, 1);
-    put32(im->idx + 12, kind);
-    put64(im->idx + 16, off);
-    put32(im->idx + 24, (uint32_t)N_HP);
-    put32(im->idx + 28, n);
-    put32(im->idx + 32, (uint32_t)cfg);
-    memcpy(im->idx + 40, REVISION, 40);
+    idx_put_header(im->idx, kind, off, (uint32_t)N_HP, n, (uint32_t)cfg, REVISION);
     p = im->idx + 128;
-    for (i = 0; i < N_HP; i++, p += 64) {
-        uint64_t bits;
-        memcpy(&bits, &HP_VALS[i], 8);
-        memcpy(p, HP_KEYS[i], strlen(HP_KEYS[i]));
-        put64(p + 56, bits);
-    }
+    for (i = 0; i < N_HP; i++, p += 64) idx_put_hparam(p, HP_KEYS[i], HP_VALS[i]);
     for (i = 0; i < n; i++, p += 192) {
-        uint32_t d;
         uint64_t nb = spec_nbytes(&ts[i]);
-        memcpy(p, ts[i].name, strlen(ts[i].name));
-        put32(p + 128, ts[i].dtype);
-        put32(p + 132, ts[i].ndim);
-        for (d = 0; d < 4; d++) put64(p + 136 + 8 * d, ts[i].shape[d]);
-        put64(p + 168, offsets[i]);
-        put64(p + 176, nb);
-        put32(p + 184, ref_crc32(im->bin + offsets[i], (size_t)nb));
+        idx_put_record(p, ts[i].name, ts[i].dtype, ts[i].ndim, ts[i].shape, offsets[i], nb,
+                       ref_crc32(im->bin + offsets[i], (size_t)nb));
     }
     memcpy(p, CONFIG, cfg);
-    put32(im->idx + 36, ref_crc32(im->idx, im->idx_len));
-}
-
-static void fix_crc(unsigned char *idx, size_t len) {
-    if (len < 40) return;
-    put32(idx + 36, 0);
-    put32(idx + 36, ref_crc32(idx, len));
+    idx_seal(im->idx, im->idx_len);
 }
 
 /* ------------------------------------------------------------------ files */
 
-static int write_file(const char *path, const unsigned char *data, size_t len) {
-    FILE *f;
-    /* Unlink first: truncating an existing file makes ext4 (auto_da_alloc) flush it to disk on
-     * close, which turns thousands of tiny rewrites into tens of seconds of I/O wait. */
+/* Unlinks first: truncating an existing file makes ext4 (auto_da_alloc) flush it to disk on
+ * close, which turns thousands of tiny rewrites into tens of seconds of I/O wait. */
+static int rewrite_file(const char *path, const unsigned char *data, size_t len) {
     remove(path);
-    f = fopen(path, "wb");
-    if (!f) return -1;
-    if (len && fwrite(data, 1, len, f) != len) {
-        fclose(f);
-        return -1;
-    }
-    return fclose(f) == 0 ? 0 : -1;
+    return write_file(path, data, len);
 }
 
 static int make_temp_dir(const char *base, char *out, size_t len) {
@@ -610,8 +569,8 @@ int main(void) {
         current_iter = 0;
         b.len = 0;
         buf_insert(&b, 0, stores[k].idx, stores[k].idx_len);
-        write_file(idx_path, stores[k].idx, stores[k].idx_len);
-        write_file(bin_path, stores[k].bin, stores[k].bin_len);
+        rewrite_file(idx_path, stores[k].idx, stores[k].idx_len);
+        rewrite_file(bin_path, stores[k].bin, stores[k].bin_len);
         {
             kvl_store *s = NULL;
             char err[512];
@@ -647,7 +606,7 @@ int main(void) {
                 if (b.len >= 24) put64(b.p + 16, bin_len);
             }
         }
-        if (!keep_crc) fix_crc(b.p, b.len);
+        if (!keep_crc) idx_seal(b.p, b.len);
         if (bin_len != im->bin_len) { /* extra bytes are zero, like the packer's padding */
             if (!big_bin || bin_len > big_cap) {
                 big_cap = bin_len ? bin_len : 1;
@@ -661,11 +620,11 @@ int main(void) {
             memcpy(big_bin, im->bin, bin_len < im->bin_len ? bin_len : im->bin_len);
             bin = big_bin;
             bp = bin_mut_path;
-            write_file(bp, bin, bin_len);
+            rewrite_file(bp, bin, bin_len);
         } else {
-            write_file(bin_path, im->bin, im->bin_len); /* the two stores alternate on one path */
+            rewrite_file(bin_path, im->bin, im->bin_len); /* the two stores alternate on one path */
         }
-        write_file(idx_path, b.p, b.len);
+        rewrite_file(idx_path, b.p, b.len);
         {
             int before = n_fail;
             char err[512];
