@@ -1,21 +1,38 @@
 /* kernels_bench.c — microbenchmark of the matmul kernels against the machine's DRAM bandwidth.
  *
  * Owns: timing figures only (not a test; nothing here asserts). Does not own: correctness
- * (native/tests/test_kernels.c).
+ * (wasm-core/tests/test_kernels.c).
  *
  * Measures, with 1 and 2 pool threads:
- *   - DRAM read bandwidth: streaming integer sum over a 1 GiB buffer;
- *   - matmul_bf16 / matmul_q8 decode (n = 1) GB/s of weights streamed, over many distinct
- *     expert-size [1408 x 2048] matrices (and dense-size [11264 x 2048]) totalling ~1.1 GB so
- *     nothing is served from cache (server L3s reach hundreds of MB);
+ *   - DRAM read bandwidth: streaming sum over a 1 GiB buffer (the table's own dot_f32);
+ *   - decode (n = 1) GB/s of weights streamed, over many distinct expert-size [1408 x 2048]
+ *     matrices (and dense-size [11264 x 2048]) totalling ~1.1 GB so nothing is served from cache
+ *     (server L3s reach hundreds of MB), and over one [256 x 2048] matrix again and again (in
+ *     cache: what the kernel could do with infinite bandwidth), for every product: bf16, q8 (FP32
+ *     activations), bf16xb, q8xb (BF16-rounded activations), and the integer mode q8i16
+ *     (matmul_q8_i16, int8 weights) and i16i16 (matmul_i16_i16, int16 weights), whose
+ *     activations are quantised once per token outside the timing, as the engine does;
  *   - GFLOP/s for a 64-token batch against one [1408 x 2048] matrix.
  *
- * Build (from the repo root):
- *   gcc -std=c11 -O2 -DKVL_X86=1 -Inative/src -c native/src/kernels_ref.c native/src/kernels_select.c native/src/threadpool.c
- *   gcc -std=c11 -O2 -DKVL_X86=1 -mavx2 -mfma -mf16c -Inative/src -c native/src/kernels_avx2.c
- *   gcc -std=c11 -O2 -DKVL_X86=1 -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni -mavx512bf16 -Inative/src -c native/src/kernels_avx512.c
- *   gcc -std=c11 -O2 -Inative/src bench/kernels_bench.c *.o -lm -lpthread -o /tmp/kernels_bench
- *   /tmp/kernels_bench [level]      (level: 0 best, 1 scalar, 2 avx2, 3 avx512)
+ * Build (from the repo root), native:
+ *   gcc -std=c11 -O2 -DKVL_X86=1 -Iwasm-core/src -c wasm-core/src/kernels_ref.c wasm-core/src/kernels_select.c wasm-core/src/threadpool.c
+ *   gcc -std=c11 -O2 -DKVL_X86=1 -mavx2 -mfma -mf16c -Iwasm-core/src -c wasm-core/src/kernels_avx2.c
+ *   gcc -std=c11 -O2 -DKVL_X86=1 -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni -mavx512bf16 -mfma -mf16c -Iwasm-core/src -c wasm-core/src/kernels_avx512.c
+ *   gcc -std=c11 -O2 -Iwasm-core/src bench/kernels_bench.c *.o -lm -lpthread -o /tmp/kernels_bench
+ * WebAssembly (SIMD128, 2 pthreads; emscripten 3.1.6; its loader calls fetch() on Node >= 18,
+ * hence --no-experimental-fetch):
+ *   NODE_PATH=/usr/share/nodejs emcc -std=c11 -O3 -msimd128 -pthread -sPTHREAD_POOL_SIZE=2 \
+ *     -sENVIRONMENT=node,worker -sEXIT_RUNTIME=1 -sALLOW_MEMORY_GROWTH=1 -sMAXIMUM_MEMORY=4GB -Iwasm-core/src \
+ *     wasm-core/src/kernels_ref.c wasm-core/src/kernels_select.c wasm-core/src/kernels_simd128.c \
+ *     wasm-core/src/threadpool.c bench/kernels_bench.c -o /tmp/kernels_bench.js
+ *   node --no-experimental-fetch /tmp/kernels_bench.js [args]
+ * Run:
+ *   kernels_bench [level|name|all] [decode]
+ *     level: 0 best (default), 1 scalar, 2 avx2, 3 avx512, 4 simd128; or a table name (scalar,
+ *     simd128, avx2, avx512, avx512-bf16); "all": every table this build and CPU support.
+ *     "decode": only the decode products, plus one "RESULT table kind shape threads GB/s" line
+ *     each (wall clock) for scripts (bench/kernels_ab.sh).
+ * In WebAssembly the "cpu" figures are wall clock too (no per-process CPU clock there).
  */
 #if !defined(_WIN32) && !defined(_POSIX_C_SOURCE)
 #define _POSIX_C_SOURCE 200809L
@@ -31,9 +48,20 @@
 
 /* Process CPU time: the machine may be shared, and wall-clock rates then mostly measure the
  * other tenants. Rates are printed against both clocks (CPU time divided by the thread count). */
+/* Divisor that turns a CPU time into per-thread time: the thread count, or 1 where cpu_s is
+ * the wall clock (WebAssembly). */
+#if defined(__EMSCRIPTEN__)
+#define CPU_DIV(nt) 1
+#else
+#define CPU_DIV(nt) (nt)
+#endif
+
+static double now_s(void);
 static double cpu_s(void)
 {
-#if defined(CLOCK_PROCESS_CPUTIME_ID)
+#if defined(__EMSCRIPTEN__)
+    return now_s();
+#elif defined(CLOCK_PROCESS_CPUTIME_ID)
     struct timespec ts;
     clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
@@ -45,11 +73,18 @@ static double cpu_s(void)
 static double now_s(void)
 {
     struct timespec ts;
-    timespec_get(&ts, TIME_UTC);
+    clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static const char *const kind_names[] = {"bf16", "q8", "q8q8", "bf16xb", "q8xb"};
+static const char *const kind_names[] = {"bf16", "q8", "q8i16", "bf16xb", "q8xb", "i16i16"};
+static int g_results; /* print RESULT lines */
+
+/* Weight bytes per element of each kind. */
+static size_t kind_esz(int kind)
+{
+    return kind == 0 || kind == 3 || kind == 5 ? 2 : 1;
+}
 
 /* ---- DRAM streaming sum ---- */
 typedef struct {
@@ -75,9 +110,10 @@ static void sum_fn(void *p, int i, int n)
 /* ---- matmul over many matrices ---- */
 typedef struct {
     const kvl_kernels *K;
-    int kind; /* 0 bf16, 1 q8, 2 q8 x q8 (activations quantised once, outside the timing),
-                 3 bf16 and 4 q8 with BF16-rounded activations (the *_xb entries) */
-    const int8_t *Xq;
+    int kind; /* 0 bf16, 1 q8, 3 bf16 and 4 q8 with BF16-rounded activations (the *_xb entries),
+                 2 q8 x i16 and 5 i16 x i16 (integer mode: activations quantised once, outside
+                 the timing) */
+    const int16_t *Xq;
     const float *xs;
     const void *W;
     const float *scale;
@@ -94,8 +130,11 @@ static void mm_fn(void *p, int i, int nt)
     if (b >= e)
         return;
     if (c->kind == 2)
-        c->K->matmul_q8_q8(c->Y + b, c->rows, (const int8_t *)c->W + b * c->cols, c->scale + b,
-                           e - b, c->cols, c->Xq, c->xs, c->cols, c->n);
+        c->K->matmul_q8_i16(c->Y + b, c->rows, (const int8_t *)c->W + b * c->cols, c->scale + b,
+                            e - b, c->cols, c->Xq, c->xs, c->cols, c->n);
+    else if (c->kind == 5)
+        c->K->matmul_i16_i16(c->Y + b, c->rows, (const int16_t *)c->W + b * c->cols, c->scale + b,
+                             e - b, c->cols, c->Xq, c->xs, c->cols, c->n);
     else if (c->kind == 3)
         c->K->matmul_bf16_xb(c->Y + b, c->rows, (const uint16_t *)c->W + b * c->cols, e - b, c->cols,
                              c->X, c->cols, c->n);
@@ -118,6 +157,10 @@ static void fill_weights(unsigned char *W, int kind, size_t bytes)
         uint16_t *h = (uint16_t *)(void *)W;
         for (size_t i = 0; i < bytes / 2; i++)
             h[i] = kvl_float_to_bf16(0.01f * (float)((int)((i * 2654435761u) >> 20 & 0xff) - 128) + 0.001f);
+    } else if (kind == 5) { /* int16 in [-32767, 32767], as kvl_quantize_rows_i16 makes */
+        int16_t *h = (int16_t *)(void *)W;
+        for (size_t i = 0; i < bytes / 2; i++)
+            h[i] = (int16_t)((int)((uint32_t)(i * 2654435761u) >> 12 & 0xffff) % 65535 - 32767);
     } else {
         for (size_t i = 0; i < bytes; i++)
             W[i] = (unsigned char)((i * 2654435761u) >> 13);
@@ -127,7 +170,7 @@ static void fill_weights(unsigned char *W, int kind, size_t bytes)
 static void bench_decode(kvl_pool *pool, const kvl_kernels *K, int kind, size_t rows, size_t cols,
                          size_t nmat)
 {
-    size_t esz = kind == 0 || kind == 3 ? 2 : 1; /* q8, q8q8, q8xb weights are int8 */
+    size_t esz = kind_esz(kind);
     size_t mbytes = rows * cols * esz;
     unsigned char *W = (unsigned char *)malloc(mbytes * nmat);
     float *scale = (float *)malloc(rows * sizeof(float));
@@ -142,9 +185,9 @@ static void bench_decode(kvl_pool *pool, const kvl_kernels *K, int kind, size_t 
         scale[r] = 0.01f;
     for (size_t c = 0; c < cols; c++)
         X[c] = 0.001f * (float)(c % 17);
-    int8_t *Xq = (int8_t *)malloc(cols);
-    float *xs = (float *)malloc(cols / 32 * sizeof(float) + 4);
-    K->quantize_q8_act(Xq, xs, X, cols, 1, cols, cols);
+    int16_t *Xq = (int16_t *)malloc(cols * sizeof(int16_t));
+    float *xs = (float *)malloc(sizeof(float));
+    K->quantize_i16_act(Xq, xs, X, cols, 1, cols, cols);
     mm_ctx ctx = {K, kind, Xq, xs, NULL, scale, rows, cols, 1, X, Y};
     double best = 1e30, bestc = 1e30;
     for (int rep = 0; rep < 4; rep++) {
@@ -153,7 +196,7 @@ static void bench_decode(kvl_pool *pool, const kvl_kernels *K, int kind, size_t 
             ctx.W = W + (m % nmat) * mbytes;
             kvl_pool_run(pool, mm_fn, &ctx);
         }
-        double dt = now_s() - t0, dc = (cpu_s() - c0) / kvl_pool_size(pool);
+        double dt = now_s() - t0, dc = (cpu_s() - c0) / CPU_DIV(kvl_pool_size(pool));
         if (nmat == 1) {
             dt /= 2000;
             dc /= 2000;
@@ -167,6 +210,10 @@ static void bench_decode(kvl_pool *pool, const kvl_kernels *K, int kind, size_t 
            K->name, kind_names[kind], rows, cols, nmat, (double)(mbytes * nmat) / 1e6,
            kvl_pool_size(pool), (double)(mbytes * nmat) / best / 1e9,
            (double)(mbytes * nmat) / bestc / 1e9);
+    if (g_results)
+        printf("RESULT %s %s %zux%zux%zu %d %.2f\n", K->name, kind_names[kind], rows, cols, nmat,
+               kvl_pool_size(pool), (double)(mbytes * nmat) / best / 1e9);
+    fflush(stdout);
     free(Xq);
     free(xs);
     free(W);
@@ -178,7 +225,7 @@ static void bench_decode(kvl_pool *pool, const kvl_kernels *K, int kind, size_t 
 static void bench_batch(kvl_pool *pool, const kvl_kernels *K, int kind, size_t rows, size_t cols,
                         size_t n)
 {
-    size_t esz = kind == 0 || kind == 3 ? 2 : 1; /* q8, q8q8, q8xb weights are int8 */
+    size_t esz = kind_esz(kind);
     unsigned char *W = (unsigned char *)malloc(rows * cols * esz);
     float *scale = (float *)malloc(rows * sizeof(float));
     float *X = (float *)malloc(n * cols * sizeof(float));
@@ -192,15 +239,15 @@ static void bench_batch(kvl_pool *pool, const kvl_kernels *K, int kind, size_t r
         scale[r] = 0.01f;
     for (size_t i = 0; i < n * cols; i++)
         X[i] = 0.001f * (float)(i % 17);
-    int8_t *Xq = (int8_t *)malloc(n * cols);
-    float *xs = (float *)malloc(n * cols / 32 * sizeof(float) + 4);
-    K->quantize_q8_act(Xq, xs, X, cols, n, cols, cols);
+    int16_t *Xq = (int16_t *)malloc(n * cols * sizeof(int16_t));
+    float *xs = (float *)malloc(n * sizeof(float));
+    K->quantize_i16_act(Xq, xs, X, cols, n, cols, cols);
     mm_ctx ctx = {K, kind, Xq, xs, W, scale, rows, cols, n, X, Y};
     double best = 1e30, bestc = 1e30;
     for (int rep = 0; rep < 5; rep++) {
         double t0 = now_s(), c0 = cpu_s();
         kvl_pool_run(pool, mm_fn, &ctx);
-        double dt = now_s() - t0, dc = (cpu_s() - c0) / kvl_pool_size(pool);
+        double dt = now_s() - t0, dc = (cpu_s() - c0) / CPU_DIV(kvl_pool_size(pool));
         if (dt < best)
             best = dt;
         if (dc < bestc)
@@ -225,19 +272,13 @@ static void empty_fn(void *p, int i, int n)
     (void)n;
 }
 
-int main(int argc, char **argv)
+static void bench_table(const kvl_kernels *K, int decode_only)
 {
-    int level = argc > 1 ? atoi(argv[1]) : 0;
-    const kvl_kernels *K = kvl_kernels_select(level);
-    if (!K) {
-        printf("level %d not supported\n", level);
-        return 1;
-    }
     printf("kernels: %s\n", K->name);
     size_t nbuf = (size_t)1 << 27; /* 1 GiB of uint64 */
     uint64_t *buf = (uint64_t *)malloc(nbuf * sizeof(uint64_t));
     if (!buf)
-        return 1;
+        exit(1);
     for (size_t i = 0; i < nbuf; i++)
         buf[i] = 0x3F8000003F800000ull; /* pairs of 1.0f */
     for (int nt = 1; nt <= 2; nt++) {
@@ -252,7 +293,7 @@ int main(int argc, char **argv)
         for (int rep = 0; rep < 3; rep++) {
             double t0 = now_s(), c0 = cpu_s();
             kvl_pool_run(pool, sum_fn, &sc);
-            double dt = now_s() - t0, dc = (cpu_s() - c0) / nt;
+            double dt = now_s() - t0, dc = (cpu_s() - c0) / CPU_DIV(nt);
             if (dt < best)
                 best = dt;
             if (dc < bestc)
@@ -263,12 +304,32 @@ int main(int argc, char **argv)
         printf("  DRAM streaming sum 1 GiB, %d thr: %6.2f GB/s wall, %6.2f GB/s cpu (checksum %llu)\n",
                nt, (double)(nbuf * 8) / best / 1e9, (double)(nbuf * 8) / bestc / 1e9,
                (unsigned long long)total);
+        if (g_results)
+            printf("RESULT %s dram 1GiB %d %.2f\n", K->name, nt, (double)(nbuf * 8) / best / 1e9);
         kvl_pool_free(pool);
     }
     free(buf);
 
     for (int nt = 1; nt <= 2; nt++) {
         kvl_pool *pool = kvl_pool_create(nt);
+        if (decode_only) {
+            double t0 = now_s();
+            for (int k = 0; k < 20000; k++)
+                kvl_pool_run(pool, empty_fn, NULL);
+            printf("  kvl_pool_run fork/join of an empty task, %d thr: %.2f us\n", nt,
+                   (now_s() - t0) / 20000 * 1e6);
+            /* ~1.1 GB of distinct weights per product (more than any L3), then in cache */
+            static const int kinds[] = {0, 1, 3, 4, 2, 5};
+            for (int k = 0; k < 6; k++)
+                bench_decode(pool, K, kinds[k], 1408, 2048, kind_esz(kinds[k]) == 2 ? 192 : 384);
+            /* dense-size matrices: 8x the work per pool run */
+            bench_decode(pool, K, 2, 11264, 2048, 48);
+            bench_decode(pool, K, 5, 11264, 2048, 24);
+            for (int k = 0; k < 6; k++)
+                bench_decode(pool, K, kinds[k], 256, 2048, 1);
+            kvl_pool_free(pool);
+            continue;
+        }
         double t0 = now_s();
         for (int k = 0; k < 100000; k++)
             kvl_pool_run(pool, empty_fn, NULL);
@@ -280,16 +341,18 @@ int main(int argc, char **argv)
         bench_decode(pool, K, 1, 1408, 2048, 384);
         bench_decode(pool, K, 1, 11264, 2048, 48);
         bench_decode(pool, K, 2, 1408, 2048, 384);
+        bench_decode(pool, K, 5, 1408, 2048, 192);
         /* one matrix over and over: in-cache speed, i.e. what the kernel could do with
          * infinite bandwidth */
         bench_decode(pool, K, 0, 256, 2048, 1);
         bench_decode(pool, K, 1, 256, 2048, 1);
         bench_decode(pool, K, 2, 256, 2048, 1);
+        bench_decode(pool, K, 5, 256, 2048, 1);
         bench_decode(pool, K, 3, 1408, 2048, 192);
         bench_decode(pool, K, 4, 1408, 2048, 384);
         bench_decode(pool, K, 3, 256, 2048, 1);
         bench_decode(pool, K, 4, 256, 2048, 1);
-        for (int kind = 0; kind <= 4; kind++)
+        for (int kind = 0; kind <= 5; kind++)
             bench_batch(pool, K, kind, 1408, 2048, 64);
         bench_batch(pool, K, 0, 2048, 2048, 512);
         bench_batch(pool, K, 3, 2048, 2048, 512);
@@ -297,5 +360,30 @@ int main(int argc, char **argv)
         bench_batch(pool, K, 4, 1408, 2048, 48);
         kvl_pool_free(pool);
     }
+}
+
+int main(int argc, char **argv)
+{
+    const char *which = argc > 1 ? argv[1] : "0";
+    int decode_only = argc > 2 && strcmp(argv[2], "decode") == 0;
+    g_results = decode_only;
+    if (strcmp(which, "all") == 0) {
+        const char *const *names = kvl_kernels_compiled_names();
+        for (size_t i = 0; names[i]; i++) {
+            const kvl_kernels *K = kvl_kernels_by_name(names[i]);
+            if (K)
+                bench_table(K, decode_only);
+            else
+                printf("kernels: %s not supported on this CPU\n", names[i]);
+        }
+        return 0;
+    }
+    const kvl_kernels *K = which[0] >= '0' && which[0] <= '9' ? kvl_kernels_select(atoi(which))
+                                                               : kvl_kernels_by_name(which);
+    if (!K) {
+        printf("kernels %s not supported\n", which);
+        return 1;
+    }
+    bench_table(K, decode_only);
     return 0;
 }

@@ -2,7 +2,7 @@
  * direct-I/O (O_DIRECT) read bandwidth of a file, and peak FP32 FMA throughput.
  *
  * Owns: measurements only (prints one JSON object per run on stdout; asserts nothing).
- * Does not own: anything of the kvl library; it links nothing from native/.
+ * Does not own: anything of the kvl library; it links nothing from wasm-core/.
  *
  * Linux only (pthreads, O_DIRECT). Build: gcc -std=c11 -O2 -mavx2 -mfma bench/membw.c -lpthread -o membw
  *   membw dram  SIZE_MIB THREADS REPS [avx512]

@@ -44,7 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def library_in_build_dir(build_dir: Path) -> Path | None:
     names = ("libkvl.so", "libkvl.dylib", "kvl.dll", "libkvl.dll")
-    for folder in (build_dir / "native", build_dir, build_dir / "native" / "Release",
+    for folder in (build_dir / "wasm-core", build_dir, build_dir / "wasm-core" / "Release",
                    build_dir / "Release"):
         for name in names:
             if (folder / name).is_file():

@@ -26,7 +26,7 @@ from kvl.generate import Cancelled, Done, SamplingParams, TextDelta, decode_loop
 from kvl.planner import DEFAULT_MAX_BATCH, RamPlan, largest_image_grid, plan
 from kvl.tokenizer import Tokenizer
 
-KVL_ERR_CANCELLED = 7  # kvl.h kvl_status
+KVL_ERR_CANCELLED = 7  # kvl_core.h kvl_status
 
 
 def round_to_bf16(values: np.ndarray) -> np.ndarray:

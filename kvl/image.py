@@ -2,7 +2,7 @@
 
 Owns: decoding user images safely (load_image), the official resize / pad / normalise /
 patchify pipeline (preprocess, spec section 6), and media-token arithmetic (num_media_tokens,
-grid_for_size). Does not own: the vision forward (native/src/vision.c) or prompt expansion
+grid_for_size). Does not own: the vision forward (wasm-core/src/vision.c) or prompt expansion
 (kvl/chat_template.py).
 
 Every number comes from preprocessor_config.json (patch_size, in_token_limit, pad_input,

@@ -4,7 +4,7 @@ Owns: reading the Kimi-VL config (text_config = DeepSeek-V3 decoder, vision_conf
 deriving every tensor name/dtype/shape of the official checkpoint layout from those dims, checking a
 TensorSource against that inventory, listing config features the runtime cannot run exactly, and
 the pack's hparam table (docs/FORMAT.md "hparam keys").
-Does not own: reading files (safetensors_io.py), packing (pack.py), the math (native/).
+Does not own: reading files (safetensors_io.py), packing (pack.py), the math (wasm-core/).
 
 Nothing here is model-size specific: every dimension comes from the config dict. The only fixed
 facts are the ones the official code hard-codes rather than stores in config.json.

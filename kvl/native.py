@@ -1,6 +1,6 @@
-"""ctypes binding to the kvl native core (native/include/kvl.h), plus thin Pythonic wrappers.
+"""ctypes binding to the kvl native core (wasm-core/include/kvl_core.h), plus thin Pythonic wrappers.
 
-Owns: finding and loading libkvl, the 1:1 ctypes mirror of kvl.h (structs, enums, prototypes),
+Owns: finding and loading libkvl, the 1:1 ctypes mirror of kvl_core.h (structs, enums, prototypes),
 turning status codes into KvlError, and numpy-friendly NativeEngine / NativeSession / Sampler.
 Does not own: planning, tokenization, chat logic (kvl/engine.py and up). ctypes releases the GIL
 during every foreign call, so NativeSession.cancel() from another thread reaches a running
@@ -32,7 +32,7 @@ import numpy as np
 
 from kvl.errors import UserError
 
-# ---- kvl.h constants ---------------------------------------------------------------------------
+# ---- kvl_core.h constants ---------------------------------------------------------------------------
 
 KVL_ABI_VERSION = 1
 
@@ -57,7 +57,7 @@ IO_MODES = {"auto": KVL_IO_AUTO, "direct": KVL_IO_DIRECT, "buffered": KVL_IO_BUF
 KERNELS = {"auto": KVL_KERNELS_AUTO, "scalar": KVL_KERNELS_SCALAR, "avx2": KVL_KERNELS_AVX2,
            "avx512": KVL_KERNELS_AVX512}
 KV_DTYPES = {"default": KVL_KV_DEFAULT, "f32": KVL_KV_F32, "bf16": KVL_KV_BF16}
-# Inputs of the Linear layers: f32 exact (default), bf16 opt-in fast prefill (kvl.h KVL_ACT_*).
+# Inputs of the Linear layers: f32 exact (default), bf16 opt-in fast prefill (kvl_core.h KVL_ACT_*).
 ACT_DTYPES = {"default": KVL_ACT_DEFAULT, "f32": KVL_ACT_F32, "bf16": KVL_ACT_BF16}
 LOGITS_MODES = {"none": KVL_LOGITS_NONE, "last": KVL_LOGITS_LAST, "all": KVL_LOGITS_ALL}
 
@@ -165,13 +165,13 @@ def _library_names() -> list[str]:
 
 
 def library_candidates() -> list[Path]:
-    """Where load_library() looks, in order: $KVL_LIB, the kvl package folder, <repo>/build/native/."""
+    """Where load_library() looks, in order: $KVL_LIB, the kvl package folder, <repo>/build/wasm-core/."""
     out: list[Path] = []
     env = os.environ.get("KVL_LIB")
     if env:
         out.append(Path(env))
     package_dir = Path(__file__).resolve().parent
-    repo_build = package_dir.parent / "build" / "native"
+    repo_build = package_dir.parent / "build" / "wasm-core"
     for folder in (package_dir, repo_build):
         out.extend(folder / name for name in _library_names())
     return out
@@ -240,7 +240,7 @@ class _NativeHandle:
 
     _lib: Any
     _handle: int | None
-    _free_fn: str  # the kvl.h function that frees this kind of handle
+    _free_fn: str  # the kvl_core.h function that frees this kind of handle
 
     def close(self) -> None:
         if self._handle is not None:
@@ -259,7 +259,7 @@ class _NativeHandle:
 
 
 class NativeEngine(_NativeHandle):
-    """An opened pack: kvl_engine_open with keyword options (see kvl.h kvl_engine_options)."""
+    """An opened pack: kvl_engine_open with keyword options (see kvl_core.h kvl_engine_options)."""
 
     _free_fn = "kvl_engine_free"
 

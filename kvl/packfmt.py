@@ -3,7 +3,7 @@
 Owns: the on-disk constants, index (.idx) encoding/decoding, the expert-extent layout math, row-wise
 Q8 quantisation, BF16 bit helpers, the Python `PackReader` (used by tests and `kvl doctor`) and
 `verify`. Does not own: deciding what goes into a pack or in which order (kvl/pack.py), nor the C
-reader (native/src/store.c), which must agree with this file byte for byte.
+reader (wasm-core/src/store.c), which must agree with this file byte for byte.
 """
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ lower and by how much, and reconciling the plan with the figures the native engi
 it opened.
 Does not own: allocation. The engine allocates from the budgets the plan passes it; the byte
 rules mirrored here (global block, forward-order trunk prefix + streaming buffers, expert slots,
-session arena) are native/src/engine.c's and model.c's, and tests/test_planner.py asserts that
+session arena) are wasm-core/src/engine.c's and model.c's, and tests/test_planner.py asserts that
 the two agree exactly.
 
 Measured constants (see the report in tests/test_planner.py's peak-RSS check):
@@ -38,7 +38,7 @@ DEFAULT_MAX_BATCH = 256
 # sizeof(struct kvl_session) is not visible from Python; kvl_session_bytes adds it to the arena.
 # It is far below a page, so the plan reserves one page for it until the engine reports.
 SESSION_STRUCT_RESERVE = PAGE
-ARENA_ALIGN = 64  # native/src/model.c
+ARENA_ALIGN = 64  # wasm-core/src/model.c
 _LAYER = "language_model.model.layers.{}."
 # Per-layer trunk tensors in the engine's forward order (engine.c KVL_TT_*): attention, then the
 # dense MLP (layer < first_k_dense_replace) or the shared experts.
@@ -106,7 +106,7 @@ def trunk_cache_split(order: list[int], budget: int) -> tuple[int, int]:
 
 def session_layout_bytes(hp: dict[str, float], max_context: int, max_batch: int, kv_dtype: str,
                          n_threads: int) -> int:
-    """The session arena as native/src/model.c lays it out (KV first, then prefill buffers)."""
+    """The session arena as wasm-core/src/model.c lays it out (KV first, then prefill buffers)."""
     g = lambda key: _hparam(hp, "text." + key)  # noqa: E731
     batch = min(max_batch, max_context)
     hidden, heads, kv_lora, rope = g("hidden_size"), g("num_attention_heads"), g("kv_lora_rank"), \
@@ -280,7 +280,7 @@ class RamPlan:
 
 def vision_call_estimate(hp: dict[str, float], patches: int, n_threads: int) -> int:
     """Working memory of one vision call (largest weight phase + FP32 activations), the shape of
-    native/src/vision.c's layout; Engine replaces it with kvl_vision_bytes once open."""
+    wasm-core/src/vision.c's layout; Engine replaces it with kvl_vision_bytes once open."""
     g = lambda key: _hparam(hp, "vision." + key)  # noqa: E731
     d, inter, p = g("hidden_size"), g("intermediate_size"), g("patch_size")
     width = d * g("merge_kernel_h") * g("merge_kernel_w")

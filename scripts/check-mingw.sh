@@ -1,11 +1,16 @@
 #!/usr/bin/env bash
 # check-mingw.sh — cross-compile the native core for Windows (mingw-w64) with warnings as errors.
 #
-# Owns: the Windows portability check of native/src/*.c (each file alone, with the same per-file
-# ISA flags as native/CMakeLists.txt), then linking kvl.dll. Does not own: MSVC builds, running
+# Owns: the Windows portability check of wasm-core/src/*.c (each file alone, with the same per-file
+# ISA flags as wasm-core/CMakeLists.txt), then linking kvl.dll. Does not own: MSVC builds, running
 # anything on Windows. Installs mingw-w64 with apt-get when the cross compiler is missing.
-# Exit status: 0 when every file compiled warning-free and the DLL linked, 1 otherwise; each
-# failing file is named in the summary.
+# Then the Node-API addon: wasm-core/native/addon.c compiled with the same flags against the npm
+# package node-api-headers (found with node from the repo root), an import library for node.exe
+# made from its def/*.def with dlltool, and kvl_core.node linked (linker warnings fatal) from the
+# core objects + addon object + that import library; objdump then checks it imports napi_* from
+# node.exe and exports napi_register_module_v1. Everything built stays in a temp dir.
+# Exit status: 0 when every file compiled warning-free, the DLL and the addon linked and the addon
+# check passed, 1 otherwise; each failing step is named in the summary.
 set -u
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -27,13 +32,13 @@ if ! command -v "$CC" >/dev/null 2>&1; then
 fi
 
 CFLAGS=(-std=c11 -O2 -Wall -Wextra -Werror -DKVL_BUILDING_DLL -DKVL_X86=1
-        -I"$ROOT/native/include" -I"$ROOT/native/src")
+        -I"$ROOT/wasm-core/include" -I"$ROOT/wasm-core/src")
 AVX2_FLAGS=(-mavx2 -mfma -mf16c)
 AVX512_FLAGS=(-mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni -mavx512bf16 -mfma -mf16c)
 
 failed=()
 objs=()
-for src in "$ROOT"/native/src/*.c; do
+for src in "$ROOT"/wasm-core/src/*.c; do
     name="$(basename "$src")"
     extra=()
     case "$name" in
@@ -63,8 +68,58 @@ else
     echo "skipped linking kvl.dll (compile failures)"
 fi
 
+# ---- the Node-API addon (kvl_core.node) -------------------------------------------------------
+DLLTOOL="${MINGW_DLLTOOL:-${CC%gcc}dlltool}"
+OBJDUMP="${MINGW_OBJDUMP:-${CC%gcc}objdump}"
+addon_src="$ROOT/wasm-core/native/addon.c"
+napi_inc="$(cd "$ROOT" && node -p "require('node-api-headers').include_dir" 2>/dev/null)"
+napi_defs="$(cd "$ROOT" && node -p "Object.values(require('node-api-headers').def_paths).join('\n')" 2>/dev/null)"
+if [ ${#failed[@]} -ne 0 ]; then
+    echo "skipped the addon (earlier failures)"
+elif [ -z "$napi_inc" ] || [ ! -f "$napi_inc/node_api.h" ] || [ -z "$napi_defs" ]; then
+    echo "FAILED  addon: node-api-headers not found from $ROOT (node and npm ci needed)"
+    failed+=("kvl_core.node (node-api-headers)")
+elif ! log="$("$CC" "${CFLAGS[@]}" -I"$napi_inc" -DNAPI_VERSION=8 -c "$addon_src" -o "$OUT/addon.o" 2>&1)"; then
+    echo "FAILED  native/addon.c"
+    echo "$log" | sed 's/^/        /'
+    failed+=("native/addon.c")
+else
+    echo "ok      native/addon.c"
+    # One .def for node.exe: the union of the EXPORTS lists (node_api.def repeats js_native_api's).
+    {
+        echo "LIBRARY node.exe"
+        echo "EXPORTS"
+        # awk, not sed: the .def files end without a newline, which sed would glue to the next.
+        while IFS= read -r def; do
+            awk 'listing { print } /^EXPORTS/ { listing = 1 }' "$def"
+        done <<<"$napi_defs" | tr -d '\r' | sed 's/[[:space:]]*$//' | grep -v '^$' | sort -u
+    } >"$OUT/node.def"
+    if ! log="$("$DLLTOOL" --input-def "$OUT/node.def" --dllname node.exe --output-lib "$OUT/libnode.a" 2>&1)"; then
+        echo "FAILED  node.exe import library (dlltool)"
+        echo "$log" | sed 's/^/        /'
+        failed+=("node.exe import library")
+    elif ! log="$("$CC" -shared -o "$OUT/kvl_core.node" "${objs[@]}" "$OUT/addon.o" "$OUT/libnode.a" \
+                  -Wl,--fatal-warnings 2>&1)"; then
+        echo "FAILED  linking kvl_core.node"
+        echo "$log" | sed 's/^/        /'
+        failed+=("kvl_core.node (link)")
+    else
+        echo "ok      kvl_core.node linked ($(grep -c '^napi_' "$OUT/node.def") napi symbols in the node.exe import library)"
+        # The PE tables: which napi_* come from node.exe, and the module's entry point.
+        dump="$("$OBJDUMP" -p "$OUT/kvl_core.node" 2>&1)"
+        n_imports="$(awk '/DLL Name:/ { dll = $3 } dll == "node.exe" && $NF ~ /^napi_/ { n++ } END { print n + 0 }' <<<"$dump")"
+        other_dlls="$(awk '/DLL Name:/ { print $3 }' <<<"$dump" | sort -u | tr '\n' ' ')"
+        if [ "$n_imports" -gt 0 ] && grep -Eq '\] napi_register_module_v1$' <<<"$dump"; then
+            echo "ok      kvl_core.node imports $n_imports napi_* from node.exe, exports napi_register_module_v1 (DLLs: $other_dlls)"
+        else
+            echo "FAILED  kvl_core.node PE check: $n_imports napi_* imports from node.exe; napi_register_module_v1 export $(grep -Eq '\] napi_register_module_v1$' <<<"$dump" && echo present || echo missing)"
+            failed+=("kvl_core.node (imports/exports)")
+        fi
+    fi
+fi
+
 if [ ${#failed[@]} -ne 0 ]; then
     echo "check-mingw: FAILED: ${failed[*]}"
     exit 1
 fi
-echo "check-mingw: all ${#objs[@]} files compiled warning-free, kvl.dll linked"
+echo "check-mingw: all ${#objs[@]} files + native/addon.c compiled warning-free, kvl.dll and kvl_core.node linked"

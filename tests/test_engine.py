@@ -1,7 +1,7 @@
-"""The native text engine (kvl.h engine/session API through kvl/native.py) against the
+"""The native text engine (kvl_core.h engine/session API through kvl/native.py) against the
 independent PyTorch reference (tests/reference), plus its invariances and error handling.
 
-The library comes from $KVL_LIB (or the package folder / build/native), see kvl/native.py.
+The library comes from $KVL_LIB (or the package folder / build/wasm-core), see kvl/native.py.
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ from tests.reference.text import TextReference
 PROMPT = [5, 17, 300, 4242, 9, 77, 1000, 163000, 12, 88, 6021, 3, 31337, 250, 7, 99, 1234]
 
 
-# The engine's two activation modes (kvl.h KVL_ACT_*): "f32" (default) = exact Linear inputs,
+# The engine's two activation modes (kvl_core.h KVL_ACT_*): "f32" (default) = exact Linear inputs,
 # held to 1e-3 against the FP32 reference; "bf16" (opt-in) = Linear inputs rounded to BF16, run
 # against the reference that rounds the same inputs.
 ACTS = ["f32", "bf16"]

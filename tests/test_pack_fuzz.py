@@ -7,7 +7,7 @@ checkpoint shard's safetensors header, and the rule every reader must follow on 
 raise UserError (KvlError is one) with a message — never another exception type, never a crash.
 The native engine runs in a subprocess per batch, so a segfault is reported as a failure naming the
 mutation instead of killing pytest. Does not own: the per-rule tests of each reader (test_pack.py,
-test_safetensors_io.py, native/tests/test_store*.c).
+test_safetensors_io.py, wasm-core/tests/test_store*.c).
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Native MoonViT + projector (native/src/vision.c through kvl.native) against the independent
+"""Native MoonViT + projector (wasm-core/src/vision.c through kvl.native) against the independent
 PyTorch reference on the tiny synthesized checkpoint."""
 from __future__ import annotations
 

@@ -1,0 +1,103 @@
+/**
+ * doctor.ts — `kvl doctor` without a model: every backend, whether it loads and why not, the
+ * kernel sets the CPU and each backend offer, and the kernel self-test on each backend; ends
+ * with one line PASS or FAIL.
+ *
+ * Owns: running the self-tests and rendering them (text or --json). Does not own: the choice
+ * (host/backend.ts) or the checks themselves (the core's kvl_kernels_conformance).
+ */
+import { type BackendRecord, BackendError, chooseBackend, openBackend } from "../host/backend.js";
+import type { BackendName, ConformanceReport } from "../host/core-api.js";
+
+export interface SelfTestResult {
+  readonly backend: BackendName;
+  readonly set: string;
+  /** The table whose functions ran: must equal set. */
+  readonly table: string | null;
+  readonly checks: number;
+  readonly failed: number;
+  readonly error: string | null;
+}
+
+export interface DoctorReport {
+  readonly backend: BackendRecord | null;
+  readonly backendError: string | null;
+  readonly selfTests: readonly SelfTestResult[];
+  readonly pass: boolean;
+}
+
+async function selfTest(name: BackendName, record: BackendRecord): Promise<SelfTestResult[]> {
+  const results: SelfTestResult[] = [];
+  let core;
+  try {
+    core = await openBackend(name, record);
+  } catch (err) {
+    return [{ backend: name, set: "-", table: null, checks: 0, failed: 1, error: String(err) }];
+  }
+  try {
+    for (const set of core.kernelSets().filter((s) => s.supported)) {
+      try {
+        const report: ConformanceReport = core.conformance(set.name);
+        const wrongTable = report.table !== set.name;
+        results.push({ backend: name, set: set.name, table: report.table, checks: report.checks.length,
+          failed: report.failed + (wrongTable ? 1 : 0),
+          error: wrongTable ? `asked for ${set.name}, ran ${report.table}` : failedKernels(report) });
+      } catch (err) {
+        results.push({ backend: name, set: set.name, table: null, checks: 0, failed: 1, error: String(err) });
+      }
+    }
+  } finally {
+    core.close();
+  }
+  return results;
+}
+
+function failedKernels(report: ConformanceReport): string | null {
+  const bad = report.checks.filter((c) => !c.ok).map((c) => `${c.kernel} (${c.shape}): ${c.max_err} > ${c.bound}`);
+  return bad.length ? bad.slice(0, 5).join("; ") : null;
+}
+
+export async function runDoctor(backendOption: string | undefined): Promise<DoctorReport> {
+  let record: BackendRecord;
+  try {
+    record = chooseBackend({ option: backendOption });
+  } catch (err) {
+    if (!(err instanceof BackendError)) throw err;
+    return { backend: null, backendError: err.message, selfTests: [], pass: false };
+  }
+  const selfTests: SelfTestResult[] = [];
+  if (record.native.loads) selfTests.push(...(await selfTest("native", record)));
+  if (record.wasm.usable) selfTests.push(...(await selfTest("wasm", record)));
+  const pass = selfTests.length > 0 && selfTests.every((t) => t.failed === 0);
+  return { backend: record, backendError: null, selfTests, pass };
+}
+
+const yes = (b: boolean) => (b ? "yes" : "no");
+
+export function renderDoctor(report: DoctorReport): string {
+  const lines: string[] = ["kvl doctor (no model): backends and kernels"];
+  const r = report.backend;
+  if (!r) {
+    lines.push(`backend: ${report.backendError}`, "FAIL");
+    return lines.join("\n");
+  }
+  lines.push(`node ${r.node} on ${r.platform}; CPU: ${r.cpu.model}, ${r.cpu.cores} cores`);
+  lines.push(`  CPU flags for the kernels: ${r.cpu.flags ? r.cpu.flags.join(" ") || "(none)" : "(not listed by this OS)"}`);
+  lines.push(`backend: ${r.chosen} — ${r.reason}${r.requestedBy === "default" ? "" : ` [--backend/KVL_BACKEND=${r.requested}]`}`);
+  const sets = (s: readonly { name: string; supported: boolean }[]) =>
+    s.map((k) => `${k.name}${k.supported ? "" : " (not on this CPU)"}`).join(", ");
+  lines.push(`native addon: ${r.native.path}`);
+  lines.push(r.native.loads
+    ? `  loads; kernel sets: ${sets(r.native.kernelSets)}; picks ${r.native.defaultKernelSet}`
+    : `  not available: ${r.native.error}`);
+  lines.push(`WebAssembly: ${r.wasm.dist}`);
+  lines.push(`  SIMD128 ${yes(r.wasm.features.simd128)}, threads ${yes(r.wasm.features.threads)}, ` +
+    `relaxed SIMD ${yes(r.wasm.features.relaxedSimd)}${r.wasm.usable ? "" : `; not usable: ${r.wasm.error}`}`);
+  lines.push("kernel self-test (every entry against the scalar reference):");
+  for (const t of report.selfTests) {
+    const status = t.failed === 0 ? "ok" : `FAILED ${t.failed}${t.error ? `: ${t.error}` : ""}`;
+    lines.push(`  ${t.backend.padEnd(6)} ${t.set.padEnd(12)} ${String(t.checks).padStart(4)} checks  ${status}`);
+  }
+  lines.push(report.pass ? "PASS" : "FAIL");
+  return lines.join("\n");
+}

@@ -1,0 +1,131 @@
+/**
+ * wasm-backend.ts — the core as WebAssembly (SIMD128 + pthreads), from wasm-core/dist/.
+ *
+ * Owns: instantiating the emscripten module (its loader is CommonJS, its bytes are passed in as
+ * wasmBinary because the loader would fetch() them), and marshalling the kernel-set API across
+ * the instance's memory. Does not own: choosing the backend (backend.ts).
+ */
+import { readFileSync } from "node:fs";
+import { createRequire } from "node:module";
+import { join } from "node:path";
+
+import { type ConformanceReport, type CoreBackend, type KernelSet, parseConformanceReport } from "./core-api.js";
+import { wasmDistDir } from "./paths.js";
+
+/** The parts of the emscripten module object the host uses. */
+interface EmscriptenCore {
+  _malloc(bytes: number): number;
+  _free(ptr: number): void;
+  _kvl_abi_version(): number;
+  _kvl_kernel_set_count(): number;
+  _kvl_kernel_set_name(index: number): number;
+  _kvl_kernel_set_supported(namePtr: number): number;
+  _kvl_kernel_set_default(): number;
+  _kvl_kernels_conformance(namePtr: number, out: number, outLen: number): number;
+  UTF8ToString(ptr: number): string;
+  stringToUTF8(str: string, ptr: number, maxBytes: number): void;
+  lengthBytesUTF8(str: string): number;
+  PThread?: { terminateAllThreads(): void };
+}
+
+type CoreFactory = (overrides: { wasmBinary: Uint8Array; wasmMemory: WebAssembly.Memory }) => Promise<EmscriptenCore>;
+
+const PAGE = 65536;
+/** A wasm32 memory addresses 4 GiB, but emscripten 3.1.6's heap size is a 32-bit value: with a
+ * full 4 GiB it wraps to 0 and malloc fails (seen here), so an instance holds one page less. */
+export const MAX_INSTANCE_BYTES = 4 * 1024 * 1024 * 1024 - PAGE;
+/** Memory of an instance when the caller plans none (the kernel self-test needs little). */
+export const DEFAULT_INSTANCE_BYTES = 64 * 1024 * 1024;
+
+const REPORT_BYTES = [1 << 20, 8 << 20];
+
+export class WasmBackend implements CoreBackend {
+  readonly backend = "wasm" as const;
+  #core: EmscriptenCore | undefined;
+
+  private constructor(core: EmscriptenCore) {
+    this.#core = core;
+  }
+
+  /**
+   * One instance: its own thread pool and its own shared memory of exactly memoryBytes (a
+   * multiple of 64 KiB, at most MAX_INSTANCE_BYTES), fixed at creation: it never grows while threads run.
+   */
+  static async create(options: { distDir?: string; memoryBytes?: number } = {}): Promise<WasmBackend> {
+    const distDir = options.distDir ?? wasmDistDir;
+    const bytes = options.memoryBytes ?? DEFAULT_INSTANCE_BYTES;
+    if (!Number.isInteger(bytes) || bytes % PAGE !== 0 || bytes < 16 * PAGE || bytes > MAX_INSTANCE_BYTES) {
+      throw new RangeError(`wasm instance memory must be a multiple of 64 KiB between 1 MiB and 4 GiB - 64 KiB, got ${bytes}`);
+    }
+    const wasmMemory = new WebAssembly.Memory({ initial: bytes / PAGE, maximum: bytes / PAGE, shared: true });
+    const require = createRequire(import.meta.url);
+    const factory = require(join(distDir, "kvl_core.cjs")) as CoreFactory;
+    const wasmBinary = readFileSync(join(distDir, "kvl_core.wasm"));
+    const backend = new WasmBackend(await factory({ wasmBinary, wasmMemory }));
+    backend.memory = wasmMemory;
+    return backend;
+  }
+
+  /** The instance's memory (for the file bridge and the tests). */
+  memory: WebAssembly.Memory | undefined;
+
+  get #live(): EmscriptenCore {
+    if (!this.#core) throw new Error("kvl: the WebAssembly core was closed");
+    return this.#core;
+  }
+
+  #withString<T>(text: string, use: (ptr: number) => T): T {
+    const core = this.#live;
+    const bytes = core.lengthBytesUTF8(text) + 1;
+    const ptr = core._malloc(bytes);
+    if (ptr === 0) throw new Error("kvl: out of WebAssembly memory");
+    try {
+      core.stringToUTF8(text, ptr, bytes);
+      return use(ptr);
+    } finally {
+      core._free(ptr);
+    }
+  }
+
+  abiVersion(): number {
+    return this.#live._kvl_abi_version();
+  }
+
+  kernelSets(): KernelSet[] {
+    const core = this.#live;
+    const sets: KernelSet[] = [];
+    const count = core._kvl_kernel_set_count();
+    for (let i = 0; i < count; i++) {
+      const name = core.UTF8ToString(core._kvl_kernel_set_name(i));
+      sets.push({ name, supported: this.#withString(name, (p) => core._kvl_kernel_set_supported(p)) !== 0 });
+    }
+    return sets;
+  }
+
+  defaultKernelSet(): string {
+    const core = this.#live;
+    return core.UTF8ToString(core._kvl_kernel_set_default());
+  }
+
+  conformance(set: string): ConformanceReport {
+    const core = this.#live;
+    for (const size of REPORT_BYTES) {
+      const out = core._malloc(size);
+      if (out === 0) throw new Error("kvl: out of WebAssembly memory");
+      try {
+        const failed = this.#withString(set, (p) => core._kvl_kernels_conformance(p, out, size));
+        if (failed === -1) throw new Error(`kernel set ${set} is not available on the wasm backend here`);
+        if (failed === -2) continue;
+        return parseConformanceReport(core.UTF8ToString(out >>> 0), set);
+      } finally {
+        core._free(out);
+      }
+    }
+    throw new Error(`kernel set ${set}: conformance report larger than ${REPORT_BYTES.at(-1)} bytes`);
+  }
+
+  close(): void {
+    this.#core?.PThread?.terminateAllThreads();
+    this.#core = undefined;
+  }
+}

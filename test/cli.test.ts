@@ -1,0 +1,84 @@
+/** The `kvl` command as a user runs it (the compiled dist/cli/kvl.js, in a child process). */
+import { spawnSync } from "node:child_process";
+import { join } from "node:path";
+
+import { describe, expect, it } from "vitest";
+
+import { packageRoot } from "../host/paths.js";
+
+const KVL = join(packageRoot, "dist", "cli", "kvl.js");
+
+function kvl(args: string[], env: Record<string, string> = {}) {
+  const base = { ...process.env };
+  delete base.KVL_BACKEND;
+  const r = spawnSync(process.execPath, [KVL, ...args], { encoding: "utf8", env: { ...base, ...env }, timeout: 300_000 });
+  return { status: r.status, stdout: r.stdout, stderr: r.stderr };
+}
+
+describe("kvl --help", () => {
+  it("lists every command", () => {
+    const r = kvl(["--help"]);
+    expect(r.status).toBe(0);
+    for (const c of ["doctor", "synth", "pack", "prepare", "chat", "serve", "bench"]) expect(r.stdout).toMatch(new RegExp(`^  ${c} `, "m"));
+  });
+
+  it("doctor --help shows its options", () => {
+    const r = kvl(["doctor", "--help"]);
+    expect(r.status).toBe(0);
+    expect(r.stdout).toContain("Usage: kvl doctor [options] [model]");
+    expect(r.stdout.replace(/\s+/g, " ")).toMatch(/--backend <name> .*\(choices: "auto", "native", "wasm"\)/);
+  });
+
+  it("an unknown command or backend is an error with help", () => {
+    const a = kvl(["frobnicate"]);
+    expect(a.status).not.toBe(0);
+    expect(a.stderr).toMatch(/unknown command 'frobnicate'/);
+    const b = kvl(["doctor", "--backend", "gpu"]);
+    expect(b.status).not.toBe(0);
+    expect(b.stderr).toMatch(/Allowed choices are auto, native, wasm/);
+  });
+});
+
+describe("kvl doctor without a model", () => {
+  it("reports both backends, self-tests every kernel set and ends with PASS", () => {
+    const r = kvl(["doctor"]);
+    expect(r.stderr).toBe("");
+    expect(r.status).toBe(0);
+    const lines = r.stdout.trim().split("\n");
+    expect(lines.at(-1)).toBe("PASS");
+    expect(r.stdout).toMatch(/^backend: native — auto: the native addon loads and runs \S+ kernels$/m);
+    expect(r.stdout).toMatch(/^ {2}wasm +simd128 +\d+ checks {2}ok$/m);
+    expect(r.stdout).toMatch(/^ {2}native +avx2 +\d+ checks {2}ok$/m);
+    expect(r.stdout).toMatch(/^ {2}wasm +scalar +\d+ checks {2}ok$/m);
+  });
+
+  it("--json gives the backend record; KVL_BACKEND=wasm chooses WebAssembly", () => {
+    const r = kvl(["doctor", "--json"], { KVL_BACKEND: "wasm" });
+    expect(r.status).toBe(0);
+    const report = JSON.parse(r.stdout) as {
+      pass: boolean; backend: { chosen: string; requestedBy: string; wasm: { features: { simd128: boolean } } };
+      selfTests: { backend: string; set: string; table: string; failed: number }[];
+    };
+    expect(report.pass).toBe(true);
+    expect(report.backend.chosen).toBe("wasm");
+    expect(report.backend.requestedBy).toBe("KVL_BACKEND");
+    expect(report.backend.wasm.features.simd128).toBe(true);
+    for (const t of report.selfTests) expect(t.table).toBe(t.set);
+    expect(report.selfTests.map((t) => `${t.backend}:${t.set}`)).toContain("wasm:simd128");
+  });
+
+  it("FAIL when an explicitly requested backend is missing", () => {
+    const r = kvl(["doctor", "--backend", "native"], { KVL_ADDON: "/nonexistent/kvl_core.node" });
+    expect(r.status).toBe(1);
+    expect(r.stdout).toContain("/nonexistent/kvl_core.node");
+    expect(r.stdout.trim().split("\n").at(-1)).toBe("FAIL");
+  });
+});
+
+describe("commands still on the Python front end", () => {
+  it("refuse --backend wasm with a clear message", () => {
+    const r = kvl(["chat", "/tmp/no-model", "hi", "--backend", "wasm"]);
+    expect(r.status).toBe(2);
+    expect(r.stderr).toMatch(/WebAssembly backend does not run this command yet/);
+  });
+});

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# build-wasm.sh — the WebAssembly build of the C core (SIMD128 + pthreads) with Debian's emscripten.
+#
+# Owns: the emcc flags of the committed build in wasm-core/dist/ (kvl_core.cjs loader,
+# kvl_core.worker.js for its pthreads, kvl_core.wasm, EMCC_VERSION) and of the C tests compiled to WebAssembly.
+#   bash wasm-core/build-wasm.sh            rebuild wasm-core/dist/
+#   bash wasm-core/build-wasm.sh OUT_DIR    build into OUT_DIR (the reproducibility check)
+#   bash wasm-core/build-wasm.sh --tests OUT_DIR
+#                                           the C tests that run under WebAssembly, as OUT_DIR/*.js
+# Every exported function is the public API of include/kvl_core.h; the public API is all the host
+# calls. The build is deterministic (relative paths, no debug info, no timestamps), so the bytes
+# in dist/ are what these sources give; the emcc version is recorded beside them.
+# Pitfalls (design.md): emcc's JS optimizer needs Debian's acorn (NODE_PATH=/usr/share/nodejs)
+# when node is not Debian's; the generated loader fetch()es the .wasm on Node >= 18, so the host
+# passes the bytes itself (wasmBinary).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export NODE_PATH="${NODE_PATH:-/usr/share/nodejs}"
+
+if ! command -v emcc >/dev/null 2>&1; then
+    echo "build-wasm: emcc not found (Debian: apt-get install emscripten)" >&2
+    exit 1
+fi
+
+# Same language and warning flags as the native build; SIMD128 everywhere (kernels_simd128.c is
+# the table the wasm build selects), pthreads for the core's thread pool.
+CFLAGS=(-std=c11 -O3 -msimd128 -pthread -Wall -Wextra -Werror
+        -D_GNU_SOURCE -D_FILE_OFFSET_BITS=64 -DKVL_X86=0
+        -Iwasm-core/include -Iwasm-core/src)
+SOURCES=()
+for src in wasm-core/src/*.c; do
+    case "$src" in *kernels_avx2.c|*kernels_avx512.c) continue ;; esac
+    SOURCES+=("$src")
+done
+# Memory does not grow (growth under pthreads makes every JS view of it stale and slow): the host
+# creates each instance's shared memory at its planned size, at most 4 GiB (the wasm32 limit),
+# and passes it in as wasmMemory; 64 MiB is the size when it passes none.
+# The module declares a 4 GiB maximum so that an imported memory of any size up to that links;
+# the host gives each memory maximum = initial, so it cannot actually grow (a failed grow is a
+# NULL from malloc), hence -Wno-pthreads-mem-growth.
+LINK=(-pthread -sPTHREAD_POOL_SIZE=4 -sINITIAL_MEMORY=64MB -sALLOW_MEMORY_GROWTH=1
+      -sMAXIMUM_MEMORY=4GB -Wno-pthreads-mem-growth -sTOTAL_STACK=1MB
+      -sENVIRONMENT=node,worker -sEXIT_RUNTIME=0)
+
+if [ "${1:-}" = "--tests" ]; then
+    out="${2:?usage: build-wasm.sh --tests OUT_DIR}"
+    mkdir -p "$out"
+    # Tests that need no files of their own (the store tests write packs: they run natively).
+    for t in test_kernels test_threadpool test_sampler; do
+        emcc "${CFLAGS[@]}" "${SOURCES[@]}" "wasm-core/tests/$t.c" "${LINK[@]}" \
+             -sPROXY_TO_PTHREAD -sEXIT_RUNTIME=1 -o "$out/$t.js"
+    done
+    echo "build-wasm: tests in $out"
+    exit 0
+fi
+
+out="${1:-wasm-core/dist}"
+mkdir -p "$out"
+exports="$(grep -o 'KVL_API [^(]*(' wasm-core/include/kvl_core.h | grep -v 'declspec\|attribute' |
+           sed -E 's/.*[ *]([a-z_0-9]+)\($/"_\1"/' | tr '\n' ',')"
+emcc "${CFLAGS[@]}" "${SOURCES[@]}" "${LINK[@]}" \
+     -sMODULARIZE=1 -sEXPORT_NAME=createKvlCore \
+     -sEXPORTED_FUNCTIONS="[${exports}\"_malloc\",\"_free\"]" \
+     -sEXPORTED_RUNTIME_METHODS='["UTF8ToString","stringToUTF8","lengthBytesUTF8"]' \
+     -o "$out/kvl_core.cjs"
+# emscripten 3.1.6's ES-module output does not run on Node (it uses __dirname), so the loader is
+# CommonJS; this folder says so, as the package around it is "type": "module".
+printf '{ "type": "commonjs" }\n' > "$out/package.json"
+emcc --version | head -n 1 > "$out/EMCC_VERSION"
+echo "build-wasm: $out/kvl_core.cjs + kvl_core.wasm ($(stat -c %s "$out/kvl_core.wasm") bytes)"

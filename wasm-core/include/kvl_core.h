@@ -1,0 +1,194 @@
+/* kvl_core.h — the one public header of the kvl native core.
+ *
+ * An engine owns what is shared and immutable after open: the packed stores, the trunk and
+ * expert caches, the thread pool, the selected kernels. A session owns one KV timeline
+ * (the compressed MLA latent history) and its scratch arena. Sessions of one engine must not
+ * run concurrently (one worker drives the engine); an engine may hold several sessions.
+ *
+ * Every function returns a kvl_status; on failure a human-readable detail is available from
+ * kvl_engine_last_error() (or the err buffer of kvl_engine_open). Nothing here calls exit().
+ * Options structs: a zero-initialised struct means "defaults".
+ */
+#ifndef KVL_H
+#define KVL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(_WIN32) && defined(KVL_BUILDING_DLL)
+#define KVL_API __declspec(dllexport)
+#elif defined(_WIN32)
+#define KVL_API __declspec(dllimport)
+#elif defined(__GNUC__)
+#define KVL_API __attribute__((visibility("default")))
+#else
+#define KVL_API
+#endif
+
+#define KVL_ABI_VERSION 1
+
+typedef enum kvl_status {
+    KVL_OK = 0,
+    KVL_ERR_IO = 1,            /* a read/open failed (file missing, short read, disk error) */
+    KVL_ERR_FORMAT = 2,        /* a pack file is corrupt, truncated or of another version */
+    KVL_ERR_CONFIG = 3,        /* the stores disagree with each other or with config/hparams */
+    KVL_ERR_NOMEM = 4,         /* an allocation failed */
+    KVL_ERR_INVALID_ARG = 5,   /* a caller error: bad option, null pointer, token id out of range */
+    KVL_ERR_CONTEXT_FULL = 6,  /* the session's max_context would be exceeded */
+    KVL_ERR_CANCELLED = 7,     /* kvl_session_cancel() interrupted the call; the session is
+                                  rolled back to its position before the call */
+    KVL_ERR_UNSUPPORTED = 8,   /* e.g. forced direct I/O that the filesystem refuses */
+    KVL_ERR_INTERNAL = 9
+} kvl_status;
+
+KVL_API const char *kvl_strerror(kvl_status status);
+KVL_API int kvl_abi_version(void);
+
+typedef struct kvl_engine kvl_engine;
+typedef struct kvl_session kvl_session;
+
+enum { KVL_IO_AUTO = 0, KVL_IO_DIRECT = 1, KVL_IO_BUFFERED = 2 };
+enum { KVL_KERNELS_AUTO = 0, KVL_KERNELS_SCALAR = 1, KVL_KERNELS_AVX2 = 2, KVL_KERNELS_AVX512 = 3,
+       KVL_KERNELS_SIMD128 = 4 /* WebAssembly builds only */ };
+enum { KVL_KV_DEFAULT = 0, KVL_KV_F32 = 1, KVL_KV_BF16 = 2 };
+/* Inputs of the text decoder's Linear layers (attention projections, MLPs, experts, lm_head;
+ * not the router, not the attention itself). DEFAULT = F32: exact, within 1e-3 of the FP32
+ * reference. BF16 (opt-in) rounds them to BF16 as the checkpoint's own BF16 inference does
+ * (products and sums stay FP32) and runs on BF16 dot products where the CPU has them
+ * (AVX512_BF16; elsewhere it is slower than F32): about 2x the prefill rate. Its logits move by
+ * BF16 rounding, not by 1e-3: an activation that lies near a rounding midpoint can round either
+ * way under FP32 summation-order differences (tests/test_engine.py measures both). */
+enum { KVL_ACT_DEFAULT = 0, KVL_ACT_F32 = 1, KVL_ACT_BF16 = 2 };
+
+typedef struct kvl_engine_options {
+    int32_t n_threads;             /* 0 = every core */
+    uint64_t expert_cache_bytes;   /* 0 = 512 MiB; rounded down to whole extents, minimum one
+                                      layer's top-k extents (error below that) */
+    int64_t trunk_cache_bytes;     /* -1 = stream every non-global trunk tensor, 0 = keep them
+                                      all resident, >0 = byte budget for resident non-global
+                                      trunk tensors (a prefix in forward order; the rest stream).
+                                      The Python planner always passes its planned figure. */
+    int32_t io_mode;               /* KVL_IO_*: AUTO tries direct I/O and falls back to buffered,
+                                      reporting which one it got in kvl_engine_info */
+    int32_t kernels;               /* KVL_KERNELS_*: AUTO = best the CPU supports */
+    int32_t kv_dtype;              /* KVL_KV_*; DEFAULT = F32 (BF16 moved tiny-model logits by
+                                      4e-2, over the 1e-3 correctness tolerance) */
+    int32_t load_vision;           /* 1 = open vision.idx/vision.bin too */
+    int32_t act_dtype;             /* KVL_ACT_* */
+} kvl_engine_options;
+
+typedef struct kvl_engine_info {
+    /* dimensions read from the pack */
+    int32_t vocab_size, hidden_size, n_layers, n_heads, kv_lora_rank, qk_rope_head_dim;
+    int32_t n_routed_experts, num_experts_per_tok, max_position_embeddings;
+    int32_t vision_hidden_size, vision_merge_h, vision_merge_w, vision_patch_size;
+    int32_t media_placeholder_token_id;
+    /* what the engine chose */
+    int32_t n_threads;
+    int32_t trunk_direct_io, expert_direct_io, vision_direct_io; /* 1 direct, 0 buffered */
+    char kernels[16];              /* "scalar" | "simd128" | "avx2" | "avx512" | "avx512-bf16" */
+    char kv_dtype[8];              /* "f32" | "bf16" */
+    /* resident bytes the engine allocated at open (for the RAM planner's check) */
+    uint64_t global_bytes;         /* lm_head, final norm, small tensors kept resident */
+    uint64_t trunk_cache_bytes;    /* resident non-global trunk tensors */
+    uint64_t expert_cache_bytes;   /* the expert cache slab */
+    uint64_t engine_workspace_bytes;
+    uint64_t expert_extent_bytes;  /* one (layer, expert) extent, padded to 4 KiB */
+    char act_dtype[8];             /* "f32" | "bf16": inputs of the Linear layers */
+} kvl_engine_info;
+
+typedef struct kvl_stats {
+    uint64_t expert_hits, expert_misses, expert_bytes_read;
+    uint64_t expert_stall_ns;      /* time compute waited for expert reads */
+    uint64_t trunk_hits, trunk_misses, trunk_bytes_read;
+    uint64_t trunk_stall_ns;
+    uint64_t vision_bytes_read;
+    uint64_t tokens_prefilled, tokens_decoded;
+} kvl_stats;
+
+KVL_API kvl_status kvl_engine_open(const char *pack_dir, const kvl_engine_options *options,
+                                   kvl_engine **out_engine, char *err, size_t err_len);
+KVL_API void kvl_engine_free(kvl_engine *engine);
+KVL_API kvl_status kvl_engine_get_info(const kvl_engine *engine, kvl_engine_info *out);
+KVL_API kvl_status kvl_engine_get_stats(const kvl_engine *engine, kvl_stats *out);
+KVL_API void kvl_engine_reset_stats(kvl_engine *engine);
+/* detail message of the last failed call on this engine or any of its sessions */
+KVL_API const char *kvl_engine_last_error(const kvl_engine *engine);
+
+typedef struct kvl_session_options {
+    int32_t max_context;           /* tokens; 0 = 4096; must be <= max_position_embeddings */
+    int32_t max_batch;             /* prefill chunk size in tokens; 0 = 256 */
+} kvl_session_options;
+
+/* Bytes a session with these options will allocate (KV + arena), for the RAM planner. */
+KVL_API kvl_status kvl_session_bytes(const kvl_engine *engine, const kvl_session_options *options,
+                                     uint64_t *out_bytes);
+KVL_API kvl_status kvl_session_new(kvl_engine *engine, const kvl_session_options *options,
+                                   kvl_session **out_session);
+KVL_API void kvl_session_free(kvl_session *session);
+KVL_API int32_t kvl_session_position(const kvl_session *session);
+/* Drop everything after the first n_tokens positions (0 <= n_tokens <= position). */
+KVL_API kvl_status kvl_session_truncate(kvl_session *session, int32_t n_tokens);
+
+enum { KVL_LOGITS_NONE = 0, KVL_LOGITS_LAST = 1, KVL_LOGITS_ALL = 2 };
+
+/* Append n_tokens tokens to the session. Each token equal to media_placeholder_token_id takes,
+ * in order, the next row of media_embeds (n_media rows x hidden_size floats, already rounded to
+ * BF16 by the caller if it wants the official boundary); their count must equal n_media.
+ * logits: NULL with KVL_LOGITS_NONE; vocab floats for LAST; n_tokens*vocab floats for ALL. */
+KVL_API kvl_status kvl_session_prefill(kvl_session *session, const int32_t *tokens,
+                                       int32_t n_tokens, const float *media_embeds,
+                                       int32_t n_media, int32_t logits_mode, float *logits);
+/* Append one token and return its logits (vocab floats). No allocation. */
+KVL_API kvl_status kvl_session_step(kvl_session *session, int32_t token, float *logits);
+/* Ask a running prefill/step (from another thread) to stop; it returns KVL_ERR_CANCELLED. */
+KVL_API void kvl_session_cancel(kvl_session *session);
+
+typedef struct kvl_sampler {
+    float temperature;             /* <= 0 means greedy */
+    int32_t top_k;                 /* 0 = off */
+    float top_p;                   /* 0 or >= 1 = off */
+    uint64_t rng_state;            /* advanced by each call; seed it with kvl_sampler_seed */
+} kvl_sampler;
+
+KVL_API void kvl_sampler_seed(kvl_sampler *sampler, uint64_t seed);
+/* Picks a token id from logits (modified in place as scratch). workspace: vocab int32s. */
+KVL_API int32_t kvl_sample(kvl_sampler *sampler, float *logits, int32_t vocab, int32_t *workspace);
+
+/* Vision: encode n_images images to text-space embeddings.
+ * pixel_values: sum(gh*gw) patches x 3 x patch x patch floats (spec §6 order);
+ * grids: n_images x 2 int32 (gh, gw), both multiples of the merge kernel;
+ * out: sum(gh*gw/(merge_h*merge_w)) rows x hidden_size floats (FP32, not rounded).
+ * Working memory is allocated for the call and released before it returns. */
+KVL_API kvl_status kvl_vision_bytes(const kvl_engine *engine, const int32_t *grids,
+                                    int32_t n_images, uint64_t *out_bytes);
+KVL_API kvl_status kvl_vision_encode(kvl_engine *engine, const float *pixel_values,
+                                     const int32_t *grids, int32_t n_images, float *out);
+
+/* Kernel sets: what `kvl doctor` reports and the conformance tests run, on every backend.
+ * A kernel set is one dispatch table ("scalar", "simd128", "avx2", "avx512", "avx512-bf16").
+ * kvl_kernel_set_count/name list the sets compiled into this build (index order);
+ * kvl_kernel_set_supported says whether this CPU and OS can run one; kvl_kernel_set_default
+ * names the set KVL_KERNELS_AUTO picks here (the KVL_KERNELS environment variable can lower it). */
+KVL_API int kvl_kernel_set_count(void);
+KVL_API const char *kvl_kernel_set_name(int index); /* NULL past the end */
+KVL_API int kvl_kernel_set_supported(const char *name);
+KVL_API const char *kvl_kernel_set_default(void);
+
+/* Runs every entry of one kernel set against the scalar reference (matrix products of every
+ * weight type and mode on shapes with row, column and token tails; the integer mode; vector
+ * ops; BF16 conversions; softmax/GELU) and writes a JSON report to out:
+ *   {"set":..., "table":<name of the table whose functions ran>, "checks":[{"kernel":...,
+ *    "shape":..., "max_err":..., "bound":..., "ok":true|false}, ...], "failed":N}
+ * Returns the number of failed checks (0 = the set conforms), -1 if the set is unknown or not
+ * supported here, -2 if out_len is too small for the report. Single-threaded; no files. */
+KVL_API int kvl_kernels_conformance(const char *set_name, char *out, size_t out_len);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KVL_H */

@@ -1,0 +1,1091 @@
+/* engine.c — the kvl_engine_* and kvl_session_* API of kvl_core.h.
+ *
+ * Owns: opening a pack (stores, PACK_COMPLETE.json, hparams, validation of every tensor the
+ * decoder needs, agreement between stores), the resident "global" tensors, the trunk cache
+ * (resident non-global trunk tensors in layer order up to a budget) and the double-buffered
+ * streamer with its I/O thread for the rest, the expert cache set-up, RAM figures, stats,
+ * error messages, and session lifetime/argument checks (chunking of prefill).
+ * Does not own: the forward math (model.c), vision (vision.c), file format parsing (store.c),
+ * expert caching policy (expert_cache.c), kernels.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine_internal.h"
+
+#ifdef _WIN32
+#define WIN32_LEAN_AND_MEAN
+#include <windows.h>
+#include <process.h>
+#else
+#include <pthread.h>
+#endif
+
+/* ---- small portability helpers ------------------------------------------------------------- */
+
+int kvl_atomic_load(volatile int *p)
+{
+#ifdef _MSC_VER
+    return (int)InterlockedCompareExchange((volatile long *)p, 0, 0);
+#else
+    return __atomic_load_n(p, __ATOMIC_SEQ_CST);
+#endif
+}
+
+void kvl_atomic_store(volatile int *p, int v)
+{
+#ifdef _MSC_VER
+    InterlockedExchange((volatile long *)p, (long)v);
+#else
+    __atomic_store_n(p, v, __ATOMIC_SEQ_CST);
+#endif
+}
+
+int kvl_atomic_fetch_add(volatile int *p, int v)
+{
+#ifdef _MSC_VER
+    return (int)InterlockedExchangeAdd((volatile long *)p, (long)v);
+#else
+    return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST);
+#endif
+}
+
+#ifdef _WIN32
+typedef CRITICAL_SECTION kvl_mutex;
+typedef CONDITION_VARIABLE kvl_cond;
+typedef HANDLE kvl_thread;
+static void mutex_init(kvl_mutex *m) { InitializeCriticalSection(m); }
+static void mutex_destroy(kvl_mutex *m) { DeleteCriticalSection(m); }
+static void mutex_lock(kvl_mutex *m) { EnterCriticalSection(m); }
+static void mutex_unlock(kvl_mutex *m) { LeaveCriticalSection(m); }
+static void cond_init(kvl_cond *c) { InitializeConditionVariable(c); }
+static void cond_destroy(kvl_cond *c) { (void)c; }
+static void cond_wait(kvl_cond *c, kvl_mutex *m) { SleepConditionVariableCS(c, m, INFINITE); }
+static void cond_broadcast(kvl_cond *c) { WakeAllConditionVariable(c); }
+#else
+typedef pthread_mutex_t kvl_mutex;
+typedef pthread_cond_t kvl_cond;
+typedef pthread_t kvl_thread;
+static void mutex_init(kvl_mutex *m) { pthread_mutex_init(m, NULL); }
+static void mutex_destroy(kvl_mutex *m) { pthread_mutex_destroy(m); }
+static void mutex_lock(kvl_mutex *m) { pthread_mutex_lock(m); }
+static void mutex_unlock(kvl_mutex *m) { pthread_mutex_unlock(m); }
+static void cond_init(kvl_cond *c) { pthread_cond_init(c, NULL); }
+static void cond_destroy(kvl_cond *c) { pthread_cond_destroy(c); }
+static void cond_wait(kvl_cond *c, kvl_mutex *m) { pthread_cond_wait(c, m); }
+static void cond_broadcast(kvl_cond *c) { pthread_cond_broadcast(c); }
+#endif
+
+static uint64_t align4096(uint64_t x) { return (x + 4095u) & ~(uint64_t)4095u; }
+static uint64_t align64(uint64_t x) { return (x + 63u) & ~(uint64_t)63u; }
+
+/* ---- status text and errors ------------------------------------------------------------------ */
+
+const char *kvl_strerror(kvl_status status)
+{
+    switch (status) {
+    case KVL_OK: return "ok";
+    case KVL_ERR_IO: return "I/O error";
+    case KVL_ERR_FORMAT: return "corrupt or unsupported pack file";
+    case KVL_ERR_CONFIG: return "pack configuration mismatch";
+    case KVL_ERR_NOMEM: return "out of memory";
+    case KVL_ERR_INVALID_ARG: return "invalid argument";
+    case KVL_ERR_CONTEXT_FULL: return "context full";
+    case KVL_ERR_CANCELLED: return "cancelled";
+    case KVL_ERR_UNSUPPORTED: return "unsupported";
+    case KVL_ERR_INTERNAL: return "internal error";
+    }
+    return "unknown status";
+}
+
+int kvl_abi_version(void) { return KVL_ABI_VERSION; }
+
+kvl_status kvl_engine_fail(kvl_engine *engine, kvl_status status, const char *fmt, ...)
+{
+    if (engine) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(engine->last_error, sizeof engine->last_error, fmt, ap);
+        va_end(ap);
+    }
+    return status;
+}
+
+const char *kvl_engine_last_error(const kvl_engine *engine)
+{
+    return engine ? engine->last_error : "no engine";
+}
+
+/* ---- trunk streamer: double buffer + one I/O thread ------------------------------------------ */
+
+enum { SLOT_EMPTY = 0, SLOT_LOADING = 1, SLOT_READY = 2 };
+
+typedef struct kvl_stream {
+    kvl_engine *engine;
+    kvl_mutex mu;
+    kvl_cond cv;
+    kvl_thread thread;
+    int quit;
+    void *buf[2];
+    uint64_t buf_bytes;
+    int tensor[2], state[2];
+    kvl_status status[2];
+    int pending;   /* slot queued for the I/O thread, or -1 */
+    int current;   /* slot compute is using, or -1 */
+} kvl_stream;
+
+static void stream_io_loop(kvl_stream *st)
+{
+    kvl_engine_text *t = st->engine->text;
+    mutex_lock(&st->mu);
+    for (;;) {
+        while (!st->quit && st->pending < 0) cond_wait(&st->cv, &st->mu);
+        if (st->quit) break;
+        int slot = st->pending;
+        st->pending = -1;
+        const kvl_tensor_rec *rec = t->tt[st->tensor[slot]].rec;
+        mutex_unlock(&st->mu);
+        kvl_status s = kvl_store_read(st->engine->trunk, rec->offset, rec->nbytes, st->buf[slot]);
+        mutex_lock(&st->mu);
+        st->status[slot] = s;
+        st->state[slot] = SLOT_READY;
+        if (s == KVL_OK) t->trunk_bytes_read += rec->nbytes;
+        cond_broadcast(&st->cv);
+    }
+    mutex_unlock(&st->mu);
+}
+
+#ifdef _WIN32
+static unsigned __stdcall stream_thread_main(void *arg)
+{
+    stream_io_loop((kvl_stream *)arg);
+    return 0;
+}
+#else
+static void *stream_thread_main(void *arg)
+{
+    stream_io_loop((kvl_stream *)arg);
+    return NULL;
+}
+#endif
+
+/* queue `tensor` into `slot`; caller holds the lock and the slot is not loading */
+static void stream_queue(kvl_stream *st, int slot, int tensor)
+{
+    st->tensor[slot] = tensor;
+    st->state[slot] = SLOT_LOADING;
+    st->pending = slot;
+    cond_broadcast(&st->cv);
+}
+
+kvl_status kvl_trunk_get(kvl_engine *engine, int id, const uint16_t **out)
+{
+    kvl_engine_text *t = engine->text;
+    kvl_trunk_tensor *tt = &t->tt[id];
+    if (tt->resident) {
+        t->trunk_hits++;
+        *out = tt->resident;
+        return KVL_OK;
+    }
+    kvl_stream *st = t->stream;
+    t->trunk_misses++;
+    mutex_lock(&st->mu);
+    int slot = -1;
+    for (int i = 0; i < 2; i++)
+        if (st->state[i] != SLOT_EMPTY && st->tensor[i] == id) slot = i;
+    if (slot < 0) {
+        /* not prefetched (first use, or out of order): read now into the slot not in use */
+        slot = st->current == 0 ? 1 : 0;
+        while (st->state[slot] == SLOT_LOADING) cond_wait(&st->cv, &st->mu);
+        stream_queue(st, slot, id);
+    }
+    if (st->state[slot] != SLOT_READY) {
+        uint64_t t0 = kvl_now_ns();
+        while (st->state[slot] != SLOT_READY) cond_wait(&st->cv, &st->mu);
+        t->trunk_stall_ns += kvl_now_ns() - t0;
+    }
+    kvl_status s = st->status[slot];
+    if (s != KVL_OK) {
+        st->state[slot] = SLOT_EMPTY;
+        mutex_unlock(&st->mu);
+        return kvl_engine_fail(engine, s, "reading trunk tensor '%s' from trunk.bin failed",
+                               tt->rec->name);
+    }
+    st->current = slot;
+    /* the other slot held the previous tensor, which the caller no longer uses: fill it with
+     * the next streamed tensor so its read overlaps the compute on this one */
+    int other = 1 - slot;
+    int next = tt->next_streamed;
+    if (next != id && !(st->state[other] != SLOT_EMPTY && st->tensor[other] == next)) {
+        while (st->state[other] == SLOT_LOADING) cond_wait(&st->cv, &st->mu);
+        stream_queue(st, other, next);
+    }
+    *out = (const uint16_t *)st->buf[slot];
+    mutex_unlock(&st->mu);
+    return KVL_OK;
+}
+
+static void stream_free(kvl_stream *st)
+{
+    if (!st) return;
+    mutex_lock(&st->mu);
+    st->quit = 1;
+    cond_broadcast(&st->cv);
+    mutex_unlock(&st->mu);
+#ifdef _WIN32
+    WaitForSingleObject(st->thread, INFINITE);
+    CloseHandle(st->thread);
+#else
+    pthread_join(st->thread, NULL);
+#endif
+    mutex_destroy(&st->mu);
+    cond_destroy(&st->cv);
+    kvl_aligned_free(st->buf[0]);
+    kvl_aligned_free(st->buf[1]);
+    free(st);
+}
+
+static kvl_status stream_create(kvl_engine *e, uint64_t buf_bytes, kvl_stream **out)
+{
+    kvl_stream *st = (kvl_stream *)calloc(1, sizeof *st);
+    if (!st) return KVL_ERR_NOMEM;
+    st->engine = e;
+    st->buf_bytes = buf_bytes;
+    st->buf[0] = kvl_aligned_alloc(KVL_PAGE, (size_t)buf_bytes);
+    st->buf[1] = kvl_aligned_alloc(KVL_PAGE, (size_t)buf_bytes);
+    if (!st->buf[0] || !st->buf[1]) {
+        kvl_aligned_free(st->buf[0]);
+        kvl_aligned_free(st->buf[1]);
+        free(st);
+        return KVL_ERR_NOMEM;
+    }
+    st->tensor[0] = st->tensor[1] = -1;
+    st->pending = -1;
+    st->current = -1;
+    mutex_init(&st->mu);
+    cond_init(&st->cv);
+#ifdef _WIN32
+    uintptr_t h = _beginthreadex(NULL, 0, stream_thread_main, st, 0, NULL);
+    if (h == 0) goto fail;
+    st->thread = (HANDLE)h;
+#else
+    if (pthread_create(&st->thread, NULL, stream_thread_main, st) != 0) goto fail;
+#endif
+    *out = st;
+    return KVL_OK;
+fail:
+    mutex_destroy(&st->mu);
+    cond_destroy(&st->cv);
+    kvl_aligned_free(st->buf[0]);
+    kvl_aligned_free(st->buf[1]);
+    free(st);
+    return KVL_ERR_INTERNAL;
+}
+
+/* ---- open: hparams and validation -------------------------------------------------------------- */
+
+typedef struct open_ctx {
+    kvl_engine *e;
+    char *err;
+    size_t err_len;
+} open_ctx;
+
+static kvl_status oerr(open_ctx *c, kvl_status st, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    if (c->err && c->err_len) vsnprintf(c->err, c->err_len, fmt, ap);
+    va_end(ap);
+    return st;
+}
+
+static const char *dtype_name(uint32_t d)
+{
+    return d == KVL_DTYPE_BF16 ? "BF16" : d == KVL_DTYPE_F32 ? "F32" : d == KVL_DTYPE_Q8_EXPERT ? "Q8_EXPERT" : "?";
+}
+
+static void shape_text(char *buf, size_t len, uint32_t ndim, const uint64_t *shape)
+{
+    size_t o = 0;
+    o += (size_t)snprintf(buf + o, len - o, "[");
+    for (uint32_t i = 0; i < ndim && i < 4 && o < len; i++)
+        o += (size_t)snprintf(buf + o, len - o, "%s%llu", i ? ", " : "", (unsigned long long)shape[i]);
+    if (o < len) snprintf(buf + o, len - o, "]");
+}
+
+/* Finds `name` in the store and checks dtype and shape; message names the file and tensor. */
+static kvl_status expect(open_ctx *c, kvl_store *store, const char *file, const char *name,
+                         uint32_t dtype, uint32_t ndim, uint64_t d0, uint64_t d1,
+                         const kvl_tensor_rec **out)
+{
+    const kvl_tensor_rec *r = kvl_store_find(store, name);
+    if (!r)
+        return oerr(c, KVL_ERR_CONFIG, "%s: tensor '%s' is missing; the pack does not match its "
+                    "config (rerun kvl pack)", file, name);
+    uint64_t want[4] = {d0, d1, 0, 0};
+    int ok = r->dtype == dtype && r->ndim == ndim;
+    for (uint32_t i = 0; ok && i < ndim; i++) ok = r->shape[i] == want[i];
+    uint64_t elt = dtype == KVL_DTYPE_F32 ? 4 : 2;
+    if (ok && r->nbytes != (ndim == 1 ? d0 : d0 * d1) * elt) ok = 0;
+    if (!ok) {
+        char a[96], b[96];
+        shape_text(a, sizeof a, ndim, want);
+        shape_text(b, sizeof b, r->ndim, r->shape);
+        return oerr(c, KVL_ERR_CONFIG, "%s: tensor '%s' should be %s %s (from the config's "
+                    "hparams) but the pack has %s %s with %llu bytes; the pack and its config "
+                    "disagree (rerun kvl pack)", file, name, dtype_name(dtype), a,
+                    dtype_name(r->dtype), b, (unsigned long long)r->nbytes);
+    }
+    *out = r;
+    return KVL_OK;
+}
+
+static const char *TEXT_KEYS[] = {
+    "text.vocab_size", "text.hidden_size", "text.intermediate_size", "text.moe_intermediate_size",
+    "text.num_hidden_layers", "text.num_attention_heads", "text.n_routed_experts",
+    "text.n_shared_experts", "text.num_experts_per_tok", "text.first_k_dense_replace",
+    "text.moe_layer_freq", "text.kv_lora_rank", "text.q_lora_rank", "text.qk_nope_head_dim",
+    "text.qk_rope_head_dim", "text.v_head_dim", "text.routed_scaling_factor", "text.n_group",
+    "text.topk_group", "text.norm_topk_prob", "text.rope_theta", "text.rms_norm_eps",
+    "text.kv_a_layernorm_eps", "text.max_position_embeddings", "media_placeholder_token_id",
+};
+#define N_TEXT_KEYS (sizeof TEXT_KEYS / sizeof TEXT_KEYS[0])
+
+static kvl_status read_hparams(open_ctx *c, kvl_text_hparams *hp)
+{
+    double v[N_TEXT_KEYS];
+    for (size_t i = 0; i < N_TEXT_KEYS; i++) {
+        int found = 0;
+        v[i] = kvl_store_hparam(c->e->trunk, TEXT_KEYS[i], &found);
+        if (!found)
+            return oerr(c, KVL_ERR_FORMAT, "trunk.idx: hparam '%s' is missing (rerun kvl pack)",
+                        TEXT_KEYS[i]);
+        if (c->e->experts) {
+            int f2 = 0;
+            double w = kvl_store_hparam(c->e->experts, TEXT_KEYS[i], &f2);
+            if (!f2 || w != v[i])
+                return oerr(c, KVL_ERR_CONFIG, "experts.idx and trunk.idx disagree on hparam "
+                            "'%s' (%g vs %g): they come from different packs; rerun kvl pack",
+                            TEXT_KEYS[i], f2 ? w : -1.0, v[i]);
+        }
+    }
+    /* Hostile packs (tests/test_pack_fuzz.py): converting a NaN, infinite or out-of-range double
+     * to int is undefined behaviour, and sums such as nope + rope below are int, so every integer
+     * hparam must be a whole number in 0..2^24 (far above any real model's; 16, 19..22 are the
+     * real-valued ones). */
+    for (size_t i = 0; i < N_TEXT_KEYS; i++) {
+        int real_valued = i == 16 || (i >= 19 && i <= 22);
+        if (real_valued ? !(v[i] > -1e30 && v[i] < 1e30)
+                        : !(v[i] >= 0.0 && v[i] <= 16777216.0 && v[i] == (double)(int64_t)v[i]))
+            return oerr(c, KVL_ERR_CONFIG, "trunk.idx: hparam %s = %g is not a valid %s; rerun kvl pack",
+                        TEXT_KEYS[i], v[i], real_valued ? "finite number" : "integer in 0..2^24");
+    }
+    hp->vocab = (int)v[0]; hp->hidden = (int)v[1]; hp->intermediate = (int)v[2];
+    hp->moe_intermediate = (int)v[3]; hp->n_layers = (int)v[4]; hp->n_heads = (int)v[5];
+    hp->n_routed = (int)v[6]; hp->n_shared = (int)v[7]; hp->topk = (int)v[8];
+    hp->first_dense = (int)v[9]; hp->moe_freq = (int)v[10]; hp->kv_lora = (int)v[11];
+    int q_lora = (int)v[12];
+    hp->nope = (int)v[13]; hp->rope = (int)v[14]; hp->v_dim = (int)v[15];
+    hp->routed_scale = (float)v[16]; hp->n_group = (int)v[17]; hp->topk_group = (int)v[18];
+    hp->norm_topk = v[19] != 0.0; hp->rope_theta = (float)v[20]; hp->rms_eps = (float)v[21];
+    hp->kva_eps = (float)v[22]; hp->max_pos = (int)v[23]; hp->media_token = (int)v[24];
+    const char *bad = NULL;
+    if (hp->vocab <= 0) bad = "text.vocab_size";
+    else if (hp->hidden <= 0) bad = "text.hidden_size";
+    else if (hp->n_layers <= 0) bad = "text.num_hidden_layers";
+    else if (hp->n_heads <= 0) bad = "text.num_attention_heads";
+    else if (hp->kv_lora <= 0) bad = "text.kv_lora_rank";
+    else if (hp->nope <= 0) bad = "text.qk_nope_head_dim";
+    else if (hp->rope <= 0 || hp->rope % 2) bad = "text.qk_rope_head_dim (must be even)";
+    else if (hp->v_dim <= 0) bad = "text.v_head_dim";
+    else if (q_lora != 0) bad = "text.q_lora_rank (only null is supported)";
+    else if (hp->max_pos <= 0) bad = "text.max_position_embeddings";
+    else if (hp->moe_freq <= 0) bad = "text.moe_layer_freq";
+    else if (hp->n_routed < 0 || hp->n_shared < 0 || hp->moe_intermediate < 0) bad = "text.n_routed_experts";
+    else if (hp->n_routed > 0 && (hp->topk <= 0 || hp->topk > hp->n_routed)) bad = "text.num_experts_per_tok";
+    else if (hp->n_routed > 0 && (hp->n_group <= 0 || hp->n_routed % hp->n_group)) bad = "text.n_group";
+    else if (hp->n_routed > 0 && (hp->topk_group <= 0 || hp->topk_group > hp->n_group)) bad = "text.topk_group";
+    else if (!(hp->rope_theta > 0)) bad = "text.rope_theta";
+    if (bad)
+        return oerr(c, KVL_ERR_CONFIG, "trunk.idx: hparam %s has an unsupported value", bad);
+    return KVL_OK;
+}
+
+static int layer_is_moe(const kvl_text_hparams *hp, int l)
+{
+    return hp->n_routed > 0 && l >= hp->first_dense && l % hp->moe_freq == 0;
+}
+
+static kvl_status load_text(open_ctx *c, const kvl_engine_options *o)
+{
+    kvl_engine *e = c->e;
+    kvl_engine_text *t = e->text;
+    kvl_text_hparams *hp = &t->hp;
+    kvl_status st;
+    const uint64_t H = (uint64_t)hp->hidden, V = (uint64_t)hp->vocab, nh = (uint64_t)hp->n_heads;
+    const uint64_t kvl = (uint64_t)hp->kv_lora, rope = (uint64_t)hp->rope;
+    const uint64_t E = (uint64_t)hp->n_routed;
+    char name[160];
+    const kvl_tensor_rec *r;
+
+    t->layers = (kvl_layer_globals *)calloc((size_t)hp->n_layers, sizeof *t->layers);
+    t->tt = (kvl_trunk_tensor *)calloc((size_t)hp->n_layers * KVL_TT_PER_LAYER, sizeof *t->tt);
+    if (!t->layers || !t->tt) return oerr(c, KVL_ERR_NOMEM, "out of memory opening the pack");
+
+    /* ---- validate every tensor the decoder needs and plan the global block ---- */
+    const kvl_tensor_rec *final_norm, *lm_head;
+    if ((st = expect(c, e->trunk, "trunk.idx", "language_model.model.embed_tokens.weight",
+                     KVL_DTYPE_BF16, 2, V, H, &t->embed)) != KVL_OK) return st;
+    if ((st = expect(c, e->trunk, "trunk.idx", "language_model.model.norm.weight",
+                     KVL_DTYPE_BF16, 1, H, 0, &final_norm)) != KVL_OK) return st;
+    if ((st = expect(c, e->trunk, "trunk.idx", "language_model.lm_head.weight",
+                     KVL_DTYPE_BF16, 2, V, H, &lm_head)) != KVL_OK) return st;
+    uint64_t gbytes = align4096(lm_head->nbytes) + align64(H * 4);
+    const kvl_tensor_rec **small = (const kvl_tensor_rec **)calloc((size_t)hp->n_layers * 5,
+                                                                   sizeof *small);
+    if (!small) return oerr(c, KVL_ERR_NOMEM, "out of memory opening the pack");
+    int n_moe = 0;
+    for (int l = 0; l < hp->n_layers; l++) {
+        kvl_layer_globals *lg = &t->layers[l];
+        kvl_trunk_tensor *tt = &t->tt[l * KVL_TT_PER_LAYER];
+        const char *pre = "language_model.model.layers";
+        lg->is_moe = layer_is_moe(hp, l);
+        n_moe += lg->is_moe;
+#define EXPECT(suffix, dt, nd, a, b, dst)                                                          \
+        do {                                                                                      \
+            snprintf(name, sizeof name, "%s.%d.%s", pre, l, suffix);                              \
+            if ((st = expect(c, e->trunk, "trunk.idx", name, dt, nd, a, b, dst)) != KVL_OK)       \
+                goto out;                                                                         \
+        } while (0)
+        EXPECT("input_layernorm.weight", KVL_DTYPE_BF16, 1, H, 0, &small[l * 5 + 0]);
+        EXPECT("post_attention_layernorm.weight", KVL_DTYPE_BF16, 1, H, 0, &small[l * 5 + 1]);
+        EXPECT("self_attn.kv_a_layernorm.weight", KVL_DTYPE_BF16, 1, kvl, 0, &small[l * 5 + 2]);
+        EXPECT("self_attn.q_proj.weight", KVL_DTYPE_BF16, 2, nh * (uint64_t)(hp->nope + hp->rope), H,
+               &tt[KVL_TT_Q].rec);
+        EXPECT("self_attn.kv_a_proj_with_mqa.weight", KVL_DTYPE_BF16, 2, kvl + rope, H,
+               &tt[KVL_TT_KVA].rec);
+        EXPECT("self_attn.kv_b_proj.weight", KVL_DTYPE_BF16, 2,
+               nh * (uint64_t)(hp->nope + hp->v_dim), kvl, &tt[KVL_TT_KVB].rec);
+        EXPECT("self_attn.o_proj.weight", KVL_DTYPE_BF16, 2, H, nh * (uint64_t)hp->v_dim,
+               &tt[KVL_TT_O].rec);
+        gbytes += 2 * align64(H * 4) + align64(kvl * 4);
+        const char *mlp = lg->is_moe ? "mlp.shared_experts" : "mlp";
+        uint64_t rows = lg->is_moe ? (uint64_t)hp->n_shared * (uint64_t)hp->moe_intermediate
+                                   : (uint64_t)hp->intermediate;
+        /* a dense layer without MLP rows would leave its MLP tensors unvalidated and NULL (a
+         * crash at the first token; found by tests/test_pack_fuzz.py) */
+        if (!lg->is_moe && rows == 0) {
+            st = oerr(c, KVL_ERR_CONFIG, "trunk.idx: layer %d is dense but hparam "
+                      "text.intermediate_size is 0; rerun kvl pack", l);
+            goto out;
+        }
+        if (lg->is_moe) {
+            EXPECT("mlp.gate.weight", KVL_DTYPE_BF16, 2, E, H, &small[l * 5 + 3]);
+            EXPECT("mlp.gate.e_score_correction_bias", KVL_DTYPE_F32, 1, E, 0, &small[l * 5 + 4]);
+            gbytes += align4096(small[l * 5 + 3]->nbytes) + align64(E * 4);
+        }
+        if (rows > 0) {
+            char sfx[96];
+            lg->mlp_rows = (int)rows;
+            snprintf(sfx, sizeof sfx, "%s.gate_proj.weight", mlp);
+            EXPECT(sfx, KVL_DTYPE_BF16, 2, rows, H, &tt[KVL_TT_MLP_GATE].rec);
+            snprintf(sfx, sizeof sfx, "%s.up_proj.weight", mlp);
+            EXPECT(sfx, KVL_DTYPE_BF16, 2, rows, H, &tt[KVL_TT_MLP_UP].rec);
+            snprintf(sfx, sizeof sfx, "%s.down_proj.weight", mlp);
+            EXPECT(sfx, KVL_DTYPE_BF16, 2, H, rows, &tt[KVL_TT_MLP_DOWN].rec);
+        }
+#undef EXPECT
+    }
+    /* routed experts: one Q8 extent per (MoE layer, expert) of the size docs/FORMAT.md gives */
+    if (n_moe > 0) {
+        const uint64_t I = (uint64_t)hp->moe_intermediate;
+        uint64_t up_off = align64(I * H), down_off = align64(up_off + I * H);
+        uint64_t gs_off = align64(down_off + H * I), us_off = align64(gs_off + 4 * I);
+        uint64_t ds_off = align64(us_off + 4 * I), nbytes = ds_off + 4 * H;
+        t->extent_bytes = align4096(nbytes);
+        for (int l = 0; l < hp->n_layers; l++) {
+            if (!t->layers[l].is_moe) continue;
+            for (uint64_t x = 0; x < E; x++) {
+                snprintf(name, sizeof name, "language_model.model.layers.%d.mlp.experts.%llu", l,
+                         (unsigned long long)x);
+                r = kvl_store_find(e->experts, name);
+                if (!r) {
+                    st = oerr(c, KVL_ERR_CONFIG, "experts.idx: expert extent '%s' is missing; the "
+                              "pack does not match its config (rerun kvl pack)", name);
+                    goto out;
+                }
+                if (r->dtype != KVL_DTYPE_Q8_EXPERT || r->ndim != 4 || r->shape[0] != (uint64_t)l ||
+                    r->shape[1] != x || r->shape[2] != I ||
+                    r->shape[3] != H || r->nbytes != nbytes) {
+                    char want[96], got[96];
+                    uint64_t ws[4] = {(uint64_t)l, x, I, H};
+                    shape_text(want, sizeof want, 4, ws);
+                    shape_text(got, sizeof got, r->ndim, r->shape);
+                    st = oerr(c, KVL_ERR_CONFIG, "experts.idx: extent '%s' should be Q8_EXPERT "
+                              "%s with %llu bytes (from the config's hparams) but the pack has %s "
+                              "%s with %llu bytes; the pack and its config disagree (rerun kvl "
+                              "pack)", name, want, (unsigned long long)nbytes, dtype_name(r->dtype),
+                              got, (unsigned long long)r->nbytes);
+                    goto out;
+                }
+            }
+        }
+    }
+
+    /* ---- globals, for the planner: one block laid out as lm_head (BF16, align4096(nbytes)),
+     * then every MoE layer's router weight (BF16, align4096(nbytes)), then per layer the
+     * input/post-attention/kv_a norms widened to f32 (align64 each) and, on MoE layers, the f32
+     * router bias (align64), then the final norm in f32 (align64). BF16 -> f32 is exact. ---- */
+    t->global_mem = kvl_large_alloc((size_t)gbytes);
+    if (!t->global_mem) {
+        st = oerr(c, KVL_ERR_NOMEM, "cannot allocate %llu bytes for the resident lm_head and norms",
+                  (unsigned long long)gbytes);
+        goto out;
+    }
+    t->global_bytes = gbytes;
+    {
+        char *p = (char *)t->global_mem;
+        uint16_t *tmp = (uint16_t *)malloc((size_t)(H > kvl ? H : kvl) * 2 + 64);
+        if (!tmp) { st = oerr(c, KVL_ERR_NOMEM, "out of memory opening the pack"); goto out; }
+#define READ_PAGED(rec, dst)                                                                      \
+        do {                                                                                      \
+            if ((st = kvl_store_read(e->trunk, (rec)->offset, (rec)->nbytes, p)) != KVL_OK) {     \
+                st = oerr(c, st, "trunk.bin: reading '%s' failed", (rec)->name);                  \
+                goto globals_done;                                                                \
+            }                                                                                     \
+            (dst) = (const uint16_t *)(void *)p;                                                  \
+            p += align4096((rec)->nbytes);                                                        \
+        } while (0)
+#define READ_WIDENED(rec, dst, count)                                                             \
+        do {                                                                                      \
+            if ((st = kvl_store_read_small(e->trunk, (rec)->offset, (rec)->nbytes, tmp)) != KVL_OK) { \
+                st = oerr(c, st, "trunk.bin: reading '%s' failed", (rec)->name);                  \
+                goto globals_done;                                                                \
+            }                                                                                     \
+            e->k->bf16_to_f32((float *)(void *)p, tmp, (size_t)(count));                         \
+            (dst) = (const float *)(void *)p;                                                     \
+            p += align64((uint64_t)(count) * 4);                                                  \
+        } while (0)
+        READ_PAGED(lm_head, t->lm_head);
+        for (int l = 0; l < hp->n_layers; l++)
+            if (t->layers[l].is_moe) READ_PAGED(small[l * 5 + 3], t->layers[l].router_w);
+        for (int l = 0; l < hp->n_layers; l++) {
+            kvl_layer_globals *lg = &t->layers[l];
+            READ_WIDENED(small[l * 5 + 0], lg->input_ln, H);
+            READ_WIDENED(small[l * 5 + 1], lg->post_ln, H);
+            READ_WIDENED(small[l * 5 + 2], lg->kva_ln, kvl);
+            if (lg->is_moe) {
+                const kvl_tensor_rec *rb = small[l * 5 + 4];
+                if ((st = kvl_store_read_small(e->trunk, rb->offset, rb->nbytes, p)) != KVL_OK) {
+                    st = oerr(c, st, "trunk.bin: reading '%s' failed", rb->name);
+                    goto globals_done;
+                }
+                lg->router_bias = (const float *)(void *)p;
+                p += align64(E * 4);
+            }
+        }
+        READ_WIDENED(final_norm, t->final_norm, H);
+#undef READ_PAGED
+#undef READ_WIDENED
+    globals_done:
+        free(tmp);
+        if (st != KVL_OK) goto out;
+    }
+
+    /* ---- trunk cache, for the planner: walk the non-global trunk tensors in forward order
+     * (layer 0..L-1; within a layer q_proj, kv_a_proj_with_mqa, kv_b_proj, o_proj, then the
+     * dense mlp or shared_experts gate_proj, up_proj, down_proj) and keep each resident while
+     * the running sum of align4096(nbytes) stays <= budget; the first tensor that does not fit
+     * and everything after it are streamed (a prefix, so the layers used first stay hot).
+     * trunk_cache_bytes: -1 -> budget 0, 0 -> everything, >0 -> that budget. Streaming takes a
+     * double buffer of 2 x the largest streamed tensor's align4096(nbytes) (engine_workspace). */
+    {
+        const int n_tt = hp->n_layers * KVL_TT_PER_LAYER;
+        uint64_t all = 0;
+        for (int i = 0; i < n_tt; i++)
+            if (t->tt[i].rec) {
+                t->tt[i].padded = align4096(t->tt[i].rec->nbytes);
+                all += t->tt[i].padded;
+            }
+        uint64_t budget = o->trunk_cache_bytes < 0 ? 0
+                          : o->trunk_cache_bytes == 0 ? all : (uint64_t)o->trunk_cache_bytes;
+        uint64_t used = 0;
+        int first_streamed = n_tt;
+        for (int i = 0; i < n_tt; i++) {
+            if (!t->tt[i].rec) continue;
+            if (used + t->tt[i].padded > budget) { first_streamed = i; break; }
+            used += t->tt[i].padded;
+        }
+        if (used > 0) {
+            t->trunk_mem = kvl_large_alloc((size_t)used);
+            if (!t->trunk_mem) {
+                st = oerr(c, KVL_ERR_NOMEM, "cannot allocate the %llu-byte trunk cache; lower "
+                          "trunk_cache_bytes", (unsigned long long)used);
+                goto out;
+            }
+        }
+        t->trunk_bytes = used;
+        char *p = (char *)t->trunk_mem;
+        uint64_t max_streamed = 0;
+        int first = -1, prev = -1;
+        for (int i = 0; i < n_tt; i++) {
+            kvl_trunk_tensor *tt = &t->tt[i];
+            if (!tt->rec) continue;
+            if (i < first_streamed) {
+                if ((st = kvl_store_read(e->trunk, tt->rec->offset, tt->rec->nbytes, p)) != KVL_OK) {
+                    st = oerr(c, st, "trunk.bin: reading '%s' failed", tt->rec->name);
+                    goto out;
+                }
+                tt->resident = (const uint16_t *)p;
+                p += tt->padded;
+            } else {
+                if (tt->padded > max_streamed) max_streamed = tt->padded;
+                if (first < 0) first = i;
+                if (prev >= 0) t->tt[prev].next_streamed = i;
+                prev = i;
+            }
+        }
+        if (prev >= 0) {
+            t->tt[prev].next_streamed = first;
+            if ((st = stream_create(e, max_streamed, &t->stream)) != KVL_OK) {
+                st = oerr(c, st, "cannot allocate the trunk streaming buffers (2 x %llu bytes)",
+                          (unsigned long long)max_streamed);
+                goto out;
+            }
+            t->workspace_bytes = 2 * max_streamed;
+        }
+    }
+
+    /* ---- expert cache ---- */
+    if (n_moe > 0) {
+        uint64_t min_bytes = (uint64_t)hp->topk * t->extent_bytes;
+        uint64_t budget = o->expert_cache_bytes ? o->expert_cache_bytes : 512ull << 20;
+        if (budget < min_bytes) {
+            st = oerr(c, KVL_ERR_INVALID_ARG, "expert_cache_bytes = %llu is below one layer's "
+                      "top-%d expert extents (%d x %llu = %llu bytes); raise it",
+                      (unsigned long long)budget, hp->topk, hp->topk,
+                      (unsigned long long)t->extent_bytes, (unsigned long long)min_bytes);
+            goto out;
+        }
+        uint64_t all = (uint64_t)n_moe * E * t->extent_bytes;
+        if (budget > all) budget = all; /* never allocate more than every extent */
+        char cerr[256] = "";
+        /* readers share each extent's ~2 MiB pieces: 4 keeps a disk queue busy (measured: a
+         * virtio disk gave ~270 MB/s with one 8 MiB read in flight, ~1.6-2 GB/s with four 2 MiB
+         * reads); they sleep when idle and do no math, so they do not compete with the pool */
+        st = kvl_expert_cache_create(e->experts, hp->n_layers, hp->n_routed, budget, hp->topk, 4,
+                                     &t->ecache, cerr, sizeof cerr);
+        if (st != KVL_OK) {
+            st = oerr(c, st, "experts.bin: %s", cerr);
+            goto out;
+        }
+    }
+    st = KVL_OK;
+out:
+    free(small);
+    return st;
+}
+
+static kvl_status file_exists(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return KVL_ERR_IO;
+    fclose(f);
+    return KVL_OK;
+}
+
+static void join_path(char *out, size_t len, const char *dir, const char *file)
+{
+    size_t n = strlen(dir);
+    int sep = n > 0 && (dir[n - 1] == '/' || dir[n - 1] == '\\');
+    snprintf(out, len, "%s%s%s", dir, sep ? "" : "/", file);
+}
+
+static kvl_status open_store(open_ctx *c, const char *dir, const char *stem, uint32_t kind,
+                             int io_mode, kvl_store **out)
+{
+    char idx[4096], bin[4096], serr[384] = "";
+    char f1[64], f2[64];
+    snprintf(f1, sizeof f1, "%s.idx", stem);
+    snprintf(f2, sizeof f2, "%s.bin", stem);
+    join_path(idx, sizeof idx, dir, f1);
+    join_path(bin, sizeof bin, dir, f2);
+    kvl_status st = kvl_store_open(idx, bin, kind, io_mode, out, serr, sizeof serr);
+    if (st != KVL_OK) {
+        /* store.c names the file; add the pack directory only if it did not */
+        if (strstr(serr, f1) || strstr(serr, f2))
+            return oerr(c, st, "%s", serr);
+        return oerr(c, st, "%s: %s", f1, serr[0] ? serr : kvl_strerror(st));
+    }
+    return KVL_OK;
+}
+
+static kvl_status check_config_agrees(open_ctx *c, kvl_store *other, const char *file)
+{
+    size_t a_len = 0, b_len = 0;
+    const char *a = kvl_store_config_json(c->e->trunk, &a_len);
+    const char *b = kvl_store_config_json(other, &b_len);
+    if (a_len != b_len || (a_len && memcmp(a, b, a_len) != 0))
+        return oerr(c, KVL_ERR_CONFIG, "%s and trunk.idx carry different config.json texts: they "
+                    "come from different packs; rerun kvl pack", file);
+    return KVL_OK;
+}
+
+static int vparam(kvl_store *s, const char *key, double *v)
+{
+    int found = 0;
+    *v = kvl_store_hparam(s, key, &found);
+    return found;
+}
+
+void kvl_engine_free(kvl_engine *e)
+{
+    if (!e) return;
+    kvl_engine_text *t = e->text;
+    if (t) {
+        stream_free(t->stream);
+        kvl_expert_cache_free(t->ecache);
+        kvl_aligned_free(t->global_mem);
+        kvl_aligned_free(t->trunk_mem);
+        free(t->layers);
+        free(t->tt);
+        free(t);
+    }
+    if (e->pool) kvl_pool_free(e->pool);
+    kvl_store_close(e->trunk);
+    kvl_store_close(e->experts);
+    kvl_store_close(e->vision);
+    free(e);
+}
+
+kvl_status kvl_engine_open(const char *pack_dir, const kvl_engine_options *options,
+                           kvl_engine **out_engine, char *err, size_t err_len)
+{
+    kvl_engine_options o;
+    open_ctx c;
+    kvl_status st;
+    char path[4096];
+    memset(&o, 0, sizeof o);
+    if (options) o = *options;
+    c.e = NULL; c.err = err; c.err_len = err_len;
+    if (err && err_len) err[0] = 0;
+    if (!pack_dir || !out_engine)
+        return oerr(&c, KVL_ERR_INVALID_ARG, "kvl_engine_open: pack_dir and out_engine are required");
+    *out_engine = NULL;
+    if (o.n_threads < 0)
+        return oerr(&c, KVL_ERR_INVALID_ARG, "n_threads = %d is negative; use 0 for every core",
+                    (int)o.n_threads);
+    if (o.trunk_cache_bytes < -1)
+        return oerr(&c, KVL_ERR_INVALID_ARG, "trunk_cache_bytes = %lld is invalid (use -1 to stream "
+                    "everything, 0 for all resident, or a byte budget)", (long long)o.trunk_cache_bytes);
+    if (o.io_mode < KVL_IO_AUTO || o.io_mode > KVL_IO_BUFFERED)
+        return oerr(&c, KVL_ERR_INVALID_ARG, "io_mode = %d is invalid", (int)o.io_mode);
+    if (o.kernels < KVL_KERNELS_AUTO || o.kernels > KVL_KERNELS_AVX512)
+        return oerr(&c, KVL_ERR_INVALID_ARG, "kernels = %d is invalid", (int)o.kernels);
+    if (o.kv_dtype < KVL_KV_DEFAULT || o.kv_dtype > KVL_KV_BF16)
+        return oerr(&c, KVL_ERR_INVALID_ARG, "kv_dtype = %d is invalid", (int)o.kv_dtype);
+    if (o.act_dtype < KVL_ACT_DEFAULT || o.act_dtype > KVL_ACT_BF16)
+        return oerr(&c, KVL_ERR_INVALID_ARG, "act_dtype = %d is invalid", (int)o.act_dtype);
+
+    join_path(path, sizeof path, pack_dir, "PACK_COMPLETE.json");
+    if (file_exists(path) != KVL_OK)
+        return oerr(&c, KVL_ERR_FORMAT, "%s is missing: the pack is incomplete; rerun kvl pack",
+                    path);
+
+    kvl_engine *e = (kvl_engine *)calloc(1, sizeof *e);
+    if (!e) return oerr(&c, KVL_ERR_NOMEM, "out of memory");
+    c.e = e;
+    e->text = (kvl_engine_text *)calloc(1, sizeof *e->text);
+    if (!e->text) { st = oerr(&c, KVL_ERR_NOMEM, "out of memory"); goto fail; }
+    e->k = kvl_kernels_select(o.kernels);
+    if (!e->k) {
+        st = oerr(&c, KVL_ERR_UNSUPPORTED, "the requested kernels (%d) are not supported by this "
+                  "CPU or build; use auto", (int)o.kernels);
+        goto fail;
+    }
+    if ((st = open_store(&c, pack_dir, "trunk", 1, o.io_mode, &e->trunk)) != KVL_OK) goto fail;
+    if ((st = open_store(&c, pack_dir, "experts", 2, o.io_mode, &e->experts)) != KVL_OK) goto fail;
+    if ((st = check_config_agrees(&c, e->experts, "experts.idx")) != KVL_OK) goto fail;
+    if ((st = read_hparams(&c, &e->text->hp)) != KVL_OK) goto fail;
+    if (o.load_vision) {
+        if ((st = open_store(&c, pack_dir, "vision", 3, o.io_mode, &e->vision)) != KVL_OK) goto fail;
+        if ((st = check_config_agrees(&c, e->vision, "vision.idx")) != KVL_OK) goto fail;
+        static const char *VK[] = {"vision.hidden_size", "vision.num_hidden_layers",
+                                   "vision.num_attention_heads", "vision.intermediate_size",
+                                   "vision.patch_size", "vision.init_pos_emb_height",
+                                   "vision.init_pos_emb_width", "vision.merge_kernel_h",
+                                   "vision.merge_kernel_w", "vision.rope_theta",
+                                   "vision.layer_norm_eps"};
+        double v[11];
+        for (int i = 0; i < 11; i++) {
+            double w;
+            if (!vparam(e->vision, VK[i], &v[i]) || !vparam(e->trunk, VK[i], &w) || w != v[i]) {
+                st = oerr(&c, KVL_ERR_CONFIG, "vision.idx: hparam '%s' is missing or disagrees with "
+                          "trunk.idx; rerun kvl pack", VK[i]);
+                goto fail;
+            }
+        }
+        /* as for the text hparams: no double-to-int conversion of NaN / out-of-range values */
+        for (int i = 0; i < 9; i++) {
+            if (!(v[i] >= 0.0 && v[i] <= 16777216.0)) {
+                st = oerr(&c, KVL_ERR_CONFIG, "vision.idx: hparam '%s' = %g is out of range; rerun "
+                          "kvl pack", VK[i], v[i]);
+                goto fail;
+            }
+        }
+        kvl_vision_hparams *vh = &e->vhp;
+        vh->hidden = (int)v[0]; vh->n_layers = (int)v[1]; vh->n_heads = (int)v[2];
+        vh->intermediate = (int)v[3]; vh->patch = (int)v[4]; vh->pos_h = (int)v[5];
+        vh->pos_w = (int)v[6]; vh->merge_h = (int)v[7]; vh->merge_w = (int)v[8];
+        vh->rope_theta = (float)v[9]; vh->ln_eps = (float)v[10];
+        vh->text_hidden = e->text->hp.hidden;
+        if (vh->hidden <= 0 || vh->n_layers <= 0 || vh->n_heads <= 0 || vh->hidden % vh->n_heads ||
+            vh->patch <= 0 || vh->merge_h <= 0 || vh->merge_w <= 0 || vh->pos_h <= 0 || vh->pos_w <= 0) {
+            st = oerr(&c, KVL_ERR_CONFIG, "vision.idx: the vision hparams are invalid; rerun kvl pack");
+            goto fail;
+        }
+        /* Refuse a bad vision pack now rather than at the first image. */
+        if ((st = kvl_vision_check(e)) != KVL_OK) {
+            st = oerr(&c, st, "%s", e->last_error);
+            goto fail;
+        }
+    }
+    e->pool = kvl_pool_create(o.n_threads);
+    if (!e->pool) { st = oerr(&c, KVL_ERR_NOMEM, "cannot create the thread pool"); goto fail; }
+    e->text->kv_bf16 = o.kv_dtype == KVL_KV_BF16;
+    e->text->act_bf16 = o.act_dtype == KVL_ACT_BF16;
+    if ((st = load_text(&c, &o)) != KVL_OK) goto fail;
+    *out_engine = e;
+    return KVL_OK;
+fail:
+    kvl_engine_free(e);
+    return st;
+}
+
+kvl_status kvl_engine_get_info(const kvl_engine *e, kvl_engine_info *out)
+{
+    if (!e || !out) return KVL_ERR_INVALID_ARG;
+    const kvl_engine_text *t = e->text;
+    const kvl_text_hparams *hp = &t->hp;
+    double v;
+    memset(out, 0, sizeof *out);
+    out->vocab_size = hp->vocab;
+    out->hidden_size = hp->hidden;
+    out->n_layers = hp->n_layers;
+    out->n_heads = hp->n_heads;
+    out->kv_lora_rank = hp->kv_lora;
+    out->qk_rope_head_dim = hp->rope;
+    out->n_routed_experts = hp->n_routed;
+    out->num_experts_per_tok = hp->topk;
+    out->max_position_embeddings = hp->max_pos;
+    if (vparam(e->trunk, "vision.hidden_size", &v)) out->vision_hidden_size = (int32_t)v;
+    if (vparam(e->trunk, "vision.merge_kernel_h", &v)) out->vision_merge_h = (int32_t)v;
+    if (vparam(e->trunk, "vision.merge_kernel_w", &v)) out->vision_merge_w = (int32_t)v;
+    if (vparam(e->trunk, "vision.patch_size", &v)) out->vision_patch_size = (int32_t)v;
+    out->media_placeholder_token_id = hp->media_token;
+    out->n_threads = kvl_pool_size(e->pool);
+    out->trunk_direct_io = kvl_store_direct_io(e->trunk);
+    out->expert_direct_io = kvl_store_direct_io(e->experts);
+    out->vision_direct_io = e->vision ? kvl_store_direct_io(e->vision) : 0;
+    snprintf(out->kernels, sizeof out->kernels, "%s", e->k->name);
+    snprintf(out->kv_dtype, sizeof out->kv_dtype, "%s", t->kv_bf16 ? "bf16" : "f32");
+    snprintf(out->act_dtype, sizeof out->act_dtype, "%s", t->act_bf16 ? "bf16" : "f32");
+    out->global_bytes = t->global_bytes;
+    out->trunk_cache_bytes = t->trunk_bytes;
+    out->expert_cache_bytes = t->ecache ? kvl_expert_cache_bytes(t->ecache) : 0;
+    out->engine_workspace_bytes = t->workspace_bytes;
+    out->expert_extent_bytes = t->extent_bytes;
+    return KVL_OK;
+}
+
+kvl_status kvl_engine_get_stats(const kvl_engine *e, kvl_stats *out)
+{
+    if (!e || !out) return KVL_ERR_INVALID_ARG;
+    const kvl_engine_text *t = e->text;
+    memset(out, 0, sizeof *out);
+    if (t->ecache)
+        kvl_expert_cache_stats(t->ecache, &out->expert_hits, &out->expert_misses,
+                               &out->expert_bytes_read, &out->expert_stall_ns);
+    out->trunk_hits = t->trunk_hits;
+    out->trunk_misses = t->trunk_misses;
+    if (t->stream) mutex_lock(&t->stream->mu); /* the I/O thread adds to trunk_bytes_read */
+    out->trunk_bytes_read = t->trunk_bytes_read;
+    if (t->stream) mutex_unlock(&t->stream->mu);
+    out->trunk_stall_ns = t->trunk_stall_ns;
+    out->vision_bytes_read = e->vision_bytes_read;
+    out->tokens_prefilled = t->tokens_prefilled;
+    out->tokens_decoded = t->tokens_decoded;
+    return KVL_OK;
+}
+
+void kvl_engine_reset_stats(kvl_engine *e)
+{
+    if (!e) return;
+    kvl_engine_text *t = e->text;
+    if (t->ecache) kvl_expert_cache_reset_stats(t->ecache);
+    if (t->stream) mutex_lock(&t->stream->mu);
+    t->trunk_hits = t->trunk_misses = t->trunk_bytes_read = t->trunk_stall_ns = 0;
+    if (t->stream) mutex_unlock(&t->stream->mu);
+    t->tokens_prefilled = t->tokens_decoded = 0;
+    e->vision_bytes_read = 0;
+}
+
+/* ---- sessions ---------------------------------------------------------------------------------- */
+
+static kvl_status session_dims(const kvl_engine *e, const kvl_session_options *options,
+                               int *ctx, int *batch)
+{
+    kvl_session_options o;
+    memset(&o, 0, sizeof o);
+    if (options) o = *options;
+    *ctx = o.max_context ? o.max_context : 4096;
+    *batch = o.max_batch ? o.max_batch : 256;
+    if (*ctx < 1 || *ctx > e->text->hp.max_pos)
+        return kvl_engine_fail((kvl_engine *)e, KVL_ERR_INVALID_ARG, "max_context = %d must be "
+                               "between 1 and max_position_embeddings (%d)", *ctx, e->text->hp.max_pos);
+    if (*batch < 1)
+        return kvl_engine_fail((kvl_engine *)e, KVL_ERR_INVALID_ARG, "max_batch = %d must be >= 1",
+                               *batch);
+    if (*batch > *ctx) *batch = *ctx; /* a chunk never exceeds the context */
+    return KVL_OK;
+}
+
+kvl_status kvl_session_bytes(const kvl_engine *e, const kvl_session_options *options,
+                             uint64_t *out_bytes)
+{
+    int ctx, batch;
+    if (!e || !out_bytes) return KVL_ERR_INVALID_ARG;
+    kvl_status st = session_dims(e, options, &ctx, &batch);
+    if (st != KVL_OK) return st;
+    kvl_session_layout ly;
+    kvl_session_layout_compute(e, ctx, batch, &ly);
+    *out_bytes = (uint64_t)ly.total + sizeof(kvl_session);
+    return KVL_OK;
+}
+
+kvl_status kvl_session_new(kvl_engine *e, const kvl_session_options *options, kvl_session **out)
+{
+    int ctx, batch;
+    if (!e || !out) return KVL_ERR_INVALID_ARG;
+    *out = NULL;
+    kvl_status st = session_dims(e, options, &ctx, &batch);
+    if (st != KVL_OK) return st;
+    kvl_session_layout ly;
+    kvl_session_layout_compute(e, ctx, batch, &ly);
+    kvl_session *s = (kvl_session *)calloc(1, sizeof *s);
+    if (!s) return kvl_engine_fail(e, KVL_ERR_NOMEM, "out of memory creating a session");
+    s->arena = kvl_aligned_alloc(64, ly.total);
+    if (!s->arena) {
+        free(s);
+        return kvl_engine_fail(e, KVL_ERR_NOMEM, "cannot allocate %llu bytes for a session "
+                               "(max_context %d, max_batch %d); lower them",
+                               (unsigned long long)ly.total, ctx, batch);
+    }
+    s->engine = e;
+    s->max_context = ctx;
+    s->max_batch = batch;
+    s->arena_bytes = ly.total;
+    kvl_session_bind(s, &ly);
+    *out = s;
+    return KVL_OK;
+}
+
+void kvl_session_free(kvl_session *s)
+{
+    if (!s) return;
+    kvl_aligned_free(s->arena);
+    free(s);
+}
+
+int32_t kvl_session_position(const kvl_session *s) { return s ? s->position : 0; }
+
+kvl_status kvl_session_truncate(kvl_session *s, int32_t n)
+{
+    if (!s) return KVL_ERR_INVALID_ARG;
+    if (n < 0 || n > s->position)
+        return kvl_engine_fail(s->engine, KVL_ERR_INVALID_ARG, "truncate to %d tokens: must be "
+                               "between 0 and the session position %d", (int)n, s->position);
+    s->position = n; /* later positions are simply overwritten */
+    return KVL_OK;
+}
+
+void kvl_session_cancel(kvl_session *s)
+{
+    if (s) kvl_atomic_store(&s->cancel_flag, 1);
+}
+
+static kvl_status run_tokens(kvl_session *s, const int32_t *tokens, int32_t n, const float *media,
+                             int32_t n_media, int32_t mode, float *logits, int decode)
+{
+    kvl_engine *e = s->engine;
+    kvl_engine_text *t = e->text;
+    const kvl_text_hparams *hp = &t->hp;
+    if (n < 0 || (n > 0 && !tokens))
+        return kvl_engine_fail(e, KVL_ERR_INVALID_ARG, "prefill: %d tokens with a %s token array",
+                               (int)n, tokens ? "valid" : "NULL");
+    if (mode < KVL_LOGITS_NONE || mode > KVL_LOGITS_ALL)
+        return kvl_engine_fail(e, KVL_ERR_INVALID_ARG, "logits_mode = %d is invalid", (int)mode);
+    if (mode != KVL_LOGITS_NONE && !logits)
+        return kvl_engine_fail(e, KVL_ERR_INVALID_ARG, "a logits buffer is required for this "
+                               "logits_mode");
+    if (mode != KVL_LOGITS_NONE && n == 0)
+        return kvl_engine_fail(e, KVL_ERR_INVALID_ARG, "logits requested for zero tokens");
+    if (n_media < 0 || (n_media > 0 && !media))
+        return kvl_engine_fail(e, KVL_ERR_INVALID_ARG, "n_media = %d with a %s media array",
+                               (int)n_media, media ? "valid" : "NULL");
+    int placeholders = 0;
+    for (int32_t i = 0; i < n; i++) {
+        if (tokens[i] < 0 || tokens[i] >= hp->vocab)
+            return kvl_engine_fail(e, KVL_ERR_INVALID_ARG, "token id %d at index %d is outside "
+                                   "the vocabulary [0, %d)", (int)tokens[i], (int)i, hp->vocab);
+        if (tokens[i] == hp->media_token) placeholders++;
+    }
+    if (placeholders != n_media)
+        return kvl_engine_fail(e, KVL_ERR_INVALID_ARG, "the tokens hold %d media placeholder(s) "
+                               "(id %d) but %d media embedding row(s) were given; the counts "
+                               "must match", placeholders, hp->media_token, (int)n_media);
+    if ((int64_t)s->position + n > s->max_context)
+        return kvl_engine_fail(e, KVL_ERR_CONTEXT_FULL, "the session context is full: position %d "
+                               "+ %d new tokens exceeds max_context %d; truncate the session or "
+                               "create one with a larger max_context", s->position, (int)n,
+                               s->max_context);
+    kvl_atomic_store(&s->cancel_flag, 0);
+    const int pos_before = s->position;
+    int cursor = 0;
+    kvl_status st = KVL_OK;
+    /* the pool's workers run with FTZ/DAZ always; the calling thread only during this call */
+    unsigned fp_mode = kvl_fast_float_enter();
+    for (int32_t start = 0; start < n; start += s->max_batch) {
+        int m = n - start < s->max_batch ? n - start : s->max_batch;
+        int last_chunk = start + m == n;
+        int cmode = mode == KVL_LOGITS_ALL ? KVL_LOGITS_ALL
+                    : (mode == KVL_LOGITS_LAST && last_chunk) ? KVL_LOGITS_LAST : KVL_LOGITS_NONE;
+        float *out = mode == KVL_LOGITS_ALL ? logits + (size_t)start * (size_t)hp->vocab : logits;
+        st = kvl_model_forward(s, tokens + start, m, n_media ? media : NULL, &cursor, cmode, out);
+        if (st != KVL_OK) break;
+    }
+    kvl_fast_float_leave(fp_mode);
+    if (st != KVL_OK) {
+        s->position = pos_before; /* roll back: the cache beyond position is ignored */
+        return st;
+    }
+    if (decode) t->tokens_decoded += (uint64_t)n;
+    else t->tokens_prefilled += (uint64_t)n;
+    return KVL_OK;
+}
+
+kvl_status kvl_session_prefill(kvl_session *s, const int32_t *tokens, int32_t n_tokens,
+                               const float *media_embeds, int32_t n_media, int32_t logits_mode,
+                               float *logits)
+{
+    if (!s) return KVL_ERR_INVALID_ARG;
+    return run_tokens(s, tokens, n_tokens, media_embeds, n_media, logits_mode, logits, 0);
+}
+
+kvl_status kvl_session_step(kvl_session *s, int32_t token, float *logits)
+{
+    if (!s) return KVL_ERR_INVALID_ARG;
+    return run_tokens(s, &token, 1, NULL, 0, KVL_LOGITS_LAST, logits, 1);
+}

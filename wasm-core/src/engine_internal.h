@@ -1,0 +1,138 @@
+/* engine_internal.h — the engine and session structs shared by engine.c, model.c and vision.c.
+ * Not part of the public API. engine.c owns their lifetime; model.c owns the forward pass.
+ * The first block of struct kvl_engine (k, pool, trunk, experts, vision, vhp,
+ * vision_bytes_read, last_error) is what vision.c relies on; keep it.
+ */
+#ifndef KVL_ENGINE_INTERNAL_H
+#define KVL_ENGINE_INTERNAL_H
+
+#include "kvl_core.h"
+#include "kernels.h"
+#include "store.h"
+#include "threadpool.h"
+#include "expert_cache.h"
+
+/* Vision hyper-parameters, read from the hparam table at open when load_vision = 1. */
+typedef struct kvl_vision_hparams {
+    int hidden, n_layers, n_heads, intermediate, patch, pos_h, pos_w, merge_h, merge_w;
+    int text_hidden;
+    float rope_theta, ln_eps;
+} kvl_vision_hparams;
+
+struct kvl_engine {
+    const kvl_kernels *k;
+    kvl_pool *pool;
+    kvl_store *trunk, *experts, *vision;   /* vision is NULL unless load_vision */
+    kvl_vision_hparams vhp;
+    uint64_t vision_bytes_read;
+    char last_error[512];
+    /* engine.c adds the text hparams, caches and resident tensors below */
+    struct kvl_engine_text *text;
+};
+
+/* vision.c: validate every vision/projector tensor against engine->vhp (no data read);
+ * engine.c calls it at open when load_vision = 1. */
+kvl_status kvl_vision_check(kvl_engine *engine);
+
+/* vision.c / model.c: set engine->last_error and return status */
+kvl_status kvl_engine_fail(kvl_engine *engine, kvl_status status, const char *fmt, ...);
+
+/* ---- text decoder (engine.c fills at open, model.c reads) ---------------------------------- */
+
+typedef struct kvl_text_hparams {
+    int vocab, hidden, intermediate, moe_intermediate, n_layers, n_heads;
+    int n_routed, n_shared, topk, first_dense, moe_freq;
+    int kv_lora, nope, rope, v_dim;
+    int n_group, topk_group, norm_topk;
+    int max_pos;
+    float routed_scale, rope_theta, rms_eps, kva_eps;
+    int media_token;
+} kvl_text_hparams;
+
+/* Non-global trunk tensors, in the order a forward pass uses them within a layer. */
+enum {
+    KVL_TT_Q = 0, KVL_TT_KVA, KVL_TT_KVB, KVL_TT_O,
+    KVL_TT_MLP_GATE, KVL_TT_MLP_UP, KVL_TT_MLP_DOWN,  /* dense MLP or the shared experts */
+    KVL_TT_PER_LAYER
+};
+
+typedef struct kvl_trunk_tensor {
+    const kvl_tensor_rec *rec;   /* in the trunk store */
+    uint64_t padded;             /* align4096(nbytes): bytes a read or a residency slot takes */
+    const uint16_t *resident;    /* BF16 data if resident, else NULL (streamed) */
+    int next_streamed;           /* id of the next streamed tensor in forward order (wraps) */
+} kvl_trunk_tensor;
+
+typedef struct kvl_layer_globals {
+    const float *input_ln, *post_ln, *kva_ln;  /* f32 [hidden], [hidden], [kv_lora] */
+    const uint16_t *router_w;            /* BF16 [n_routed, hidden]; NULL on dense layers */
+    const float *router_bias;            /* f32 [n_routed]; NULL on dense layers */
+    int is_moe;
+    int mlp_rows;                        /* intermediate (dense) or n_shared*moe_inter; 0 = none */
+} kvl_layer_globals;
+
+struct kvl_stream;  /* engine.c: the double-buffered trunk streamer */
+
+typedef struct kvl_engine_text {
+    kvl_text_hparams hp;
+    kvl_layer_globals *layers;           /* [n_layers] */
+    const float *final_norm;             /* f32 [hidden] */
+    const uint16_t *lm_head;             /* BF16 [vocab, hidden] */
+    const kvl_tensor_rec *embed;         /* read row-wise from the store, not resident */
+    kvl_trunk_tensor *tt;                /* [n_layers * KVL_TT_PER_LAYER]; rec NULL if absent */
+    void *global_mem;                    /* one aligned block for every global tensor */
+    void *trunk_mem;                     /* one aligned block for resident trunk tensors */
+    uint64_t global_bytes, trunk_bytes, workspace_bytes;
+    struct kvl_stream *stream;
+    kvl_expert_cache *ecache;
+    uint64_t extent_bytes;               /* padded */
+    int kv_bf16;
+    int act_bf16;                        /* Linear inputs rounded to BF16 (KVL_ACT_BF16) */
+    /* trunk counters (one driver thread at a time, plain integers) */
+    uint64_t trunk_hits, trunk_misses, trunk_bytes_read, trunk_stall_ns;
+    uint64_t tokens_prefilled, tokens_decoded;
+} kvl_engine_text;
+
+/* model.c: trunk tensor access (engine.c implements: resident pointer, or the streamed copy) */
+kvl_status kvl_trunk_get(kvl_engine *engine, int tensor_id, const uint16_t **out);
+
+/* Scratch layout of one session; sizes come from kvl_session_layout (model.c). */
+typedef struct kvl_session_layout {
+    size_t off[32];
+    size_t total;            /* arena bytes */
+} kvl_session_layout;
+
+struct kvl_session {
+    kvl_engine *engine;
+    int max_context, max_batch;
+    int position;
+    volatile int cancel_flag;  /* set by kvl_session_cancel from another thread */
+    void *arena;               /* one aligned block: KV cache + scratch */
+    uint64_t arena_bytes;
+    /* KV: per layer [max_context, kv_lora + rope] in f32 or bf16 (c first, then k_rope) */
+    void *kv;
+    /* scratch pointers into the arena (model.c) */
+    float *x, *xn, *q, *a, *qabs, *chat, *o, *gate, *up, *rlog, *selw, *moe_out, *xg, *yg;
+    float *kvt;                /* cached latents transposed [lat][positions] (prefill) */
+    float *thread_scratch;     /* n_threads x per_thread floats */
+    size_t per_thread;
+    int *seli, *ecount, *elist, *eorder;
+    uint16_t *embed_row;
+};
+
+/* model.c */
+void kvl_session_layout_compute(const kvl_engine *engine, int max_context, int max_batch,
+                                kvl_session_layout *out);
+void kvl_session_bind(kvl_session *s, const kvl_session_layout *layout);
+/* Run n tokens (n <= max_batch) at the session position; writes logits for the requested
+ * tokens (mode LAST: the chunk's last token only). Placeholder tokens take the next media row
+ * (media + *media_cursor * hidden) when media is not NULL. Advances position on success. */
+kvl_status kvl_model_forward(kvl_session *s, const int32_t *tokens, int n, const float *media,
+                             int *media_cursor, int logits_mode, float *logits);
+
+/* portable atomic int helpers (engine.c) */
+int kvl_atomic_load(volatile int *p);
+void kvl_atomic_store(volatile int *p, int v);
+int kvl_atomic_fetch_add(volatile int *p, int v);   /* returns the old value */
+
+#endif

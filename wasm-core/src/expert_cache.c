@@ -1,0 +1,640 @@
+/* expert_cache.c — bounded cache of routed-expert extents (see expert_cache.h).
+ *
+ * Owns: one slab of equal slots (each one 4 KiB-padded extent), the (layer, expert) -> slot map,
+ * pin counts, the eviction policy (pick_victim, the only place that decides), a fixed request
+ * ring serviced by background reader threads, and the counters.
+ * Does not own: the store or its file handles (store.c), routing or any math (model.c).
+ *
+ * Concurrency: one mutex guards all metadata; reads run outside it. A slot is FREE, LOADING
+ * (a read in flight: never a victim, whatever its pin count), READY, or FAILED (a read failed;
+ * kept only while acquirers that waited on it still hold pins). Acquirers that find a slot
+ * LOADING pin it and wait on done_cv. Nothing is allocated after create: the ring has
+ * n_chunks entries per slot and a slot is queued at most once (only when it turns LOADING).
+ *
+ * Reads are split into n_chunks page-aligned pieces that the reader threads take separately:
+ * virtualised and NVMe disks only reach their bandwidth with several requests in flight, and a
+ * decode step often waits on a single extent, so one extent is read by every reader at once.
+ * The slot turns READY (or FAILED) when its last chunk lands.
+ *
+ * Prefetch: a call names one layer's experts in the order they will be acquired. Members
+ * already resident are marked wanted; the others are claimed while a slot is free or holds an
+ * unpinned extent this batch does not want; what does not fit stays pending and is issued as
+ * releases free slots. The next prefetch call replaces the batch.
+ */
+/* _GNU_SOURCE and _FILE_OFFSET_BITS=64 come from the build (wasm-core/CMakeLists.txt). */
+#include "expert_cache.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "platform.h"
+
+#define MAX_IO_THREADS 16
+/* layers x experts above this cannot be a real MoE and would make the map tables absurd */
+#define MAX_KEYS (1 << 24)
+
+enum { SLOT_FREE = 0, SLOT_LOADING = 1, SLOT_READY = 2, SLOT_FAILED = 3 };
+
+typedef struct cache_slot {
+    int32_t key;          /* layer * n_experts + expert, or -1 when FREE */
+    int32_t pins;
+    int32_t state;
+    int32_t unclaimed;    /* 1: filled by a prefetch that no acquire has used yet */
+    int32_t wanted;       /* 1: named by the latest prefetch call and not yet acquired */
+    int32_t chunks_left;  /* LOADING by the readers: pieces not yet finished */
+    kvl_status chunk_error; /* first failure among this read's pieces */
+    kvl_status error;     /* FAILED: what the read returned */
+    uint64_t last_use;    /* LRU clock value of the last prefetch/acquire/release touching it */
+} cache_slot;
+
+struct kvl_expert_cache {
+    kvl_store *store;
+    int n_layers, n_experts, n_keys;
+    const kvl_tensor_rec **rec_of; /* [n_keys]; NULL for layers without routed experts */
+    int32_t *slot_of;              /* [n_keys]; -1 when not resident */
+    cache_slot *slots;
+    int n_slots;
+    unsigned char *slab;
+    uint64_t extent_bytes;         /* slot stride: align4096(nbytes) */
+    kvl_q8_layout layout;
+
+    int32_t *ring;                 /* [n_slots * n_chunks] queued slot * n_chunks + chunk */
+    int ring_head, ring_count, ring_cap;
+    int n_chunks;                  /* pieces one prefetched extent is read in */
+    uint64_t chunk_bytes;          /* bytes per piece (a multiple of 4 KiB; the last is shorter) */
+    /* Keys of the latest prefetch call that found no free slot yet; issued as releases free
+     * slots, so a batch larger than the cache still streams ahead of its acquires. */
+    int32_t *pending;              /* [n_experts] */
+    int pending_n, pending_pos;
+
+    kvl_os_mutex lock;
+    kvl_os_cond work_cv;           /* reader threads wait for queued slots */
+    kvl_os_cond done_cv;           /* acquirers wait for LOADING slots */
+    kvl_os_thread threads[MAX_IO_THREADS];
+    int n_threads, stop;
+    int sync_ready;                /* lock and condvars initialised (free() must destroy them) */
+
+    uint64_t clock;
+    /* Eviction by frequency (see pick_victim): acquisitions per key, halved every
+     * AGING_PER_KEY * n_keys acquisitions so popularity follows the recent past. */
+    uint32_t *uses;                /* [n_keys] */
+    uint64_t uses_since_aging;
+    int by_frequency;              /* 0: plain LRU (KVL_EXPERT_CACHE_POLICY=lru) */
+    kvl_expert_cache_counters ctr; /* prefetch_unclaimed and extent_bytes filled on read-out */
+};
+
+static void set_err(char *err, size_t err_len, const char *fmt, ...) {
+    va_list ap;
+    if (!err || err_len == 0) return;
+    va_start(ap, fmt);
+    vsnprintf(err, err_len, fmt, ap);
+    va_end(ap);
+}
+
+/* ------------------------------------------------------------------ policy */
+
+#define AGING_PER_KEY 8
+
+/* One acquisition of key (lock held). */
+static void count_use(kvl_expert_cache *c, int key) {
+    if (c->uses[key] < UINT32_MAX) c->uses[key]++;
+    if (++c->uses_since_aging >= (uint64_t)AGING_PER_KEY * (uint64_t)c->n_keys) {
+        for (int k = 0; k < c->n_keys; k++) c->uses[k] >>= 1;
+        c->uses_since_aging = 0;
+    }
+}
+
+/* 1 if slot a is a better victim than slot b: fewer recent uses of its key, then older. */
+static int colder(const kvl_expert_cache *c, const cache_slot *a, const cache_slot *b) {
+    if (c->by_frequency && c->uses[a->key] != c->uses[b->key])
+        return c->uses[a->key] < c->uses[b->key];
+    return a->last_use < b->last_use;
+}
+
+/* The eviction policy, in one place: a FREE slot if any, else the READY slot with no pins whose
+ * extent was acquired least often recently (halved counts, see count_use), the least recently
+ * used among equals. Chosen by measurement: decoding streams each token's top-k experts of every
+ * layer through the cache, a cycle far larger than a small cache, so LRU evicts every extent
+ * before its next use (0 % hits with --cache-mib 512 on the full-size model) while frequency
+ * keeps the popular ones (14.8 % hits, 0.43-0.45 s per token against 0.50-0.51 s; bench/RESULTS.md).
+ * KVL_EXPERT_CACHE_POLICY=lru restores plain LRU for such comparisons. For a prefetch, slots the current prefetch batch still wants are excluded
+ * too, so a batch never evicts its own members. LOADING slots are never victims. Returns -1 if
+ * none. Called with the lock held; O(n_slots), which is small next to one multi-MB read. */
+static int pick_victim(const kvl_expert_cache *c, int for_prefetch) {
+    int i, best = -1;
+    for (i = 0; i < c->n_slots; i++) {
+        const cache_slot *s = &c->slots[i];
+        if (s->state == SLOT_FREE) return i;
+        if (s->state != SLOT_READY || s->pins != 0 || (for_prefetch && s->wanted)) continue;
+        if (best < 0 || colder(c, s, &c->slots[best])) best = i;
+    }
+    return best;
+}
+
+/* Unmaps slot i (lock held). */
+static void drop_slot(kvl_expert_cache *c, int i, int count_eviction) {
+    cache_slot *s = &c->slots[i];
+    if (s->key >= 0) {
+        c->slot_of[s->key] = -1;
+        if (count_eviction) {
+            c->ctr.evictions++;
+            if (s->unclaimed) c->ctr.prefetch_wasted++;
+        }
+    }
+    s->key = -1;
+    s->pins = 0;
+    s->state = SLOT_FREE;
+    s->unclaimed = 0;
+    s->wanted = 0;
+    s->error = KVL_OK;
+}
+
+/* Maps key into slot i as LOADING (lock held). */
+static void claim_slot(kvl_expert_cache *c, int i, int32_t key, int pins, int unclaimed) {
+    cache_slot *s = &c->slots[i];
+    if (s->state != SLOT_FREE) drop_slot(c, i, 1);
+    s->key = key;
+    s->pins = pins;
+    s->state = SLOT_LOADING;
+    s->unclaimed = unclaimed;
+    s->wanted = unclaimed;
+    s->error = KVL_OK;
+    s->last_use = ++c->clock;
+    c->slot_of[key] = i;
+}
+
+/* Records the end of slot i's read (lock held) and wakes its waiters. */
+static void finish_read(kvl_expert_cache *c, int i, kvl_status st) {
+    cache_slot *s = &c->slots[i];
+    if (st == KVL_OK) {
+        s->state = SLOT_READY;
+        c->ctr.bytes_read += c->extent_bytes;
+    } else {
+        c->ctr.read_failures++;
+        if (s->pins == 0) {
+            /* nobody waits: forget it, so the next acquire retries with a fresh read */
+            if (s->unclaimed) c->ctr.prefetch_dropped++;
+            drop_slot(c, i, 0);
+        } else {
+            s->state = SLOT_FAILED;
+            s->error = st;
+        }
+    }
+    kvl_os_cond_broadcast(&c->done_cv);
+}
+
+/* ------------------------------------------------------------------ readers */
+
+static kvl_status read_slot(kvl_expert_cache *c, int i, const kvl_tensor_rec *rec) {
+    return kvl_store_read(c->store, rec->offset, rec->nbytes, c->slab + (size_t)i * c->extent_bytes);
+}
+
+/* Reads piece `chunk` of the extent `rec` into slot i. */
+static kvl_status read_chunk(kvl_expert_cache *c, int i, const kvl_tensor_rec *rec, int chunk) {
+    uint64_t begin = (uint64_t)chunk * c->chunk_bytes;
+    uint64_t len = rec->nbytes - begin < c->chunk_bytes ? rec->nbytes - begin : c->chunk_bytes;
+    return kvl_store_read(c->store, rec->offset + begin, len,
+                          c->slab + (size_t)i * c->extent_bytes + (size_t)begin);
+}
+
+/* Queues every piece of slot i (lock held). */
+static void queue_slot(kvl_expert_cache *c, int i) {
+    int k;
+    c->slots[i].chunks_left = c->n_chunks;
+    c->slots[i].chunk_error = KVL_OK;
+    for (k = 0; k < c->n_chunks; k++) {
+        c->ring[(c->ring_head + c->ring_count) % c->ring_cap] = i * c->n_chunks + k;
+        c->ring_count++;
+    }
+}
+
+static KVL_THREAD_RET KVL_THREAD_CALL reader_main(void *arg) {
+    kvl_expert_cache *c = (kvl_expert_cache *)arg;
+    kvl_os_mutex_lock(&c->lock);
+    for (;;) {
+        int i, chunk;
+        const kvl_tensor_rec *rec;
+        kvl_status st;
+        cache_slot *s;
+        while (c->ring_count == 0 && !c->stop) kvl_os_cond_wait(&c->work_cv, &c->lock);
+        if (c->stop) break;
+        i = c->ring[c->ring_head] / c->n_chunks;
+        chunk = c->ring[c->ring_head] % c->n_chunks;
+        c->ring_head = (c->ring_head + 1) % c->ring_cap;
+        c->ring_count--;
+        /* a LOADING slot cannot be re-targeted, so key and rec stay valid during the read */
+        rec = c->rec_of[c->slots[i].key];
+        kvl_os_mutex_unlock(&c->lock);
+        st = read_chunk(c, i, rec, chunk);
+        kvl_os_mutex_lock(&c->lock);
+        s = &c->slots[i];
+        if (st != KVL_OK && s->chunk_error == KVL_OK) s->chunk_error = st;
+        if (--s->chunks_left == 0) finish_read(c, i, s->chunk_error);
+    }
+    kvl_os_mutex_unlock(&c->lock);
+    return KVL_THREAD_RETURN;
+}
+
+/* ------------------------------------------------------------------ create / free */
+
+kvl_status kvl_expert_cache_create(kvl_store *experts, int n_layers_total, int n_experts,
+                                   uint64_t budget_bytes, int min_slots, int n_io_threads,
+                                   kvl_expert_cache **out, char *err, size_t err_len) {
+    kvl_expert_cache *c;
+    const char *path;
+    uint64_t n_fit, nbytes = 0, inter = 0, hidden = 0;
+    uint32_t n_found = 0;
+    int l, e, i;
+    char name[160];
+
+    if (err && err_len) err[0] = 0;
+    if (!out) return KVL_ERR_INVALID_ARG;
+    *out = NULL;
+    if (!experts) {
+        set_err(err, err_len, "expert cache: no experts store");
+        return KVL_ERR_INVALID_ARG;
+    }
+    path = kvl_store_bin_path(experts);
+    if (kvl_store_kind(experts) != 2) {
+        set_err(err, err_len, "%s: is not an experts store (kind %u)", path, kvl_store_kind(experts));
+        return KVL_ERR_CONFIG;
+    }
+    if (n_layers_total <= 0 || n_experts <= 0 || (int64_t)n_layers_total * n_experts > MAX_KEYS) {
+        set_err(err, err_len, "expert cache: invalid dimensions %d layers x %d experts", n_layers_total,
+                n_experts);
+        return KVL_ERR_CONFIG;
+    }
+    if (n_io_threads < 0) n_io_threads = 0;
+    if (n_io_threads > MAX_IO_THREADS) n_io_threads = MAX_IO_THREADS;
+
+    c = (kvl_expert_cache *)calloc(1, sizeof *c);
+    if (!c) {
+        set_err(err, err_len, "expert cache: out of memory");
+        return KVL_ERR_NOMEM;
+    }
+    c->store = experts;
+    c->n_layers = n_layers_total;
+    c->n_experts = n_experts;
+    c->n_keys = n_layers_total * n_experts;
+    c->rec_of = (const kvl_tensor_rec **)calloc((size_t)c->n_keys, sizeof *c->rec_of);
+    c->slot_of = (int32_t *)malloc((size_t)c->n_keys * sizeof *c->slot_of);
+    c->uses = (uint32_t *)calloc((size_t)c->n_keys, sizeof *c->uses);
+    {
+        const char *policy = getenv("KVL_EXPERT_CACHE_POLICY");
+        c->by_frequency = !(policy && strcmp(policy, "lru") == 0);
+    }
+    if (!c->rec_of || !c->slot_of || !c->uses) {
+        set_err(err, err_len, "expert cache: out of memory");
+        kvl_expert_cache_free(c);
+        return KVL_ERR_NOMEM;
+    }
+    /* Map every (layer, expert) by its FORMAT.md name; all extents must share one size. */
+    for (l = 0; l < n_layers_total; l++) {
+        for (e = 0; e < n_experts; e++) {
+            const kvl_tensor_rec *r;
+            c->slot_of[l * n_experts + e] = -1;
+            snprintf(name, sizeof name, "language_model.model.layers.%d.mlp.experts.%d", l, e);
+            r = kvl_store_find(experts, name);
+            if (!r) continue;
+            if (r->dtype != KVL_DTYPE_Q8_EXPERT) {
+                set_err(err, err_len, "%s: '%s' is not a Q8 expert extent (dtype %u)", path, name, r->dtype);
+                kvl_expert_cache_free(c);
+                return KVL_ERR_FORMAT;
+            }
+            if (n_found == 0) {
+                nbytes = r->nbytes;
+                inter = r->shape[2];
+                hidden = r->shape[3];
+            } else if (r->nbytes != nbytes || r->shape[2] != inter || r->shape[3] != hidden) {
+                set_err(err, err_len, "%s: extent '%s' has shape [.., .., %llu, %llu], others have "
+                        "[.., .., %llu, %llu]; all experts must have one size", path, name,
+                        (unsigned long long)r->shape[2], (unsigned long long)r->shape[3],
+                        (unsigned long long)inter, (unsigned long long)hidden);
+                kvl_expert_cache_free(c);
+                return KVL_ERR_FORMAT;
+            }
+            c->rec_of[l * n_experts + e] = r;
+            n_found++;
+        }
+    }
+    if (n_found == 0 || n_found != kvl_store_count(experts)) {
+        set_err(err, err_len, "%s: holds %u records but %u of them are experts of %d layers x %d "
+                "experts per config; the pack does not match this model", path, kvl_store_count(experts),
+                n_found, n_layers_total, n_experts);
+        kvl_expert_cache_free(c);
+        return KVL_ERR_CONFIG;
+    }
+    kvl_q8_layout_of(inter, hidden, &c->layout);
+    c->extent_bytes = (nbytes + KVL_PAGE - 1) / KVL_PAGE * KVL_PAGE;
+    n_fit = budget_bytes / c->extent_bytes;
+    if (n_fit > n_found) n_fit = n_found; /* more slots than extents would never be used */
+    if (min_slots < 0) min_slots = 0;
+    if (n_fit < (uint64_t)min_slots && n_fit < n_found) {
+        set_err(err, err_len, "expert cache budget of %llu bytes holds %llu extents of %llu bytes; at "
+                "least %d are needed (one layer's top-k); raise the expert cache size to >= %llu bytes",
+                (unsigned long long)budget_bytes, (unsigned long long)n_fit,
+                (unsigned long long)c->extent_bytes, min_slots,
+                (unsigned long long)c->extent_bytes * (uint64_t)min_slots);
+        kvl_expert_cache_free(c);
+        return KVL_ERR_INVALID_ARG;
+    }
+    if (n_fit == 0) {
+        set_err(err, err_len, "expert cache budget of %llu bytes holds no extent of %llu bytes",
+                (unsigned long long)budget_bytes, (unsigned long long)c->extent_bytes);
+        kvl_expert_cache_free(c);
+        return KVL_ERR_INVALID_ARG;
+    }
+    c->n_slots = (int)n_fit;
+    c->slots = (cache_slot *)calloc((size_t)c->n_slots, sizeof *c->slots);
+    /* pieces of about 2 MiB: enough requests in flight to keep a disk busy, few enough that
+     * each request stays large */
+    c->n_chunks = (int)((c->extent_bytes + (2u << 20) - 1) / (2u << 20));
+    if (c->n_chunks < 1) c->n_chunks = 1;
+    c->chunk_bytes = (c->extent_bytes / KVL_PAGE + (uint64_t)c->n_chunks - 1) / (uint64_t)c->n_chunks * KVL_PAGE;
+    /* rounding pieces up to whole pages can leave the last ones empty: drop them */
+    c->n_chunks = (int)((c->extent_bytes + c->chunk_bytes - 1) / c->chunk_bytes);
+    c->ring_cap = c->n_slots * c->n_chunks;
+    c->ring = (int32_t *)calloc((size_t)c->ring_cap, sizeof *c->ring);
+    c->pending = (int32_t *)calloc((size_t)n_experts, sizeof *c->pending);
+    if ((uint64_t)c->n_slots * c->extent_bytes <= (uint64_t)SIZE_MAX)
+        c->slab = (unsigned char *)kvl_large_alloc((size_t)((uint64_t)c->n_slots * c->extent_bytes));
+    if (!c->slots || !c->ring || !c->pending || !c->slab) {
+        set_err(err, err_len, "expert cache: cannot allocate %d slots of %llu bytes", c->n_slots,
+                (unsigned long long)c->extent_bytes);
+        kvl_expert_cache_free(c);
+        return KVL_ERR_NOMEM;
+    }
+    for (i = 0; i < c->n_slots; i++) c->slots[i].key = -1;
+    c->ctr.extent_bytes = c->extent_bytes;
+    kvl_os_mutex_init(&c->lock);
+    kvl_os_cond_init(&c->work_cv);
+    kvl_os_cond_init(&c->done_cv);
+    c->sync_ready = 1;
+    for (i = 0; i < n_io_threads; i++) {
+        if (kvl_os_thread_start(&c->threads[i], reader_main, c) != 0) {
+            set_err(err, err_len, "expert cache: cannot start reader thread %d", i);
+            kvl_expert_cache_free(c);
+            return KVL_ERR_INTERNAL;
+        }
+        c->n_threads = i + 1;
+    }
+    *out = c;
+    return KVL_OK;
+}
+
+void kvl_expert_cache_free(kvl_expert_cache *c) {
+    int i;
+    if (!c) return;
+    if (c->sync_ready) {
+        /* queued but unstarted prefetches are simply abandoned; reads in flight finish first */
+        kvl_os_mutex_lock(&c->lock);
+        c->stop = 1;
+        kvl_os_cond_broadcast(&c->work_cv);
+        kvl_os_mutex_unlock(&c->lock);
+        for (i = 0; i < c->n_threads; i++) kvl_os_thread_join(c->threads[i]);
+        kvl_os_cond_destroy(&c->done_cv);
+        kvl_os_cond_destroy(&c->work_cv);
+        kvl_os_mutex_destroy(&c->lock);
+    }
+    kvl_aligned_free(c->slab);
+    free(c->ring);
+    free(c->pending);
+    free(c->slots);
+    free(c->slot_of);
+    free(c->uses);
+    free((void *)c->rec_of);
+    free(c);
+}
+
+uint64_t kvl_expert_cache_bytes(const kvl_expert_cache *c) { return (uint64_t)c->n_slots * c->extent_bytes; }
+int kvl_expert_cache_slots(const kvl_expert_cache *c) { return c->n_slots; }
+
+/* ------------------------------------------------------------------ prefetch / acquire */
+
+static int key_of(const kvl_expert_cache *c, int layer, int expert) {
+    int key;
+    if (layer < 0 || layer >= c->n_layers || expert < 0 || expert >= c->n_experts) return -1;
+    key = layer * c->n_experts + expert;
+    return c->rec_of[key] ? key : -1;
+}
+
+/* Queues reads for pending keys while slots can be claimed (lock held). */
+static void issue_pending(kvl_expert_cache *c) {
+    int queued = 0;
+    while (c->pending_pos < c->pending_n) {
+        int32_t key = c->pending[c->pending_pos];
+        int slot;
+        if (c->slot_of[key] >= 0) { /* read meanwhile by an acquire */
+            c->pending_pos++;
+            continue;
+        }
+        slot = pick_victim(c, 1);
+        if (slot < 0) break; /* every slot pinned, loading or wanted: wait for a release */
+        claim_slot(c, slot, key, 0, 1);
+        queue_slot(c, slot);
+        c->ctr.prefetch_issued++;
+        c->pending_pos++;
+        queued += c->n_chunks;
+    }
+    if (queued == 1) kvl_os_cond_signal(&c->work_cv);
+    else if (queued > 1) kvl_os_cond_broadcast(&c->work_cv);
+}
+
+void kvl_expert_cache_prefetch(kvl_expert_cache *c, int layer, const int *experts, int n) {
+    int i, j;
+    if (!c || !experts || n <= 0 || c->n_threads == 0) return;
+    kvl_os_mutex_lock(&c->lock);
+    /* a new batch replaces the previous one: what it still wanted is no longer protected */
+    for (i = 0; i < c->n_slots; i++) c->slots[i].wanted = 0;
+    c->pending_n = c->pending_pos = 0;
+    for (j = 0; j < n; j++) {
+        int key = key_of(c, layer, experts[j]), slot;
+        if (key < 0) continue;
+        slot = c->slot_of[key];
+        if (slot >= 0) {
+            c->slots[slot].wanted = 1;
+            c->slots[slot].last_use = ++c->clock;
+        } else if (c->pending_n < c->n_experts) {
+            c->pending[c->pending_n++] = key;
+        }
+    }
+    issue_pending(c);
+    kvl_os_mutex_unlock(&c->lock);
+}
+
+static int has_unpinned_loading(const kvl_expert_cache *c) {
+    int i;
+    for (i = 0; i < c->n_slots; i++)
+        if (c->slots[i].state == SLOT_LOADING && c->slots[i].pins == 0) return 1;
+    return 0;
+}
+
+static void fill_view(const kvl_expert_cache *c, int slot, kvl_expert_view *v) {
+    const unsigned char *base = c->slab + (size_t)slot * c->extent_bytes;
+    v->gate_q = (const int8_t *)(base + c->layout.gate_q);
+    v->up_q = (const int8_t *)(base + c->layout.up_q);
+    v->down_q = (const int8_t *)(base + c->layout.down_q);
+    v->gate_s = (const float *)(const void *)(base + c->layout.gate_s);
+    v->up_s = (const float *)(const void *)(base + c->layout.up_s);
+    v->down_s = (const float *)(const void *)(base + c->layout.down_s);
+}
+
+/* Pins a slot that holds the wanted extent (lock held). An extent a prefetch brought in counts
+ * as a miss served by the prefetch the first time, a hit after that. */
+static void pin_resident(kvl_expert_cache *c, cache_slot *s) {
+    s->pins++;
+    s->last_use = ++c->clock;
+    s->wanted = 0;
+    if (s->unclaimed) {
+        s->unclaimed = 0;
+        c->ctr.misses++;
+        c->ctr.prefetch_served++;
+    } else {
+        c->ctr.hits++;
+    }
+}
+
+kvl_status kvl_expert_cache_acquire(kvl_expert_cache *c, int layer, int expert, kvl_expert_view *out) {
+    int key, slot;
+    cache_slot *s;
+    kvl_status st;
+    uint64_t t0;
+    if (!c || !out) return KVL_ERR_INVALID_ARG;
+    key = key_of(c, layer, expert);
+    if (key < 0) return KVL_ERR_INVALID_ARG;
+    kvl_os_mutex_lock(&c->lock);
+    count_use(c, key);
+    for (;;) {
+        slot = c->slot_of[key];
+        if (slot >= 0) {
+            s = &c->slots[slot];
+            pin_resident(c, s);
+            if (s->state == SLOT_LOADING) {
+                t0 = kvl_now_ns();
+                while (s->state == SLOT_LOADING) kvl_os_cond_wait(&c->done_cv, &c->lock);
+                c->ctr.stall_ns += kvl_now_ns() - t0;
+            }
+            if (s->state == SLOT_FAILED) {
+                st = s->error;
+                if (--s->pins == 0) drop_slot(c, slot, 0);
+                kvl_os_mutex_unlock(&c->lock);
+                return st;
+            }
+            kvl_os_mutex_unlock(&c->lock);
+            fill_view(c, slot, out);
+            return KVL_OK;
+        }
+        slot = pick_victim(c, 0);
+        if (slot >= 0) break;
+        /* No victim now. Unpinned prefetch reads in flight will free up a slot when they land,
+         * so wait for one instead of failing; only a cache whose every slot is pinned says NOMEM. */
+        if (!has_unpinned_loading(c)) {
+            kvl_os_mutex_unlock(&c->lock);
+            return KVL_ERR_NOMEM;
+        }
+        t0 = kvl_now_ns();
+        kvl_os_cond_wait(&c->done_cv, &c->lock);
+        c->ctr.stall_ns += kvl_now_ns() - t0;
+    }
+    claim_slot(c, slot, key, 1, 0);
+    c->ctr.misses++;
+    c->ctr.sync_reads++;
+    kvl_os_mutex_unlock(&c->lock);
+
+    t0 = kvl_now_ns();
+    st = read_slot(c, slot, c->rec_of[key]);
+    t0 = kvl_now_ns() - t0;
+
+    kvl_os_mutex_lock(&c->lock);
+    c->ctr.stall_ns += t0;
+    finish_read(c, slot, st);
+    s = &c->slots[slot];
+    if (st != KVL_OK) {
+        /* others may have pinned it while we read; the last one out frees it */
+        if (--s->pins == 0) drop_slot(c, slot, 0);
+        kvl_os_mutex_unlock(&c->lock);
+        return st;
+    }
+    kvl_os_mutex_unlock(&c->lock);
+    fill_view(c, slot, out);
+    return KVL_OK;
+}
+
+int kvl_expert_cache_try_acquire(kvl_expert_cache *c, int layer, int expert, kvl_expert_view *out) {
+    int key, slot;
+    cache_slot *s;
+    if (!c || !out) return 0;
+    key = key_of(c, layer, expert);
+    if (key < 0) return 0;
+    kvl_os_mutex_lock(&c->lock);
+    slot = c->slot_of[key];
+    if (slot < 0 || c->slots[slot].state != SLOT_READY) {
+        kvl_os_mutex_unlock(&c->lock);
+        return 0;
+    }
+    /* the same bookkeeping as acquire's resident path, minus any waiting */
+    count_use(c, key);
+    s = &c->slots[slot];
+    pin_resident(c, s);
+    kvl_os_mutex_unlock(&c->lock);
+    fill_view(c, slot, out);
+    return 1;
+}
+
+void kvl_expert_cache_release(kvl_expert_cache *c, int layer, int expert) {
+    int key, slot;
+    if (!c) return;
+    key = key_of(c, layer, expert);
+    if (key < 0) return;
+    kvl_os_mutex_lock(&c->lock);
+    slot = c->slot_of[key];
+    if (slot >= 0 && c->slots[slot].pins > 0) {
+        cache_slot *s = &c->slots[slot];
+        s->pins--;
+        s->last_use = ++c->clock;
+        if (s->state == SLOT_FAILED && s->pins == 0) drop_slot(c, slot, 0);
+        if (s->pins == 0 && c->pending_pos < c->pending_n) issue_pending(c);
+    }
+    kvl_os_mutex_unlock(&c->lock);
+}
+
+/* ------------------------------------------------------------------ counters */
+
+void kvl_expert_cache_counters_get(const kvl_expert_cache *cache, kvl_expert_cache_counters *out) {
+    /* the lock is logically mutable: reading counters does not change the cache */
+    kvl_expert_cache *c = (kvl_expert_cache *)cache;
+    int i;
+    uint64_t unclaimed = 0, loading = 0;
+    kvl_os_mutex_lock(&c->lock);
+    *out = c->ctr;
+    for (i = 0; i < c->n_slots; i++) {
+        unclaimed += (uint64_t)(c->slots[i].key >= 0 && c->slots[i].unclaimed);
+        loading += (uint64_t)(c->slots[i].state == SLOT_LOADING);
+    }
+    kvl_os_mutex_unlock(&c->lock);
+    out->prefetch_unclaimed = unclaimed;
+    out->reads_in_flight = loading;
+    out->extent_bytes = c->extent_bytes;
+}
+
+void kvl_expert_cache_stats(const kvl_expert_cache *cache, uint64_t *hits, uint64_t *misses,
+                            uint64_t *bytes_read, uint64_t *stall_ns) {
+    kvl_expert_cache_counters k;
+    kvl_expert_cache_counters_get(cache, &k);
+    if (hits) *hits = k.hits;
+    if (misses) *misses = k.misses;
+    if (bytes_read) *bytes_read = k.bytes_read;
+    if (stall_ns) *stall_ns = k.stall_ns;
+}
+
+/* Counters restart from zero. Prefetched extents not yet acquired keep their "unclaimed" mark,
+ * so their later acquire still counts as a miss; the prefetch_issued identity then holds only
+ * for resets made while no prefetch is outstanding. */
+void kvl_expert_cache_reset_stats(kvl_expert_cache *c) {
+    kvl_os_mutex_lock(&c->lock);
+    memset(&c->ctr, 0, sizeof c->ctr);
+    c->ctr.extent_bytes = c->extent_bytes;
+    kvl_os_mutex_unlock(&c->lock);
+}

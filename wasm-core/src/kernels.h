@@ -1,0 +1,113 @@
+/* kernels.h — numeric kernels of the kvl core, one dispatch table per instruction set.
+ *
+ * Owns: matrix products over BF16 / row-wise Q8 / FP32 weights and the small vector ops.
+ * Does not own: threading (callers split rows across the pool and call a kernel on a row
+ * range), files, memory management.
+ *
+ * Every table entry has a scalar reference (kernels_ref.c); the AVX2, AVX-512 and SIMD128 tables
+ * (kernels_avx2.c, kernels_avx512.c, kernels_simd128.c) must agree with it within float rounding
+ * (bit for bit where an entry says so) and each handles sizes that are not multiples of the
+ * vector width (scalar tail or masked loads). Layouts:
+ *   W row-major [rows, cols]; X row-major [n, ldx] (n activation vectors);
+ *   Y[t*ldy + r] = sum_c W[r, c] * X[t*ldx + c]   for t < n, r < rows.
+ */
+#ifndef KVL_KERNELS_H
+#define KVL_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct kvl_kernels {
+    const char *name; /* "scalar", "simd128", "avx2", "avx512", "avx512-bf16" */
+    int bf16_dot;     /* 1 if the *_xb entries run on BF16 dot-product instructions */
+
+    /* BF16 weights (raw uint16 bits), FP32 activations, FP32 accumulate. */
+    void (*matmul_bf16)(float *Y, size_t ldy, const uint16_t *W, size_t rows, size_t cols,
+                        const float *X, size_t ldx, size_t n);
+    /* Row-wise Q8 weights: value = W[r,c] * scale[r]; FP32 activations (exact vs dequantized). */
+    void (*matmul_q8)(float *Y, size_t ldy, const int8_t *W, const float *scale, size_t rows,
+                      size_t cols, const float *X, size_t ldx, size_t n);
+    /* FP32 weights. */
+    void (*matmul_f32)(float *Y, size_t ldy, const float *W, size_t rows, size_t cols,
+                       const float *X, size_t ldx, size_t n);
+    /* The same products with every activation first rounded to BF16 (kvl_bf16_round_daz:
+     * nearest-even, subnormal inputs as zero), i.e. the checkpoint's own BF16 inputs to every
+     * Linear, with FP32 products and accumulation. On CPUs with AVX512_BF16 these run on
+     * VDPBF16PS, two multiply-adds per FP32 lane and instruction. */
+    void (*matmul_bf16_xb)(float *Y, size_t ldy, const uint16_t *W, size_t rows, size_t cols,
+                           const float *X, size_t ldx, size_t n);
+    void (*matmul_q8_xb)(float *Y, size_t ldy, const int8_t *W, const float *scale, size_t rows,
+                         size_t cols, const float *X, size_t ldx, size_t n);
+
+    /* Integer mode (opt-in; WebAssembly's fast decode path, where i32x4.dot_i16x8_s runs at
+     * native speed while widening to FP32 is ~5x slower): activations quantised once per
+     * vector to 15-bit integers, weights integer with one FP32 scale per row.
+     * quantize_i16_act, per vector t (cols values at X + t*ldx_in):
+     *   amax = max|x|; inv = amax > 0 ? 16383 / amax : 0 (one FP32 division);
+     *   xs[t] = amax / 16383; Xq[t*ldx_out + c] = clamp(rint(x[c] * inv), -16383, 16383)
+     *   (rint in the default mode: half to even; a NaN product, i.e. a non-finite input or
+     *   amax below ~5e-35 where inv overflows, gives 0). Every table gives bit-identical Xq and xs. */
+    void (*quantize_i16_act)(int16_t *Xq, float *xs, const float *X, size_t cols, size_t n,
+                             size_t ldx_in, size_t ldx_out);
+    /* Row-wise Q8 weights (|W| <= 127) x 15-bit activations. For each block of
+     * KVL_I16_BLOCK columns the int32 sum of products is exact (512*127*16383 < 2^31); block
+     * sums are converted to FP32 and added in block order; Y = (acc * scale[r]) * xs[t].
+     * So every table gives bit-identical results. */
+    void (*matmul_q8_i16)(float *Y, size_t ldy, const int8_t *W, const float *scale, size_t rows,
+                          size_t cols, const int16_t *Xq, const float *xs, size_t ldx, size_t n);
+    /* Row-wise int16 weights (|W| <= 32767, kvl_quantize_rows_i16) x 15-bit activations: same
+     * bytes as BF16 but an integer dot product. A group of 4 products is exact in int32
+     * (4*32767*16383 < 2^31); group sums are added in FP32 in any order (SIMD lanes), so
+     * tables agree within FP32 summation error; Y = (acc * scale[r]) * xs[t]. */
+    void (*matmul_i16_i16)(float *Y, size_t ldy, const int16_t *W, const float *scale,
+                           size_t rows, size_t cols, const int16_t *Xq, const float *xs,
+                           size_t ldx, size_t n);
+
+    float (*dot_f32)(const float *a, const float *b, size_t n);
+    void (*axpy_f32)(float *y, float a, const float *x, size_t n);       /* y += a*x */
+    void (*bf16_to_f32)(float *dst, const uint16_t *src, size_t n);
+    void (*f32_to_bf16)(uint16_t *dst, const float *src, size_t n);      /* round to nearest even */
+    /* In place, the same functions as kvl_softmax and kvl_gelu_tanh (their references) with a
+     * vectorised exp; agree with them to a few ulp. */
+    void (*softmax)(float *x, size_t n);
+    void (*gelu_tanh)(float *x, size_t n);
+} kvl_kernels;
+
+#define KVL_I16_MAX 16383  /* activation range of the integer mode */
+#define KVL_I16_BLOCK 512  /* columns per exact int32 block of matmul_q8_i16 */
+
+/* level: 0 = best supported, 1 scalar, 2 avx2, 3 avx512, 4 simd128 (WebAssembly builds only).
+ * Returns NULL if the CPU (or the build) does not support the requested level. */
+const kvl_kernels *kvl_kernels_select(int level);
+/* 1 if the running CPU supports the level (and it was compiled in). */
+int kvl_kernels_supported(int level);
+/* The table named name ("scalar", "simd128", "avx2", "avx512" = AVX-512 without BF16 dot products,
+ * "avx512-bf16") if it is compiled into this build and the running CPU supports it, else NULL. */
+const kvl_kernels *kvl_kernels_by_name(const char *name);
+/* NULL-terminated names of the tables compiled into this build, in the order scalar,
+ * simd128 | avx2, avx512, avx512-bf16 (some may be unsupported by the running CPU). */
+const char *const *kvl_kernels_compiled_names(void);
+
+/* AVX-512 without the BF16 dot products, the level-3 table on CPUs that lack AVX512_BF16
+ * (exposed so the tests cover it on every AVX-512 machine). */
+extern const kvl_kernels kvl_kernels_avx512_table;
+
+/* Scalar helpers that are never hot enough to vectorise (still the one reference for each). */
+void kvl_rmsnorm(float *y, const float *x, const float *w, size_t n, float eps);
+void kvl_layernorm(float *y, const float *x, const float *w, const float *b, size_t n, float eps);
+void kvl_silu_mul(float *gate_inout, const float *up, size_t n);   /* g = silu(g) * up */
+void kvl_gelu_tanh(float *x, size_t n);
+void kvl_gelu_erf(float *x, size_t n);
+void kvl_softmax(float *x, size_t n);                               /* in place, FP32 */
+float kvl_bf16_round(float x);                                      /* round-trip through BF16 */
+/* kvl_bf16_round with subnormal inputs read as (signed) zero, as VCVTNE2PS2BF16 does. */
+float kvl_bf16_round_daz(float x);
+/* BF16 rows [rows, cols] -> int16 rows for matmul_i16_i16: scale[r] = rowmax|w| / 32767,
+ * Wq = clamp(rint(w * (32767 / rowmax)), -32767, 32767); an all-zero row gets scale 0. Done once
+ * at load, never in the decode loop, so it has no SIMD variants. */
+void kvl_quantize_rows_i16(int16_t *Wq, float *scale, const uint16_t *W, size_t rows, size_t cols);
+/* Single-value BF16 conversions (same rounding as the table entries; NaN stays a quiet NaN). */
+float kvl_bf16_to_float(uint16_t h);
+uint16_t kvl_float_to_bf16(float f);
+
+#endif

@@ -1,0 +1,593 @@
+/* kernels_avx2.c — the "avx2" kernel table (AVX2 + FMA + F16C).
+ *
+ * Owns: AVX2 versions of every kvl_kernels entry. This file alone is compiled with
+ * -mavx2 -mfma -mf16c (/arch:AVX2 on MSVC), so nothing here may run before kernels_select.c
+ * has checked the CPU and OS.
+ * Does not own: the numeric definition of each kernel (kernels_ref.c is the reference; results
+ * here differ from it only by FP32 summation order), threading, CPU detection.
+ *
+ * Matrix products use register tiles of up to 4 weight rows x 2 activation vectors: each
+ * weight vector is loaded and converted once and used for 2 tokens, each activation vector
+ * once for 4 rows (16 ymm registers allow no more without spills). Decode (n = 1) is
+ * memory-bound, so the 4x1 tile keeps just enough independent FMA chains to outrun DRAM.
+ * Every loop has a scalar tail for odd sizes.
+ */
+#include "kernels.h"
+
+#include <immintrin.h>
+#include <math.h>
+#include <string.h>
+
+#if defined(_MSC_VER) && !defined(__clang__)
+#define KVL_INLINE static __forceinline
+#elif defined(__GNUC__) || defined(__clang__)
+#define KVL_INLINE static inline __attribute__((always_inline))
+#else
+#define KVL_INLINE static inline
+#endif
+
+/* The tile loops below run over compile-time constants (R, T <= 4) and must be fully unrolled so
+ * the accumulator arrays become registers; GCC at -O2 does not do that on its own. */
+#if defined(__GNUC__) || defined(__clang__)
+#define KVL_UNROLL _Pragma("GCC unroll 8")
+#else
+#define KVL_UNROLL
+#endif
+
+#define TR 4 /* rows per tile */
+#define TT 2 /* tokens per tile: 4x2 accumulators + 4 weights + 1 activation fit in 16 ymm */
+
+KVL_INLINE float hsum256(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+    return _mm_cvtss_f32(s);
+}
+
+static float bf16_scalar(uint16_t h)
+{
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+/* 8 bf16 -> 8 fp32: widen to 32 bits and shift into the high half (exact, no rounding). */
+KVL_INLINE __m256 load_bf16x8(const uint16_t *p)
+{
+    __m128i h = _mm_loadu_si128((const __m128i *)(const void *)p);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+KVL_INLINE __m256 load_q8x8(const int8_t *p)
+{
+    __m128i b = _mm_loadl_epi64((const __m128i *)(const void *)p);
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
+}
+
+/* ---- generic tile: R rows x T tokens, the weight element type chosen by KIND ------------ */
+
+enum { KIND_BF16, KIND_Q8, KIND_F32 };
+
+KVL_INLINE __m256 load_w(int kind, const void *w, size_t c)
+{
+    if (kind == KIND_BF16)
+        return load_bf16x8((const uint16_t *)w + c);
+    if (kind == KIND_Q8)
+        return load_q8x8((const int8_t *)w + c);
+    return _mm256_loadu_ps((const float *)w + c);
+}
+
+KVL_INLINE float scalar_w(int kind, const void *w, size_t c)
+{
+    if (kind == KIND_BF16)
+        return bf16_scalar(((const uint16_t *)w)[c]);
+    if (kind == KIND_Q8)
+        return (float)((const int8_t *)w)[c];
+    return ((const float *)w)[c];
+}
+
+/* kvl_bf16_round_daz on 8 lanes: nearest-even by integer add and truncate, subnormal inputs to
+ * signed zero (NaN payloads are not preserved: a NaN activation gives a non-finite result
+ * either way). */
+KVL_INLINE __m256 round_bf16x8(__m256 v)
+{
+    __m256i b = _mm256_castps_si256(v);
+    __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
+    __m256i r = _mm256_add_epi32(b, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff)));
+    r = _mm256_and_si256(r, _mm256_set1_epi32((int)0xffff0000u));
+    __m256i subnormal = _mm256_cmpeq_epi32(_mm256_and_si256(b, _mm256_set1_epi32(0x7f800000)),
+                                           _mm256_setzero_si256());
+    r = _mm256_blendv_epi8(r, _mm256_and_si256(b, _mm256_set1_epi32((int)0x80000000u)), subnormal);
+    return _mm256_castsi256_ps(r);
+}
+
+KVL_INLINE __m256 load_x(int xb, const float *x)
+{
+    return xb ? round_bf16x8(_mm256_loadu_ps(x)) : _mm256_loadu_ps(x);
+}
+
+KVL_INLINE float scalar_x(int xb, float x)
+{
+    return xb ? kvl_bf16_round_daz(x) : x;
+}
+
+KVL_INLINE size_t elem_size(int kind)
+{
+    return kind == KIND_BF16 ? 2 : kind == KIND_Q8 ? 1 : 4;
+}
+
+/* Y[t*ldy + r0 + i] = (sum_c W[r0+i, c] X[t, c]) * (scale ? scale[r0+i] : 1) for i<R, t<T.
+ * R and T are compile-time constants at every call site, so the accumulators live in
+ * registers after inlining. */
+KVL_INLINE void tile(int kind, int xb, float *Y, size_t ldy, const void *W, const float *scale,
+                     size_t r0, size_t cols, const float *X, size_t ldx, int prefetch, const int R,
+                     const int T)
+{
+    __m256 acc[TR][TT];
+    const char *wrow[TR];
+    KVL_UNROLL
+    for (int i = 0; i < R; i++) {
+        wrow[i] = (const char *)W + (r0 + (size_t)i) * cols * elem_size(kind);
+        KVL_UNROLL
+        for (int t = 0; t < T; t++)
+            acc[i][t] = _mm256_setzero_ps();
+    }
+    size_t c = 0;
+    const size_t row_bytes = cols * elem_size(kind);
+    for (; c + 8 <= cols; c += 8) {
+        /* Rows of a tile are short streams (2-4 KB) that the hardware prefetcher barely ramps
+         * up on; fetch the next tile's rows (contiguous after ours) into L2, a line at a time. */
+        if (prefetch && ((c * elem_size(kind)) & 63) == 0) {
+            KVL_UNROLL
+            for (int i = 0; i < R; i++)
+                _mm_prefetch(wrow[i] + (size_t)R * row_bytes + c * elem_size(kind), _MM_HINT_T1);
+        }
+        __m256 w[TR];
+        KVL_UNROLL
+        for (int i = 0; i < R; i++)
+            w[i] = load_w(kind, wrow[i], c);
+        KVL_UNROLL
+        for (int t = 0; t < T; t++) {
+            __m256 x = load_x(xb, X + (size_t)t * ldx + c);
+            KVL_UNROLL
+            for (int i = 0; i < R; i++)
+                acc[i][t] = _mm256_fmadd_ps(w[i], x, acc[i][t]);
+        }
+    }
+    KVL_UNROLL
+    for (int i = 0; i < R; i++) {
+        KVL_UNROLL
+        for (int t = 0; t < T; t++) {
+            float s = hsum256(acc[i][t]);
+            const float *x = X + (size_t)t * ldx;
+            for (size_t cc = c; cc < cols; cc++)
+                s += scalar_w(kind, wrow[i], cc) * scalar_x(xb, x[cc]);
+            if (scale)
+                s *= scale[r0 + (size_t)i];
+            Y[(size_t)t * ldy + r0 + (size_t)i] = s;
+        }
+    }
+}
+
+/* Decode (one activation vector): one row at a time with four independent accumulators, so
+ * each thread reads its share of the matrix as one sequential stream that the hardware
+ * prefetchers follow across rows (see decode_row in kernels_avx512.c for the measurement). */
+KVL_INLINE void decode_row(int kind, int xb, float *Y, const void *W, const float *scale, size_t r,
+                           size_t cols, const float *X)
+{
+    const char *w = (const char *)W + r * cols * elem_size(kind);
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    size_t c = 0;
+    for (; c + 32 <= cols; c += 32) {
+        a0 = _mm256_fmadd_ps(load_w(kind, w, c), load_x(xb, X + c), a0);
+        a1 = _mm256_fmadd_ps(load_w(kind, w, c + 8), load_x(xb, X + c + 8), a1);
+        a2 = _mm256_fmadd_ps(load_w(kind, w, c + 16), load_x(xb, X + c + 16), a2);
+        a3 = _mm256_fmadd_ps(load_w(kind, w, c + 24), load_x(xb, X + c + 24), a3);
+    }
+    for (; c + 8 <= cols; c += 8)
+        a0 = _mm256_fmadd_ps(load_w(kind, w, c), load_x(xb, X + c), a0);
+    float s = hsum256(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+    for (; c < cols; c++)
+        s += scalar_w(kind, w, c) * scalar_x(xb, X[c]);
+    Y[r] = scale ? s * scale[r] : s;
+}
+
+/* ---- integer mode ------------------------------------------------------------------------
+ *
+ * _mm256_madd_epi16 multiplies 16 int16 pairs and adds adjacent products into 8 int32 lanes,
+ * exactly. matmul_q8_i16 keeps those lane sums in int32 over a whole KVL_I16_BLOCK block (any
+ * partial sum of a block is bounded like the block: exact), reduces them exactly and adds the
+ * block sums in FP32 in block order, so it is bit-identical to the reference. matmul_i16_i16
+ * adds two madd results (4 products per lane, < 2^31) before converting to FP32. */
+
+enum { IKIND_Q8, IKIND_I16 };
+
+#define TRI 4 /* integer tiles: 4 rows x 2 tokens, as the float ones */
+#define TTI 2
+
+KVL_INLINE int32_t hsum_epi32_256(__m256i v)
+{
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+    return _mm_cvtsi128_si32(s);
+}
+
+/* 16 int8 weights -> 16 int16 */
+KVL_INLINE __m256i load_q8x16_i16(const int8_t *p)
+{
+    return _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)p));
+}
+
+KVL_INLINE __m256i load_i16x16(const int16_t *p)
+{
+    return _mm256_loadu_si256((const __m256i *)(const void *)p);
+}
+
+/* The reference's scalar step (kernels_ref.c q_clamp): rint, NaN -> 0, clamp. */
+static int16_t q_clamp16(float v)
+{
+    v = rintf(v);
+    if (v != v)
+        return 0;
+    if (v > (float)KVL_I16_MAX)
+        v = (float)KVL_I16_MAX;
+    if (v < -(float)KVL_I16_MAX)
+        v = -(float)KVL_I16_MAX;
+    return (int16_t)v;
+}
+
+/* Sum of the products of columns [c, cols) in groups of 4 (the i16 x i16 scalar tail). */
+static float i16_tail(const int16_t *w, const int16_t *x, size_t c, size_t cols, float s)
+{
+    for (; c < cols; c += 4) {
+        size_t e = cols - c < 4 ? cols : c + 4;
+        int32_t g = 0;
+        for (size_t k = c; k < e; k++)
+            g += (int32_t)w[k] * (int32_t)x[k];
+        s += (float)g;
+    }
+    return s;
+}
+
+static void avx2_quantize_i16_act(int16_t *Xq, float *xs, const float *X, size_t cols, size_t n,
+                                  size_t ldx_in, size_t ldx_out)
+{
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    const __m256 lim = _mm256_set1_ps((float)KVL_I16_MAX), nlim = _mm256_set1_ps(-(float)KVL_I16_MAX);
+    for (size_t t = 0; t < n; t++) {
+        const float *x = X + t * ldx_in;
+        int16_t *q = Xq + t * ldx_out;
+        /* max(|x|, m) with m second: MAXPS returns the second operand when either is NaN, so a
+         * NaN input is ignored, as in the reference. */
+        __m256 m0 = _mm256_setzero_ps(), m1 = _mm256_setzero_ps();
+        size_t c = 0;
+        for (; c + 16 <= cols; c += 16) {
+            m0 = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(x + c), absmask), m0);
+            m1 = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(x + c + 8), absmask), m1);
+        }
+        for (; c + 8 <= cols; c += 8)
+            m0 = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(x + c), absmask), m0);
+        m0 = _mm256_max_ps(m0, m1);
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m0), _mm256_extractf128_ps(m0, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
+        float amax = _mm_cvtss_f32(m4);
+        for (; c < cols; c++) {
+            float a = fabsf(x[c]);
+            if (a > amax)
+                amax = a;
+        }
+        /* Same scalar expressions as the reference, so the integers agree exactly. */
+        float inv = amax > 0.0f ? (float)KVL_I16_MAX / amax : 0.0f;
+        xs[t] = amax / (float)KVL_I16_MAX;
+        const __m256 vi = _mm256_set1_ps(inv);
+        c = 0;
+        for (; c + 16 <= cols; c += 16) {
+            __m256 p0 = _mm256_mul_ps(_mm256_loadu_ps(x + c), vi);
+            __m256 p1 = _mm256_mul_ps(_mm256_loadu_ps(x + c + 8), vi);
+            /* NaN -> 0, then the clamp (integer bounds: clamping before rounding is the same) */
+            p0 = _mm256_and_ps(p0, _mm256_cmp_ps(p0, p0, _CMP_ORD_Q));
+            p1 = _mm256_and_ps(p1, _mm256_cmp_ps(p1, p1, _CMP_ORD_Q));
+            p0 = _mm256_max_ps(_mm256_min_ps(p0, lim), nlim);
+            p1 = _mm256_max_ps(_mm256_min_ps(p1, lim), nlim);
+            /* cvtps rounds with MXCSR (default nearest-even), like rintf in the reference */
+            __m256i i = _mm256_packs_epi32(_mm256_cvtps_epi32(p0), _mm256_cvtps_epi32(p1));
+            /* pack works per 128-bit lane; restore element order */
+            i = _mm256_permute4x64_epi64(i, 0xD8);
+            _mm256_storeu_si256((__m256i *)(void *)(q + c), i);
+        }
+        for (; c < cols; c++)
+            q[c] = q_clamp16(x[c] * inv);
+    }
+}
+
+/* Decode (one token): one row as one sequential stream, four independent accumulators. */
+KVL_INLINE void decode_row_int(int kind, float *Y, const void *W, const float *scale, size_t r,
+                               size_t cols, const int16_t *x, float xs)
+{
+    if (kind == IKIND_Q8) {
+        const int8_t *w = (const int8_t *)W + r * cols;
+        float acc = 0.0f;
+        for (size_t b = 0; b < cols; b += KVL_I16_BLOCK) {
+            size_t e = cols - b < KVL_I16_BLOCK ? cols : b + KVL_I16_BLOCK;
+            __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
+            size_t c = b;
+            for (; c + 64 <= e; c += 64) {
+                a0 = _mm256_add_epi32(a0, _mm256_madd_epi16(load_q8x16_i16(w + c), load_i16x16(x + c)));
+                a1 = _mm256_add_epi32(a1, _mm256_madd_epi16(load_q8x16_i16(w + c + 16), load_i16x16(x + c + 16)));
+                a2 = _mm256_add_epi32(a2, _mm256_madd_epi16(load_q8x16_i16(w + c + 32), load_i16x16(x + c + 32)));
+                a3 = _mm256_add_epi32(a3, _mm256_madd_epi16(load_q8x16_i16(w + c + 48), load_i16x16(x + c + 48)));
+            }
+            for (; c + 16 <= e; c += 16)
+                a0 = _mm256_add_epi32(a0, _mm256_madd_epi16(load_q8x16_i16(w + c), load_i16x16(x + c)));
+            int32_t s = hsum_epi32_256(_mm256_add_epi32(_mm256_add_epi32(a0, a1), _mm256_add_epi32(a2, a3)));
+            for (; c < e; c++)
+                s += (int32_t)w[c] * (int32_t)x[c];
+            acc += (float)s;
+        }
+        Y[r] = (acc * scale[r]) * xs;
+        return;
+    }
+    const int16_t *w = (const int16_t *)W + r * cols;
+    __m256 f0 = _mm256_setzero_ps(), f1 = f0, f2 = f0, f3 = f0;
+    size_t c = 0;
+#define I16_GROUP(o) \
+    _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_madd_epi16(load_i16x16(w + c + (o)), load_i16x16(x + c + (o))), \
+                                        _mm256_madd_epi16(load_i16x16(w + c + (o) + 16), load_i16x16(x + c + (o) + 16))))
+    for (; c + 128 <= cols; c += 128) {
+        f0 = _mm256_add_ps(f0, I16_GROUP(0));
+        f1 = _mm256_add_ps(f1, I16_GROUP(32));
+        f2 = _mm256_add_ps(f2, I16_GROUP(64));
+        f3 = _mm256_add_ps(f3, I16_GROUP(96));
+    }
+    for (; c + 32 <= cols; c += 32)
+        f0 = _mm256_add_ps(f0, I16_GROUP(0));
+#undef I16_GROUP
+    if (c + 16 <= cols) {
+        f1 = _mm256_add_ps(f1, _mm256_cvtepi32_ps(_mm256_madd_epi16(load_i16x16(w + c), load_i16x16(x + c))));
+        c += 16;
+    }
+    float s = hsum256(_mm256_add_ps(_mm256_add_ps(f0, f1), _mm256_add_ps(f2, f3)));
+    s = i16_tail(w, x, c, cols, s);
+    Y[r] = (s * scale[r]) * xs;
+}
+
+/* R rows x T tokens (constants at every call site): each weight vector is loaded once per T
+ * tokens, each activation vector once per R rows. */
+KVL_INLINE void tile_int(int kind, float *Y, size_t ldy, const void *W, const float *scale,
+                         size_t r0, size_t cols, const int16_t *X, const float *xs, size_t ldx,
+                         int prefetch, const int R, const int T)
+{
+    if (kind == IKIND_Q8) {
+        const int8_t *wrow[TRI];
+        float acc[TRI][TTI];
+        KVL_UNROLL
+        for (int i = 0; i < R; i++) {
+            wrow[i] = (const int8_t *)W + (r0 + (size_t)i) * cols;
+            KVL_UNROLL
+            for (int t = 0; t < T; t++)
+                acc[i][t] = 0.0f;
+        }
+        for (size_t b = 0; b < cols; b += KVL_I16_BLOCK) {
+            size_t e = cols - b < KVL_I16_BLOCK ? cols : b + KVL_I16_BLOCK;
+            __m256i ia[TRI][TTI];
+            KVL_UNROLL
+            for (int i = 0; i < R; i++)
+                KVL_UNROLL
+                for (int t = 0; t < T; t++)
+                    ia[i][t] = _mm256_setzero_si256();
+            size_t c = b;
+            for (; c + 16 <= e; c += 16) {
+                if (prefetch && (c & 63) == 0) {
+                    KVL_UNROLL
+                    for (int i = 0; i < R; i++)
+                        _mm_prefetch((const char *)(wrow[i] + (size_t)R * cols + c), _MM_HINT_T1);
+                }
+                __m256i w[TRI];
+                KVL_UNROLL
+                for (int i = 0; i < R; i++)
+                    w[i] = load_q8x16_i16(wrow[i] + c);
+                KVL_UNROLL
+                for (int t = 0; t < T; t++) {
+                    __m256i x = load_i16x16(X + (size_t)t * ldx + c);
+                    KVL_UNROLL
+                    for (int i = 0; i < R; i++)
+                        ia[i][t] = _mm256_add_epi32(ia[i][t], _mm256_madd_epi16(w[i], x));
+                }
+            }
+            KVL_UNROLL
+            for (int i = 0; i < R; i++)
+                KVL_UNROLL
+                for (int t = 0; t < T; t++) {
+                    int32_t s = hsum_epi32_256(ia[i][t]);
+                    const int16_t *x = X + (size_t)t * ldx;
+                    for (size_t cc = c; cc < e; cc++)
+                        s += (int32_t)wrow[i][cc] * (int32_t)x[cc];
+                    acc[i][t] += (float)s;
+                }
+        }
+        KVL_UNROLL
+        for (int i = 0; i < R; i++)
+            KVL_UNROLL
+            for (int t = 0; t < T; t++)
+                Y[(size_t)t * ldy + r0 + (size_t)i] = (acc[i][t] * scale[r0 + (size_t)i]) * xs[t];
+        return;
+    }
+    const int16_t *wrow[TRI];
+    __m256 fa[TRI][TTI];
+    KVL_UNROLL
+    for (int i = 0; i < R; i++) {
+        wrow[i] = (const int16_t *)W + (r0 + (size_t)i) * cols;
+        KVL_UNROLL
+        for (int t = 0; t < T; t++)
+            fa[i][t] = _mm256_setzero_ps();
+    }
+    size_t c = 0;
+    for (; c + 32 <= cols; c += 32) {
+        if (prefetch) { /* 64 bytes per row and step */
+            KVL_UNROLL
+            for (int i = 0; i < R; i++)
+                _mm_prefetch((const char *)(wrow[i] + (size_t)R * cols + c), _MM_HINT_T1);
+        }
+        __m256i w0[TRI], w1[TRI];
+        KVL_UNROLL
+        for (int i = 0; i < R; i++) {
+            w0[i] = load_i16x16(wrow[i] + c);
+            w1[i] = load_i16x16(wrow[i] + c + 16);
+        }
+        KVL_UNROLL
+        for (int t = 0; t < T; t++) {
+            __m256i x0 = load_i16x16(X + (size_t)t * ldx + c), x1 = load_i16x16(X + (size_t)t * ldx + c + 16);
+            KVL_UNROLL
+            for (int i = 0; i < R; i++)
+                fa[i][t] = _mm256_add_ps(fa[i][t], _mm256_cvtepi32_ps(_mm256_add_epi32(
+                                                       _mm256_madd_epi16(w0[i], x0), _mm256_madd_epi16(w1[i], x1))));
+        }
+    }
+    if (c + 16 <= cols) {
+        KVL_UNROLL
+        for (int t = 0; t < T; t++) {
+            __m256i x0 = load_i16x16(X + (size_t)t * ldx + c);
+            KVL_UNROLL
+            for (int i = 0; i < R; i++)
+                fa[i][t] = _mm256_add_ps(fa[i][t], _mm256_cvtepi32_ps(_mm256_madd_epi16(load_i16x16(wrow[i] + c), x0)));
+        }
+        c += 16;
+    }
+    KVL_UNROLL
+    for (int i = 0; i < R; i++)
+        KVL_UNROLL
+        for (int t = 0; t < T; t++) {
+            float s = i16_tail(wrow[i], X + (size_t)t * ldx, c, cols, hsum256(fa[i][t]));
+            Y[(size_t)t * ldy + r0 + (size_t)i] = (s * scale[r0 + (size_t)i]) * xs[t];
+        }
+}
+
+#include "kernels_matmul_driver.h"
+
+static void avx2_matmul_bf16(float *Y, size_t ldy, const uint16_t *W, size_t rows, size_t cols,
+                             const float *X, size_t ldx, size_t n)
+{
+    matmul_generic(KIND_BF16, 0, Y, ldy, W, NULL, rows, cols, X, ldx, n);
+}
+
+static void avx2_matmul_q8(float *Y, size_t ldy, const int8_t *W, const float *scale, size_t rows,
+                           size_t cols, const float *X, size_t ldx, size_t n)
+{
+    matmul_generic(KIND_Q8, 0, Y, ldy, W, scale, rows, cols, X, ldx, n);
+}
+
+static void avx2_matmul_f32(float *Y, size_t ldy, const float *W, size_t rows, size_t cols,
+                            const float *X, size_t ldx, size_t n)
+{
+    matmul_generic(KIND_F32, 0, Y, ldy, W, NULL, rows, cols, X, ldx, n);
+}
+
+static void avx2_matmul_bf16_xb(float *Y, size_t ldy, const uint16_t *W, size_t rows, size_t cols,
+                                const float *X, size_t ldx, size_t n)
+{
+    matmul_generic(KIND_BF16, 1, Y, ldy, W, NULL, rows, cols, X, ldx, n);
+}
+
+static void avx2_matmul_q8_xb(float *Y, size_t ldy, const int8_t *W, const float *scale,
+                              size_t rows, size_t cols, const float *X, size_t ldx, size_t n)
+{
+    matmul_generic(KIND_Q8, 1, Y, ldy, W, scale, rows, cols, X, ldx, n);
+}
+
+static void avx2_matmul_q8_i16(float *Y, size_t ldy, const int8_t *W, const float *scale,
+                               size_t rows, size_t cols, const int16_t *Xq, const float *xs,
+                               size_t ldx, size_t n)
+{
+    matmul_int_generic(IKIND_Q8, Y, ldy, W, scale, rows, cols, Xq, xs, ldx, n);
+}
+
+static void avx2_matmul_i16_i16(float *Y, size_t ldy, const int16_t *W, const float *scale,
+                                size_t rows, size_t cols, const int16_t *Xq, const float *xs,
+                                size_t ldx, size_t n)
+{
+    matmul_int_generic(IKIND_I16, Y, ldy, W, scale, rows, cols, Xq, xs, ldx, n);
+}
+
+/* ---- vector ops ------------------------------------------------------------------------ */
+
+static float avx2_dot_f32(const float *a, const float *b, size_t n)
+{
+    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+    }
+    for (; i + 8 <= n; i += 8)
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+    float s = hsum256(_mm256_add_ps(s0, s1));
+    for (; i < n; i++)
+        s += a[i] * b[i];
+    return s;
+}
+
+static void avx2_axpy_f32(float *y, float a, const float *x, size_t n)
+{
+    __m256 va = _mm256_set1_ps(a);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+    for (; i < n; i++)
+        y[i] += a * x[i];
+}
+
+static void avx2_bf16_to_f32(float *dst, const uint16_t *src, size_t n)
+{
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(dst + i, load_bf16x8(src + i));
+    for (; i < n; i++)
+        dst[i] = bf16_scalar(src[i]);
+}
+
+static void avx2_f32_to_bf16(uint16_t *dst, const float *src, size_t n)
+{
+    const __m256i absmask = _mm256_set1_epi32(0x7fffffff);
+    const __m256i inf = _mm256_set1_epi32(0x7f800000);
+    const __m256i one = _mm256_set1_epi32(1);
+    const __m256i bias = _mm256_set1_epi32(0x7fff);
+    const __m256i quiet = _mm256_set1_epi32(0x0040);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256i u = _mm256_castps_si256(_mm256_loadu_ps(src + i));
+        /* Same bit recipe as the reference: RNE by adding 0x7fff + lsb; NaNs made quiet. */
+        __m256i rounded = _mm256_add_epi32(u, _mm256_add_epi32(bias, _mm256_and_si256(_mm256_srli_epi32(u, 16), one)));
+        rounded = _mm256_srli_epi32(rounded, 16);
+        __m256i nanv = _mm256_or_si256(_mm256_srli_epi32(u, 16), quiet);
+        __m256i isnan = _mm256_cmpgt_epi32(_mm256_and_si256(u, absmask), inf);
+        __m256i r = _mm256_blendv_epi8(rounded, nanv, isnan);
+        /* r holds 16-bit values in 32-bit lanes; packus per 128-bit lane, then gather. */
+        __m128i lo = _mm256_castsi256_si128(r), hi = _mm256_extracti128_si256(r, 1);
+        _mm_storeu_si128((__m128i *)(void *)(dst + i), _mm_packus_epi32(lo, hi));
+    }
+    for (; i < n; i++)
+        dst[i] = kvl_float_to_bf16(src[i]);
+}
+
+const kvl_kernels kvl_kernels_avx2_table = {
+    "avx2",
+    0,
+    avx2_matmul_bf16,
+    avx2_matmul_q8,
+    avx2_matmul_f32,
+    avx2_matmul_bf16_xb,
+    avx2_matmul_q8_xb,
+    avx2_quantize_i16_act,
+    avx2_matmul_q8_i16,
+    avx2_matmul_i16_i16,
+    avx2_dot_f32,
+    avx2_axpy_f32,
+    avx2_bf16_to_f32,
+    avx2_f32_to_bf16,
+    kvl_softmax,   /* no AVX2 exp yet: the scalar references */
+    kvl_gelu_tanh,
+};

@@ -1,0 +1,898 @@
+/* kernels_avx512.c — the "avx512" kernel table (AVX-512 F/BW/VL/DQ + VNNI).
+ *
+ * Owns: AVX-512 versions of every kvl_kernels entry. This file alone is compiled with the
+ * AVX-512 flags (/arch:AVX512 on MSVC), so nothing here may run before kernels_select.c has
+ * checked the CPU and the OS (XCR0 ZMM state).
+ * Does not own: the numeric definition of each kernel (kernels_ref.c is the reference; results
+ * here differ from it only by FP32 summation order; quantize_i16_act and matmul_q8_i16 are
+ * bit-identical to it), threading, CPU detection.
+ *
+ * Register tiles of up to 4 weight rows x 4 activation vectors (16 zmm accumulators): each
+ * weight vector is loaded and widened once per 4 tokens, each activation vector once per 4
+ * rows; decode (n = 1) reads one row at a time as a sequential stream (decode_row). Column
+ * tails (cols % 16) use masked loads, i.e. the same vector code on zero-padded lanes, so there
+ * is no separate slow path.
+ *
+ * Two tables: "avx512" (every CPU with AVX-512 F/BW/VL/DQ + VNNI) computes the *_xb entries
+ * with FP32 FMAs on activations rounded in registers; "avx512-bf16" (CPUs that also have
+ * AVX512_BF16) runs them on VDPBF16PS, two products per lane and instruction, which is what
+ * makes the BF16-activation mode fast. The plain FP32 entries never use BF16 instructions
+ * (VDPBF16PS would round the FP32 activations).
+ */
+#include "kernels.h"
+
+#include <immintrin.h>
+#include <math.h>
+#include <string.h>
+
+#if defined(_MSC_VER) && !defined(__clang__)
+#define KVL_INLINE static __forceinline
+#elif defined(__GNUC__) || defined(__clang__)
+#define KVL_INLINE static inline __attribute__((always_inline))
+#else
+#define KVL_INLINE static inline
+#endif
+
+/* The tile loops below run over compile-time constants (R, T <= 4) and must be fully unrolled so
+ * the accumulator arrays become registers; GCC at -O2 does not do that on its own. */
+#if defined(__GNUC__) || defined(__clang__)
+#define KVL_UNROLL _Pragma("GCC unroll 8")
+#else
+#define KVL_UNROLL
+#endif
+
+#define TR 4 /* rows per tile */
+#define TT 4 /* tokens per tile */
+
+KVL_INLINE float hsum512(__m512 v)
+{
+    __m256 h = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+    return _mm_cvtss_f32(s);
+}
+
+KVL_INLINE __mmask16 tail_mask16(size_t k)
+{
+    return (__mmask16)((1u << k) - 1u); /* k < 16 */
+}
+
+/* 16 bf16 -> 16 fp32: widen and shift into the high half (exact). */
+KVL_INLINE __m512 bf16x16(__m256i h)
+{
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+/* kvl_bf16_round_daz on 16 lanes: nearest-even by integer add and truncate, subnormal inputs to
+ * signed zero (NaN payloads are not preserved). */
+KVL_INLINE __m512 round_bf16x16(__m512 v)
+{
+    __m512i b = _mm512_castps_si512(v);
+    __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
+    __m512i r = _mm512_add_epi32(b, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
+    r = _mm512_and_si512(r, _mm512_set1_epi32((int)0xffff0000u));
+    __mmask16 subnormal = _mm512_testn_epi32_mask(b, _mm512_set1_epi32(0x7f800000));
+    r = _mm512_mask_and_epi32(r, subnormal, b, _mm512_set1_epi32((int)0x80000000u));
+    return _mm512_castsi512_ps(r);
+}
+
+KVL_INLINE __m512 load_x(int xb, const float *x)
+{
+    return xb ? round_bf16x16(_mm512_loadu_ps(x)) : _mm512_loadu_ps(x);
+}
+
+KVL_INLINE __m512 load_x_masked(int xb, const float *x, __mmask16 m)
+{
+    __m512 v = _mm512_maskz_loadu_ps(m, x);
+    return xb ? round_bf16x16(v) : v;
+}
+
+enum { KIND_BF16, KIND_Q8, KIND_F32 };
+
+KVL_INLINE size_t elem_size(int kind)
+{
+    return kind == KIND_BF16 ? 2 : kind == KIND_Q8 ? 1 : 4;
+}
+
+KVL_INLINE __m512 load_w(int kind, const void *w, size_t c)
+{
+    if (kind == KIND_BF16)
+        return bf16x16(_mm256_loadu_si256((const __m256i *)(const void *)((const uint16_t *)w + c)));
+    if (kind == KIND_Q8)
+        return _mm512_cvtepi32_ps(
+            _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(const void *)((const int8_t *)w + c))));
+    return _mm512_loadu_ps((const float *)w + c);
+}
+
+KVL_INLINE __m512 load_w_masked(int kind, const void *w, size_t c, __mmask16 m)
+{
+    if (kind == KIND_BF16)
+        return bf16x16(_mm256_maskz_loadu_epi16(m, (const uint16_t *)w + c));
+    if (kind == KIND_Q8)
+        return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, (const int8_t *)w + c)));
+    return _mm512_maskz_loadu_ps(m, (const float *)w + c);
+}
+
+/* Y[t*ldy + r0 + i] = (sum_c W[r0+i, c] X[t, c]) * (scale ? scale[r0+i] : 1) for i<R, t<T.
+ * R and T are constants at every call site, so after inlining the accumulators are registers. */
+KVL_INLINE void tile(int kind, int xb, float *Y, size_t ldy, const void *W, const float *scale,
+                     size_t r0, size_t cols, const float *X, size_t ldx, int prefetch, const int R,
+                     const int T)
+{
+    __m512 acc[TR][TT]; /* only R x T entries are used (and kept in registers) */
+    const char *wrow[TR];
+    KVL_UNROLL
+    for (int i = 0; i < R; i++) {
+        wrow[i] = (const char *)W + (r0 + (size_t)i) * cols * elem_size(kind);
+        KVL_UNROLL
+        for (int t = 0; t < T; t++)
+            acc[i][t] = _mm512_setzero_ps();
+    }
+    size_t c = 0;
+    const size_t row_bytes = cols * elem_size(kind);
+    for (; c + 16 <= cols; c += 16) {
+        /* Rows of a tile are short streams (2-4 KB) that the hardware prefetcher barely ramps
+         * up on; fetch the next tile's rows (contiguous after ours) into L2, a line at a time. */
+        if (prefetch && ((c * elem_size(kind)) & 63) == 0) {
+            KVL_UNROLL
+            for (int i = 0; i < R; i++)
+                _mm_prefetch(wrow[i] + (size_t)R * row_bytes + c * elem_size(kind), _MM_HINT_T1);
+        }
+        __m512 w[TR];
+        KVL_UNROLL
+        for (int i = 0; i < R; i++)
+            w[i] = load_w(kind, wrow[i], c);
+        KVL_UNROLL
+        for (int t = 0; t < T; t++) {
+            __m512 x = load_x(xb, X + (size_t)t * ldx + c);
+            KVL_UNROLL
+            for (int i = 0; i < R; i++)
+                acc[i][t] = _mm512_fmadd_ps(w[i], x, acc[i][t]);
+        }
+    }
+    if (c < cols) {
+        __mmask16 m = tail_mask16(cols - c);
+        __m512 w[TR];
+        KVL_UNROLL
+        for (int i = 0; i < R; i++)
+            w[i] = load_w_masked(kind, wrow[i], c, m);
+        KVL_UNROLL
+        for (int t = 0; t < T; t++) {
+            __m512 x = load_x_masked(xb, X + (size_t)t * ldx + c, m);
+            KVL_UNROLL
+            for (int i = 0; i < R; i++)
+                acc[i][t] = _mm512_fmadd_ps(w[i], x, acc[i][t]);
+        }
+    }
+    KVL_UNROLL
+    for (int i = 0; i < R; i++)
+        KVL_UNROLL
+        for (int t = 0; t < T; t++) {
+            float s = hsum512(acc[i][t]);
+            if (scale)
+                s *= scale[r0 + (size_t)i];
+            Y[(size_t)t * ldy + r0 + (size_t)i] = s;
+        }
+}
+
+/* Decode (one activation vector): purely bandwidth-bound. One row at a time with four
+ * independent accumulators, so each thread reads its share of the matrix as a single sequential
+ * stream: the hardware prefetchers follow it across rows, where a multi-row tile gives them one
+ * short (one-page) stream per row to restart on. Measured with bench/kernels_bench.c on the
+ * 2-vCPU EPYC VM, 2 threads, weights from DRAM: 43-66 GB/s against 33-38 GB/s for 8-row tiles,
+ * in alternating runs. */
+KVL_INLINE void decode_row(int kind, int xb, float *Y, const void *W, const float *scale, size_t r,
+                           size_t cols, const float *X)
+{
+    const char *w = (const char *)W + r * cols * elem_size(kind);
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    size_t c = 0;
+    for (; c + 64 <= cols; c += 64) {
+        a0 = _mm512_fmadd_ps(load_w(kind, w, c), load_x(xb, X + c), a0);
+        a1 = _mm512_fmadd_ps(load_w(kind, w, c + 16), load_x(xb, X + c + 16), a1);
+        a2 = _mm512_fmadd_ps(load_w(kind, w, c + 32), load_x(xb, X + c + 32), a2);
+        a3 = _mm512_fmadd_ps(load_w(kind, w, c + 48), load_x(xb, X + c + 48), a3);
+    }
+    for (; c + 16 <= cols; c += 16)
+        a0 = _mm512_fmadd_ps(load_w(kind, w, c), load_x(xb, X + c), a0);
+    if (c < cols) {
+        __mmask16 m = tail_mask16(cols - c);
+        a1 = _mm512_fmadd_ps(load_w_masked(kind, w, c, m), load_x_masked(xb, X + c, m), a1);
+    }
+    float s = hsum512(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+    Y[r] = scale ? s * scale[r] : s;
+}
+
+/* ---- BF16 dot products (AVX512_BF16): the *_xb entries of the "avx512-bf16" table ---------
+ *
+ * Weights are BF16 in memory (matmul_bf16_xb) or converted to BF16 (exact for int8) a panel of
+ * DP_R rows x DP_KC columns at a time into a stack buffer (matmul_q8_xb); activations are
+ * rounded to BF16 (VCVTNE2PS2BF16: nearest-even, subnormals as zero, the reference's
+ * kvl_bf16_round_daz) a block of DP_NB tokens x DP_KC columns at a time into a stack buffer
+ * (64 KiB, L2-resident), and every row panel sweeps that block, so each weight panel is reused
+ * by DP_NB tokens from L1. Rounding the block once, rather than in every tile, doubled the rate
+ * (bench/kernels_bench.c, 1 thread, [1408 x 2048] x 64 tokens: 215 -> 370 GFLOP/s; the FP32
+ * matmul_bf16 does 180); 4 x 4 tiles divide the engine's 16-row work items, 6 x 4 was only 4 %
+ * faster. Columns beyond DP_KC are summed into Y chunk by chunk. Decode (n = 1) rounds the
+ * activation once and streams rows as in decode_row. */
+
+#define DP_R 4       /* rows per register tile */
+#define DP_T 4       /* tokens per register tile */
+#define DP_NB 32     /* tokens per L2 block */
+#define DP_KC 1024   /* columns per chunk */
+#define DP_DEC_KC 16384 /* decode: activation columns rounded at a time (32 KiB of stack) */
+
+/* Bit casts between __m512i and __m512bh (compilers disagree on whether a cast is allowed;
+ * memcpy of a register is free). */
+KVL_INLINE __m512bh AS_BH(__m512i v)
+{
+    __m512bh h;
+    memcpy(&h, &v, sizeof h);
+    return h;
+}
+
+KVL_INLINE __m512i BH_BITS(__m512bh h)
+{
+    __m512i v;
+    memcpy(&v, &h, sizeof v);
+    return v;
+}
+
+KVL_INLINE __mmask32 tail_mask32(size_t k)
+{
+    return (__mmask32)((1u << k) - 1u); /* k < 32 */
+}
+
+/* 32 activations -> 32 BF16 (element i of the result is x[i]). */
+KVL_INLINE __m512bh x_bf16x32(const float *x)
+{
+    return _mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + 16), _mm512_loadu_ps(x));
+}
+
+KVL_INLINE __m512bh x_bf16x32_masked(const float *x, size_t k)
+{
+    __mmask16 lo = k >= 16 ? (__mmask16)0xffff : tail_mask16(k);
+    __mmask16 hi = k > 16 ? tail_mask16(k - 16) : (__mmask16)0;
+    return _mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(hi, x + 16), _mm512_maskz_loadu_ps(lo, x));
+}
+
+/* 32 int8 -> 32 BF16 (exact: |w| <= 128 needs 8 significant bits). */
+KVL_INLINE __m512i q8_bf16x32(__m256i b)
+{
+    __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(b)));
+    __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(b, 1)));
+    return BH_BITS(_mm512_cvtne2ps_pbh(hi, lo));
+}
+
+/* Rows [0, R) of a Q8 panel, columns [k0, k0 + kc), to BF16 at dst (row stride DP_KC). */
+KVL_INLINE void q8_panel_to_bf16(uint16_t *dst, const int8_t *W, size_t cols, size_t k0,
+                                 size_t kc, int R)
+{
+    for (int i = 0; i < R; i++) {
+        const int8_t *w = W + (size_t)i * cols + k0;
+        uint16_t *d = dst + (size_t)i * DP_KC;
+        size_t c = 0;
+        for (; c + 32 <= kc; c += 32)
+            _mm512_storeu_si512((void *)(d + c),
+                                q8_bf16x32(_mm256_loadu_si256((const __m256i *)(const void *)(w + c))));
+        if (c < kc)
+            _mm512_storeu_si512((void *)(d + c), q8_bf16x32(_mm256_maskz_loadu_epi8(tail_mask32(kc - c), w + c)));
+    }
+}
+
+/* Y[t*ldy + i] (=|+=) scale_i * sum_{c<kc} W[i*ldw + c] Xb[t*DP_KC + c], i < R, t < T; Xb holds
+ * BF16 activations zero-padded to a multiple of 32 columns. */
+KVL_INLINE void tile_dp(float *Y, size_t ldy, const uint16_t *W, size_t ldw, const float *scale,
+                        int accumulate, size_t kc, const uint16_t *Xb, const int R, const int T)
+{
+    __m512 acc[DP_R][DP_T];
+    KVL_UNROLL
+    for (int i = 0; i < R; i++)
+        KVL_UNROLL
+        for (int t = 0; t < T; t++)
+            acc[i][t] = _mm512_setzero_ps();
+    size_t c = 0;
+    for (; c + 32 <= kc; c += 32) {
+        __m512i w[DP_R];
+        KVL_UNROLL
+        for (int i = 0; i < R; i++)
+            w[i] = _mm512_loadu_si512((const void *)(W + (size_t)i * ldw + c));
+        KVL_UNROLL
+        for (int t = 0; t < T; t++) {
+            __m512bh x = AS_BH(_mm512_loadu_si512((const void *)(Xb + (size_t)t * DP_KC + c)));
+            KVL_UNROLL
+            for (int i = 0; i < R; i++)
+                acc[i][t] = _mm512_dpbf16_ps(acc[i][t], AS_BH(w[i]), x);
+        }
+    }
+    if (c < kc) {
+        __mmask32 m = tail_mask32(kc - c);
+        __m512i w[DP_R];
+        KVL_UNROLL
+        for (int i = 0; i < R; i++)
+            w[i] = _mm512_maskz_loadu_epi16(m, W + (size_t)i * ldw + c);
+        KVL_UNROLL
+        for (int t = 0; t < T; t++) {
+            __m512bh x = AS_BH(_mm512_loadu_si512((const void *)(Xb + (size_t)t * DP_KC + c)));
+            KVL_UNROLL
+            for (int i = 0; i < R; i++)
+                acc[i][t] = _mm512_dpbf16_ps(acc[i][t], AS_BH(w[i]), x);
+        }
+    }
+    KVL_UNROLL
+    for (int i = 0; i < R; i++)
+        KVL_UNROLL
+        for (int t = 0; t < T; t++) {
+            float s = hsum512(acc[i][t]);
+            if (scale)
+                s *= scale[i];
+            float *y = Y + (size_t)t * ldy + (size_t)i;
+            *y = accumulate ? *y + s : s;
+        }
+}
+
+/* One panel (R rows, constant) against a block of nb tokens. */
+KVL_INLINE void panel_dp(float *Y, size_t ldy, const uint16_t *W, size_t ldw, const float *scale,
+                         int accumulate, size_t kc, const uint16_t *Xb, size_t nb, const int R)
+{
+    size_t t = 0;
+    for (; t + DP_T <= nb; t += DP_T)
+        tile_dp(Y + t * ldy, ldy, W, ldw, scale, accumulate, kc, Xb + t * DP_KC, R, DP_T);
+    for (; t < nb; t++)
+        tile_dp(Y + t * ldy, ldy, W, ldw, scale, accumulate, kc, Xb + t * DP_KC, R, 1);
+}
+
+/* kc activations to BF16 at dst, zero-padded to the next multiple of 32. */
+KVL_INLINE void x_to_bf16(uint16_t *dst, const float *x, size_t kc)
+{
+    size_t c = 0;
+    for (; c + 32 <= kc; c += 32)
+        _mm512_storeu_si512((void *)(dst + c), BH_BITS(x_bf16x32(x + c)));
+    if (c < kc)
+        _mm512_storeu_si512((void *)(dst + c), BH_BITS(x_bf16x32_masked(x + c, kc - c)));
+}
+
+KVL_INLINE void decode_row_dp(int kind, float *y, const void *W, const float *scale, size_t r,
+                              size_t cols, size_t k0, size_t kc, const uint16_t *xb, int accumulate)
+{
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    size_t c = 0;
+    if (kind == KIND_BF16) {
+        const uint16_t *w = (const uint16_t *)W + r * cols + k0;
+        for (; c + 128 <= kc; c += 128) {
+            a0 = _mm512_dpbf16_ps(a0, AS_BH(_mm512_loadu_si512((const void *)(w + c))),
+                                  AS_BH(_mm512_loadu_si512((const void *)(xb + c))));
+            a1 = _mm512_dpbf16_ps(a1, AS_BH(_mm512_loadu_si512((const void *)(w + c + 32))),
+                                  AS_BH(_mm512_loadu_si512((const void *)(xb + c + 32))));
+            a2 = _mm512_dpbf16_ps(a2, AS_BH(_mm512_loadu_si512((const void *)(w + c + 64))),
+                                  AS_BH(_mm512_loadu_si512((const void *)(xb + c + 64))));
+            a3 = _mm512_dpbf16_ps(a3, AS_BH(_mm512_loadu_si512((const void *)(w + c + 96))),
+                                  AS_BH(_mm512_loadu_si512((const void *)(xb + c + 96))));
+        }
+        for (; c + 32 <= kc; c += 32)
+            a0 = _mm512_dpbf16_ps(a0, AS_BH(_mm512_loadu_si512((const void *)(w + c))),
+                                  AS_BH(_mm512_loadu_si512((const void *)(xb + c))));
+        if (c < kc) /* xb is zero-padded to a multiple of 32 */
+            a1 = _mm512_dpbf16_ps(a1, AS_BH(_mm512_maskz_loadu_epi16(tail_mask32(kc - c), w + c)),
+                                  AS_BH(_mm512_loadu_si512((const void *)(xb + c))));
+    } else {
+        const int8_t *w = (const int8_t *)W + r * cols + k0;
+        for (; c + 64 <= kc; c += 64) {
+            a0 = _mm512_dpbf16_ps(a0, AS_BH(q8_bf16x32(_mm256_loadu_si256((const __m256i *)(const void *)(w + c)))),
+                                  AS_BH(_mm512_loadu_si512((const void *)(xb + c))));
+            a1 = _mm512_dpbf16_ps(a1, AS_BH(q8_bf16x32(_mm256_loadu_si256((const __m256i *)(const void *)(w + c + 32)))),
+                                  AS_BH(_mm512_loadu_si512((const void *)(xb + c + 32))));
+        }
+        for (; c + 32 <= kc; c += 32)
+            a2 = _mm512_dpbf16_ps(a2, AS_BH(q8_bf16x32(_mm256_loadu_si256((const __m256i *)(const void *)(w + c)))),
+                                  AS_BH(_mm512_loadu_si512((const void *)(xb + c))));
+        if (c < kc) /* xb is zero-padded to a multiple of 32 */
+            a3 = _mm512_dpbf16_ps(a3, AS_BH(q8_bf16x32(_mm256_maskz_loadu_epi8(tail_mask32(kc - c), w + c))),
+                                  AS_BH(_mm512_loadu_si512((const void *)(xb + c))));
+    }
+    float s = hsum512(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+    if (scale)
+        s *= scale[r];
+    *y = accumulate ? *y + s : s;
+}
+
+KVL_INLINE void matmul_dp(int kind, float *Y, size_t ldy, const void *W, const float *scale,
+                          size_t rows, size_t cols, const float *X, size_t ldx, size_t n)
+{
+    if (n == 1) {
+        uint16_t xb[DP_DEC_KC + 32];
+        for (size_t k0 = 0; k0 < cols; k0 += DP_DEC_KC) {
+            size_t kc = cols - k0 < DP_DEC_KC ? cols - k0 : DP_DEC_KC;
+            x_to_bf16(xb, X + k0, kc);
+            for (size_t r = 0; r < rows; r++)
+                decode_row_dp(kind, Y + r, W, scale, r, cols, k0, kc, xb, k0 > 0);
+        }
+        return;
+    }
+    uint16_t xblock[DP_NB * DP_KC]; /* the token block's activations, BF16 */
+    uint16_t panel[DP_R * DP_KC];   /* Q8 rows converted to BF16 */
+    for (size_t k0 = 0; k0 < cols; k0 += DP_KC) {
+        size_t kc = cols - k0 < DP_KC ? cols - k0 : DP_KC;
+        for (size_t t0 = 0; t0 < n; t0 += DP_NB) {
+            size_t nb = n - t0 < DP_NB ? n - t0 : DP_NB;
+            float *Yb = Y + t0 * ldy;
+            for (size_t t = 0; t < nb; t++)
+                x_to_bf16(xblock + t * DP_KC, X + (t0 + t) * ldx + k0, kc);
+            size_t r = 0;
+            for (; r + DP_R <= rows; r += DP_R) {
+                if (kind == KIND_BF16) {
+                    panel_dp(Yb + r, ldy, (const uint16_t *)W + r * cols + k0, cols, NULL, k0 > 0, kc,
+                             xblock, nb, DP_R);
+                } else {
+                    q8_panel_to_bf16(panel, (const int8_t *)W + r * cols, cols, k0, kc, DP_R);
+                    panel_dp(Yb + r, ldy, panel, DP_KC, scale + r, k0 > 0, kc, xblock, nb, DP_R);
+                }
+            }
+            for (; r < rows; r++) {
+                if (kind == KIND_BF16) {
+                    panel_dp(Yb + r, ldy, (const uint16_t *)W + r * cols + k0, cols, NULL, k0 > 0, kc,
+                             xblock, nb, 1);
+                } else {
+                    q8_panel_to_bf16(panel, (const int8_t *)W + r * cols, cols, k0, kc, 1);
+                    panel_dp(Yb + r, ldy, panel, DP_KC, scale + r, k0 > 0, kc, xblock, nb, 1);
+                }
+            }
+        }
+    }
+}
+
+static void avx512bf16_matmul_bf16_xb(float *Y, size_t ldy, const uint16_t *W, size_t rows,
+                                      size_t cols, const float *X, size_t ldx, size_t n)
+{
+    matmul_dp(KIND_BF16, Y, ldy, W, NULL, rows, cols, X, ldx, n);
+}
+
+static void avx512bf16_matmul_q8_xb(float *Y, size_t ldy, const int8_t *W, const float *scale,
+                                    size_t rows, size_t cols, const float *X, size_t ldx, size_t n)
+{
+    matmul_dp(KIND_Q8, Y, ldy, W, scale, rows, cols, X, ldx, n);
+}
+
+/* ---- integer mode ------------------------------------------------------------------------
+ *
+ * VPDPWSSD (AVX512_VNNI) adds the two int16 x int16 products of each int32 lane to it, exactly
+ * and without saturation (the non-"S" form). matmul_q8_i16 accumulates a whole KVL_I16_BLOCK
+ * block that way (every partial sum of a block is bounded like the block: exact), reduces the
+ * lanes exactly and adds the block sums in FP32 in block order: bit-identical to the reference.
+ * matmul_i16_i16 starts each int32 lane from one VPMADDWD and adds one VPDPWSSD (4 products,
+ * < 2^31), then converts to FP32. Column tails use zero-masked loads. */
+
+enum { IKIND_Q8, IKIND_I16 };
+
+#define TRI 4 /* integer tiles: 4 rows x 4 tokens, as the float ones */
+#define TTI 4
+
+/* 32 int8 weights -> 32 int16 */
+KVL_INLINE __m512i load_q8x32_i16(const int8_t *p)
+{
+    return _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(const void *)p));
+}
+
+KVL_INLINE __m512i load_q8x32_i16_masked(const int8_t *p, __mmask32 m)
+{
+    return _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(m, p));
+}
+
+KVL_INLINE __m512i load_i16x32(const int16_t *p)
+{
+    return _mm512_loadu_si512((const void *)p);
+}
+
+/* 4 products per lane: columns [c, c+32) and [c+32, c+64) pairwise */
+KVL_INLINE __m512 i16_quad(__m512i w0, __m512i x0, __m512i w1, __m512i x1)
+{
+    return _mm512_cvtepi32_ps(_mm512_dpwssd_epi32(_mm512_madd_epi16(w0, x0), w1, x1));
+}
+
+static void avx512_quantize_i16_act(int16_t *Xq, float *xs, const float *X, size_t cols, size_t n,
+                                    size_t ldx_in, size_t ldx_out)
+{
+    const __m512i absmask = _mm512_set1_epi32(0x7fffffff);
+    const __m512 lim = _mm512_set1_ps((float)KVL_I16_MAX), nlim = _mm512_set1_ps(-(float)KVL_I16_MAX);
+    for (size_t t = 0; t < n; t++) {
+        const float *x = X + t * ldx_in;
+        int16_t *q = Xq + t * ldx_out;
+        /* max(|x|, m) with m second: VMAXPS returns the second operand when either is NaN, so a
+         * NaN input is ignored, as in the reference; masked-off lanes read as 0. */
+        __m512 m0 = _mm512_setzero_ps(), m1 = _mm512_setzero_ps();
+        size_t c = 0;
+        for (; c + 32 <= cols; c += 32) {
+            m0 = _mm512_max_ps(_mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(_mm512_loadu_ps(x + c)), absmask)), m0);
+            m1 = _mm512_max_ps(_mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(_mm512_loadu_ps(x + c + 16)), absmask)), m1);
+        }
+        for (; c < cols; c += 16) {
+            __mmask16 k = cols - c >= 16 ? (__mmask16)0xffff : tail_mask16(cols - c);
+            m0 = _mm512_max_ps(_mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(_mm512_maskz_loadu_ps(k, x + c)), absmask)), m0);
+        }
+        m0 = _mm512_max_ps(m0, m1);
+        __m256 m8 = _mm256_max_ps(_mm512_castps512_ps256(m0), _mm512_extractf32x8_ps(m0, 1));
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m8), _mm256_extractf128_ps(m8, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
+        float amax = _mm_cvtss_f32(m4);
+        /* Same scalar expressions as the reference, so the integers agree exactly. */
+        float inv = amax > 0.0f ? (float)KVL_I16_MAX / amax : 0.0f;
+        xs[t] = amax / (float)KVL_I16_MAX;
+        const __m512 vi = _mm512_set1_ps(inv);
+        for (c = 0; c < cols; c += 16) {
+            __mmask16 k = cols - c >= 16 ? (__mmask16)0xffff : tail_mask16(cols - c);
+            __m512 p = _mm512_mul_ps(_mm512_maskz_loadu_ps(k, x + c), vi);
+            /* NaN -> 0, then the clamp (integer bounds: clamping before rounding is the same);
+             * cvtps rounds with MXCSR (nearest-even by default), like rintf in the reference */
+            p = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(p, p, _CMP_ORD_Q), p);
+            p = _mm512_max_ps(_mm512_min_ps(p, lim), nlim);
+            _mm256_mask_storeu_epi16(q + c, k, _mm512_cvtepi32_epi16(_mm512_cvtps_epi32(p)));
+        }
+    }
+}
+
+/* Decode (one token): one row as one sequential stream, four independent accumulators. */
+KVL_INLINE void decode_row_int(int kind, float *Y, const void *W, const float *scale, size_t r,
+                               size_t cols, const int16_t *x, float xs)
+{
+    if (kind == IKIND_Q8) {
+        const int8_t *w = (const int8_t *)W + r * cols;
+        float acc = 0.0f;
+        for (size_t b = 0; b < cols; b += KVL_I16_BLOCK) {
+            size_t e = cols - b < KVL_I16_BLOCK ? cols : b + KVL_I16_BLOCK;
+            __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
+            size_t c = b;
+            for (; c + 128 <= e; c += 128) {
+                a0 = _mm512_dpwssd_epi32(a0, load_q8x32_i16(w + c), load_i16x32(x + c));
+                a1 = _mm512_dpwssd_epi32(a1, load_q8x32_i16(w + c + 32), load_i16x32(x + c + 32));
+                a2 = _mm512_dpwssd_epi32(a2, load_q8x32_i16(w + c + 64), load_i16x32(x + c + 64));
+                a3 = _mm512_dpwssd_epi32(a3, load_q8x32_i16(w + c + 96), load_i16x32(x + c + 96));
+            }
+            for (; c + 32 <= e; c += 32)
+                a0 = _mm512_dpwssd_epi32(a0, load_q8x32_i16(w + c), load_i16x32(x + c));
+            if (c < e) {
+                __mmask32 m = tail_mask32(e - c);
+                a1 = _mm512_dpwssd_epi32(a1, load_q8x32_i16_masked(w + c, m), _mm512_maskz_loadu_epi16(m, x + c));
+            }
+            acc += (float)_mm512_reduce_add_epi32(_mm512_add_epi32(_mm512_add_epi32(a0, a1), _mm512_add_epi32(a2, a3)));
+        }
+        Y[r] = (acc * scale[r]) * xs;
+        return;
+    }
+    const int16_t *w = (const int16_t *)W + r * cols;
+    __m512 f0 = _mm512_setzero_ps(), f1 = f0, f2 = f0, f3 = f0;
+    size_t c = 0;
+#define I16_QUAD(o) i16_quad(load_i16x32(w + c + (o)), load_i16x32(x + c + (o)), \
+                             load_i16x32(w + c + (o) + 32), load_i16x32(x + c + (o) + 32))
+    for (; c + 256 <= cols; c += 256) {
+        f0 = _mm512_add_ps(f0, I16_QUAD(0));
+        f1 = _mm512_add_ps(f1, I16_QUAD(64));
+        f2 = _mm512_add_ps(f2, I16_QUAD(128));
+        f3 = _mm512_add_ps(f3, I16_QUAD(192));
+    }
+    for (; c + 64 <= cols; c += 64)
+        f0 = _mm512_add_ps(f0, I16_QUAD(0));
+#undef I16_QUAD
+    if (c < cols) {
+        size_t k = cols - c; /* < 64 */
+        __mmask32 m0 = k >= 32 ? (__mmask32)0xffffffffu : tail_mask32(k);
+        __mmask32 m1 = k > 32 ? tail_mask32(k - 32) : (__mmask32)0;
+        f1 = _mm512_add_ps(f1, i16_quad(_mm512_maskz_loadu_epi16(m0, w + c), _mm512_maskz_loadu_epi16(m0, x + c),
+                                        _mm512_maskz_loadu_epi16(m1, w + c + 32), _mm512_maskz_loadu_epi16(m1, x + c + 32)));
+    }
+    float s = hsum512(_mm512_add_ps(_mm512_add_ps(f0, f1), _mm512_add_ps(f2, f3)));
+    Y[r] = (s * scale[r]) * xs;
+}
+
+/* R rows x T tokens (constants at every call site): each weight vector is loaded once per T
+ * tokens, each activation vector once per R rows. */
+KVL_INLINE void tile_int(int kind, float *Y, size_t ldy, const void *W, const float *scale,
+                         size_t r0, size_t cols, const int16_t *X, const float *xs, size_t ldx,
+                         int prefetch, const int R, const int T)
+{
+    if (kind == IKIND_Q8) {
+        const int8_t *wrow[TRI];
+        float acc[TRI][TTI];
+        KVL_UNROLL
+        for (int i = 0; i < R; i++) {
+            wrow[i] = (const int8_t *)W + (r0 + (size_t)i) * cols;
+            KVL_UNROLL
+            for (int t = 0; t < T; t++)
+                acc[i][t] = 0.0f;
+        }
+        for (size_t b = 0; b < cols; b += KVL_I16_BLOCK) {
+            size_t e = cols - b < KVL_I16_BLOCK ? cols : b + KVL_I16_BLOCK;
+            __m512i ia[TRI][TTI];
+            KVL_UNROLL
+            for (int i = 0; i < R; i++)
+                KVL_UNROLL
+                for (int t = 0; t < T; t++)
+                    ia[i][t] = _mm512_setzero_si512();
+            for (size_t c = b; c < e; c += 32) {
+                __mmask32 m = e - c >= 32 ? (__mmask32)0xffffffffu : tail_mask32(e - c);
+                if (prefetch && (c & 63) == 0) {
+                    KVL_UNROLL
+                    for (int i = 0; i < R; i++)
+                        _mm_prefetch((const char *)(wrow[i] + (size_t)R * cols + c), _MM_HINT_T1);
+                }
+                __m512i w[TRI];
+                KVL_UNROLL
+                for (int i = 0; i < R; i++)
+                    w[i] = load_q8x32_i16_masked(wrow[i] + c, m);
+                KVL_UNROLL
+                for (int t = 0; t < T; t++) {
+                    __m512i x = _mm512_maskz_loadu_epi16(m, X + (size_t)t * ldx + c);
+                    KVL_UNROLL
+                    for (int i = 0; i < R; i++)
+                        ia[i][t] = _mm512_dpwssd_epi32(ia[i][t], w[i], x);
+                }
+            }
+            KVL_UNROLL
+            for (int i = 0; i < R; i++)
+                KVL_UNROLL
+                for (int t = 0; t < T; t++)
+                    acc[i][t] += (float)_mm512_reduce_add_epi32(ia[i][t]);
+        }
+        KVL_UNROLL
+        for (int i = 0; i < R; i++)
+            KVL_UNROLL
+            for (int t = 0; t < T; t++)
+                Y[(size_t)t * ldy + r0 + (size_t)i] = (acc[i][t] * scale[r0 + (size_t)i]) * xs[t];
+        return;
+    }
+    const int16_t *wrow[TRI];
+    __m512 fa[TRI][TTI];
+    KVL_UNROLL
+    for (int i = 0; i < R; i++) {
+        wrow[i] = (const int16_t *)W + (r0 + (size_t)i) * cols;
+        KVL_UNROLL
+        for (int t = 0; t < T; t++)
+            fa[i][t] = _mm512_setzero_ps();
+    }
+    for (size_t c = 0; c < cols; c += 64) {
+        size_t k = cols - c;
+        __mmask32 m0 = k >= 32 ? (__mmask32)0xffffffffu : tail_mask32(k);
+        __mmask32 m1 = k >= 64 ? (__mmask32)0xffffffffu : k > 32 ? tail_mask32(k - 32) : (__mmask32)0;
+        if (prefetch) { /* 128 bytes per row and step */
+            KVL_UNROLL
+            for (int i = 0; i < R; i++) {
+                _mm_prefetch((const char *)(wrow[i] + (size_t)R * cols + c), _MM_HINT_T1);
+                _mm_prefetch((const char *)(wrow[i] + (size_t)R * cols + c + 32), _MM_HINT_T1);
+            }
+        }
+        __m512i w0[TRI], w1[TRI];
+        KVL_UNROLL
+        for (int i = 0; i < R; i++) {
+            w0[i] = _mm512_maskz_loadu_epi16(m0, wrow[i] + c);
+            w1[i] = _mm512_maskz_loadu_epi16(m1, wrow[i] + c + 32);
+        }
+        KVL_UNROLL
+        for (int t = 0; t < T; t++) {
+            __m512i x0 = _mm512_maskz_loadu_epi16(m0, X + (size_t)t * ldx + c);
+            __m512i x1 = _mm512_maskz_loadu_epi16(m1, X + (size_t)t * ldx + c + 32);
+            KVL_UNROLL
+            for (int i = 0; i < R; i++)
+                fa[i][t] = _mm512_add_ps(fa[i][t], i16_quad(w0[i], x0, w1[i], x1));
+        }
+    }
+    KVL_UNROLL
+    for (int i = 0; i < R; i++)
+        KVL_UNROLL
+        for (int t = 0; t < T; t++)
+            Y[(size_t)t * ldy + r0 + (size_t)i] = (hsum512(fa[i][t]) * scale[r0 + (size_t)i]) * xs[t];
+}
+
+#include "kernels_matmul_driver.h"
+
+static void avx512_matmul_bf16(float *Y, size_t ldy, const uint16_t *W, size_t rows, size_t cols,
+                               const float *X, size_t ldx, size_t n)
+{
+    matmul_generic(KIND_BF16, 0, Y, ldy, W, NULL, rows, cols, X, ldx, n);
+}
+
+static void avx512_matmul_q8(float *Y, size_t ldy, const int8_t *W, const float *scale,
+                             size_t rows, size_t cols, const float *X, size_t ldx, size_t n)
+{
+    matmul_generic(KIND_Q8, 0, Y, ldy, W, scale, rows, cols, X, ldx, n);
+}
+
+static void avx512_matmul_f32(float *Y, size_t ldy, const float *W, size_t rows, size_t cols,
+                              const float *X, size_t ldx, size_t n)
+{
+    matmul_generic(KIND_F32, 0, Y, ldy, W, NULL, rows, cols, X, ldx, n);
+}
+
+static void avx512_matmul_bf16_xb(float *Y, size_t ldy, const uint16_t *W, size_t rows,
+                                  size_t cols, const float *X, size_t ldx, size_t n)
+{
+    matmul_generic(KIND_BF16, 1, Y, ldy, W, NULL, rows, cols, X, ldx, n);
+}
+
+static void avx512_matmul_q8_xb(float *Y, size_t ldy, const int8_t *W, const float *scale,
+                                size_t rows, size_t cols, const float *X, size_t ldx, size_t n)
+{
+    matmul_generic(KIND_Q8, 1, Y, ldy, W, scale, rows, cols, X, ldx, n);
+}
+
+static void avx512_matmul_q8_i16(float *Y, size_t ldy, const int8_t *W, const float *scale,
+                                 size_t rows, size_t cols, const int16_t *Xq, const float *xs,
+                                 size_t ldx, size_t n)
+{
+    matmul_int_generic(IKIND_Q8, Y, ldy, W, scale, rows, cols, Xq, xs, ldx, n);
+}
+
+static void avx512_matmul_i16_i16(float *Y, size_t ldy, const int16_t *W, const float *scale,
+                                  size_t rows, size_t cols, const int16_t *Xq, const float *xs,
+                                  size_t ldx, size_t n)
+{
+    matmul_int_generic(IKIND_I16, Y, ldy, W, scale, rows, cols, Xq, xs, ldx, n);
+}
+
+/* ---- vector ops ------------------------------------------------------------------------ */
+
+static float avx512_dot_f32(const float *a, const float *b, size_t n)
+{
+    __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
+    size_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s0);
+        s1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16), s1);
+    }
+    for (; i + 16 <= n; i += 16)
+        s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s0);
+    if (i < n) {
+        __mmask16 m = tail_mask16(n - i);
+        s1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i), s1);
+    }
+    return hsum512(_mm512_add_ps(s0, s1));
+}
+
+static void avx512_axpy_f32(float *y, float a, const float *x, size_t n)
+{
+    __m512 va = _mm512_set1_ps(a);
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(y + i, _mm512_fmadd_ps(va, _mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i)));
+    if (i < n) {
+        __mmask16 m = tail_mask16(n - i);
+        __m512 r = _mm512_fmadd_ps(va, _mm512_maskz_loadu_ps(m, x + i), _mm512_maskz_loadu_ps(m, y + i));
+        _mm512_mask_storeu_ps(y + i, m, r);
+    }
+}
+
+static void avx512_bf16_to_f32(float *dst, const uint16_t *src, size_t n)
+{
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(dst + i, bf16x16(_mm256_loadu_si256((const __m256i *)(const void *)(src + i))));
+    if (i < n) {
+        __mmask16 m = tail_mask16(n - i);
+        _mm512_mask_storeu_ps(dst + i, m, bf16x16(_mm256_maskz_loadu_epi16(m, src + i)));
+    }
+}
+
+KVL_INLINE __m256i f32x16_to_bf16(__m512 v)
+{
+    /* Same bit recipe as the reference: RNE by adding 0x7fff + lsb; NaNs made quiet. */
+    __m512i u = _mm512_castps_si512(v);
+    __m512i hi = _mm512_srli_epi32(u, 16);
+    __m512i rounded = _mm512_add_epi32(
+        u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), _mm512_and_si512(hi, _mm512_set1_epi32(1))));
+    rounded = _mm512_srli_epi32(rounded, 16);
+    __mmask16 isnan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
+                                              _mm512_set1_epi32(0x7f800000));
+    __m512i r = _mm512_mask_or_epi32(rounded, isnan, hi, _mm512_set1_epi32(0x0040));
+    return _mm512_cvtepi32_epi16(r);
+}
+
+static void avx512_f32_to_bf16(uint16_t *dst, const float *src, size_t n)
+{
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm256_storeu_si256((__m256i *)(void *)(dst + i), f32x16_to_bf16(_mm512_loadu_ps(src + i)));
+    if (i < n) {
+        __mmask16 m = tail_mask16(n - i);
+        _mm256_mask_storeu_epi16(dst + i, m, f32x16_to_bf16(_mm512_maskz_loadu_ps(m, src + i)));
+    }
+}
+
+/* ---- exp-based element-wise functions --------------------------------------------------- */
+
+/* e^x for 16 lanes: x = n ln2 + r with |r| <= ln2/2 (two-part ln2), e^r by the Cephes expf
+ * polynomial, times 2^n by VSCALEFPS, which also gives 0 / subnormals below -87.3 and +inf above
+ * 88.72 as expf does. About 1 ulp against expf. */
+KVL_INLINE __m512 exp16(__m512 x)
+{
+    x = _mm512_min_ps(x, _mm512_set1_ps(88.7228394f));
+    x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    return _mm512_scalef_ps(p, n);
+}
+
+/* kvl_softmax with exp16: the same max subtraction, all-masked rule and normalisation. */
+static void avx512_softmax(float *x, size_t n)
+{
+    if (n == 0)
+        return;
+    __m512 vmax = _mm512_set1_ps(-INFINITY);
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        vmax = _mm512_max_ps(vmax, _mm512_loadu_ps(x + i));
+    float mx = _mm512_reduce_max_ps(vmax);
+    for (; i < n; i++)
+        if (x[i] > mx)
+            mx = x[i];
+    if (mx == -INFINITY) {
+        for (i = 0; i < n; i++)
+            x[i] = 1.0f / (float)n;
+        return;
+    }
+    const __m512 m = _mm512_set1_ps(mx);
+    __m512 vsum = _mm512_setzero_ps();
+    for (i = 0; i + 16 <= n; i += 16) {
+        __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(x + i), m));
+        _mm512_storeu_ps(x + i, e);
+        vsum = _mm512_add_ps(vsum, e);
+    }
+    if (i < n) {
+        __mmask16 k = tail_mask16(n - i);
+        __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + i), m));
+        e = _mm512_maskz_mov_ps(k, e);
+        _mm512_mask_storeu_ps(x + i, k, e);
+        vsum = _mm512_add_ps(vsum, e);
+    }
+    const __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(vsum));
+    for (i = 0; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(x + i, _mm512_mul_ps(_mm512_loadu_ps(x + i), inv));
+    if (i < n) {
+        __mmask16 k = tail_mask16(n - i);
+        _mm512_mask_storeu_ps(x + i, k, _mm512_mul_ps(_mm512_maskz_loadu_ps(k, x + i), inv));
+    }
+}
+
+/* kvl_gelu_tanh as 0.5 x (1 + tanh(u)) = x / (1 + e^(-2u)): no cancellation for negative x
+ * (the tanh form loses relative precision there, in the reference too), exact limits x and 0. */
+KVL_INLINE __m512 gelu_tanh16(__m512 v)
+{
+    __m512 v3 = _mm512_mul_ps(_mm512_mul_ps(v, v), v);
+    __m512 u = _mm512_mul_ps(_mm512_set1_ps(-1.5957691216057308f), /* -2 sqrt(2/pi) */
+                             _mm512_fmadd_ps(_mm512_set1_ps(0.044715f), v3, v));
+    return _mm512_div_ps(v, _mm512_add_ps(_mm512_set1_ps(1.0f), exp16(u)));
+}
+
+static void avx512_gelu_tanh(float *x, size_t n)
+{
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(x + i, gelu_tanh16(_mm512_loadu_ps(x + i)));
+    if (i < n) {
+        __mmask16 k = tail_mask16(n - i);
+        _mm512_mask_storeu_ps(x + i, k, gelu_tanh16(_mm512_maskz_loadu_ps(k, x + i)));
+    }
+}
+
+/* The two AVX-512 tables differ only in how the BF16-input products run. */
+#define AVX512_TABLE(NAME, BF16_DOT, MATMUL_BF16_XB, MATMUL_Q8_XB)                              \
+    {                                                                                            \
+        NAME, BF16_DOT, avx512_matmul_bf16, avx512_matmul_q8, avx512_matmul_f32, MATMUL_BF16_XB, \
+            MATMUL_Q8_XB, avx512_quantize_i16_act, avx512_matmul_q8_i16, avx512_matmul_i16_i16,        \
+            avx512_dot_f32,                                                                      \
+            avx512_axpy_f32, avx512_bf16_to_f32, avx512_f32_to_bf16, avx512_softmax,            \
+            avx512_gelu_tanh                                                                     \
+    }
+
+const kvl_kernels kvl_kernels_avx512_table =
+    AVX512_TABLE("avx512", 0, avx512_matmul_bf16_xb, avx512_matmul_q8_xb);
+const kvl_kernels kvl_kernels_avx512_bf16_table =
+    AVX512_TABLE("avx512-bf16", 1, avx512bf16_matmul_bf16_xb, avx512bf16_matmul_q8_xb);

@@ -1,0 +1,396 @@
+/* kernels_conformance.c — the kernel self-test every backend runs (kvl doctor, the conformance
+ * tests of the TypeScript host).
+ *
+ * Owns: kvl_kernel_set_* and kvl_kernels_conformance of kvl_core.h: every entry of one kernel
+ * table against the scalar table (or, for the products, against a double-precision sum) on fixed
+ * pseudo-random data, with shapes that exercise row, column and token tails, reported as JSON.
+ * Does not own: the kernels (kernels_*.c), table choice (kernels_select.c). The exhaustive
+ * numeric tests (edge cases, independent rounding, every shape) are tests/test_kernels.c; this
+ * file is the short check that the set a user's machine picks computes what the reference does.
+ *
+ * Bounds (u = 2^-24). A product over k columns summed in FP32 in any order is within about
+ * k*u*S of the exact sum, S = sum |w x| (Higham 3.1). SIMD tables keep >= 4 lane partial sums
+ * plus a few horizontal adds, so (cols/4 + 16)*u*S holds for every order they use, while one
+ * dropped or doubled term (~S/cols) is far larger. Integer-mode quantisation and the Q8 x int16
+ * product are defined bit-exactly (kernels.h) and compared for equality; so are the BF16
+ * conversions.
+ */
+#include "kernels.h"
+#include "kvl_core.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define U (1.0 / 16777216.0)
+
+/* ---- kernel sets ----------------------------------------------------------------------- */
+
+KVL_API int kvl_kernel_set_count(void)
+{
+    const char *const *names = kvl_kernels_compiled_names();
+    int n = 0;
+    while (names[n])
+        n++;
+    return n;
+}
+
+KVL_API const char *kvl_kernel_set_name(int index)
+{
+    if (index < 0 || index >= kvl_kernel_set_count())
+        return NULL;
+    return kvl_kernels_compiled_names()[index];
+}
+
+KVL_API int kvl_kernel_set_supported(const char *name)
+{
+    return name && kvl_kernels_by_name(name) != NULL;
+}
+
+KVL_API const char *kvl_kernel_set_default(void)
+{
+    const kvl_kernels *k = kvl_kernels_select(KVL_KERNELS_AUTO);
+    return k ? k->name : "scalar";
+}
+
+/* ---- report ---------------------------------------------------------------------------- */
+
+typedef struct report {
+    char *out;
+    size_t cap, len;
+    int overflow, failed, n_checks;
+} report;
+
+static void emit(report *r, const char *fmt, ...)
+{
+    if (r->overflow)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(r->out + r->len, r->cap - r->len, fmt, ap);
+    va_end(ap);
+    if (n < 0 || (size_t)n >= r->cap - r->len) {
+        r->overflow = 1;
+        return;
+    }
+    r->len += (size_t)n;
+}
+
+/* max_err and bound are printed with %.9g; a non-finite error fails (and prints as null). */
+static void check(report *r, const char *kernel, const char *shape, double max_err, double bound)
+{
+    int ok = isfinite(max_err) && max_err <= bound;
+    if (!ok)
+        r->failed++;
+    emit(r, "%s{\"kernel\":\"%s\",\"shape\":\"%s\",", r->n_checks ? "," : "", kernel, shape);
+    if (isfinite(max_err))
+        emit(r, "\"max_err\":%.9g,", max_err);
+    else
+        emit(r, "\"max_err\":null,");
+    emit(r, "\"bound\":%.9g,\"ok\":%s}", bound, ok ? "true" : "false");
+    r->n_checks++;
+}
+
+/* ---- data ------------------------------------------------------------------------------ */
+
+typedef struct rng {
+    uint64_t s;
+} rng;
+
+static uint32_t rnd32(rng *g)
+{
+    g->s ^= g->s << 13;
+    g->s ^= g->s >> 7;
+    g->s ^= g->s << 17;
+    return (uint32_t)(g->s >> 16);
+}
+
+static float rndf(rng *g) /* [-1, 1) with mixed magnitudes */
+{
+    float v = (float)((double)(rnd32(g) & 0xffffff) / 8388608.0 - 1.0);
+    return (rnd32(g) & 7) == 0 ? v * 8.0f : v;
+}
+
+static double bf16_value(uint16_t h)
+{
+    return (double)kvl_bf16_to_float(h);
+}
+
+/* ---- matrix products ------------------------------------------------------------------- */
+
+enum { P_BF16, P_Q8, P_F32, P_BF16_XB, P_Q8_XB, P_I16_I16, P_Q8_I16, P_KINDS };
+static const char *const product_name[P_KINDS] = {"matmul_bf16",    "matmul_q8",     "matmul_f32",
+                                                  "matmul_bf16_xb", "matmul_q8_xb",  "matmul_i16_i16",
+                                                  "matmul_q8_i16"};
+
+typedef struct buffers {
+    uint16_t *wb;   /* BF16 weights */
+    int8_t *wq;     /* Q8 weights */
+    float *wf;      /* FP32 weights (the BF16 values) */
+    int16_t *wi;    /* int16 weights from kvl_quantize_rows_i16 */
+    float *scale;   /* Q8 row scales */
+    float *iscale;  /* int16 row scales */
+    float *x;       /* FP32 activations [n, ldx] */
+    int16_t *xq;    /* 15-bit activations [n, ldx] */
+    float *xs;      /* their scales [n] */
+    int16_t *xq_ref;
+    float *xs_ref;
+    float *y, *y_ref;
+} buffers;
+
+static int alloc_buffers(buffers *b, size_t rows, size_t cols, size_t n, size_t ldx)
+{
+    memset(b, 0, sizeof *b);
+    b->wb = malloc(rows * cols * sizeof *b->wb);
+    b->wq = malloc(rows * cols * sizeof *b->wq);
+    b->wf = malloc(rows * cols * sizeof *b->wf);
+    b->wi = malloc(rows * cols * sizeof *b->wi);
+    b->scale = malloc(rows * sizeof *b->scale);
+    b->iscale = malloc(rows * sizeof *b->iscale);
+    b->x = malloc(n * ldx * sizeof *b->x);
+    b->xq = calloc(n * ldx, sizeof *b->xq);
+    b->xs = malloc(n * sizeof *b->xs);
+    b->xq_ref = calloc(n * ldx, sizeof *b->xq_ref);
+    b->xs_ref = malloc(n * sizeof *b->xs_ref);
+    b->y = malloc(n * rows * sizeof *b->y);
+    b->y_ref = malloc(n * rows * sizeof *b->y_ref);
+    return b->wb && b->wq && b->wf && b->wi && b->scale && b->iscale && b->x && b->xq && b->xs &&
+           b->xq_ref && b->xs_ref && b->y && b->y_ref;
+}
+
+static void free_buffers(buffers *b)
+{
+    free(b->wb), free(b->wq), free(b->wf), free(b->wi), free(b->scale), free(b->iscale);
+    free(b->x), free(b->xq), free(b->xs), free(b->xq_ref), free(b->xs_ref), free(b->y), free(b->y_ref);
+}
+
+/* The exact value of term (r, c) for token t, as the kernel's definition multiplies it. */
+static double term(int kind, const buffers *b, size_t cols, size_t ldx, size_t r, size_t c, size_t t)
+{
+    size_t i = r * cols + c;
+    double xv = b->x[t * ldx + c];
+    switch (kind) {
+    case P_BF16: return bf16_value(b->wb[i]) * xv;
+    case P_Q8: return (double)b->wq[i] * xv;
+    case P_F32: return (double)b->wf[i] * xv;
+    case P_BF16_XB: return bf16_value(b->wb[i]) * (double)kvl_bf16_round_daz(b->x[t * ldx + c]);
+    case P_Q8_XB: return (double)b->wq[i] * (double)kvl_bf16_round_daz(b->x[t * ldx + c]);
+    case P_I16_I16: return (double)b->wi[i] * (double)b->xq[t * ldx + c];
+    default: return (double)b->wq[i] * (double)b->xq[t * ldx + c];
+    }
+}
+
+static double post_scale(int kind, const buffers *b, size_t r, size_t t)
+{
+    switch (kind) {
+    case P_Q8:
+    case P_Q8_XB: return b->scale[r];
+    case P_I16_I16: return (double)b->iscale[r] * (double)b->xs[t];
+    case P_Q8_I16: return (double)b->scale[r] * (double)b->xs[t];
+    default: return 1.0;
+    }
+}
+
+static void run_product(int kind, const kvl_kernels *K, const buffers *b, float *y, size_t rows,
+                        size_t cols, size_t n, size_t ldx)
+{
+    switch (kind) {
+    case P_BF16: K->matmul_bf16(y, rows, b->wb, rows, cols, b->x, ldx, n); break;
+    case P_Q8: K->matmul_q8(y, rows, b->wq, b->scale, rows, cols, b->x, ldx, n); break;
+    case P_F32: K->matmul_f32(y, rows, b->wf, rows, cols, b->x, ldx, n); break;
+    case P_BF16_XB: K->matmul_bf16_xb(y, rows, b->wb, rows, cols, b->x, ldx, n); break;
+    case P_Q8_XB: K->matmul_q8_xb(y, rows, b->wq, b->scale, rows, cols, b->x, ldx, n); break;
+    case P_I16_I16: K->matmul_i16_i16(y, rows, b->wi, b->iscale, rows, cols, b->xq, b->xs, ldx, n); break;
+    default: K->matmul_q8_i16(y, rows, b->wq, b->scale, rows, cols, b->xq, b->xs, ldx, n); break;
+    }
+}
+
+static int test_products(report *rep, const kvl_kernels *K, const kvl_kernels *ref, rng *g,
+                         size_t rows, size_t cols, size_t n)
+{
+    size_t ldx = cols + 3; /* activation rows not packed: the kernels must honour ldx */
+    buffers b;
+    if (!alloc_buffers(&b, rows, cols, n, ldx)) {
+        free_buffers(&b);
+        return -1;
+    }
+    for (size_t i = 0; i < rows * cols; i++) {
+        b.wb[i] = kvl_float_to_bf16(rndf(g) * 0.05f);
+        b.wf[i] = kvl_bf16_to_float(b.wb[i]);
+        b.wq[i] = (int8_t)((int)(rnd32(g) % 255u) - 127);
+    }
+    for (size_t r = 0; r < rows; r++)
+        b.scale[r] = 0.001f + 0.01f * (float)(rnd32(g) & 1023) / 1024.0f;
+    for (size_t i = 0; i < n * ldx; i++)
+        b.x[i] = rndf(g);
+    kvl_quantize_rows_i16(b.wi, b.iscale, b.wb, rows, cols);
+
+    char shape[64];
+    snprintf(shape, sizeof shape, "rows=%zu cols=%zu n=%zu", rows, cols, n);
+
+    /* Integer-mode activations: bit-identical to the reference quantiser. */
+    K->quantize_i16_act(b.xq, b.xs, b.x, cols, n, ldx, ldx);
+    ref->quantize_i16_act(b.xq_ref, b.xs_ref, b.x, cols, n, ldx, ldx);
+    double qdiff = 0.0;
+    for (size_t t = 0; t < n; t++) {
+        if (memcmp(&b.xs[t], &b.xs_ref[t], sizeof(float)) != 0)
+            qdiff = fmax(qdiff, fabs((double)b.xs[t] - b.xs_ref[t]) + 1e-30);
+        for (size_t c = 0; c < cols; c++)
+            qdiff = fmax(qdiff, fabs((double)b.xq[t * ldx + c] - b.xq_ref[t * ldx + c]));
+    }
+    check(rep, "quantize_i16_act", shape, qdiff, 0.0);
+
+    for (int kind = 0; kind < P_KINDS; kind++) {
+        run_product(kind, K, &b, b.y, rows, cols, n, ldx);
+        double worst = 0.0; /* error / bound, so shapes of every size report on one scale */
+        double worst_abs = 0.0, worst_bound = 0.0;
+        if (kind == P_Q8_I16) {
+            run_product(kind, ref, &b, b.y_ref, rows, cols, n, ldx);
+            for (size_t i = 0; i < rows * n; i++)
+                if (memcmp(&b.y[i], &b.y_ref[i], sizeof(float)) != 0)
+                    worst_abs = fmax(worst_abs, fabs((double)b.y[i] - b.y_ref[i]) + 1e-30);
+            check(rep, product_name[kind], shape, worst_abs, 0.0);
+            continue;
+        }
+        for (size_t t = 0; t < n; t++)
+            for (size_t r = 0; r < rows; r++) {
+                double exact = 0.0, mag = 0.0;
+                for (size_t c = 0; c < cols; c++) {
+                    double v = term(kind, &b, cols, ldx, r, c, t);
+                    exact += v;
+                    mag += fabs(v);
+                }
+                double s = post_scale(kind, &b, r, t);
+                exact *= s;
+                mag *= fabs(s);
+                double bound = ((double)cols / 4.0 + 16.0) * U * mag + 1e-37;
+                double err = fabs((double)b.y[t * rows + r] - exact);
+                if (!(err / bound <= worst)) {
+                    worst = isfinite(err) ? err / bound : INFINITY;
+                    worst_abs = err;
+                    worst_bound = bound;
+                }
+            }
+        check(rep, product_name[kind], shape, worst_abs, worst_bound);
+    }
+    free_buffers(&b);
+    return 0;
+}
+
+/* ---- vector ops ------------------------------------------------------------------------ */
+
+static int test_vectors(report *rep, const kvl_kernels *K, rng *g, size_t n)
+{
+    float *a = malloc((n + 1) * sizeof *a), *x = malloc((n + 1) * sizeof *x);
+    float *y = malloc((n + 1) * sizeof *y), *y2 = malloc((n + 1) * sizeof *y2);
+    uint16_t *h = malloc((n + 1) * sizeof *h), *h2 = malloc((n + 1) * sizeof *h2);
+    if (!a || !x || !y || !y2 || !h || !h2) {
+        free(a), free(x), free(y), free(y2), free(h), free(h2);
+        return -1;
+    }
+    char shape[32];
+    snprintf(shape, sizeof shape, "n=%zu", n);
+    for (size_t i = 0; i < n; i++) {
+        a[i] = rndf(g);
+        x[i] = rndf(g);
+    }
+
+    double exact = 0.0, mag = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        exact += (double)a[i] * x[i];
+        mag += fabs((double)a[i] * x[i]);
+    }
+    check(rep, "dot_f32", shape, fabs((double)K->dot_f32(a, x, n) - exact),
+          ((double)n / 4.0 + 16.0) * U * mag + 1e-37);
+
+    double worst = 0.0;
+    memcpy(y, a, n * sizeof *y);
+    K->axpy_f32(y, 0.75f, x, n);
+    for (size_t i = 0; i < n; i++) /* one multiply-add: fused or not, within 2u of the exact */
+        worst = fmax(worst, fabs((double)y[i] - ((double)a[i] + 0.75 * x[i])) /
+                                (fabs((double)a[i]) + fabs(0.75 * x[i]) + 1e-30));
+    check(rep, "axpy_f32", shape, worst, 2.0 * U);
+
+    /* BF16 conversions, bit-exact, with ties, infinities and NaNs at every lane position. */
+    static const uint32_t specials[] = {0x3f808000u, 0x3f818000u, 0x7f800000u, 0xff800000u,
+                                        0x7fc00001u, 0xff800001u, 0x7f7fffffu, 0x00000001u};
+    for (size_t i = 0; i < n; i++) {
+        uint32_t bits;
+        memcpy(&bits, &x[i], sizeof bits);
+        if (i % 5 == 1)
+            bits = specials[(i / 5) % (sizeof specials / sizeof specials[0])];
+        memcpy(&y[i], &bits, sizeof bits);
+    }
+    K->f32_to_bf16(h, y, n);
+    worst = 0.0;
+    for (size_t i = 0; i < n; i++)
+        if (h[i] != kvl_float_to_bf16(y[i]))
+            worst = 1.0;
+    check(rep, "f32_to_bf16", shape, worst, 0.0);
+    for (size_t i = 0; i < n; i++)
+        h2[i] = (uint16_t)rnd32(g);
+    K->bf16_to_f32(y2, h2, n);
+    worst = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        float e = kvl_bf16_to_float(h2[i]);
+        if (memcmp(&e, &y2[i], sizeof e) != 0)
+            worst = 1.0;
+    }
+    check(rep, "bf16_to_f32", shape, worst, 0.0);
+
+    /* softmax over attention-like scores with masked entries; GELU over its useful range. */
+    for (size_t i = 0; i < n; i++)
+        y[i] = i % 7 == 3 ? -INFINITY : 30.0f * x[i] * x[i] * x[i] - (i % 5 == 0 ? 60.0f : 0.0f);
+    memcpy(y2, y, n * sizeof *y);
+    kvl_softmax(y2, n);
+    K->softmax(y, n);
+    worst = 0.0;
+    for (size_t i = 0; i < n; i++)
+        worst = fmax(worst, fabs((double)y[i] - y2[i]) / fmax((double)y2[i], 1e-30));
+    check(rep, "softmax", shape, worst, 2e-6);
+    for (size_t i = 0; i < n; i++)
+        y[i] = 12.0f * x[i];
+    memcpy(y2, y, n * sizeof *y);
+    kvl_gelu_tanh(y2, n);
+    K->gelu_tanh(y, n);
+    worst = 0.0;
+    for (size_t i = 0; i < n; i++)
+        worst = fmax(worst, fabs((double)y[i] - y2[i]) / fmax(fabs((double)y2[i]), 1.0));
+    check(rep, "gelu_tanh", shape, worst, 1e-6);
+
+    free(a), free(x), free(y), free(y2), free(h), free(h2);
+    return 0;
+}
+
+/* ---- entry point ----------------------------------------------------------------------- */
+
+KVL_API int kvl_kernels_conformance(const char *set_name, char *out, size_t out_len)
+{
+    const kvl_kernels *K = set_name ? kvl_kernels_by_name(set_name) : NULL;
+    const kvl_kernels *ref = kvl_kernels_by_name("scalar");
+    if (!K || !ref)
+        return -1;
+    if (!out || out_len == 0)
+        return -2;
+    report rep = {out, out_len, 0, 0, 0, 0};
+    rng g = {0x9E3779B97F4A7C15ull};
+    emit(&rep, "{\"set\":\"%s\",\"table\":\"%s\",\"checks\":[", set_name, K->name);
+    /* rows/cols/tokens: single row and column, SIMD-width tails, a full decode row, an
+     * integer-mode block boundary (512) and more, token counts around the register tiles. */
+    static const size_t shapes[][3] = {{1, 1, 1},   {3, 31, 1},   {65, 257, 3}, {31, 2048, 1},
+                                       {64, 64, 9}, {17, 300, 17}, {9, 1030, 2}, {5, 4200, 1}};
+    int oom = 0;
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+        oom |= test_products(&rep, K, ref, &g, shapes[s][0], shapes[s][1], shapes[s][2]);
+    static const size_t vec_sizes[] = {1, 3, 17, 64, 1027};
+    for (size_t s = 0; s < sizeof vec_sizes / sizeof vec_sizes[0]; s++)
+        oom |= test_vectors(&rep, K, &g, vec_sizes[s]);
+    if (oom)
+        rep.failed++;
+    emit(&rep, "],\"failed\":%d%s}", rep.failed, oom ? ",\"error\":\"out of memory\"" : "");
+    if (rep.overflow)
+        return -2;
+    return rep.failed;
+}

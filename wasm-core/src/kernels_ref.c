@@ -1,0 +1,362 @@
+/* kernels_ref.c — scalar reference of every kvl_kernels entry and the scalar helpers.
+ *
+ * Owns: the "scalar" dispatch table (the one numeric reference every SIMD table is tested
+ * against), BF16 <-> FP32 conversion with round-to-nearest-even, rmsnorm / layernorm / silu_mul
+ * / gelu / softmax.
+ * Does not own: SIMD variants (kernels_avx2.c, kernels_avx512.c, kernels_simd128.c), CPU
+ * detection and table
+ * selection (kernels_select.c), threading (callers split rows).
+ *
+ * Written to be obviously right rather than fast: plain loops, FP32 accumulation in index order.
+ */
+#include "kernels.h"
+
+#include <math.h>
+#include <string.h>
+
+/* ---- BF16 <-> FP32 --------------------------------------------------------------------- */
+
+float kvl_bf16_to_float(uint16_t h)
+{
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+uint16_t kvl_float_to_bf16(float f)
+{
+    uint32_t bits;
+    memcpy(&bits, &f, sizeof bits);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) {
+        /* NaN: keep sign and top payload bits, force the quiet bit so truncation can never
+         * turn a NaN into an infinity. */
+        return (uint16_t)((bits >> 16) | 0x0040u);
+    }
+    /* Round to nearest, ties to even: add 0x7fff plus the lowest kept bit, then truncate.
+     * Overflow of the largest finite values correctly carries into infinity. */
+    bits += 0x7fffu + ((bits >> 16) & 1u);
+    return (uint16_t)(bits >> 16);
+}
+
+float kvl_bf16_round(float x)
+{
+    return kvl_bf16_to_float(kvl_float_to_bf16(x));
+}
+
+float kvl_bf16_round_daz(float x)
+{
+    uint32_t bits;
+    memcpy(&bits, &x, sizeof bits);
+    if ((bits & 0x7f800000u) == 0) {
+        bits &= 0x80000000u;
+        memcpy(&x, &bits, sizeof x);
+        return x;
+    }
+    return kvl_bf16_round(x);
+}
+
+static void ref_bf16_to_f32(float *dst, const uint16_t *src, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        dst[i] = kvl_bf16_to_float(src[i]);
+}
+
+static void ref_f32_to_bf16(uint16_t *dst, const float *src, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        dst[i] = kvl_float_to_bf16(src[i]);
+}
+
+/* ---- matrix products ------------------------------------------------------------------- */
+
+/* xb = 1: activations rounded to BF16 first (the *_xb entries). */
+static void ref_bf16_rows(float *Y, size_t ldy, const uint16_t *W, size_t rows, size_t cols,
+                          const float *X, size_t ldx, size_t n, int xb)
+{
+    for (size_t t = 0; t < n; t++) {
+        const float *x = X + t * ldx;
+        for (size_t r = 0; r < rows; r++) {
+            const uint16_t *w = W + r * cols;
+            float acc = 0.0f;
+            for (size_t c = 0; c < cols; c++)
+                acc += kvl_bf16_to_float(w[c]) * (xb ? kvl_bf16_round_daz(x[c]) : x[c]);
+            Y[t * ldy + r] = acc;
+        }
+    }
+}
+
+static void ref_q8_rows(float *Y, size_t ldy, const int8_t *W, const float *scale, size_t rows,
+                        size_t cols, const float *X, size_t ldx, size_t n, int xb)
+{
+    for (size_t t = 0; t < n; t++) {
+        const float *x = X + t * ldx;
+        for (size_t r = 0; r < rows; r++) {
+            const int8_t *w = W + r * cols;
+            float acc = 0.0f;
+            for (size_t c = 0; c < cols; c++)
+                acc += (float)w[c] * (xb ? kvl_bf16_round_daz(x[c]) : x[c]);
+            /* The row scale is common to every term, so it is applied once at the end. */
+            Y[t * ldy + r] = acc * scale[r];
+        }
+    }
+}
+
+static void ref_matmul_bf16(float *Y, size_t ldy, const uint16_t *W, size_t rows, size_t cols,
+                            const float *X, size_t ldx, size_t n)
+{
+    ref_bf16_rows(Y, ldy, W, rows, cols, X, ldx, n, 0);
+}
+
+static void ref_matmul_q8(float *Y, size_t ldy, const int8_t *W, const float *scale, size_t rows,
+                          size_t cols, const float *X, size_t ldx, size_t n)
+{
+    ref_q8_rows(Y, ldy, W, scale, rows, cols, X, ldx, n, 0);
+}
+
+static void ref_matmul_bf16_xb(float *Y, size_t ldy, const uint16_t *W, size_t rows, size_t cols,
+                               const float *X, size_t ldx, size_t n)
+{
+    ref_bf16_rows(Y, ldy, W, rows, cols, X, ldx, n, 1);
+}
+
+static void ref_matmul_q8_xb(float *Y, size_t ldy, const int8_t *W, const float *scale,
+                             size_t rows, size_t cols, const float *X, size_t ldx, size_t n)
+{
+    ref_q8_rows(Y, ldy, W, scale, rows, cols, X, ldx, n, 1);
+}
+
+static void ref_matmul_f32(float *Y, size_t ldy, const float *W, size_t rows, size_t cols,
+                           const float *X, size_t ldx, size_t n)
+{
+    for (size_t t = 0; t < n; t++) {
+        const float *x = X + t * ldx;
+        for (size_t r = 0; r < rows; r++) {
+            const float *w = W + r * cols;
+            float acc = 0.0f;
+            for (size_t c = 0; c < cols; c++)
+                acc += w[c] * x[c];
+            Y[t * ldy + r] = acc;
+        }
+    }
+}
+
+/* ---- integer mode: 15-bit activations ---------------------------------------------------- */
+
+/* rint in the default mode (half to even), then the clamp; a NaN product (a NaN or infinite
+ * input, or inv = inf for amax below ~5e-35) gives 0 in every table. */
+static int16_t q_clamp(float v, float lim)
+{
+    v = rintf(v);
+    if (v != v)
+        return 0;
+    if (v > lim)
+        v = lim;
+    if (v < -lim)
+        v = -lim;
+    return (int16_t)v;
+}
+
+static void ref_quantize_i16_act(int16_t *Xq, float *xs, const float *X, size_t cols, size_t n,
+                                 size_t ldx_in, size_t ldx_out)
+{
+    for (size_t t = 0; t < n; t++) {
+        const float *x = X + t * ldx_in;
+        int16_t *q = Xq + t * ldx_out;
+        float amax = 0.0f;
+        for (size_t c = 0; c < cols; c++) {
+            float a = fabsf(x[c]);
+            if (a > amax) /* NaN never compares greater: ignored, as by every SIMD max */
+                amax = a;
+        }
+        /* One division for the inverse so every SIMD variant reproduces the exact same
+         * products (and therefore the exact same integers). */
+        float inv = amax > 0.0f ? (float)KVL_I16_MAX / amax : 0.0f;
+        xs[t] = amax / (float)KVL_I16_MAX;
+        for (size_t c = 0; c < cols; c++)
+            q[c] = q_clamp(x[c] * inv, (float)KVL_I16_MAX);
+    }
+}
+
+static void ref_matmul_q8_i16(float *Y, size_t ldy, const int8_t *W, const float *scale,
+                              size_t rows, size_t cols, const int16_t *Xq, const float *xs,
+                              size_t ldx, size_t n)
+{
+    for (size_t t = 0; t < n; t++) {
+        const int16_t *x = Xq + t * ldx;
+        for (size_t r = 0; r < rows; r++) {
+            const int8_t *w = W + r * cols;
+            float acc = 0.0f;
+            for (size_t b = 0; b < cols; b += KVL_I16_BLOCK) {
+                size_t e = cols - b < KVL_I16_BLOCK ? cols : b + KVL_I16_BLOCK;
+                int32_t isum = 0; /* exact: 512 * 128 * 16383 < 2^31 */
+                for (size_t c = b; c < e; c++)
+                    isum += (int32_t)w[c] * (int32_t)x[c];
+                acc += (float)isum;
+            }
+            Y[t * ldy + r] = (acc * scale[r]) * xs[t];
+        }
+    }
+}
+
+static void ref_matmul_i16_i16(float *Y, size_t ldy, const int16_t *W, const float *scale,
+                               size_t rows, size_t cols, const int16_t *Xq, const float *xs,
+                               size_t ldx, size_t n)
+{
+    for (size_t t = 0; t < n; t++) {
+        const int16_t *x = Xq + t * ldx;
+        for (size_t r = 0; r < rows; r++) {
+            const int16_t *w = W + r * cols;
+            float acc = 0.0f;
+            for (size_t g = 0; g < cols; g += 4) {
+                size_t e = cols - g < 4 ? cols : g + 4;
+                int32_t isum = 0; /* exact: 4 * 32767 * 16383 < 2^31 */
+                for (size_t c = g; c < e; c++)
+                    isum += (int32_t)w[c] * (int32_t)x[c];
+                acc += (float)isum;
+            }
+            Y[t * ldy + r] = (acc * scale[r]) * xs[t];
+        }
+    }
+}
+
+void kvl_quantize_rows_i16(int16_t *Wq, float *scale, const uint16_t *W, size_t rows, size_t cols)
+{
+    for (size_t r = 0; r < rows; r++) {
+        const uint16_t *w = W + r * cols;
+        int16_t *q = Wq + r * cols;
+        float rmax = 0.0f;
+        for (size_t c = 0; c < cols; c++) {
+            float a = fabsf(kvl_bf16_to_float(w[c]));
+            if (a > rmax)
+                rmax = a;
+        }
+        float inv = rmax > 0.0f ? 32767.0f / rmax : 0.0f;
+        scale[r] = rmax / 32767.0f;
+        for (size_t c = 0; c < cols; c++)
+            q[c] = q_clamp(kvl_bf16_to_float(w[c]) * inv, 32767.0f);
+    }
+}
+
+/* ---- vector ops ------------------------------------------------------------------------ */
+
+static float ref_dot_f32(const float *a, const float *b, size_t n)
+{
+    float acc = 0.0f;
+    for (size_t i = 0; i < n; i++)
+        acc += a[i] * b[i];
+    return acc;
+}
+
+static void ref_axpy_f32(float *y, float a, const float *x, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        y[i] += a * x[i];
+}
+
+const kvl_kernels kvl_kernels_scalar_table = {
+    "scalar",
+    0,
+    ref_matmul_bf16,
+    ref_matmul_q8,
+    ref_matmul_f32,
+    ref_matmul_bf16_xb,
+    ref_matmul_q8_xb,
+    ref_quantize_i16_act,
+    ref_matmul_q8_i16,
+    ref_matmul_i16_i16,
+    ref_dot_f32,
+    ref_axpy_f32,
+    ref_bf16_to_f32,
+    ref_f32_to_bf16,
+    kvl_softmax,
+    kvl_gelu_tanh,
+};
+
+/* ---- scalar helpers -------------------------------------------------------------------- */
+
+void kvl_rmsnorm(float *y, const float *x, const float *w, size_t n, float eps)
+{
+    if (n == 0)
+        return;
+    /* Sum of squares in double: the norm of a few thousand values then matches a correctly
+     * rounded reference to the last FP32 bit, at negligible cost. */
+    double ss = 0.0;
+    for (size_t i = 0; i < n; i++)
+        ss += (double)x[i] * (double)x[i];
+    float inv = (float)(1.0 / sqrt(ss / (double)n + (double)eps));
+    for (size_t i = 0; i < n; i++)
+        y[i] = (x[i] * inv) * (w ? w[i] : 1.0f);
+}
+
+void kvl_layernorm(float *y, const float *x, const float *w, const float *b, size_t n, float eps)
+{
+    if (n == 0)
+        return;
+    double sum = 0.0;
+    for (size_t i = 0; i < n; i++)
+        sum += x[i];
+    double mean = sum / (double)n;
+    double var = 0.0; /* two-pass variance: no cancellation for large means */
+    for (size_t i = 0; i < n; i++) {
+        double d = (double)x[i] - mean;
+        var += d * d;
+    }
+    var /= (double)n;
+    float inv = (float)(1.0 / sqrt(var + (double)eps));
+    float meanf = (float)mean;
+    for (size_t i = 0; i < n; i++) {
+        float v = (x[i] - meanf) * inv;
+        y[i] = v * (w ? w[i] : 1.0f) + (b ? b[i] : 0.0f);
+    }
+}
+
+void kvl_silu_mul(float *gate_inout, const float *up, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        float g = gate_inout[i];
+        gate_inout[i] = g / (1.0f + expf(-g)) * up[i];
+    }
+}
+
+void kvl_gelu_tanh(float *x, size_t n)
+{
+    const float k = 0.7978845608028654f; /* sqrt(2/pi) */
+    for (size_t i = 0; i < n; i++) {
+        float v = x[i];
+        x[i] = 0.5f * v * (1.0f + tanhf(k * (v + 0.044715f * v * v * v)));
+    }
+}
+
+void kvl_gelu_erf(float *x, size_t n)
+{
+    const float inv_sqrt2 = 0.7071067811865476f;
+    for (size_t i = 0; i < n; i++) {
+        float v = x[i];
+        x[i] = 0.5f * v * (1.0f + erff(v * inv_sqrt2));
+    }
+}
+
+void kvl_softmax(float *x, size_t n)
+{
+    if (n == 0)
+        return;
+    float mx = x[0];
+    for (size_t i = 1; i < n; i++)
+        if (x[i] > mx)
+            mx = x[i];
+    if (mx == -INFINITY) {
+        /* Every entry masked: a uniform distribution is the only finite answer. */
+        for (size_t i = 0; i < n; i++)
+            x[i] = 1.0f / (float)n;
+        return;
+    }
+    float sum = 0.0f;
+    for (size_t i = 0; i < n; i++) {
+        x[i] = expf(x[i] - mx); /* max-subtracted: every exponent <= 0, no overflow */
+        sum += x[i];
+    }
+    float inv = 1.0f / sum;
+    for (size_t i = 0; i < n; i++)
+        x[i] *= inv;
+}

@@ -1,0 +1,657 @@
+/* kernels_simd128.c — the "simd128" kernel table (WebAssembly SIMD128), level 4.
+ *
+ * Owns: SIMD128 versions of every kvl_kernels entry. Compiled only into WebAssembly builds made
+ * with -msimd128 (emcc); everywhere else this file is empty. A wasm module that uses SIMD128 does
+ * not validate on an engine without it, so there is no run-time check to make here: the host
+ * probes SIMD128 with WebAssembly.validate before it loads this build.
+ * Does not own: the numeric definition of each kernel (kernels_ref.c is the reference; results
+ * here differ from it only by FP32 summation order and, without FMA, by the rounding of each
+ * product; quantize_i16_act and matmul_q8_i16 are bit-identical to it), threading.
+ *
+ * What is fast here (docs: design "Kernels: what is fast in SIMD128"): i32x4.dot_i16x8_s runs at
+ * native speed, so the integer-mode products (int8 / int16 weights x 15-bit activations) are the
+ * decode path that reaches DRAM bandwidth; the FP32-activation products widen every weight to
+ * FP32 and multiply and add separately (SIMD128 has no FMA), several times slower.
+ *
+ * Float tiles: R = 2 rows x T = 2 tokens, 8 columns per step with two accumulators per output (8
+ * FP32 partial sums, as the 8-lane AVX2 code, for the same summation bound), 8 accumulators +
+ * 4 weight + 2 activation vectors: within the 16 registers an x86-64 engine maps v128 onto.
+ * Integer tiles: 2 rows x 4 tokens. Decode (n = 1) reads one row at a time as one sequential
+ * stream with four independent accumulators.
+ */
+#if defined(__wasm_simd128__)
+
+#include "kernels.h"
+
+#include <math.h>
+#include <string.h>
+#include <wasm_simd128.h>
+
+#define KVL_INLINE static inline __attribute__((always_inline))
+#define KVL_UNROLL _Pragma("unroll")
+
+#define TR 2 /* float tiles: rows */
+#define TT 2 /* float tiles: tokens */
+#define TRI 2 /* integer tiles: rows */
+#define TTI 4 /* integer tiles: tokens */
+
+KVL_INLINE float hsum4(v128_t v)
+{
+    /* (l0 + l2) + (l1 + l3) */
+    v128_t s = wasm_f32x4_add(v, wasm_i32x4_shuffle(v, v, 2, 3, 0, 1));
+    s = wasm_f32x4_add(s, wasm_i32x4_shuffle(s, s, 1, 0, 3, 2));
+    return wasm_f32x4_extract_lane(s, 0);
+}
+
+KVL_INLINE int32_t hsum4_i32(v128_t v)
+{
+    v128_t s = wasm_i32x4_add(v, wasm_i32x4_shuffle(v, v, 2, 3, 0, 1));
+    s = wasm_i32x4_add(s, wasm_i32x4_shuffle(s, s, 1, 0, 3, 2));
+    return wasm_i32x4_extract_lane(s, 0);
+}
+
+static float bf16_scalar(uint16_t h)
+{
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+/* 8 bf16 -> 2 x 4 fp32: interleave with zero halfwords, i.e. shift into the high half (exact). */
+KVL_INLINE void bf16x8(v128_t h, v128_t *lo, v128_t *hi)
+{
+    const v128_t z = wasm_i32x4_splat(0);
+    *lo = wasm_i16x8_shuffle(z, h, 0, 8, 1, 9, 2, 10, 3, 11);
+    *hi = wasm_i16x8_shuffle(z, h, 4, 12, 5, 13, 6, 14, 7, 15);
+}
+
+/* ---- float-activation products ----------------------------------------------------------- */
+
+enum { KIND_BF16, KIND_Q8, KIND_F32 };
+
+KVL_INLINE size_t elem_size(int kind)
+{
+    return kind == KIND_BF16 ? 2 : kind == KIND_Q8 ? 1 : 4;
+}
+
+/* Weights [c, c+8) as two f32x4. */
+KVL_INLINE void load_w8(int kind, const void *w, size_t c, v128_t *lo, v128_t *hi)
+{
+    if (kind == KIND_BF16) {
+        bf16x8(wasm_v128_load((const uint16_t *)w + c), lo, hi);
+    } else if (kind == KIND_Q8) {
+        v128_t v = wasm_i16x8_load8x8((const int8_t *)w + c);
+        *lo = wasm_f32x4_convert_i32x4(wasm_i32x4_extend_low_i16x8(v));
+        *hi = wasm_f32x4_convert_i32x4(wasm_i32x4_extend_high_i16x8(v));
+    } else {
+        *lo = wasm_v128_load((const float *)w + c);
+        *hi = wasm_v128_load((const float *)w + c + 4);
+    }
+}
+
+KVL_INLINE float scalar_w(int kind, const void *w, size_t c)
+{
+    if (kind == KIND_BF16)
+        return bf16_scalar(((const uint16_t *)w)[c]);
+    if (kind == KIND_Q8)
+        return (float)((const int8_t *)w)[c];
+    return ((const float *)w)[c];
+}
+
+/* kvl_bf16_round_daz on 4 lanes: nearest-even by integer add and truncate, subnormal inputs to
+ * signed zero (NaN payloads are not preserved). */
+KVL_INLINE v128_t round_bf16x4(v128_t b)
+{
+    v128_t lsb = wasm_v128_and(wasm_u32x4_shr(b, 16), wasm_i32x4_splat(1));
+    v128_t r = wasm_i32x4_add(b, wasm_i32x4_add(lsb, wasm_i32x4_splat(0x7fff)));
+    r = wasm_v128_and(r, wasm_i32x4_splat((int32_t)0xffff0000u));
+    v128_t subnormal = wasm_i32x4_eq(wasm_v128_and(b, wasm_i32x4_splat(0x7f800000)), wasm_i32x4_splat(0));
+    return wasm_v128_bitselect(wasm_v128_and(b, wasm_i32x4_splat((int32_t)0x80000000u)), r, subnormal);
+}
+
+KVL_INLINE v128_t load_x(int xb, const float *x)
+{
+    return xb ? round_bf16x4(wasm_v128_load(x)) : wasm_v128_load(x);
+}
+
+KVL_INLINE float scalar_x(int xb, float x)
+{
+    return xb ? kvl_bf16_round_daz(x) : x;
+}
+
+KVL_INLINE v128_t madd(v128_t a, v128_t b, v128_t acc)
+{
+    return wasm_f32x4_add(acc, wasm_f32x4_mul(a, b));
+}
+
+/* Y[t*ldy + r0 + i] = (sum_c W[r0+i, c] X[t, c]) * (scale ? scale[r0+i] : 1) for i<R, t<T. */
+KVL_INLINE void tile(int kind, int xb, float *Y, size_t ldy, const void *W, const float *scale,
+                     size_t r0, size_t cols, const float *X, size_t ldx, int prefetch, const int R,
+                     const int T)
+{
+    (void)prefetch; /* no prefetch instruction in WebAssembly */
+    v128_t acc[TR][TT][2];
+    const char *wrow[TR];
+    KVL_UNROLL
+    for (int i = 0; i < R; i++) {
+        wrow[i] = (const char *)W + (r0 + (size_t)i) * cols * elem_size(kind);
+        KVL_UNROLL
+        for (int t = 0; t < T; t++)
+            acc[i][t][0] = acc[i][t][1] = wasm_f32x4_splat(0.0f);
+    }
+    size_t c = 0;
+    for (; c + 8 <= cols; c += 8) {
+        v128_t wl[TR], wh[TR];
+        KVL_UNROLL
+        for (int i = 0; i < R; i++)
+            load_w8(kind, wrow[i], c, &wl[i], &wh[i]);
+        KVL_UNROLL
+        for (int t = 0; t < T; t++) {
+            v128_t xl = load_x(xb, X + (size_t)t * ldx + c), xh = load_x(xb, X + (size_t)t * ldx + c + 4);
+            KVL_UNROLL
+            for (int i = 0; i < R; i++) {
+                acc[i][t][0] = madd(wl[i], xl, acc[i][t][0]);
+                acc[i][t][1] = madd(wh[i], xh, acc[i][t][1]);
+            }
+        }
+    }
+    KVL_UNROLL
+    for (int i = 0; i < R; i++) {
+        KVL_UNROLL
+        for (int t = 0; t < T; t++) {
+            float s = hsum4(wasm_f32x4_add(acc[i][t][0], acc[i][t][1]));
+            const float *x = X + (size_t)t * ldx;
+            for (size_t cc = c; cc < cols; cc++)
+                s += scalar_w(kind, wrow[i], cc) * scalar_x(xb, x[cc]);
+            if (scale)
+                s *= scale[r0 + (size_t)i];
+            Y[(size_t)t * ldy + r0 + (size_t)i] = s;
+        }
+    }
+}
+
+KVL_INLINE void decode_row(int kind, int xb, float *Y, const void *W, const float *scale, size_t r,
+                           size_t cols, const float *X)
+{
+    const char *w = (const char *)W + r * cols * elem_size(kind);
+    v128_t a0 = wasm_f32x4_splat(0.0f), a1 = a0, a2 = a0, a3 = a0;
+    size_t c = 0;
+    for (; c + 16 <= cols; c += 16) {
+        v128_t w0, w1, w2, w3;
+        load_w8(kind, w, c, &w0, &w1);
+        load_w8(kind, w, c + 8, &w2, &w3);
+        a0 = madd(w0, load_x(xb, X + c), a0);
+        a1 = madd(w1, load_x(xb, X + c + 4), a1);
+        a2 = madd(w2, load_x(xb, X + c + 8), a2);
+        a3 = madd(w3, load_x(xb, X + c + 12), a3);
+    }
+    if (c + 8 <= cols) {
+        v128_t w0, w1;
+        load_w8(kind, w, c, &w0, &w1);
+        a0 = madd(w0, load_x(xb, X + c), a0);
+        a1 = madd(w1, load_x(xb, X + c + 4), a1);
+        c += 8;
+    }
+    float s = hsum4(wasm_f32x4_add(wasm_f32x4_add(a0, a1), wasm_f32x4_add(a2, a3)));
+    for (; c < cols; c++)
+        s += scalar_w(kind, w, c) * scalar_x(xb, X[c]);
+    Y[r] = scale ? s * scale[r] : s;
+}
+
+/* ---- integer mode ------------------------------------------------------------------------
+ *
+ * i32x4.dot_i16x8_s multiplies 8 int16 pairs and adds adjacent products into 4 int32 lanes,
+ * exactly. matmul_q8_i16 keeps those lane sums in int32 over a whole KVL_I16_BLOCK block (any
+ * partial sum of a block is bounded like the block: exact), reduces them exactly and adds the
+ * block sums in FP32 in block order: bit-identical to the reference. matmul_i16_i16 adds two dot
+ * results (4 products per lane, < 2^31) before converting to FP32. */
+
+enum { IKIND_Q8, IKIND_I16 };
+
+/* The reference's scalar step (kernels_ref.c q_clamp): rint, NaN -> 0, clamp. */
+static int16_t q_clamp16(float v)
+{
+    v = rintf(v);
+    if (v != v)
+        return 0;
+    if (v > (float)KVL_I16_MAX)
+        v = (float)KVL_I16_MAX;
+    if (v < -(float)KVL_I16_MAX)
+        v = -(float)KVL_I16_MAX;
+    return (int16_t)v;
+}
+
+/* Sum of the products of columns [c, cols) in groups of 4 (the i16 x i16 scalar tail). */
+static float i16_tail(const int16_t *w, const int16_t *x, size_t c, size_t cols, float s)
+{
+    for (; c < cols; c += 4) {
+        size_t e = cols - c < 4 ? cols : c + 4;
+        int32_t g = 0;
+        for (size_t k = c; k < e; k++)
+            g += (int32_t)w[k] * (int32_t)x[k];
+        s += (float)g;
+    }
+    return s;
+}
+
+static void simd128_quantize_i16_act(int16_t *Xq, float *xs, const float *X, size_t cols,
+                                     size_t n, size_t ldx_in, size_t ldx_out)
+{
+    const v128_t lim = wasm_f32x4_splat((float)KVL_I16_MAX), nlim = wasm_f32x4_splat(-(float)KVL_I16_MAX);
+    for (size_t t = 0; t < n; t++) {
+        const float *x = X + t * ldx_in;
+        int16_t *q = Xq + t * ldx_out;
+        /* pmax(m, |x|) = m < |x| ? |x| : m: a NaN input is ignored, as in the reference */
+        v128_t m0 = wasm_f32x4_splat(0.0f), m1 = m0;
+        size_t c = 0;
+        for (; c + 8 <= cols; c += 8) {
+            m0 = wasm_f32x4_pmax(m0, wasm_f32x4_abs(wasm_v128_load(x + c)));
+            m1 = wasm_f32x4_pmax(m1, wasm_f32x4_abs(wasm_v128_load(x + c + 4)));
+        }
+        m0 = wasm_f32x4_pmax(m0, m1);
+        float amax = 0.0f;
+        float l[4] = {wasm_f32x4_extract_lane(m0, 0), wasm_f32x4_extract_lane(m0, 1),
+                      wasm_f32x4_extract_lane(m0, 2), wasm_f32x4_extract_lane(m0, 3)};
+        for (int i = 0; i < 4; i++)
+            if (l[i] > amax)
+                amax = l[i];
+        for (; c < cols; c++) {
+            float a = fabsf(x[c]);
+            if (a > amax)
+                amax = a;
+        }
+        /* Same scalar expressions as the reference, so the integers agree exactly. */
+        float inv = amax > 0.0f ? (float)KVL_I16_MAX / amax : 0.0f;
+        xs[t] = amax / (float)KVL_I16_MAX;
+        const v128_t vi = wasm_f32x4_splat(inv);
+        for (c = 0; c + 8 <= cols; c += 8) {
+            /* nearest = rint (half to even); pmin/pmax keep a NaN, which trunc_sat makes 0 */
+            v128_t p0 = wasm_f32x4_nearest(wasm_f32x4_mul(wasm_v128_load(x + c), vi));
+            v128_t p1 = wasm_f32x4_nearest(wasm_f32x4_mul(wasm_v128_load(x + c + 4), vi));
+            p0 = wasm_f32x4_pmax(wasm_f32x4_pmin(p0, lim), nlim);
+            p1 = wasm_f32x4_pmax(wasm_f32x4_pmin(p1, lim), nlim);
+            wasm_v128_store(q + c, wasm_i16x8_narrow_i32x4(wasm_i32x4_trunc_sat_f32x4(p0),
+                                                           wasm_i32x4_trunc_sat_f32x4(p1)));
+        }
+        for (; c < cols; c++)
+            q[c] = q_clamp16(x[c] * inv);
+    }
+}
+
+#define DOT_Q8(w, x) wasm_i32x4_dot_i16x8(wasm_i16x8_load8x8(w), wasm_v128_load(x))
+#define DOT_I16(w, x) wasm_i32x4_dot_i16x8(wasm_v128_load(w), wasm_v128_load(x))
+
+KVL_INLINE void decode_row_int(int kind, float *Y, const void *W, const float *scale, size_t r,
+                               size_t cols, const int16_t *x, float xs)
+{
+    if (kind == IKIND_Q8) {
+        const int8_t *w = (const int8_t *)W + r * cols;
+        float acc = 0.0f;
+        for (size_t b = 0; b < cols; b += KVL_I16_BLOCK) {
+            size_t e = cols - b < KVL_I16_BLOCK ? cols : b + KVL_I16_BLOCK;
+            v128_t a0 = wasm_i32x4_splat(0), a1 = a0, a2 = a0, a3 = a0;
+            size_t c = b;
+            for (; c + 32 <= e; c += 32) {
+                a0 = wasm_i32x4_add(a0, DOT_Q8(w + c, x + c));
+                a1 = wasm_i32x4_add(a1, DOT_Q8(w + c + 8, x + c + 8));
+                a2 = wasm_i32x4_add(a2, DOT_Q8(w + c + 16, x + c + 16));
+                a3 = wasm_i32x4_add(a3, DOT_Q8(w + c + 24, x + c + 24));
+            }
+            for (; c + 8 <= e; c += 8)
+                a0 = wasm_i32x4_add(a0, DOT_Q8(w + c, x + c));
+            int32_t s = hsum4_i32(wasm_i32x4_add(wasm_i32x4_add(a0, a1), wasm_i32x4_add(a2, a3)));
+            for (; c < e; c++)
+                s += (int32_t)w[c] * (int32_t)x[c];
+            acc += (float)s;
+        }
+        Y[r] = (acc * scale[r]) * xs;
+        return;
+    }
+    const int16_t *w = (const int16_t *)W + r * cols;
+    v128_t f0 = wasm_f32x4_splat(0.0f), f1 = f0, f2 = f0, f3 = f0;
+    size_t c = 0;
+#define I16_QUAD(o) \
+    wasm_f32x4_convert_i32x4(wasm_i32x4_add(DOT_I16(w + c + (o), x + c + (o)), DOT_I16(w + c + (o) + 8, x + c + (o) + 8)))
+    for (; c + 64 <= cols; c += 64) {
+        f0 = wasm_f32x4_add(f0, I16_QUAD(0));
+        f1 = wasm_f32x4_add(f1, I16_QUAD(16));
+        f2 = wasm_f32x4_add(f2, I16_QUAD(32));
+        f3 = wasm_f32x4_add(f3, I16_QUAD(48));
+    }
+    for (; c + 16 <= cols; c += 16)
+        f0 = wasm_f32x4_add(f0, I16_QUAD(0));
+#undef I16_QUAD
+    if (c + 8 <= cols) {
+        f1 = wasm_f32x4_add(f1, wasm_f32x4_convert_i32x4(DOT_I16(w + c, x + c)));
+        c += 8;
+    }
+    float s = hsum4(wasm_f32x4_add(wasm_f32x4_add(f0, f1), wasm_f32x4_add(f2, f3)));
+    s = i16_tail(w, x, c, cols, s);
+    Y[r] = (s * scale[r]) * xs;
+}
+
+KVL_INLINE void tile_int(int kind, float *Y, size_t ldy, const void *W, const float *scale,
+                         size_t r0, size_t cols, const int16_t *X, const float *xs, size_t ldx,
+                         int prefetch, const int R, const int T)
+{
+    (void)prefetch;
+    if (kind == IKIND_Q8) {
+        const int8_t *wrow[TRI];
+        float acc[TRI][TTI];
+        KVL_UNROLL
+        for (int i = 0; i < R; i++) {
+            wrow[i] = (const int8_t *)W + (r0 + (size_t)i) * cols;
+            KVL_UNROLL
+            for (int t = 0; t < T; t++)
+                acc[i][t] = 0.0f;
+        }
+        for (size_t b = 0; b < cols; b += KVL_I16_BLOCK) {
+            size_t e = cols - b < KVL_I16_BLOCK ? cols : b + KVL_I16_BLOCK;
+            v128_t ia[TRI][TTI];
+            KVL_UNROLL
+            for (int i = 0; i < R; i++)
+                KVL_UNROLL
+                for (int t = 0; t < T; t++)
+                    ia[i][t] = wasm_i32x4_splat(0);
+            size_t c = b;
+            for (; c + 8 <= e; c += 8) {
+                v128_t w[TRI];
+                KVL_UNROLL
+                for (int i = 0; i < R; i++)
+                    w[i] = wasm_i16x8_load8x8(wrow[i] + c);
+                KVL_UNROLL
+                for (int t = 0; t < T; t++) {
+                    v128_t xv = wasm_v128_load(X + (size_t)t * ldx + c);
+                    KVL_UNROLL
+                    for (int i = 0; i < R; i++)
+                        ia[i][t] = wasm_i32x4_add(ia[i][t], wasm_i32x4_dot_i16x8(w[i], xv));
+                }
+            }
+            KVL_UNROLL
+            for (int i = 0; i < R; i++)
+                KVL_UNROLL
+                for (int t = 0; t < T; t++) {
+                    int32_t s = hsum4_i32(ia[i][t]);
+                    const int16_t *x = X + (size_t)t * ldx;
+                    for (size_t cc = c; cc < e; cc++)
+                        s += (int32_t)wrow[i][cc] * (int32_t)x[cc];
+                    acc[i][t] += (float)s;
+                }
+        }
+        KVL_UNROLL
+        for (int i = 0; i < R; i++)
+            KVL_UNROLL
+            for (int t = 0; t < T; t++)
+                Y[(size_t)t * ldy + r0 + (size_t)i] = (acc[i][t] * scale[r0 + (size_t)i]) * xs[t];
+        return;
+    }
+    const int16_t *wrow[TRI];
+    v128_t fa[TRI][TTI];
+    KVL_UNROLL
+    for (int i = 0; i < R; i++) {
+        wrow[i] = (const int16_t *)W + (r0 + (size_t)i) * cols;
+        KVL_UNROLL
+        for (int t = 0; t < T; t++)
+            fa[i][t] = wasm_f32x4_splat(0.0f);
+    }
+    size_t c = 0;
+    for (; c + 16 <= cols; c += 16) {
+        v128_t w0[TRI], w1[TRI];
+        KVL_UNROLL
+        for (int i = 0; i < R; i++) {
+            w0[i] = wasm_v128_load(wrow[i] + c);
+            w1[i] = wasm_v128_load(wrow[i] + c + 8);
+        }
+        KVL_UNROLL
+        for (int t = 0; t < T; t++) {
+            v128_t x0 = wasm_v128_load(X + (size_t)t * ldx + c), x1 = wasm_v128_load(X + (size_t)t * ldx + c + 8);
+            KVL_UNROLL
+            for (int i = 0; i < R; i++)
+                fa[i][t] = wasm_f32x4_add(fa[i][t], wasm_f32x4_convert_i32x4(wasm_i32x4_add(
+                                                        wasm_i32x4_dot_i16x8(w0[i], x0), wasm_i32x4_dot_i16x8(w1[i], x1))));
+        }
+    }
+    if (c + 8 <= cols) {
+        KVL_UNROLL
+        for (int t = 0; t < T; t++) {
+            v128_t x0 = wasm_v128_load(X + (size_t)t * ldx + c);
+            KVL_UNROLL
+            for (int i = 0; i < R; i++)
+                fa[i][t] = wasm_f32x4_add(fa[i][t], wasm_f32x4_convert_i32x4(wasm_i32x4_dot_i16x8(wasm_v128_load(wrow[i] + c), x0)));
+        }
+        c += 8;
+    }
+    KVL_UNROLL
+    for (int i = 0; i < R; i++)
+        KVL_UNROLL
+        for (int t = 0; t < T; t++) {
+            float s = i16_tail(wrow[i], X + (size_t)t * ldx, c, cols, hsum4(fa[i][t]));
+            Y[(size_t)t * ldy + r0 + (size_t)i] = (s * scale[r0 + (size_t)i]) * xs[t];
+        }
+}
+
+#include "kernels_matmul_driver.h"
+
+static void simd128_matmul_bf16(float *Y, size_t ldy, const uint16_t *W, size_t rows, size_t cols,
+                                const float *X, size_t ldx, size_t n)
+{
+    matmul_generic(KIND_BF16, 0, Y, ldy, W, NULL, rows, cols, X, ldx, n);
+}
+
+static void simd128_matmul_q8(float *Y, size_t ldy, const int8_t *W, const float *scale,
+                              size_t rows, size_t cols, const float *X, size_t ldx, size_t n)
+{
+    matmul_generic(KIND_Q8, 0, Y, ldy, W, scale, rows, cols, X, ldx, n);
+}
+
+static void simd128_matmul_f32(float *Y, size_t ldy, const float *W, size_t rows, size_t cols,
+                               const float *X, size_t ldx, size_t n)
+{
+    matmul_generic(KIND_F32, 0, Y, ldy, W, NULL, rows, cols, X, ldx, n);
+}
+
+static void simd128_matmul_bf16_xb(float *Y, size_t ldy, const uint16_t *W, size_t rows,
+                                   size_t cols, const float *X, size_t ldx, size_t n)
+{
+    matmul_generic(KIND_BF16, 1, Y, ldy, W, NULL, rows, cols, X, ldx, n);
+}
+
+static void simd128_matmul_q8_xb(float *Y, size_t ldy, const int8_t *W, const float *scale,
+                                 size_t rows, size_t cols, const float *X, size_t ldx, size_t n)
+{
+    matmul_generic(KIND_Q8, 1, Y, ldy, W, scale, rows, cols, X, ldx, n);
+}
+
+static void simd128_matmul_q8_i16(float *Y, size_t ldy, const int8_t *W, const float *scale,
+                                  size_t rows, size_t cols, const int16_t *Xq, const float *xs,
+                                  size_t ldx, size_t n)
+{
+    matmul_int_generic(IKIND_Q8, Y, ldy, W, scale, rows, cols, Xq, xs, ldx, n);
+}
+
+static void simd128_matmul_i16_i16(float *Y, size_t ldy, const int16_t *W, const float *scale,
+                                   size_t rows, size_t cols, const int16_t *Xq, const float *xs,
+                                   size_t ldx, size_t n)
+{
+    matmul_int_generic(IKIND_I16, Y, ldy, W, scale, rows, cols, Xq, xs, ldx, n);
+}
+
+/* ---- vector ops ------------------------------------------------------------------------ */
+
+static float simd128_dot_f32(const float *a, const float *b, size_t n)
+{
+    v128_t s0 = wasm_f32x4_splat(0.0f), s1 = s0;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        s0 = madd(wasm_v128_load(a + i), wasm_v128_load(b + i), s0);
+        s1 = madd(wasm_v128_load(a + i + 4), wasm_v128_load(b + i + 4), s1);
+    }
+    float s = hsum4(wasm_f32x4_add(s0, s1));
+    for (; i < n; i++)
+        s += a[i] * b[i];
+    return s;
+}
+
+static void simd128_axpy_f32(float *y, float a, const float *x, size_t n)
+{
+    const v128_t va = wasm_f32x4_splat(a);
+    size_t i = 0;
+    for (; i + 4 <= n; i += 4)
+        wasm_v128_store(y + i, madd(va, wasm_v128_load(x + i), wasm_v128_load(y + i)));
+    for (; i < n; i++)
+        y[i] += a * x[i];
+}
+
+static void simd128_bf16_to_f32(float *dst, const uint16_t *src, size_t n)
+{
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        v128_t lo, hi;
+        bf16x8(wasm_v128_load(src + i), &lo, &hi);
+        wasm_v128_store(dst + i, lo);
+        wasm_v128_store(dst + i + 4, hi);
+    }
+    for (; i < n; i++)
+        dst[i] = bf16_scalar(src[i]);
+}
+
+/* Same bit recipe as the reference: RNE by adding 0x7fff + lsb; NaNs made quiet. Result: the
+ * 16-bit value in each 32-bit lane. */
+KVL_INLINE v128_t f32x4_to_bf16_bits(v128_t u)
+{
+    v128_t hi = wasm_u32x4_shr(u, 16);
+    v128_t rounded = wasm_i32x4_add(u, wasm_i32x4_add(wasm_i32x4_splat(0x7fff), wasm_v128_and(hi, wasm_i32x4_splat(1))));
+    rounded = wasm_u32x4_shr(rounded, 16);
+    v128_t isnan = wasm_u32x4_gt(wasm_v128_and(u, wasm_i32x4_splat(0x7fffffff)), wasm_i32x4_splat(0x7f800000));
+    return wasm_v128_bitselect(wasm_v128_or(hi, wasm_i32x4_splat(0x0040)), rounded, isnan);
+}
+
+static void simd128_f32_to_bf16(uint16_t *dst, const float *src, size_t n)
+{
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        v128_t a = f32x4_to_bf16_bits(wasm_v128_load(src + i));
+        v128_t b = f32x4_to_bf16_bits(wasm_v128_load(src + i + 4));
+        /* every lane is in [0, 0xffff]: the unsigned saturating narrow is exact */
+        wasm_v128_store(dst + i, wasm_u16x8_narrow_i32x4(a, b));
+    }
+    for (; i < n; i++)
+        dst[i] = kvl_float_to_bf16(src[i]);
+}
+
+/* ---- exp-based element-wise functions --------------------------------------------------- */
+
+/* e^x for 4 lanes, the method of exp16 in kernels_avx512.c: x = n ln2 + r with |r| <= ln2/2
+ * (two-part ln2; n * 0.693359375 is exact, so the first reduction step is exact without FMA),
+ * e^r by the Cephes expf polynomial, times 2^n as two exact powers of two 2^(n/2) (n in
+ * [-150, 128]: each factor is a normal float), so the only rounding of the scaling is the last
+ * multiplication, into the subnormal range below -87.3 and to +inf above 88.72, as expf does. */
+KVL_INLINE v128_t exp4(v128_t x)
+{
+    x = wasm_f32x4_pmin(x, wasm_f32x4_splat(88.7228394f));
+    x = wasm_f32x4_pmax(x, wasm_f32x4_splat(-104.0f));
+    v128_t n = wasm_f32x4_nearest(wasm_f32x4_mul(x, wasm_f32x4_splat(1.44269504088896341f)));
+    v128_t r = wasm_f32x4_sub(x, wasm_f32x4_mul(n, wasm_f32x4_splat(0.693359375f)));
+    r = wasm_f32x4_sub(r, wasm_f32x4_mul(n, wasm_f32x4_splat(-2.12194440e-4f)));
+    v128_t p = wasm_f32x4_splat(1.9875691500e-4f);
+    p = madd(p, r, wasm_f32x4_splat(1.3981999507e-3f));
+    p = madd(p, r, wasm_f32x4_splat(8.3334519073e-3f));
+    p = madd(p, r, wasm_f32x4_splat(4.1665795894e-2f));
+    p = madd(p, r, wasm_f32x4_splat(1.6666665459e-1f));
+    p = madd(p, r, wasm_f32x4_splat(5.0000001201e-1f));
+    p = madd(p, wasm_f32x4_mul(r, r), wasm_f32x4_add(r, wasm_f32x4_splat(1.0f)));
+    v128_t ni = wasm_i32x4_trunc_sat_f32x4(n); /* integral already */
+    v128_t n1 = wasm_i32x4_shr(ni, 1), n2 = wasm_i32x4_sub(ni, n1);
+    v128_t s1 = wasm_i32x4_shl(wasm_i32x4_add(n1, wasm_i32x4_splat(127)), 23);
+    v128_t s2 = wasm_i32x4_shl(wasm_i32x4_add(n2, wasm_i32x4_splat(127)), 23);
+    return wasm_f32x4_mul(wasm_f32x4_mul(p, s1), s2);
+}
+
+/* kvl_softmax with exp4: the same max subtraction, all-masked rule and normalisation. Tails go
+ * through a 4-lane buffer padded with -inf (e^-inf = 0). */
+static void simd128_softmax(float *x, size_t n)
+{
+    if (n == 0)
+        return;
+    v128_t vmax = wasm_f32x4_splat(-INFINITY);
+    size_t i = 0;
+    for (; i + 4 <= n; i += 4)
+        vmax = wasm_f32x4_pmax(vmax, wasm_v128_load(x + i));
+    float mx = -INFINITY, l[4];
+    wasm_v128_store(l, vmax);
+    for (int k = 0; k < 4; k++)
+        if (l[k] > mx)
+            mx = l[k];
+    for (; i < n; i++)
+        if (x[i] > mx)
+            mx = x[i];
+    if (mx == -INFINITY) {
+        for (i = 0; i < n; i++)
+            x[i] = 1.0f / (float)n;
+        return;
+    }
+    const v128_t m = wasm_f32x4_splat(mx);
+    v128_t vsum = wasm_f32x4_splat(0.0f);
+    for (i = 0; i + 4 <= n; i += 4) {
+        v128_t e = exp4(wasm_f32x4_sub(wasm_v128_load(x + i), m));
+        wasm_v128_store(x + i, e);
+        vsum = wasm_f32x4_add(vsum, e);
+    }
+    if (i < n) {
+        float buf[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
+        memcpy(buf, x + i, (n - i) * sizeof(float));
+        v128_t e = exp4(wasm_f32x4_sub(wasm_v128_load(buf), m));
+        wasm_v128_store(buf, e);
+        memcpy(x + i, buf, (n - i) * sizeof(float));
+        vsum = wasm_f32x4_add(vsum, e);
+    }
+    const v128_t inv = wasm_f32x4_splat(1.0f / hsum4(vsum));
+    for (i = 0; i + 4 <= n; i += 4)
+        wasm_v128_store(x + i, wasm_f32x4_mul(wasm_v128_load(x + i), inv));
+    for (; i < n; i++)
+        x[i] *= wasm_f32x4_extract_lane(inv, 0);
+}
+
+/* kvl_gelu_tanh as 0.5 x (1 + tanh(u)) = x / (1 + e^(-2u)), as gelu_tanh16 in kernels_avx512.c. */
+KVL_INLINE v128_t gelu_tanh4(v128_t v)
+{
+    v128_t v3 = wasm_f32x4_mul(wasm_f32x4_mul(v, v), v);
+    v128_t u = wasm_f32x4_mul(wasm_f32x4_splat(-1.5957691216057308f), /* -2 sqrt(2/pi) */
+                              madd(wasm_f32x4_splat(0.044715f), v3, v));
+    return wasm_f32x4_div(v, wasm_f32x4_add(wasm_f32x4_splat(1.0f), exp4(u)));
+}
+
+static void simd128_gelu_tanh(float *x, size_t n)
+{
+    size_t i = 0;
+    for (; i + 4 <= n; i += 4)
+        wasm_v128_store(x + i, gelu_tanh4(wasm_v128_load(x + i)));
+    if (i < n) {
+        float buf[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        memcpy(buf, x + i, (n - i) * sizeof(float));
+        wasm_v128_store(buf, gelu_tanh4(wasm_v128_load(buf)));
+        memcpy(x + i, buf, (n - i) * sizeof(float));
+    }
+}
+
+const kvl_kernels kvl_kernels_simd128_table = {
+    "simd128",
+    0,
+    simd128_matmul_bf16,
+    simd128_matmul_q8,
+    simd128_matmul_f32,
+    simd128_matmul_bf16_xb,
+    simd128_matmul_q8_xb,
+    simd128_quantize_i16_act,
+    simd128_matmul_q8_i16,
+    simd128_matmul_i16_i16,
+    simd128_dot_f32,
+    simd128_axpy_f32,
+    simd128_bf16_to_f32,
+    simd128_f32_to_bf16,
+    simd128_softmax,
+    simd128_gelu_tanh,
+};
+
+#endif /* __wasm_simd128__ */

@@ -1,0 +1,551 @@
+/* test_expert_cache.c — tests of expert_cache.c over a small experts store.
+ *
+ * Owns: its own FORMAT.md writer for an experts store (4 layers, layer 0 dense, 3 x 8 Q8
+ * extents of random bytes, each 3 pages long), and checks that every acquired view's bytes are
+ * the file's, pinned extents survive any amount of eviction pressure, the LRU order, prefetch,
+ * NOMEM when every slot is pinned, the counter identities of expert_cache.h, and a two-thread
+ * random workload with prefetch for budgets from 1 slot to all slots.
+ * Prints "N passed, M failed"; returns non-zero on any failure.
+ */
+/* _GNU_SOURCE and _FILE_OFFSET_BITS=64 come from the build (wasm-core/CMakeLists.txt). */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "expert_cache.h"
+#include "platform.h"
+#include "store.h"
+#include "test_bytes.h"
+
+#ifdef _WIN32
+#include <direct.h>
+#else
+#include <unistd.h>
+#endif
+
+static int n_pass, n_fail;
+static kvl_os_mutex check_lock; /* CHECK is used from two threads */
+
+#define CHECK(cond, ...)                                                                  \
+    do {                                                                                  \
+        int ok_ = (cond) ? 1 : 0;                                                         \
+        kvl_os_mutex_lock(&check_lock);                                                   \
+        if (ok_) {                                                                        \
+            n_pass++;                                                                     \
+        } else {                                                                          \
+            n_fail++;                                                                     \
+            printf("FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);                        \
+            printf(__VA_ARGS__);                                                          \
+            printf("\n");                                                                 \
+        }                                                                                 \
+        kvl_os_mutex_unlock(&check_lock);                                                 \
+    } while (0)
+
+/* ------------------------------------------------------------------ the store under test */
+
+#define N_LAYERS 4 /* layer 0 is dense: no extents */
+#define N_EXPERTS 8
+#define N_EXTENTS ((N_LAYERS - 1) * N_EXPERTS)
+#define DIM_I 40
+#define DIM_H 64
+
+/* FORMAT.md sub-block offsets, computed here independently of store.c */
+static uint64_t off_up, off_down, off_gs, off_us, off_ds, extent_nbytes, extent_padded;
+static unsigned char *bin_data;
+static uint64_t ext_offset[N_LAYERS][N_EXPERTS];
+
+
+typedef struct rng { uint64_t s; } rng;
+static uint32_t rnd(rng *r) {
+    r->s ^= r->s << 13;
+    r->s ^= r->s >> 7;
+    r->s ^= r->s << 17;
+    return (uint32_t)(r->s >> 11);
+}
+
+/* Writes experts.idx/.bin (kind = 2) or, with kind 1, the same records as a "trunk" store. */
+static int write_store(const char *dir, uint32_t kind, const char *stem) {
+    char path[512];
+    size_t idx_len = idx_len_for(1, N_EXTENTS, 2);
+    unsigned char *idx = (unsigned char *)calloc(idx_len, 1), *p;
+    uint64_t bin_len = (uint64_t)N_EXTENTS * extent_padded;
+    int l, e, rc;
+    idx_put_header(idx, kind, bin_len, 1, N_EXTENTS, 2, NULL);
+    idx_put_hparam(idx + 128, "text.hidden_size", 64.0);
+    p = idx + 128 + 64;
+    for (l = 1; l < N_LAYERS; l++) {
+        for (e = 0; e < N_EXPERTS; e++, p += 192) {
+            char name[128];
+            const uint64_t shape[4] = {(uint64_t)l, (uint64_t)e, DIM_I, DIM_H};
+            snprintf(name, sizeof name, "language_model.model.layers.%d.mlp.experts.%d", l, e);
+            idx_put_record(p, name, 3, 4, shape, ext_offset[l][e], extent_nbytes,
+                           ref_crc32(bin_data + ext_offset[l][e], (size_t)extent_nbytes));
+        }
+    }
+    memcpy(p, "{}", 2);
+    idx_seal(idx, idx_len);
+    snprintf(path, sizeof path, "%s/%s.idx", dir, stem);
+    rc = write_file(path, idx, idx_len);
+    snprintf(path, sizeof path, "%s/%s.bin", dir, stem);
+    rc |= write_file(path, bin_data, (size_t)bin_len);
+    free(idx);
+    return rc;
+}
+
+static void init_data(void) {
+    rng r = {0x243F6A8885A308D3ull};
+    uint64_t ih = (uint64_t)DIM_I * DIM_H, i, n;
+    int l, e, k = 0;
+    off_up = a64(ih);
+    off_down = a64(off_up + ih);
+    off_gs = a64(off_down + ih);
+    off_us = a64(off_gs + 4 * DIM_I);
+    off_ds = a64(off_us + 4 * DIM_I);
+    extent_nbytes = off_ds + 4 * DIM_H;
+    extent_padded = a4k(extent_nbytes);
+    n = (uint64_t)N_EXTENTS * extent_padded;
+    bin_data = (unsigned char *)calloc((size_t)n, 1);
+    for (l = 1; l < N_LAYERS; l++) {
+        for (e = 0; e < N_EXPERTS; e++, k++) {
+            ext_offset[l][e] = (uint64_t)k * extent_padded;
+            for (i = 0; i < extent_nbytes; i++) bin_data[ext_offset[l][e] + i] = (unsigned char)rnd(&r);
+        }
+    }
+}
+
+/* 1 if every sub-block of v equals the file's bytes of extent (l, e) */
+static int view_matches(const kvl_expert_view *v, int l, int e) {
+    const unsigned char *x = bin_data + ext_offset[l][e];
+    uint64_t ih = (uint64_t)DIM_I * DIM_H;
+    return memcmp(v->gate_q, x, (size_t)ih) == 0 && memcmp(v->up_q, x + off_up, (size_t)ih) == 0 &&
+           memcmp(v->down_q, x + off_down, (size_t)ih) == 0 &&
+           memcmp(v->gate_s, x + off_gs, 4 * DIM_I) == 0 && memcmp(v->up_s, x + off_us, 4 * DIM_I) == 0 &&
+           memcmp(v->down_s, x + off_ds, 4 * DIM_H) == 0 && ((uintptr_t)v->gate_s % 64) == 0 &&
+           ((uintptr_t)v->down_s % 64) == 0;
+}
+
+static void check_identities(kvl_expert_cache *c, uint64_t ok_acquires, const char *label) {
+    kvl_expert_cache_counters k;
+    kvl_expert_cache_counters_get(c, &k);
+    CHECK(k.hits + k.misses == ok_acquires, "%s: hits %llu + misses %llu != acquires %llu", label,
+          (unsigned long long)k.hits, (unsigned long long)k.misses, (unsigned long long)ok_acquires);
+    CHECK(k.read_failures == 0, "%s: read failures", label);
+    /* prefetch reads may still be in flight after the workers finished */
+    CHECK(k.bytes_read == (k.sync_reads + k.prefetch_issued - k.reads_in_flight) * extent_padded,
+          "%s: bytes %llu != (sync %llu + prefetch %llu - in flight %llu) * %llu", label,
+          (unsigned long long)k.bytes_read, (unsigned long long)k.sync_reads,
+          (unsigned long long)k.prefetch_issued, (unsigned long long)k.reads_in_flight,
+          (unsigned long long)extent_padded);
+    CHECK(k.misses == k.sync_reads + k.prefetch_served, "%s: misses split", label);
+    CHECK(k.prefetch_issued == k.prefetch_served + k.prefetch_wasted + k.prefetch_dropped + k.prefetch_unclaimed,
+          "%s: prefetch identity %llu != %llu+%llu+%llu+%llu", label, (unsigned long long)k.prefetch_issued,
+          (unsigned long long)k.prefetch_served, (unsigned long long)k.prefetch_wasted,
+          (unsigned long long)k.prefetch_dropped, (unsigned long long)k.prefetch_unclaimed);
+    CHECK(k.extent_bytes == extent_padded, "%s: extent bytes", label);
+}
+
+static char idx_path[512], bin_path[512], dir_path[256];
+
+static kvl_store *open_store(void) {
+    char err[512];
+    kvl_store *s = NULL;
+    kvl_status st = kvl_store_open(idx_path, bin_path, 2, KVL_IO_AUTO, &s, err, sizeof err);
+    CHECK(st == KVL_OK, "open experts store: %s", err);
+    return s;
+}
+
+static kvl_expert_cache *make_cache(kvl_store *s, int slots, int io_threads) {
+    char err[512];
+    kvl_expert_cache *c = NULL;
+    kvl_status st = kvl_expert_cache_create(s, N_LAYERS, N_EXPERTS, (uint64_t)slots * extent_padded + 100, 1,
+                                            io_threads, &c, err, sizeof err);
+    CHECK(st == KVL_OK && c, "create %d slots: %s", slots, err);
+    return c;
+}
+
+/* ------------------------------------------------------------------ single-thread checks */
+
+static void check_create_errors(kvl_store *s) {
+    char err[512], trunk_idx[512], trunk_bin[512];
+    kvl_expert_cache *c = (kvl_expert_cache *)err;
+    kvl_store *t = NULL;
+    kvl_status st = kvl_expert_cache_create(s, N_LAYERS, N_EXPERTS, 7 * extent_padded, 8, 2, &c, err, sizeof err);
+    CHECK(st == KVL_ERR_INVALID_ARG && c == NULL && strstr(err, "budget"), "budget below min_slots: %d %s",
+          (int)st, err);
+    st = kvl_expert_cache_create(s, N_LAYERS, N_EXPERTS, extent_padded - 1, 0, 2, &c, err, sizeof err);
+    CHECK(st == KVL_ERR_INVALID_ARG && c == NULL, "budget below one extent: %s", err);
+    /* config says 4 experts per layer: experts 4..7 of the file match nothing */
+    st = kvl_expert_cache_create(s, N_LAYERS, 4, 100 * extent_padded, 1, 2, &c, err, sizeof err);
+    CHECK(st == KVL_ERR_CONFIG && c == NULL && strstr(err, bin_path), "config mismatch: %s", err);
+    st = kvl_expert_cache_create(s, 0, N_EXPERTS, 100 * extent_padded, 1, 2, &c, err, sizeof err);
+    CHECK(st == KVL_ERR_CONFIG && c == NULL, "zero layers: %s", err);
+    /* the same records in a store of kind trunk are refused */
+    CHECK(write_store(dir_path, 1, "trunk") == 0, "write trunk-kind store");
+    snprintf(trunk_idx, sizeof trunk_idx, "%s/trunk.idx", dir_path);
+    snprintf(trunk_bin, sizeof trunk_bin, "%s/trunk.bin", dir_path);
+    st = kvl_store_open(trunk_idx, trunk_bin, 0, KVL_IO_BUFFERED, &t, err, sizeof err);
+    CHECK(st == KVL_OK, "open trunk-kind store: %s", err);
+    if (t) {
+        st = kvl_expert_cache_create(t, N_LAYERS, N_EXPERTS, 100 * extent_padded, 1, 2, &c, err, sizeof err);
+        CHECK(st == KVL_ERR_CONFIG && c == NULL && strstr(err, trunk_bin), "wrong kind: %s", err);
+        kvl_store_close(t);
+    }
+    remove(trunk_idx);
+    remove(trunk_bin);
+}
+
+static void check_sequential(kvl_store *s, int slots, int io_threads) {
+    kvl_expert_cache *c = make_cache(s, slots, io_threads);
+    kvl_expert_view v;
+    uint64_t hits, misses, bytes, stall, acquires = 0;
+    int pass, l, e;
+    char label[64];
+    snprintf(label, sizeof label, "sequential slots=%d io=%d", slots, io_threads);
+    if (!c) return;
+    CHECK(kvl_expert_cache_slots(c) == slots, "%s: slots %d", label, kvl_expert_cache_slots(c));
+    CHECK(kvl_expert_cache_bytes(c) == (uint64_t)slots * extent_padded, "%s: bytes", label);
+    for (pass = 0; pass < 2; pass++) {
+        for (l = 1; l < N_LAYERS; l++) {
+            for (e = 0; e < N_EXPERTS; e++) {
+                memset(&v, 0, sizeof v);
+                CHECK(kvl_expert_cache_acquire(c, l, e, &v) == KVL_OK, "%s: acquire %d,%d", label, l, e);
+                CHECK(v.gate_q && view_matches(&v, l, e), "%s: contents %d,%d", label, l, e);
+                kvl_expert_cache_release(c, l, e);
+                acquires++;
+            }
+        }
+    }
+    kvl_expert_cache_stats(c, &hits, &misses, &bytes, &stall);
+    /* a cyclic scan larger than the cache defeats LRU entirely; one that fits hits every time */
+    if (slots >= N_EXTENTS)
+        CHECK(misses == N_EXTENTS && hits == N_EXTENTS, "%s: hits %llu misses %llu", label,
+              (unsigned long long)hits, (unsigned long long)misses);
+    else
+        CHECK(misses == 2 * N_EXTENTS && hits == 0, "%s: hits %llu misses %llu", label,
+              (unsigned long long)hits, (unsigned long long)misses);
+    CHECK(bytes == misses * extent_padded, "%s: bytes_read %llu", label, (unsigned long long)bytes);
+    check_identities(c, acquires, label);
+    kvl_expert_cache_reset_stats(c);
+    kvl_expert_cache_stats(c, &hits, &misses, &bytes, &stall);
+    CHECK(hits == 0 && misses == 0 && bytes == 0 && stall == 0, "%s: reset", label);
+    kvl_expert_cache_free(c);
+}
+
+/* hit (1) or miss (0) of one acquire+release, judged by the change in the counters */
+static int probe(kvl_expert_cache *c, int l, int e) {
+    uint64_t h0, h1;
+    kvl_expert_view v;
+    kvl_expert_cache_stats(c, &h0, NULL, NULL, NULL);
+    if (kvl_expert_cache_acquire(c, l, e, &v) != KVL_OK) return -1;
+    if (!view_matches(&v, l, e)) return -2;
+    kvl_expert_cache_release(c, l, e);
+    kvl_expert_cache_stats(c, &h1, NULL, NULL, NULL);
+    return h1 == h0 + 1 ? 1 : 0;
+}
+
+static void check_lru(kvl_store *s) {
+    kvl_expert_cache *c = make_cache(s, 2, 0);
+    if (!c) return;
+    CHECK(probe(c, 1, 0) == 0, "A miss");
+    CHECK(probe(c, 1, 1) == 0, "B miss");
+    CHECK(probe(c, 1, 0) == 1, "A hit");
+    CHECK(probe(c, 1, 2) == 0, "C miss (evicts B, the least recently used)");
+    CHECK(probe(c, 1, 0) == 1, "A still resident");
+    CHECK(probe(c, 1, 1) == 0, "B was evicted");
+    CHECK(probe(c, 1, 0) == 1, "A resident again");
+    CHECK(probe(c, 1, 2) == 0, "C was evicted by B");
+    kvl_expert_cache_free(c);
+}
+
+/* Two slots; each round acquires the hot extent A, then two cold ones that come back only every
+ * fourth round. Between two uses of A more distinct extents arrive than fit, so LRU evicts A
+ * every round (the cyclic pattern of decode with a cache smaller than one token's experts);
+ * eviction by frequency keeps A. Returns A's hits in rounds 2..11. */
+static int hot_extent_hits(kvl_store *s) {
+    kvl_expert_cache *c = make_cache(s, 2, 0);
+    int hits = 0;
+    if (!c) return -1;
+    for (int round = 0; round < 12; round++) {
+        int a = probe(c, 1, 0);
+        if (round >= 2 && a == 1) hits++;
+        CHECK(probe(c, 2, (2 * round) % N_EXPERTS) == 0, "cold extent misses (round %d)", round);
+        CHECK(probe(c, 2, (2 * round + 1) % N_EXPERTS) == 0, "cold extent misses (round %d)", round);
+    }
+    kvl_expert_cache_free(c);
+    return hits;
+}
+
+static void check_frequency_policy(kvl_store *s) {
+    int hits = hot_extent_hits(s);
+    CHECK(hits == 10, "by frequency the hot extent stays resident: %d hits of 10", hits);
+#ifndef _WIN32
+    setenv("KVL_EXPERT_CACHE_POLICY", "lru", 1);
+    hits = hot_extent_hits(s);
+    unsetenv("KVL_EXPERT_CACHE_POLICY");
+    CHECK(hits == 0, "plain LRU evicts it every round: %d hits", hits);
+#endif
+}
+
+static void check_pinning(kvl_store *s, int io_threads) {
+    kvl_expert_cache *c = make_cache(s, 3, io_threads);
+    kvl_expert_view v[3], w;
+    kvl_expert_cache_counters k0, k1;
+    int others[4] = {4, 5, 6, 7};
+    int i, round;
+    if (!c) return;
+    for (i = 0; i < 3; i++) CHECK(kvl_expert_cache_acquire(c, 2, i, &v[i]) == KVL_OK, "pin %d", i);
+    kvl_expert_cache_counters_get(c, &k0);
+    CHECK(kvl_expert_cache_acquire(c, 2, 3, &w) == KVL_ERR_NOMEM, "every slot pinned -> NOMEM");
+    kvl_expert_cache_prefetch(c, 3, others, 4); /* nothing can be claimed: must neither block nor evict */
+    kvl_expert_cache_counters_get(c, &k1);
+    CHECK(k1.prefetch_issued == k0.prefetch_issued && k1.evictions == k0.evictions,
+          "prefetch with every slot pinned issues nothing");
+    CHECK(k1.hits + k1.misses == k0.hits + k0.misses, "refused acquire is not counted");
+    for (i = 0; i < 3; i++) CHECK(view_matches(&v[i], 2, i), "pinned %d intact", i);
+    /* pin expert 0 a second time, release one pin of it and all of 1 and 2, then churn */
+    CHECK(kvl_expert_cache_acquire(c, 2, 0, &w) == KVL_OK && w.gate_q == v[0].gate_q, "double pin same slot");
+    kvl_expert_cache_release(c, 2, 0);
+    kvl_expert_cache_release(c, 2, 1);
+    kvl_expert_cache_release(c, 2, 2);
+    for (round = 0; round < 3; round++) {
+        for (i = 0; i < N_EXPERTS; i++) {
+            int r = probe(c, 3, i);
+            CHECK(r >= 0, "churn acquire 3,%d: %d", i, r);
+        }
+        kvl_expert_cache_prefetch(c, 1, others, 4);
+        for (i = 0; i < 4; i++) {
+            int r = probe(c, 1, others[i]);
+            CHECK(r >= 0, "churn after prefetch 1,%d: %d", others[i], r);
+        }
+    }
+    CHECK(view_matches(&v[0], 2, 0), "extent pinned throughout churn is intact");
+    kvl_expert_cache_release(c, 2, 0);
+    kvl_expert_cache_release(c, 2, 0); /* one release too many is ignored */
+    CHECK(probe(c, 2, 3) >= 0, "acquire after unpinning");
+    kvl_expert_cache_free(c);
+}
+
+static void check_prefetch(kvl_store *s) {
+    kvl_expert_cache *c = make_cache(s, N_EXTENTS, 2);
+    kvl_expert_cache_counters k;
+    kvl_expert_view v;
+    int all[N_EXPERTS], e, ok = 0;
+    uint64_t acquires = 0;
+    if (!c) return;
+    for (e = 0; e < N_EXPERTS; e++) all[e] = e;
+    kvl_expert_cache_prefetch(c, 1, all, N_EXPERTS);
+    for (e = 0; e < N_EXPERTS; e++) {
+        ok += kvl_expert_cache_acquire(c, 1, e, &v) == KVL_OK && view_matches(&v, 1, e);
+        kvl_expert_cache_release(c, 1, e);
+        acquires++;
+    }
+    CHECK(ok == N_EXPERTS, "prefetched views correct");
+    kvl_expert_cache_counters_get(c, &k);
+    CHECK(k.prefetch_issued == N_EXPERTS && k.prefetch_served == N_EXPERTS && k.sync_reads == 0 &&
+              k.misses == N_EXPERTS && k.hits == 0,
+          "prefetch accounting issued %llu served %llu sync %llu", (unsigned long long)k.prefetch_issued,
+          (unsigned long long)k.prefetch_served, (unsigned long long)k.sync_reads);
+    kvl_expert_cache_prefetch(c, 1, all, N_EXPERTS); /* all resident: no new reads */
+    for (e = 0; e < N_EXPERTS; e++) {
+        CHECK(kvl_expert_cache_acquire(c, 1, e, &v) == KVL_OK && view_matches(&v, 1, e), "re-acquire");
+        kvl_expert_cache_release(c, 1, e);
+        acquires++;
+    }
+    kvl_expert_cache_counters_get(c, &k);
+    CHECK(k.hits == N_EXPERTS && k.prefetch_issued == N_EXPERTS, "second round all hits");
+    check_identities(c, acquires, "prefetch");
+    /* unknown ids are ignored by prefetch and refused by acquire */
+    {
+        int bad[3] = {-1, N_EXPERTS, 3};
+        kvl_expert_cache_prefetch(c, 0, bad, 3);
+        kvl_expert_cache_prefetch(c, N_LAYERS, bad, 3);
+        kvl_expert_cache_prefetch(c, 2, bad, 3);
+        CHECK(kvl_expert_cache_acquire(c, 0, 0, &v) == KVL_ERR_INVALID_ARG, "dense layer refused");
+        CHECK(kvl_expert_cache_acquire(c, 1, N_EXPERTS, &v) == KVL_ERR_INVALID_ARG, "expert id refused");
+        CHECK(kvl_expert_cache_acquire(c, N_LAYERS, 0, &v) == KVL_ERR_INVALID_ARG, "layer id refused");
+        CHECK(kvl_expert_cache_acquire(c, -1, 0, &v) == KVL_ERR_INVALID_ARG, "negative layer refused");
+    }
+    kvl_expert_cache_free(c);
+
+    /* a prefetch batch larger than the cache must not evict its own members; the rest is issued
+     * as acquired members are released, so every acquire in batch order is served by prefetch */
+    c = make_cache(s, 4, 2);
+    if (!c) return;
+    kvl_expert_cache_prefetch(c, 2, all, N_EXPERTS);
+    kvl_expert_cache_counters_get(c, &k);
+    CHECK(k.prefetch_issued == 4 && k.evictions == 0, "oversized batch issued %llu evicted %llu",
+          (unsigned long long)k.prefetch_issued, (unsigned long long)k.evictions);
+    for (e = 0; e < N_EXPERTS; e++) {
+        CHECK(kvl_expert_cache_acquire(c, 2, e, &v) == KVL_OK && view_matches(&v, 2, e), "batch member %d", e);
+        kvl_expert_cache_release(c, 2, e);
+    }
+    kvl_expert_cache_counters_get(c, &k);
+    CHECK(k.prefetch_issued == N_EXPERTS && k.prefetch_served == N_EXPERTS && k.sync_reads == 0 &&
+              k.prefetch_wasted == 0 && k.evictions == N_EXPERTS - 4,
+          "streamed batch: issued %llu served %llu sync %llu wasted %llu evictions %llu",
+          (unsigned long long)k.prefetch_issued, (unsigned long long)k.prefetch_served,
+          (unsigned long long)k.sync_reads, (unsigned long long)k.prefetch_wasted,
+          (unsigned long long)k.evictions);
+    /* a batch protects its resident members too: with 4 slots holding experts 4..7 of layer 2,
+     * prefetching {7, 6, 0, 1} must evict 4 and 5, never 6 or 7 */
+    {
+        int mix[4] = {7, 6, 0, 1};
+        kvl_expert_cache_prefetch(c, 2, mix, 4);
+        for (e = 0; e < 4; e++) {
+            uint64_t h0, h1;
+            kvl_expert_cache_stats(c, &h0, NULL, NULL, NULL);
+            CHECK(kvl_expert_cache_acquire(c, 2, mix[e], &v) == KVL_OK && view_matches(&v, 2, mix[e]), "mix");
+            kvl_expert_cache_stats(c, &h1, NULL, NULL, NULL);
+            CHECK((h1 == h0 + 1) == (e < 2), "mix member %d: hit %d", mix[e], (int)(h1 - h0));
+        }
+        for (e = 0; e < 4; e++) kvl_expert_cache_release(c, 2, mix[e]);
+        kvl_expert_cache_counters_get(c, &k);
+        CHECK(k.sync_reads == 0, "mix needed no synchronous read");
+    }
+    /* freeing with reads still queued must be clean */
+    kvl_expert_cache_prefetch(c, 3, all, N_EXPERTS);
+    kvl_expert_cache_free(c);
+}
+
+/* ------------------------------------------------------------------ two threads */
+
+typedef struct worker_arg {
+    kvl_expert_cache *cache;
+    int slots, iterations, use_prefetch;
+    uint64_t seed;
+    uint64_t ok_acquires, nomem;
+} worker_arg;
+
+static KVL_THREAD_RET KVL_THREAD_CALL worker(void *p) {
+    worker_arg *a = (worker_arg *)p;
+    rng r;
+    int it;
+    r.s = a->seed;
+    for (it = 0; it < a->iterations; it++) {
+        int layer = 1 + (int)(rnd(&r) % (N_LAYERS - 1));
+        int k = 1 + (int)(rnd(&r) % 3), n = 0, j, held[3];
+        int ids[3];
+        kvl_expert_view v[3];
+        while (n < k) { /* k distinct experts, like top-k routing */
+            int e = (int)(rnd(&r) % N_EXPERTS), dup = 0;
+            for (j = 0; j < n; j++) dup |= ids[j] == e;
+            if (!dup) ids[n++] = e;
+        }
+        if (a->use_prefetch && (rnd(&r) & 1)) kvl_expert_cache_prefetch(a->cache, layer, ids, k);
+        for (j = 0; j < k; j++) {
+            kvl_status st = kvl_expert_cache_acquire(a->cache, layer, ids[j], &v[j]);
+            held[j] = st == KVL_OK;
+            if (st == KVL_OK) {
+                a->ok_acquires++;
+                CHECK(view_matches(&v[j], layer, ids[j]), "thread view %d,%d", layer, ids[j]);
+            } else {
+                /* only legitimate when this thread and the other could pin every slot */
+                CHECK(st == KVL_ERR_NOMEM && a->slots < 6, "acquire status %d with %d slots", (int)st, a->slots);
+                a->nomem++;
+            }
+        }
+        for (j = 0; j < k; j++) {
+            if (!held[j]) continue;
+            /* still intact after the other thread's activity: pinned means never evicted */
+            CHECK(view_matches(&v[j], layer, ids[j]), "pinned view %d,%d intact at release", layer, ids[j]);
+            kvl_expert_cache_release(a->cache, layer, ids[j]);
+        }
+    }
+    return KVL_THREAD_RETURN;
+}
+
+static void check_threads(kvl_store *s, int slots, int use_prefetch, int iterations) {
+    kvl_expert_cache *c = make_cache(s, slots, 2);
+    worker_arg a[2];
+    kvl_os_thread t[2];
+    char label[64];
+    int i;
+    if (!c) return;
+    snprintf(label, sizeof label, "threads slots=%d prefetch=%d", slots, use_prefetch);
+    for (i = 0; i < 2; i++) {
+        memset(&a[i], 0, sizeof a[i]);
+        a[i].cache = c;
+        a[i].slots = slots;
+        a[i].iterations = iterations;
+        a[i].use_prefetch = use_prefetch;
+        a[i].seed = 0x9E3779B97F4A7C15ull * (uint64_t)(i + 1) + (uint64_t)slots;
+        CHECK(kvl_os_thread_start(&t[i], worker, &a[i]) == 0, "start thread");
+    }
+    for (i = 0; i < 2; i++) kvl_os_thread_join(t[i]);
+    check_identities(c, a[0].ok_acquires + a[1].ok_acquires, label);
+    if (!use_prefetch) {
+        uint64_t misses, bytes;
+        kvl_expert_cache_stats(c, NULL, &misses, &bytes, NULL);
+        CHECK(bytes == misses * extent_padded, "%s: bytes == misses * extent", label);
+    }
+    if (getenv("KVL_TEST_VERBOSE")) {
+        kvl_expert_cache_counters k;
+        kvl_expert_cache_counters_get(c, &k);
+        printf("  %-28s acquires %llu nomem %llu hits %llu misses %llu (prefetch served %llu wasted %llu)\n",
+               label, (unsigned long long)(a[0].ok_acquires + a[1].ok_acquires),
+               (unsigned long long)(a[0].nomem + a[1].nomem), (unsigned long long)k.hits,
+               (unsigned long long)k.misses, (unsigned long long)k.prefetch_served,
+               (unsigned long long)k.prefetch_wasted);
+    }
+    kvl_expert_cache_free(c);
+}
+
+int main(void) {
+    const char *base = getenv("KVL_TEST_TMP");
+    const char *iters_env = getenv("KVL_TEST_ITERS");
+    int iterations = iters_env ? atoi(iters_env) : 400;
+    int budgets[] = {1, 2, 3, 5, 8, 13, N_EXTENTS};
+    kvl_store *s;
+    size_t b;
+    int slots;
+    kvl_os_mutex_init(&check_lock);
+    if (!base) base = "/tmp";
+    init_data();
+#ifdef _WIN32
+    snprintf(dir_path, sizeof dir_path, "%s/kvl-test-cache-%d", base, (int)GetCurrentProcessId());
+    if (_mkdir(dir_path) != 0) {
+#else
+    snprintf(dir_path, sizeof dir_path, "%s/kvl-test-cache-XXXXXX", base);
+    if (!mkdtemp(dir_path)) {
+#endif
+        printf("cannot create a temp dir under %s\n", base);
+        return 2;
+    }
+    snprintf(idx_path, sizeof idx_path, "%s/experts.idx", dir_path);
+    snprintf(bin_path, sizeof bin_path, "%s/experts.bin", dir_path);
+    if (write_store(dir_path, 2, "experts") != 0) {
+        printf("cannot write the test store under %s\n", dir_path);
+        return 2;
+    }
+    s = open_store();
+    if (s) {
+        printf("note: experts store direct_io=%d, extent %llu bytes (padded %llu)\n", kvl_store_direct_io(s),
+               (unsigned long long)extent_nbytes, (unsigned long long)extent_padded);
+        check_create_errors(s);
+        for (slots = 1; slots <= N_EXTENTS; slots++) {
+            check_sequential(s, slots, 0);
+            if (slots == 1 || slots == 7 || slots == N_EXTENTS) check_sequential(s, slots, 2);
+        }
+        check_lru(s);
+        check_frequency_policy(s);
+        check_pinning(s, 0);
+        check_pinning(s, 2);
+        check_prefetch(s);
+        for (b = 0; b < sizeof budgets / sizeof budgets[0]; b++) {
+            check_threads(s, budgets[b], 0, iterations);
+            check_threads(s, budgets[b], 1, iterations);
+        }
+        kvl_store_close(s);
+    }
+    remove(idx_path);
+    remove(bin_path);
+#ifdef _WIN32
+    _rmdir(dir_path);
+#else
+    rmdir(dir_path);
+#endif
+    free(bin_data);
+    printf("%d passed, %d failed\n", n_pass, n_fail);
+    return n_fail ? 1 : 0;
+}
