@@ -45,6 +45,10 @@ KVL_INLINE void matmul_int_generic(int kind, float *Y, size_t ldy, const void *W
 {
     size_t r = 0;
     if (n == 1) {
+#ifdef KVL_DECODE_ROWS2
+        for (; r + 2 <= rows; r += 2)
+            decode_rows2_int(kind, Y, W, scale, r, cols, Xq, xs[0]);
+#endif
         for (; r < rows; r++)
             decode_row_int(kind, Y, W, scale, r, cols, Xq, xs[0]);
         return;
