@@ -349,16 +349,15 @@ KVL_INLINE void decode_rows2_int(int kind, float *Y, const void *W, const float 
             for (; c + 32 <= e; c += 32) {
                 v128_t x0 = wasm_v128_load(x + c), x1 = wasm_v128_load(x + c + 8);
                 v128_t x2 = wasm_v128_load(x + c + 16), x3 = wasm_v128_load(x + c + 24);
-                v128_t v0 = wasm_v128_load(w0 + c), v1 = wasm_v128_load(w0 + c + 16);
-                v128_t u0 = wasm_v128_load(w1 + c), u1 = wasm_v128_load(w1 + c + 16);
-                a0 = wasm_i32x4_add(a0, wasm_i32x4_dot_i16x8(wasm_i16x8_extend_low_i8x16(v0), x0));
-                a1 = wasm_i32x4_add(a1, wasm_i32x4_dot_i16x8(wasm_i16x8_extend_high_i8x16(v0), x1));
-                a2 = wasm_i32x4_add(a2, wasm_i32x4_dot_i16x8(wasm_i16x8_extend_low_i8x16(v1), x2));
-                a3 = wasm_i32x4_add(a3, wasm_i32x4_dot_i16x8(wasm_i16x8_extend_high_i8x16(v1), x3));
-                b0 = wasm_i32x4_add(b0, wasm_i32x4_dot_i16x8(wasm_i16x8_extend_low_i8x16(u0), x0));
-                b1 = wasm_i32x4_add(b1, wasm_i32x4_dot_i16x8(wasm_i16x8_extend_high_i8x16(u0), x1));
-                b2 = wasm_i32x4_add(b2, wasm_i32x4_dot_i16x8(wasm_i16x8_extend_low_i8x16(u1), x2));
-                b3 = wasm_i32x4_add(b3, wasm_i32x4_dot_i16x8(wasm_i16x8_extend_high_i8x16(u1), x3));
+                /* load8x8 widens as it loads (one pmovsxbw from memory in V8) */
+                a0 = wasm_i32x4_add(a0, wasm_i32x4_dot_i16x8(wasm_i16x8_load8x8(w0 + c), x0));
+                b0 = wasm_i32x4_add(b0, wasm_i32x4_dot_i16x8(wasm_i16x8_load8x8(w1 + c), x0));
+                a1 = wasm_i32x4_add(a1, wasm_i32x4_dot_i16x8(wasm_i16x8_load8x8(w0 + c + 8), x1));
+                b1 = wasm_i32x4_add(b1, wasm_i32x4_dot_i16x8(wasm_i16x8_load8x8(w1 + c + 8), x1));
+                a2 = wasm_i32x4_add(a2, wasm_i32x4_dot_i16x8(wasm_i16x8_load8x8(w0 + c + 16), x2));
+                b2 = wasm_i32x4_add(b2, wasm_i32x4_dot_i16x8(wasm_i16x8_load8x8(w1 + c + 16), x2));
+                a3 = wasm_i32x4_add(a3, wasm_i32x4_dot_i16x8(wasm_i16x8_load8x8(w0 + c + 24), x3));
+                b3 = wasm_i32x4_add(b3, wasm_i32x4_dot_i16x8(wasm_i16x8_load8x8(w1 + c + 24), x3));
             }
             for (; c + 8 <= e; c += 8) {
                 v128_t xv = wasm_v128_load(x + c);
