@@ -18,7 +18,12 @@ function Invoke-Checked([string]$exe, [string[]]$arguments) {
     if ($LASTEXITCODE -ne 0) { throw "$exe $($arguments -join ' ') failed with exit code $LASTEXITCODE" }
 }
 
-Write-Host "== installing kvl into .venv (builds the native core)"
+Write-Host "== installing kvl: npm ci (TypeScript; the native addon where CMake and a C compiler exist)"
+Invoke-Checked "npm" @("ci", "--no-audit", "--no-fund")
+Write-Host "== doctor: backends and kernel self-test"
+Invoke-Checked "node" @("dist\cli\kvl.js", "doctor")
+
+Write-Host "== installing the Python front end into .venv (the commands not yet ported to TypeScript)"
 if (-not (Test-Path ".venv\Scripts\python.exe")) { Invoke-Checked "python" @("-m", "venv", ".venv") }
 $py = ".venv\Scripts\python.exe"
 Invoke-Checked $py @("-m", "pip", "install", "-q", "--upgrade", "pip")
