@@ -19,6 +19,10 @@ out=${1:-/tmp/kvl_kernels_ab}
 mkdir -p "$out/obj"
 src="$root/wasm-core/src"
 
+# emcc must use the machine's binaryen, not one that node_modules/.bin may put first on PATH.
+PATH=$(printf '%s' "$PATH" | tr ':' '\n' | grep -v '/node_modules/\.bin$' | paste -sd: -)
+export PATH
+
 # Debian's emscripten runs its JS optimizer with the machine's node, which needs Debian's acorn.
 if [ -z "${NODE_PATH:-}" ] && [ -d /usr/share/nodejs ]; then
     NODE_PATH=/usr/share/nodejs

@@ -16,6 +16,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export NODE_PATH="${NODE_PATH:-/usr/share/nodejs}"
+# Under `npm run`/`npm test` node_modules/.bin leads PATH, and jco brings binaryen's npm build
+# (another wasm-opt), which emcc would pick up: different bytes, and a loader that does not match
+# its .wasm (seen here). emcc gets the machine's toolchain only.
+PATH="$(printf '%s' "$PATH" | tr ':' '\n' | grep -v '/node_modules/\.bin$' | paste -sd: -)"
+export PATH
 
 if ! command -v emcc >/dev/null 2>&1; then
     echo "build-wasm: emcc not found (Debian: apt-get install emscripten)" >&2
