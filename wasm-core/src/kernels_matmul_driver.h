@@ -45,6 +45,11 @@ KVL_INLINE void matmul_int_generic(int kind, float *Y, size_t ldy, const void *W
 {
     size_t r = 0;
     if (n == 1) {
+#ifdef KVL_DECODE_ROWS4_Q8
+        if (kind == KVL_DECODE_ROWS4_Q8)
+            for (; r + 4 <= rows; r += 4)
+                decode_rows4_q8(Y, (const int8_t *)W, scale, r, cols, Xq, xs[0]);
+#endif
 #ifdef KVL_DECODE_ROWS2
         for (; r + 2 <= rows; r += 2)
             decode_rows2_int(kind, Y, W, scale, r, cols, Xq, xs[0]);

@@ -331,10 +331,45 @@ KVL_INLINE void decode_row_int(int kind, float *Y, const void *W, const float *s
     Y[r] = (s * scale[r]) * xs;
 }
 
+/* Q8 x int16 decode, four rows at a time: four weight streams in flight (WebAssembly has no
+ * prefetch instruction, so more independent streams are what hides DRAM latency), each
+ * activation vector loaded once for all four. Block sums are exact int32 whatever the order, so
+ * the result is identical to decode_row_int. */
+KVL_INLINE void decode_rows4_q8(float *Y, const int8_t *W, const float *scale, size_t r,
+                                size_t cols, const int16_t *x, float xs)
+{
+    const int8_t *w[4] = {W + r * cols, W + (r + 1) * cols, W + (r + 2) * cols, W + (r + 3) * cols};
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (size_t b = 0; b < cols; b += KVL_I16_BLOCK) {
+        size_t e = cols - b < KVL_I16_BLOCK ? cols : b + KVL_I16_BLOCK;
+        v128_t a[4][2];
+        for (int i = 0; i < 4; i++)
+            a[i][0] = a[i][1] = wasm_i32x4_splat(0);
+        size_t c = b;
+        for (; c + 16 <= e; c += 16) {
+            v128_t x0 = wasm_v128_load(x + c), x1 = wasm_v128_load(x + c + 8);
+            KVL_UNROLL
+            for (int i = 0; i < 4; i++) {
+                a[i][0] = wasm_i32x4_add(a[i][0], wasm_i32x4_dot_i16x8(wasm_i16x8_load8x8(w[i] + c), x0));
+                a[i][1] = wasm_i32x4_add(a[i][1], wasm_i32x4_dot_i16x8(wasm_i16x8_load8x8(w[i] + c + 8), x1));
+            }
+        }
+        for (int i = 0; i < 4; i++) {
+            int32_t s = hsum4_i32(wasm_i32x4_add(a[i][0], a[i][1]));
+            for (size_t k = c; k < e; k++)
+                s += (int32_t)w[i][k] * (int32_t)x[k];
+            acc[i] += (float)s;
+        }
+    }
+    for (int i = 0; i < 4; i++)
+        Y[r + (size_t)i] = (acc[i] * scale[r + (size_t)i]) * xs;
+}
+
 /* Decode, two rows at a time: each activation vector is loaded once for both rows (the loads are
  * half the work of a dot product here) and two weight streams are in flight. Each row's sums are
  * formed in exactly the order of decode_row_int, so the results are identical to it. */
 #define KVL_DECODE_ROWS2 1
+#define KVL_DECODE_ROWS4_Q8 IKIND_Q8 /* the weight kind decode_rows4_q8 serves */
 KVL_INLINE void decode_rows2_int(int kind, float *Y, const void *W, const float *scale, size_t r,
                                  size_t cols, const int16_t *x, float xs)
 {
