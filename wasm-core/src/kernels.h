@@ -102,6 +102,11 @@ void kvl_softmax(float *x, size_t n);                               /* in place,
 float kvl_bf16_round(float x);                                      /* round-trip through BF16 */
 /* kvl_bf16_round with subnormal inputs read as (signed) zero, as VCVTNE2PS2BF16 does. */
 float kvl_bf16_round_daz(float x);
+/* The integer mode's scalar steps, shared by every table's tails so they cannot drift from the
+ * reference: rint (half to even) then clamp to [-lim, lim], a NaN giving 0; and the sum of
+ * w[k]*x[k] over columns [c, cols) in groups of 4 (each exact in int32) added to acc in FP32. */
+int16_t kvl_i16_round_clamp(float v, float lim);
+float kvl_i16_group_sum(const int16_t *w, const int16_t *x, size_t c, size_t cols, float acc);
 /* BF16 rows [rows, cols] -> int16 rows for matmul_i16_i16: scale[r] = rowmax|w| / 32767,
  * Wq = clamp(rint(w * (32767 / rowmax)), -32767, 32767); an all-zero row gets scale 0. Done once
  * at load, never in the decode loop, so it has no SIMD variants. */

@@ -226,32 +226,6 @@ KVL_INLINE __m256i load_i16x16(const int16_t *p)
     return _mm256_loadu_si256((const __m256i *)(const void *)p);
 }
 
-/* The reference's scalar step (kernels_ref.c q_clamp): rint, NaN -> 0, clamp. */
-static int16_t q_clamp16(float v)
-{
-    v = rintf(v);
-    if (v != v)
-        return 0;
-    if (v > (float)KVL_I16_MAX)
-        v = (float)KVL_I16_MAX;
-    if (v < -(float)KVL_I16_MAX)
-        v = -(float)KVL_I16_MAX;
-    return (int16_t)v;
-}
-
-/* Sum of the products of columns [c, cols) in groups of 4 (the i16 x i16 scalar tail). */
-static float i16_tail(const int16_t *w, const int16_t *x, size_t c, size_t cols, float s)
-{
-    for (; c < cols; c += 4) {
-        size_t e = cols - c < 4 ? cols : c + 4;
-        int32_t g = 0;
-        for (size_t k = c; k < e; k++)
-            g += (int32_t)w[k] * (int32_t)x[k];
-        s += (float)g;
-    }
-    return s;
-}
-
 static void avx2_quantize_i16_act(int16_t *Xq, float *xs, const float *X, size_t cols, size_t n,
                                   size_t ldx_in, size_t ldx_out)
 {
@@ -300,7 +274,7 @@ static void avx2_quantize_i16_act(int16_t *Xq, float *xs, const float *X, size_t
             _mm256_storeu_si256((__m256i *)(void *)(q + c), i);
         }
         for (; c < cols; c++)
-            q[c] = q_clamp16(x[c] * inv);
+            q[c] = kvl_i16_round_clamp(x[c] * inv, (float)KVL_I16_MAX);
     }
 }
 
@@ -351,7 +325,7 @@ KVL_INLINE void decode_row_int(int kind, float *Y, const void *W, const float *s
         c += 16;
     }
     float s = hsum256(_mm256_add_ps(_mm256_add_ps(f0, f1), _mm256_add_ps(f2, f3)));
-    s = i16_tail(w, x, c, cols, s);
+    s = kvl_i16_group_sum(w, x, c, cols, s);
     Y[r] = (s * scale[r]) * xs;
 }
 
@@ -461,7 +435,7 @@ KVL_INLINE void tile_int(int kind, float *Y, size_t ldy, const void *W, const fl
     for (int i = 0; i < R; i++)
         KVL_UNROLL
         for (int t = 0; t < T; t++) {
-            float s = i16_tail(wrow[i], X + (size_t)t * ldx, c, cols, hsum256(fa[i][t]));
+            float s = kvl_i16_group_sum(wrow[i], X + (size_t)t * ldx, c, cols, hsum256(fa[i][t]));
             Y[(size_t)t * ldy + r0 + (size_t)i] = (s * scale[r0 + (size_t)i]) * xs[t];
         }
 }

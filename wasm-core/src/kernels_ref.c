@@ -145,7 +145,7 @@ static void ref_matmul_f32(float *Y, size_t ldy, const float *W, size_t rows, si
 
 /* rint in the default mode (half to even), then the clamp; a NaN product (a NaN or infinite
  * input, or inv = inf for amax below ~5e-35) gives 0 in every table. */
-static int16_t q_clamp(float v, float lim)
+int16_t kvl_i16_round_clamp(float v, float lim)
 {
     v = rintf(v);
     if (v != v)
@@ -174,7 +174,7 @@ static void ref_quantize_i16_act(int16_t *Xq, float *xs, const float *X, size_t 
         float inv = amax > 0.0f ? (float)KVL_I16_MAX / amax : 0.0f;
         xs[t] = amax / (float)KVL_I16_MAX;
         for (size_t c = 0; c < cols; c++)
-            q[c] = q_clamp(x[c] * inv, (float)KVL_I16_MAX);
+            q[c] = kvl_i16_round_clamp(x[c] * inv, (float)KVL_I16_MAX);
     }
 }
 
@@ -199,6 +199,18 @@ static void ref_matmul_q8_i16(float *Y, size_t ldy, const int8_t *W, const float
     }
 }
 
+float kvl_i16_group_sum(const int16_t *w, const int16_t *x, size_t c, size_t cols, float acc)
+{
+    for (; c < cols; c += 4) {
+        size_t e = cols - c < 4 ? cols : c + 4;
+        int32_t isum = 0; /* exact: 4 * 32767 * 16383 < 2^31 */
+        for (size_t k = c; k < e; k++)
+            isum += (int32_t)w[k] * (int32_t)x[k];
+        acc += (float)isum;
+    }
+    return acc;
+}
+
 static void ref_matmul_i16_i16(float *Y, size_t ldy, const int16_t *W, const float *scale,
                                size_t rows, size_t cols, const int16_t *Xq, const float *xs,
                                size_t ldx, size_t n)
@@ -207,14 +219,7 @@ static void ref_matmul_i16_i16(float *Y, size_t ldy, const int16_t *W, const flo
         const int16_t *x = Xq + t * ldx;
         for (size_t r = 0; r < rows; r++) {
             const int16_t *w = W + r * cols;
-            float acc = 0.0f;
-            for (size_t g = 0; g < cols; g += 4) {
-                size_t e = cols - g < 4 ? cols : g + 4;
-                int32_t isum = 0; /* exact: 4 * 32767 * 16383 < 2^31 */
-                for (size_t c = g; c < e; c++)
-                    isum += (int32_t)w[c] * (int32_t)x[c];
-                acc += (float)isum;
-            }
+            float acc = kvl_i16_group_sum(w, x, 0, cols, 0.0f);
             Y[t * ldy + r] = (acc * scale[r]) * xs[t];
         }
     }
@@ -234,7 +239,7 @@ void kvl_quantize_rows_i16(int16_t *Wq, float *scale, const uint16_t *W, size_t 
         float inv = rmax > 0.0f ? 32767.0f / rmax : 0.0f;
         scale[r] = rmax / 32767.0f;
         for (size_t c = 0; c < cols; c++)
-            q[c] = q_clamp(kvl_bf16_to_float(w[c]) * inv, 32767.0f);
+            q[c] = kvl_i16_round_clamp(kvl_bf16_to_float(w[c]) * inv, 32767.0f);
     }
 }
 

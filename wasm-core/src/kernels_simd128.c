@@ -209,32 +209,6 @@ KVL_INLINE void decode_row(int kind, int xb, float *Y, const void *W, const floa
 
 enum { IKIND_Q8, IKIND_I16 };
 
-/* The reference's scalar step (kernels_ref.c q_clamp): rint, NaN -> 0, clamp. */
-static int16_t q_clamp16(float v)
-{
-    v = rintf(v);
-    if (v != v)
-        return 0;
-    if (v > (float)KVL_I16_MAX)
-        v = (float)KVL_I16_MAX;
-    if (v < -(float)KVL_I16_MAX)
-        v = -(float)KVL_I16_MAX;
-    return (int16_t)v;
-}
-
-/* Sum of the products of columns [c, cols) in groups of 4 (the i16 x i16 scalar tail). */
-static float i16_tail(const int16_t *w, const int16_t *x, size_t c, size_t cols, float s)
-{
-    for (; c < cols; c += 4) {
-        size_t e = cols - c < 4 ? cols : c + 4;
-        int32_t g = 0;
-        for (size_t k = c; k < e; k++)
-            g += (int32_t)w[k] * (int32_t)x[k];
-        s += (float)g;
-    }
-    return s;
-}
-
 static void simd128_quantize_i16_act(int16_t *Xq, float *xs, const float *X, size_t cols,
                                      size_t n, size_t ldx_in, size_t ldx_out)
 {
@@ -275,7 +249,7 @@ static void simd128_quantize_i16_act(int16_t *Xq, float *xs, const float *X, siz
                                                            wasm_i32x4_trunc_sat_f32x4(p1)));
         }
         for (; c < cols; c++)
-            q[c] = q_clamp16(x[c] * inv);
+            q[c] = kvl_i16_round_clamp(x[c] * inv, (float)KVL_I16_MAX);
     }
 }
 
@@ -327,7 +301,7 @@ KVL_INLINE void decode_row_int(int kind, float *Y, const void *W, const float *s
         c += 8;
     }
     float s = hsum4(wasm_f32x4_add(wasm_f32x4_add(f0, f1), wasm_f32x4_add(f2, f3)));
-    s = i16_tail(w, x, c, cols, s);
+    s = kvl_i16_group_sum(w, x, c, cols, s);
     Y[r] = (s * scale[r]) * xs;
 }
 
@@ -448,8 +422,8 @@ KVL_INLINE void decode_rows2_int(int kind, float *Y, const void *W, const float 
     }
     float s0 = hsum4(wasm_f32x4_add(wasm_f32x4_add(f0, f1), wasm_f32x4_add(f2, f3)));
     float s1 = hsum4(wasm_f32x4_add(wasm_f32x4_add(g0, g1), wasm_f32x4_add(g2, g3)));
-    s0 = i16_tail(w0, x, c, cols, s0);
-    s1 = i16_tail(w1, x, c, cols, s1);
+    s0 = kvl_i16_group_sum(w0, x, c, cols, s0);
+    s1 = kvl_i16_group_sum(w1, x, c, cols, s1);
     Y[r] = (s0 * scale[r]) * xs;
     Y[r + 1] = (s1 * scale[r + 1]) * xs;
 }
@@ -549,7 +523,7 @@ KVL_INLINE void tile_int(int kind, float *Y, size_t ldy, const void *W, const fl
     for (int i = 0; i < R; i++)
         KVL_UNROLL
         for (int t = 0; t < T; t++) {
-            float s = i16_tail(wrow[i], X + (size_t)t * ldx, c, cols, hsum4(fa[i][t]));
+            float s = kvl_i16_group_sum(wrow[i], X + (size_t)t * ldx, c, cols, hsum4(fa[i][t]));
             Y[(size_t)t * ldy + r0 + (size_t)i] = (s * scale[r0 + (size_t)i]) * xs[t];
         }
 }
