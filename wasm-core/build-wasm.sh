@@ -71,5 +71,6 @@ emcc "${CFLAGS[@]}" "${SOURCES[@]}" "${LINK[@]}" \
 # emscripten 3.1.6's ES-module output does not run on Node (it uses __dirname), so the loader is
 # CommonJS; this folder says so, as the package around it is "type": "module".
 printf '{ "type": "commonjs" }\n' > "$out/package.json"
-emcc --version | head -n 1 > "$out/EMCC_VERSION"
+# sed reads all of it: head would close the pipe early and emcc (python) dies of SIGPIPE under pipefail
+emcc --version | sed -n 1p > "$out/EMCC_VERSION"
 echo "build-wasm: $out/kvl_core.cjs + kvl_core.wasm ($(stat -c %s "$out/kvl_core.wasm") bytes)"
