@@ -34,8 +34,33 @@ export interface ConformanceReport {
   readonly failed: number;
 }
 
-/** The kernel-set API of kvl_core.h; the engine API joins it with the text engine. */
-export interface CoreBackend {
+/** 4 words: state_hi, state_lo, inc_hi, inc_lo of a kvl_pcg64 (numpy's PCG64). */
+export type Pcg64State = BigUint64Array;
+
+/** The packing API of kvl_core.h: the packer's arithmetic, the same bytes on every backend. */
+export interface PackingCore {
+  /** Bytes of one Q8_EXPERT extent (docs/FORMAT.md) for moe_intermediate I and hidden H. */
+  expertExtentBytes(intermediate: number, hidden: number): number;
+  /** One Q8_EXPERT extent from the BF16 bits of gate [I, H], up [I, H], down [H, I]; throws
+   * when a weight is NaN or infinite. */
+  packExpert(gate: Uint16Array, up: Uint16Array, down: Uint16Array, intermediate: number, hidden: number): Uint8Array;
+  /** A generator state from the 4 seed words numpy's SeedSequence gives. */
+  pcg64Seed(seedWords: BigUint64Array): Pcg64State;
+  /** Fills out[0, count) with uniform values (kvl_synth_uniform), advancing state: BF16 bits
+   * into a Uint16Array, FP32 into a Float32Array. Every call of a stream but the last takes an
+   * even count. */
+  synthUniform(state: Pcg64State, count: number, center: number, halfWidth: number, out: Uint16Array | Float32Array): void;
+}
+
+/** kvl_status codes (kvl_core.h). */
+export const KVL_STATUS_NAMES: Readonly<Record<number, string>> = {
+  0: "ok", 1: "I/O error", 2: "format error", 3: "config error", 4: "out of memory",
+  5: "invalid argument", 6: "context full", 7: "cancelled", 8: "unsupported", 9: "internal error",
+};
+export const KVL_ERR_FORMAT = 2;
+
+/** The kernel-set and packing API of kvl_core.h; the engine API joins it with the text engine. */
+export interface CoreBackend extends PackingCore {
   readonly backend: BackendName;
   abiVersion(): number;
   kernelSets(): KernelSet[];
@@ -59,4 +84,20 @@ export function parseConformanceReport(json: string, set: string): ConformanceRe
     throw new Error(`kernel set ${set}: the core's conformance report lacks table/checks/failed`);
   }
   return r as ConformanceReport;
+}
+
+/** Validates packExpert's arguments the same way on both backends. */
+export function checkPackExpertArgs(gate: Uint16Array, up: Uint16Array, down: Uint16Array, intermediate: number, hidden: number): void {
+  const n = intermediate * hidden;
+  if (!Number.isInteger(n) || n <= 0 || gate.length !== n || up.length !== n || down.length !== n) {
+    throw new RangeError(`packExpert: gate, up and down must each hold I x H = ${intermediate} x ${hidden} BF16 values`);
+  }
+}
+
+/** Throws for a failed kvl_pack_expert. */
+export function packExpertStatus(status: number): void {
+  if (status === KVL_ERR_FORMAT) {
+    throw new Error("an expert weight is NaN or infinite: the checkpoint is corrupt; re-download it");
+  }
+  if (status !== 0) throw new Error(`kvl_pack_expert failed: ${KVL_STATUS_NAMES[status] ?? `status ${status}`}`);
 }

@@ -7,7 +7,10 @@
  */
 import { createRequire } from "node:module";
 
-import { type ConformanceReport, type CoreBackend, type KernelSet, parseConformanceReport } from "./core-api.js";
+import {
+  type ConformanceReport, type CoreBackend, type KernelSet, type Pcg64State, checkPackExpertArgs, packExpertStatus,
+  parseConformanceReport,
+} from "./core-api.js";
 import { nativeAddonPath } from "./paths.js";
 
 /** What wasm-core/native/addon.c exports. */
@@ -16,6 +19,10 @@ export interface NativeAddon {
   kernelSets(): KernelSet[];
   defaultKernelSet(): string;
   conformance(set: string): { failed: number; report: string };
+  expertExtentBytes(intermediate: number, hidden: number): number;
+  packExpert(gate: Uint16Array, up: Uint16Array, down: Uint16Array, intermediate: number, hidden: number, out: Uint8Array): number;
+  pcg64Seed(words: BigUint64Array, state: BigUint64Array): void;
+  synthUniform(state: BigUint64Array, count: number, center: number, halfWidth: number, out: Uint16Array | Float32Array): void;
 }
 
 export function loadNativeAddon(path: string = nativeAddonPath()): NativeAddon {
@@ -47,6 +54,27 @@ export class NativeBackend implements CoreBackend {
     const { failed, report } = this.#addon.conformance(set);
     if (failed === -1) throw new Error(`kernel set ${set} is not available on the native backend here`);
     return parseConformanceReport(report, set);
+  }
+
+  expertExtentBytes(intermediate: number, hidden: number): number {
+    return this.#addon.expertExtentBytes(intermediate, hidden);
+  }
+
+  packExpert(gate: Uint16Array, up: Uint16Array, down: Uint16Array, intermediate: number, hidden: number): Uint8Array {
+    checkPackExpertArgs(gate, up, down, intermediate, hidden);
+    const out = new Uint8Array(this.expertExtentBytes(intermediate, hidden));
+    packExpertStatus(this.#addon.packExpert(gate, up, down, intermediate, hidden, out));
+    return out;
+  }
+
+  pcg64Seed(seedWords: BigUint64Array): Pcg64State {
+    const state = new BigUint64Array(4);
+    this.#addon.pcg64Seed(seedWords, state);
+    return state;
+  }
+
+  synthUniform(state: Pcg64State, count: number, center: number, halfWidth: number, out: Uint16Array | Float32Array): void {
+    this.#addon.synthUniform(state, count, center, halfWidth, out);
   }
 
   close(): void {

@@ -9,7 +9,10 @@ import { readFileSync } from "node:fs";
 import { createRequire } from "node:module";
 import { join } from "node:path";
 
-import { type ConformanceReport, type CoreBackend, type KernelSet, parseConformanceReport } from "./core-api.js";
+import {
+  type ConformanceReport, type CoreBackend, type KernelSet, type Pcg64State, checkPackExpertArgs, packExpertStatus,
+  parseConformanceReport,
+} from "./core-api.js";
 import { wasmDistDir } from "./paths.js";
 
 /** The parts of the emscripten module object the host uses. */
@@ -22,6 +25,10 @@ interface EmscriptenCore {
   _kvl_kernel_set_supported(namePtr: number): number;
   _kvl_kernel_set_default(): number;
   _kvl_kernels_conformance(namePtr: number, out: number, outLen: number): number;
+  _kvl_expert_extent_bytes(intermediate: number, hidden: number): number;
+  _kvl_pack_expert(gate: number, up: number, down: number, intermediate: number, hidden: number, out: number, outBytes: number): number;
+  _kvl_pcg64_seed(rng: number, words: number): void;
+  _kvl_synth_uniform(rng: number, count: number, center: number, halfWidth: number, bf16: number, out: number): void;
   UTF8ToString(ptr: number): string;
   stringToUTF8(str: string, ptr: number, maxBytes: number): void;
   lengthBytesUTF8(str: string): number;
@@ -122,6 +129,64 @@ export class WasmBackend implements CoreBackend {
       }
     }
     throw new Error(`kernel set ${set}: conformance report larger than ${REPORT_BYTES.at(-1)} bytes`);
+  }
+
+  /** malloc(bytes) in the instance, use(ptr), free; throws when the instance is out of memory. */
+  #withBuffer<T>(bytes: number, use: (ptr: number) => T): T {
+    const core = this.#live;
+    const ptr = core._malloc(Math.max(bytes, 1));
+    if (ptr === 0) throw new Error(`kvl: out of WebAssembly memory (${bytes} bytes wanted)`);
+    try {
+      return use(ptr >>> 0);
+    } finally {
+      core._free(ptr);
+    }
+  }
+
+  #bytes(ptr: number, length: number): Uint8Array {
+    return new Uint8Array(this.memory!.buffer, ptr, length);
+  }
+
+  #copyIn(ptr: number, data: ArrayBufferView): void {
+    this.#bytes(ptr, data.byteLength).set(new Uint8Array(data.buffer, data.byteOffset, data.byteLength));
+  }
+
+  expertExtentBytes(intermediate: number, hidden: number): number {
+    return this.#live._kvl_expert_extent_bytes(intermediate, hidden) >>> 0;
+  }
+
+  packExpert(gate: Uint16Array, up: Uint16Array, down: Uint16Array, intermediate: number, hidden: number): Uint8Array {
+    checkPackExpertArgs(gate, up, down, intermediate, hidden);
+    const matrix = gate.byteLength;
+    const extent = this.expertExtentBytes(intermediate, hidden);
+    const outOffset = Math.ceil((3 * matrix) / 8) * 8; // the extent's FP32 scales stay aligned
+    return this.#withBuffer(outOffset + extent, (base) => {
+      this.#copyIn(base, gate);
+      this.#copyIn(base + matrix, up);
+      this.#copyIn(base + 2 * matrix, down);
+      const out = base + outOffset;
+      packExpertStatus(this.#live._kvl_pack_expert(base, base + matrix, base + 2 * matrix, intermediate, hidden, out, extent));
+      return this.#bytes(out, extent).slice();
+    });
+  }
+
+  pcg64Seed(seedWords: BigUint64Array): Pcg64State {
+    return this.#withBuffer(64, (ptr) => {
+      this.#copyIn(ptr, seedWords);
+      this.#live._kvl_pcg64_seed(ptr + 32, ptr);
+      return new BigUint64Array(this.#bytes(ptr + 32, 32).slice().buffer);
+    });
+  }
+
+  synthUniform(state: Pcg64State, count: number, center: number, halfWidth: number, out: Uint16Array | Float32Array): void {
+    if (state.length !== 4 || count > out.length) throw new RangeError("synthUniform: state is 4 words, out holds >= count values");
+    const bytes = count * out.BYTES_PER_ELEMENT;
+    this.#withBuffer(32 + bytes, (ptr) => {
+      this.#copyIn(ptr, state);
+      this.#live._kvl_synth_uniform(ptr, count, center, halfWidth, out instanceof Uint16Array ? 1 : 0, ptr + 32);
+      state.set(new BigUint64Array(this.#bytes(ptr, 32).slice().buffer));
+      new Uint8Array(out.buffer, out.byteOffset, bytes).set(this.#bytes(ptr + 32, bytes));
+    });
   }
 
   close(): void {

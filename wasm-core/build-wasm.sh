@@ -51,7 +51,7 @@ if [ "${1:-}" = "--tests" ]; then
     out="${2:?usage: build-wasm.sh --tests OUT_DIR}"
     mkdir -p "$out"
     # Tests that need no files of their own (the store tests write packs: they run natively).
-    for t in test_kernels test_threadpool test_sampler; do
+    for t in test_kernels test_threadpool test_sampler test_packing; do
         emcc "${CFLAGS[@]}" "${SOURCES[@]}" "wasm-core/tests/$t.c" "${LINK[@]}" \
              -sPROXY_TO_PTHREAD -sEXIT_RUNTIME=1 -o "$out/$t.js"
     done

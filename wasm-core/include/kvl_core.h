@@ -169,6 +169,33 @@ KVL_API kvl_status kvl_vision_bytes(const kvl_engine *engine, const int32_t *gri
 KVL_API kvl_status kvl_vision_encode(kvl_engine *engine, const float *pixel_values,
                                      const int32_t *grids, int32_t n_images, float *out);
 
+/* Packing: the arithmetic of `kvl pack` and `kvl synth`, in the core so that what the packer
+ * writes is bit-identical on every backend and is exactly what the engine reads.
+ *
+ * kvl_pack_expert writes one Q8_EXPERT extent (docs/FORMAT.md) from the BF16 bits of gate_proj
+ * [I, H], up_proj [I, H] and down_proj [H, I]: row-wise symmetric Q8, scale = max|row| / 127
+ * (FP32), q = round-half-even(w / scale) clipped to +-127 (0 for an all-zero row), zero padding
+ * between sub-blocks. out_bytes must equal kvl_expert_extent_bytes(I, H). A NaN or infinite
+ * weight is KVL_ERR_FORMAT (the checkpoint is corrupt). */
+KVL_API size_t kvl_expert_extent_bytes(size_t intermediate, size_t hidden);
+KVL_API kvl_status kvl_pack_expert(const uint16_t *gate, const uint16_t *up, const uint16_t *down,
+                                   size_t intermediate, size_t hidden, uint8_t *out,
+                                   size_t out_bytes);
+
+/* Synthetic weights: numpy's PCG64 generator (128-bit LCG, XSL-RR output), seeded from the four
+ * 64-bit words numpy's SeedSequence gives (the host derives them), so a synthesized checkpoint
+ * is the same bytes whoever made it. kvl_synth_uniform draws ceil(count / 2) 64-bit outputs
+ * (low 32 bits first) and maps each 32-bit value u to
+ *   v = (float(1 + (u >> 9) * 2^-23) - 1.5) * (2 * half_width) (+ center when center != 0)
+ * in FP32; bf16 != 0 stores round-to-nearest-even BF16 bits (uint16), else FP32. For a stream cut
+ * into several calls, every call but the last must have an even count. */
+typedef struct kvl_pcg64 {
+    uint64_t state_hi, state_lo, inc_hi, inc_lo;
+} kvl_pcg64;
+KVL_API void kvl_pcg64_seed(kvl_pcg64 *rng, const uint64_t seed_words[4]);
+KVL_API void kvl_synth_uniform(kvl_pcg64 *rng, size_t count, float center, float half_width,
+                               int bf16, void *out);
+
 /* Kernel sets: what `kvl doctor` reports and the conformance tests run, on every backend.
  * A kernel set is one dispatch table ("scalar", "simd128", "avx2", "avx512", "avx512-bf16").
  * kvl_kernel_set_count/name list the sets compiled into this build (index order);

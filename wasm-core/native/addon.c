@@ -10,6 +10,12 @@
  *   defaultKernelSet()   the set KVL_KERNELS_AUTO picks on this machine
  *   conformance(name)    { failed, report }: kvl_kernels_conformance's count and JSON report;
  *                        failed -1 and report "" when the set is unknown or unsupported here
+ *   expertExtentBytes(I, H)                         kvl_expert_extent_bytes
+ *   packExpert(gate, up, down, I, H, out)           kvl_pack_expert into out (Uint8Array); the
+ *                                                   kvl_status as a number (0 = ok)
+ *   pcg64Seed(words, state)                         kvl_pcg64_seed: BigUint64Array(4) each
+ *   synthUniform(state, count, center, half, out)   kvl_synth_uniform into out (Uint16Array:
+ *                                                   BF16 bits, Float32Array: FP32); advances state
  *
  * To add a function: write a napi_callback below and add one row to kvl_functions[].
  * Every napi call goes through NAPI_CALL, which throws a JS Error naming the call and returns
@@ -115,6 +121,54 @@ static char *get_string_arg(napi_env env, napi_callback_info info, size_t index,
         return NULL;
     }
     return s;
+}
+
+/* Reads argument `index` as a typed array of the given type into (*data, *length), or throws a
+ * TypeError naming the function and returns 0. */
+static int get_typed_arg(napi_env env, napi_value value, napi_typedarray_type want, void **data,
+                         size_t *length, const char *fn, unsigned index)
+{
+    bool is_typed = false;
+    napi_typedarray_type type;
+    napi_value buffer;
+    size_t offset;
+    if (napi_is_typedarray(env, value, &is_typed) != napi_ok || !is_typed ||
+        napi_get_typedarray_info(env, value, &type, length, data, &buffer, &offset) != napi_ok ||
+        type != want) {
+        char msg[160];
+        snprintf(msg, sizeof msg, "kvl addon: %s: argument %u has the wrong typed-array type", fn, index + 1);
+        napi_throw_type_error(env, "ERR_INVALID_ARG_TYPE", msg);
+        return 0;
+    }
+    return 1;
+}
+
+/* Reads a non-negative integer argument (a JS number) or throws; 0 on failure. */
+static int get_size_arg(napi_env env, napi_value value, size_t *out, const char *fn, unsigned index)
+{
+    double d = -1;
+    if (napi_get_value_double(env, value, &d) != napi_ok || !(d >= 0) || d > 9007199254740991.0 ||
+        d != (double)(uint64_t)d) {
+        char msg[160];
+        snprintf(msg, sizeof msg, "kvl addon: %s: argument %u must be a non-negative integer", fn, index + 1);
+        napi_throw_type_error(env, "ERR_INVALID_ARG_TYPE", msg);
+        return 0;
+    }
+    *out = (size_t)d;
+    return 1;
+}
+
+/* napi_get_cb_info with an exact argument count; throws and returns 0 otherwise. */
+static int get_args(napi_env env, napi_callback_info info, napi_value *argv, size_t n, const char *fn)
+{
+    size_t argc = n;
+    if (napi_get_cb_info(env, info, &argc, argv, NULL, NULL) != napi_ok || argc < n) {
+        char msg[160];
+        snprintf(msg, sizeof msg, "kvl addon: %s takes %u arguments", fn, (unsigned)n);
+        napi_throw_type_error(env, "ERR_MISSING_ARGS", msg);
+        return 0;
+    }
+    return 1;
 }
 
 /* ---------------------------------------------------------------- exported functions */
@@ -225,6 +279,90 @@ static napi_value js_conformance(napi_env env, napi_callback_info info)
     return result;
 }
 
+static napi_value js_expert_extent_bytes(napi_env env, napi_callback_info info)
+{
+    napi_value argv[2], v;
+    size_t inter, hidden;
+    if (!get_args(env, info, argv, 2, "expertExtentBytes") ||
+        !get_size_arg(env, argv[0], &inter, "expertExtentBytes", 0) ||
+        !get_size_arg(env, argv[1], &hidden, "expertExtentBytes", 1))
+        return NULL;
+    NAPI_CALL(env, napi_create_double(env, (double)kvl_expert_extent_bytes(inter, hidden), &v));
+    return v;
+}
+
+static napi_value js_pack_expert(napi_env env, napi_callback_info info)
+{
+    const char *fn = "packExpert";
+    napi_value argv[6], v;
+    void *gate, *up, *down, *out;
+    size_t n_gate, n_up, n_down, n_out, inter, hidden;
+    if (!get_args(env, info, argv, 6, fn) ||
+        !get_typed_arg(env, argv[0], napi_uint16_array, &gate, &n_gate, fn, 0) ||
+        !get_typed_arg(env, argv[1], napi_uint16_array, &up, &n_up, fn, 1) ||
+        !get_typed_arg(env, argv[2], napi_uint16_array, &down, &n_down, fn, 2) ||
+        !get_size_arg(env, argv[3], &inter, fn, 3) || !get_size_arg(env, argv[4], &hidden, fn, 4) ||
+        !get_typed_arg(env, argv[5], napi_uint8_array, &out, &n_out, fn, 5))
+        return NULL;
+    if (n_gate != inter * hidden || n_up != inter * hidden || n_down != inter * hidden)
+        return throw_error(env, "ERR_INVALID_ARG_VALUE", "kvl addon: packExpert: matrix sizes differ from I x H");
+    kvl_status st = kvl_pack_expert(gate, up, down, inter, hidden, out, n_out);
+    NAPI_CALL(env, napi_create_int32(env, (int32_t)st, &v));
+    return v;
+}
+
+static napi_value js_pcg64_seed(napi_env env, napi_callback_info info)
+{
+    napi_value argv[2];
+    void *words, *state;
+    size_t n_words, n_state;
+    if (!get_args(env, info, argv, 2, "pcg64Seed") ||
+        !get_typed_arg(env, argv[0], napi_biguint64_array, &words, &n_words, "pcg64Seed", 0) ||
+        !get_typed_arg(env, argv[1], napi_biguint64_array, &state, &n_state, "pcg64Seed", 1))
+        return NULL;
+    if (n_words != 4 || n_state != 4)
+        return throw_error(env, "ERR_INVALID_ARG_VALUE", "kvl addon: pcg64Seed: both arrays hold 4 words");
+    kvl_pcg64 rng;
+    kvl_pcg64_seed(&rng, (const uint64_t *)words);
+    const uint64_t s[4] = {rng.state_hi, rng.state_lo, rng.inc_hi, rng.inc_lo};
+    memcpy(state, s, sizeof s);
+    return NULL;
+}
+
+static napi_value js_synth_uniform(napi_env env, napi_callback_info info)
+{
+    const char *fn = "synthUniform";
+    napi_value argv[5];
+    void *state, *out;
+    size_t n_state, count, n_out;
+    double center, half;
+    if (!get_args(env, info, argv, 5, fn) ||
+        !get_typed_arg(env, argv[0], napi_biguint64_array, &state, &n_state, fn, 0) ||
+        !get_size_arg(env, argv[1], &count, fn, 1))
+        return NULL;
+    NAPI_CALL(env, napi_get_value_double(env, argv[2], &center));
+    NAPI_CALL(env, napi_get_value_double(env, argv[3], &half));
+    napi_typedarray_type type;
+    napi_value buffer;
+    size_t offset;
+    bool is_typed = false;
+    NAPI_CALL(env, napi_is_typedarray(env, argv[4], &is_typed));
+    if (!is_typed)
+        return throw_error(env, "ERR_INVALID_ARG_TYPE", "kvl addon: synthUniform: out must be a Uint16Array or Float32Array");
+    NAPI_CALL(env, napi_get_typedarray_info(env, argv[4], &type, &n_out, &out, &buffer, &offset));
+    if ((type != napi_uint16_array && type != napi_float32_array) || n_state != 4 || count > n_out)
+        return throw_error(env, "ERR_INVALID_ARG_VALUE",
+                           "kvl addon: synthUniform: state is 4 words, out a Uint16Array or Float32Array of >= count");
+    uint64_t *s = state;
+    kvl_pcg64 rng = {s[0], s[1], s[2], s[3]};
+    kvl_synth_uniform(&rng, count, (float)center, (float)half, type == napi_uint16_array, out);
+    s[0] = rng.state_hi;
+    s[1] = rng.state_lo;
+    s[2] = rng.inc_hi;
+    s[3] = rng.inc_lo;
+    return NULL;
+}
+
 /* ---------------------------------------------------------------- module table */
 
 typedef struct kvl_function {
@@ -237,6 +375,10 @@ static const kvl_function kvl_functions[] = {
     {"kernelSets", js_kernel_sets},
     {"defaultKernelSet", js_default_kernel_set},
     {"conformance", js_conformance},
+    {"expertExtentBytes", js_expert_extent_bytes},
+    {"packExpert", js_pack_expert},
+    {"pcg64Seed", js_pcg64_seed},
+    {"synthUniform", js_synth_uniform},
 };
 
 NAPI_MODULE_INIT()
