@@ -6,7 +6,7 @@
 # Env:   KVL_BENCH_BUILD (CMake build dir, default /tmp/kvl-build-bench), THREADS (default 2),
 #        DECODE_TOKENS (16), ACT_DTYPES (Linear-input modes to run, default "f32 bf16"),
 #        SKIP_VISION=1, SKIP_TEXT=1.
-# The full-size pack comes from: python -m kvl pack --synth-preset full --seed 0 /tmp/kvl-full-pack
+# The full-size pack comes from: node dist/cli/kvl.js pack --synth-preset full --seed 0 /tmp/kvl-full-pack
 set -euo pipefail
 
 REPO=$(cd "$(dirname "$0")/.." && pwd)

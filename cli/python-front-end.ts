@@ -13,9 +13,6 @@ import { packageRoot } from "../host/paths.js";
 
 /** The subcommands the Python front end still owns, with the text its help gives them. */
 export const PYTHON_COMMANDS: Readonly<Record<string, string>> = {
-  synth: "write a random-weight checkpoint in the official layout",
-  pack: "pack a checkpoint into a kvl runtime directory",
-  prepare: "download the pinned checkpoint and pack it",
   chat: "chat with a packed model (one-shot or interactive)",
   serve: "serve OpenAI- and Anthropic-compatible HTTP APIs",
   bench: "measure speed against this machine's bandwidth limits",

@@ -14,9 +14,6 @@ import sys
 from kvl.errors import UserError
 
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "synth": ("kvl.synth", "write a random-weight checkpoint in the official layout"),
-    "pack": ("kvl.pack", "pack a checkpoint into a kvl runtime directory"),
-    "prepare": ("kvl.prepare", "download the pinned checkpoint and pack it"),
     "chat": ("kvl.chat", "chat with a packed model (one-shot or interactive)"),
     "serve": ("kvl.server.app", "serve OpenAI- and Anthropic-compatible HTTP APIs"),
     "doctor": ("kvl.doctor", "check a packed model, the native library and this machine"),

@@ -4,7 +4,8 @@ Owns: reading the Kimi-VL config (text_config = DeepSeek-V3 decoder, vision_conf
 deriving every tensor name/dtype/shape of the official checkpoint layout from those dims, checking a
 TensorSource against that inventory, listing config features the runtime cannot run exactly, and
 the pack's hparam table (docs/FORMAT.md "hparam keys").
-Does not own: reading files (safetensors_io.py), packing (pack.py), the math (wasm-core/).
+Does not own: reading files or packing (the TypeScript packer, packer/; its host/model-spec.ts is
+the same table, and this module goes with the Python doctor that still uses it), the math (wasm-core/).
 
 Nothing here is model-size specific: every dimension comes from the config dict. The only fixed
 facts are the ones the official code hard-codes rather than stores in config.json.
@@ -16,7 +17,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvl.errors import UserError
-from kvl.tensor_source import TensorSource
 
 # Fixed by the official modelling code, not present in config.json.
 KV_A_LAYERNORM_EPS = 1e-6  # DeepseekV3RMSNorm constructed without rms_norm_eps -> class default
@@ -294,37 +294,6 @@ def count_params(inventory: dict[str, tuple[str, tuple[int, ...]]]) -> int:
 
 def _fmt_shape(shape: tuple[int, ...] | list[int]) -> str:
     return "[" + ", ".join(str(d) for d in shape) + "]"
-
-
-def check_source(source: TensorSource) -> list[str]:
-    """Every difference between a TensorSource and the inventory its config implies."""
-    problems: list[str] = []
-    try:
-        expected = expected_tensors(source.config())
-    except UserError as exc:
-        return [str(exc)]
-    present = source.tensor_names()
-    present_set = set(present)
-    missing = [n for n in expected if n not in present_set]
-    unexpected = [n for n in present if n not in expected]
-    if missing:
-        problems.append(f"{len(missing)} tensor(s) missing from the checkpoint, e.g. "
-                        + ", ".join(missing[:5]))
-        problems.extend(f"missing tensor {n}" for n in missing)
-    problems.extend(f"unexpected tensor {n} (not part of this config's layout)" for n in unexpected)
-    for name in present:
-        if name not in expected:
-            continue
-        want_dtype, want_shape = expected[name]
-        dtype, shape = source.tensor_info(name)
-        shape = tuple(shape)
-        if shape != want_shape:
-            problems.append(f"{name}: wrong shape: expected {_fmt_shape(want_shape)} "
-                            f"found {_fmt_shape(shape)}")
-        allowed = ROUTER_BIAS_DTYPES if name.endswith(ROUTER_BIAS_SUFFIX) else (want_dtype,)
-        if dtype not in allowed:
-            problems.append(f"{name}: wrong dtype: expected {' or '.join(allowed)} found {dtype}")
-    return problems
 
 
 def check_supported(config: dict) -> list[str]:

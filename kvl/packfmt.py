@@ -1,9 +1,10 @@
-"""The kvl runtime-directory ("pack") format of docs/FORMAT.md: writer and validating reader.
+"""The kvl runtime-directory ("pack") format of docs/FORMAT.md, as the Python front end still reads it.
 
-Owns: the on-disk constants, index (.idx) encoding/decoding, the expert-extent layout math, row-wise
-Q8 quantisation, BF16 bit helpers, the Python `PackReader` (used by tests and `kvl doctor`) and
-`verify`. Does not own: deciding what goes into a pack or in which order (kvl/pack.py), nor the C
-reader (wasm-core/src/store.c), which must agree with this file byte for byte.
+Owns: the on-disk constants, index (.idx) encoding/decoding, the expert-extent layout math, the
+Python `PackReader` (used by the Python tests, `kvl doctor MODEL` and the planner) and `verify`.
+It goes with the Python front end (issue: text engine on the TypeScript host). Does not own: writing
+packs (the TypeScript packer: packer/pack.ts, host/pack-format.ts), nor the C reader
+(wasm-core/src/store.c); all three agree byte for byte.
 """
 from __future__ import annotations
 
@@ -106,50 +107,8 @@ def bf16_bits_to_f32(bits: np.ndarray) -> np.ndarray:
     return (np.asarray(bits, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
 
 
-def f32_to_bf16_bits(values: np.ndarray) -> np.ndarray:
-    """float32 -> raw BF16 bits (uint16), round to nearest even; NaNs stay (quiet) NaNs."""
-    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
-    rounded = ((bits + (0x7FFF + ((bits >> 16) & 1))) >> 16).astype(np.uint16)
-    nan = np.isnan(values)
-    if nan.any():
-        rounded[nan] = ((bits[nan] >> 16) | 0x0040).astype(np.uint16)
-    return rounded
-
-
-def quantize_rows_q8(weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Row-wise symmetric Q8 of a 2-D float32 matrix: (q int8 [R, C], scale float32 [R]).
-
-    scale = max|row| / 127 (0 for an all-zero row, whose q is 0); q = clip(rint(w / scale), ±127)
-    with round-half-to-even, computed in float32 so every reader reproduces it exactly.
-    """
-    w = np.asarray(weights, dtype=np.float32)
-    if w.ndim != 2:
-        raise ValueError(f"quantize_rows_q8 expects a 2-D matrix, got shape {w.shape}")
-    scale = (np.abs(w).max(axis=1) / np.float32(127.0)).astype(np.float32)
-    divisor = np.where(scale > 0, scale, np.float32(1.0)).astype(np.float32)
-    q = np.rint(w / divisor[:, None])
-    np.clip(q, -127, 127, out=q)
-    q[scale == 0, :] = 0
-    return q.astype(np.int8), scale
-
-
 def dequantize_rows_q8(q: np.ndarray, scale: np.ndarray) -> np.ndarray:
     return q.astype(np.float32) * scale.astype(np.float32)[:, None]
-
-
-def build_expert_extent(gate_bf16: np.ndarray, up_bf16: np.ndarray, down_bf16: np.ndarray) -> np.ndarray:
-    """One expert's extent as a uint8 array (exactly `nbytes`, zero padding between sub-blocks) from the raw
-    BF16 bits of gate_proj [I, H], up_proj [I, H] and down_proj [H, I]."""
-    inter, hidden = gate_bf16.shape
-    layout = expert_layout(inter, hidden)
-    out = np.zeros(layout.nbytes, dtype=np.uint8)
-    for bits, q_off, s_off in ((gate_bf16, layout.gate_q, layout.gate_s),
-                               (up_bf16, layout.up_q, layout.up_s),
-                               (down_bf16, layout.down_q, layout.down_s)):
-        q, scale = quantize_rows_q8(bf16_bits_to_f32(bits))
-        out[q_off:q_off + q.size] = q.reshape(-1).view(np.uint8)
-        out[s_off:s_off + 4 * scale.size] = scale.astype("<f4").view(np.uint8)
-    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -330,44 +289,12 @@ def decode_index(data: bytes, where: str, expected_kind: int | None = None) -> S
 # Durable file writes
 
 
-def fsync_dir(path: Path) -> None:
-    if os.name == "nt":  # directories cannot be opened for fsync on Windows
-        return
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write via a temp file + fsync + rename, so a crash leaves either the old or the new file."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
-
-
-# ---------------------------------------------------------------------------------------------
-# Reader
-
-
 def pread(fd: int, nbytes: int, offset: int) -> bytes:
     """os.pread where it exists (POSIX); seek + read elsewhere (Windows; callers are single-threaded)."""
     if hasattr(os, "pread"):
         return os.pread(fd, nbytes, offset)
     os.lseek(fd, offset, os.SEEK_SET)
     return os.read(fd, nbytes)
-
-
-def pwrite(fd: int, data: memoryview, offset: int) -> int:
-    if hasattr(os, "pwrite"):
-        return os.pwrite(fd, data, offset)
-    os.lseek(fd, offset, os.SEEK_SET)
-    return os.write(fd, data)
 
 
 def _read_exact(fd: int, offset: int, nbytes: int, where: str) -> bytes:

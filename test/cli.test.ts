@@ -1,5 +1,7 @@
 /** The `kvl` command as a user runs it (the compiled dist/cli/kvl.js, in a child process). */
 import { spawnSync } from "node:child_process";
+import { existsSync, mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
 import { join } from "node:path";
 
 import { describe, expect, it } from "vitest";
@@ -72,6 +74,39 @@ describe("kvl doctor without a model", () => {
     expect(r.status).toBe(1);
     expect(r.stdout).toContain("/nonexistent/kvl_core.node");
     expect(r.stdout.trim().split("\n").at(-1)).toBe("FAIL");
+  });
+});
+
+describe("kvl synth and kvl pack", () => {
+  it("synthesize a tiny checkpoint and pack it, on the WebAssembly core", () => {
+    const dir = mkdtempSync(join(tmpdir(), "kvl-cli-"));
+    try {
+      const synth = kvl(["synth", join(dir, "ckpt"), "--preset", "tiny", "--seed", "3"], { KVL_BACKEND: "wasm" });
+      expect(synth.stderr).toBe("");
+      expect(synth.status).toBe(0);
+      expect(synth.stdout).toMatch(/^wrote tiny checkpoint \(seed 3, [\d.]+ MiB of tensors\) to .*--allow-revision\n$/);
+      const pack = kvl(["pack", join(dir, "ckpt"), join(dir, "pack"), "--allow-revision", "--quiet"], { KVL_BACKEND: "wasm" });
+      expect(pack.status, pack.stderr).toBe(0);
+      for (const file of ["PACK_COMPLETE.json", "trunk.bin", "experts.bin", "vision.bin", "tiktoken.model"]) expect(existsSync(join(dir, "pack", file)), file).toBe(true);
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+
+  it("explain a mistake in one line with exit status 1, and write nothing", () => {
+    const dir = mkdtempSync(join(tmpdir(), "kvl-cli-"));
+    try {
+      const r = kvl(["synth", join(dir, "ckpt"), "--n-group", "4"]);
+      expect(r.status).toBe(1);
+      expect(r.stderr).toBe("kvl synth: error: --n-group and --topk-group go together; pass both\n");
+      expect(existsSync(join(dir, "ckpt"))).toBe(false);
+      const p = kvl(["pack", join(dir, "missing"), join(dir, "pack")]);
+      expect(p.status).toBe(1);
+      expect(p.stderr).toMatch(/^kvl pack: error: .*missing/);
+      expect(p.stderr.trim().split("\n")).toHaveLength(1);
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
   });
 });
 

@@ -1,0 +1,58 @@
+/**
+ * prepare.ts — `kvl prepare DST`: parses the options and reports; downloading and packing are
+ * packer/prepare.ts's.
+ *
+ * Owns: the command's options (those of the Python command, plus --backend), the size syntax of
+ * --ram-budget, and printing a UserError as one `kvl prepare: error: ...` line (exit status 1).
+ */
+import { type Command, InvalidArgumentError, Option } from "commander";
+
+import { chooseBackend, openBackend } from "../host/backend.js";
+import { PINNED_REVISION } from "../packer/hub.js";
+import { prepare } from "../packer/prepare.js";
+import { silentProgress, stderrProgress } from "../packer/progress.js";
+import { backendOption } from "./options.js";
+
+/** A size in MiB: a plain number is MiB; k/m/g/t with an optional i and b (6000, 6000MiB, 8GiB). */
+export function parseSizeMib(text: string): number {
+  const m = /^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b?)?\s*$/.exec(text.toLowerCase());
+  if (!m) throw new InvalidArgumentError(`'${text}' is not a size (examples: 6000, 6000MiB, 8GiB)`);
+  const unit = (m[2] ?? "m")[0] as "k" | "m" | "g" | "t";
+  const factor = { k: 1 / 1024, m: 1, g: 1024, t: 1024 * 1024 }[unit];
+  return Math.floor(Number(m[1]) * factor);
+}
+
+interface PrepareFlags {
+  revision: string;
+  keepDownload?: boolean;
+  ramBudget?: number;
+  quiet?: boolean;
+  backend?: string;
+}
+
+export function addPrepareCommand(program: Command): void {
+  program
+    .command("prepare")
+    .description("download the pinned Kimi-VL-A3B-Instruct checkpoint from the Hugging Face hub (HF_ENDPOINT) and pack it, with about one shard of scratch space")
+    .argument("<dst>", "runtime directory to create")
+    .addOption(new Option("--revision <rev>", `hub revision (default: the pinned ${PINNED_REVISION}); another one is packed with a warning`).default(PINNED_REVISION))
+    .option("--keep-download", "keep the downloaded files in DST/.download (needs ~33 GB more disk)")
+    .option("--ram-budget <size>", "RAM budget for the final check (MiB, or with a unit: 8GiB)", parseSizeMib)
+    .option("--quiet", "no progress bar")
+    .addOption(backendOption())
+    .action(async (dst: string, opts: PrepareFlags) => {
+      const record = chooseBackend({ option: opts.backend });
+      const core = await openBackend(record.chosen, record);
+      try {
+        await prepare(dst, {
+          core,
+          revision: opts.revision,
+          keepDownload: opts.keepDownload === true,
+          ramBudgetMib: opts.ramBudget ?? null,
+          progress: opts.quiet ? silentProgress : stderrProgress(),
+        });
+      } finally {
+        core.close();
+      }
+    });
+}

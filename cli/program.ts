@@ -1,0 +1,99 @@
+/**
+ * program.ts — the `kvl` command tree (commander): parses arguments and renders results; no model
+ * logic. cli/kvl.ts runs it.
+ *
+ * Owns: the command tree, its help, and exit statuses, and how errors reach the user: an error
+ * the user can fix (UserError, BackendError) is one line `kvl CMD: error: ...` and exit status 1;
+ * anything else is a bug and keeps its stack. `synth`, `pack`, `prepare` and `doctor` without a
+ * model are TypeScript; the commands listed in python-front-end.ts still run on the Python front
+ * end and are replaced one by one.
+ */
+import { Command } from "commander";
+
+import { BackendError } from "../host/backend.js";
+import { UserError } from "../host/user-error.js";
+import { renderDoctor, runDoctor } from "./doctor.js";
+import { backendOption } from "./options.js";
+import { addPackCommand } from "./pack.js";
+import { addPrepareCommand } from "./prepare.js";
+import { PYTHON_COMMANDS, pythonCommandHelp, runPythonCommand } from "./python-front-end.js";
+import { addSynthCommand } from "./synth.js";
+
+export function buildProgram(): Command {
+  const program = new Command("kvl")
+    .description("CPU-first, low-RAM inference runtime for Kimi-VL-A3B-Instruct")
+    .showHelpAfterError()
+    .exitOverride();
+
+  program
+    .command("doctor")
+    .description("check this machine: backends, kernel sets and their self-test (with MODEL: the packed model too)")
+    .argument("[model]", "packed model directory (checked by the model doctor)")
+    .addOption(backendOption())
+    .option("--json", "print the report as JSON")
+    .allowUnknownOption(true)
+    .action(async (model: string | undefined, opts: { backend?: string; json?: boolean }, cmd: Command) => {
+      if (model !== undefined) {
+        // The model checks (pack consistency, planner, a one-token run) are the Python doctor's.
+        process.exitCode = runPythonCommand("doctor", cmd.args);
+        return;
+      }
+      const report = await runDoctor(opts.backend);
+      process.stdout.write(opts.json ? `${JSON.stringify(report, null, 2)}\n` : `${renderDoctor(report)}\n`);
+      process.exitCode = report.pass ? 0 : 1;
+    });
+
+  addSynthCommand(program);
+  addPackCommand(program);
+  addPrepareCommand(program);
+
+  for (const [name, description] of Object.entries(PYTHON_COMMANDS)) {
+    const sub = program
+      .command(name)
+      .description(description)
+      .argument("[args...]", "arguments and options of the command (below)")
+      .allowUnknownOption(true)
+      .helpOption(false)
+      .option("-h, --help", "show this help")
+      .addHelpText("after", () => pythonCommandHelp(name));
+    sub.addOption(backendOption());
+    sub.action((_args: string[], opts: { backend?: string; help?: boolean }, cmd: Command) => {
+      if (opts.help) {
+        cmd.help();
+      }
+      const requested = opts.backend ?? process.env.KVL_BACKEND;
+      if (requested === "wasm") {
+        process.stderr.write(`kvl ${name}: the WebAssembly backend does not run this command yet; ` +
+          "it runs on the native core (use --backend native or auto)\n");
+        process.exitCode = 2;
+        return;
+      }
+      process.exitCode = runPythonCommand(name, cmd.args);
+    });
+  }
+  return program;
+}
+
+/** Runs `kvl` with these arguments (process.argv layout); sets process.exitCode. */
+export async function runKvl(argv: string[]): Promise<void> {
+  const program = buildProgram();
+  try {
+    await program.parseAsync(argv);
+  } catch (err) {
+    const code = (err as { exitCode?: number }).exitCode;
+    if (typeof code === "number") {
+      process.exitCode = code;
+      return;
+    }
+    const command = argv.slice(2).find((a) => !a.startsWith("-"));
+    const who = command && program.commands.some((c) => c.name() === command) ? `kvl ${command}` : "kvl";
+    if (err instanceof UserError || err instanceof BackendError) {
+      process.stderr.write(`${who}: error: ${err.message}\n`);
+    } else {
+      process.stderr.write(`${who}: internal error (a bug; please report it with this output):\n` +
+        `${err instanceof Error ? (err.stack ?? err.message) : String(err)}\n`);
+    }
+    process.exitCode = 1;
+  }
+}
+

@@ -1,0 +1,660 @@
+/**
+ * pack.ts — `kvl pack`: checkpoint -> kvl runtime directory (docs/FORMAT.md), bounded-memory
+ * and resumable (port of kvl/pack.py; byte-identical output).
+ *
+ * Owns: validating a source before anything is written, the deterministic layout of all three
+ * stores, the crash-safe work loop (preallocated .bin files, fixed item order,
+ * fsync-then-journal), shard release after durable consumption, and the final atomic
+ * index/asset/completion writes.
+ * Does not own: the byte format (host/pack-format.ts), the expected inventory and hparams
+ * (host/model-spec.ts), Q8 quantisation (the core's packExpert, on either backend), reading
+ * checkpoints (tensor-source.ts, safetensors.ts), downloads (prepare.ts).
+ *
+ * Crash safety: the full layout (every record's offset) is computed from the source inventory
+ * before any byte is written and stored in DST/.pack-journal/layout.json. Output .bin files are
+ * created at their final size. Items (one tensor or one expert extent) are written at fixed
+ * offsets; a batch of items is appended to DST/.pack-journal/done.log only after the .bin files
+ * are fsynced. A rerun with the same source skips journaled items and rewrites the rest, so any
+ * SIGKILL followed by a rerun yields byte-identical output. Indexes, assets and
+ * PACK_COMPLETE.json are written last via temp file + fsync + rename; PACK_COMPLETE.json is the
+ * very last. Memory: one item at a time (the largest is one tensor, e.g. the 640 MiB embedding)
+ * plus the journal batch's bookkeeping (keys and CRCs, not data).
+ */
+import { createHash } from "node:crypto";
+import { closeSync, constants, fsyncSync, openSync, readFileSync, readdirSync, statSync, truncateSync, writeSync } from "node:fs";
+import { type FileHandle, mkdir, open, rm, unlink } from "node:fs/promises";
+import { join } from "node:path";
+
+import type { PackingCore } from "../host/core-api.js";
+import { type TensorInfo, checkSource, checkSupported, formatShape, hparams as configHparams } from "../host/model-spec.js";
+import {
+  ASSET_FILES, BIN_ALIGN, COMPLETE_FILE, DTYPE_BF16, DTYPE_F32, DTYPE_Q8_EXPERT, FORMAT_VERSION, JOURNAL_DIR,
+  SOURCE_REVISION_FILE, STORES, STORE_KINDS, type StoreName, type TensorRecord, alignUp, bf16BitsToF32, crc32,
+  encodeIndex, expertRecordName, recordNbytes,
+} from "../host/pack-format.js";
+import { decodeUtf8Strict, dumpsPy } from "../host/py-json.js";
+import { UserError } from "../host/user-error.js";
+import { fsyncDir, writeAllAt, writeAtomic } from "./durable-io.js";
+import { PINNED_REPO, PINNED_REVISION } from "./hub.js";
+import { type Progress, silentProgress } from "./progress.js";
+import { DTYPE_SIZES, INDEX_NAME } from "./safetensors.js";
+import { CheckpointSource, type InventoryEntry, InventorySource, type ShardHooks, type TensorSource, readAssets } from "./tensor-source.js";
+
+export const EXPERT_RE = /^language_model\.model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$/;
+export const ROUTER_BIAS_SUFFIX = ".mlp.gate.e_score_correction_bias";
+export const JOURNAL_LAYOUT = "layout.json";
+export const JOURNAL_DONE = "done.log";
+/** Digests of the source's shard files when the pack began (see TensorSource.shardDigest). */
+export const JOURNAL_SHARDS = "shards.json";
+/** Journal a batch once this many output bytes (or KVL_PACK_FLUSH_ITEMS items, default 256) are
+ * pending: bounds the fsync count and the work lost to a crash. */
+export const FLUSH_BYTES = 256 << 20;
+/** The largest item read ahead while the previous one is processed, or written behind while the
+ * next one is (so memory stays at about one large tensor plus one small item). */
+const PREFETCH_BYTES = 256 << 20;
+/** Names in DST that are not ours but may legitimately exist before packing (kvl prepare's scratch). */
+const FOREIGN_OK = new Set([".download"]);
+
+export interface PackOptions {
+  /** The core that quantises the experts (either backend; the bytes are the same). */
+  core: PackingCore;
+  /** Pack a source whose revision is not the pinned one (or is unknown). */
+  allowRevision?: boolean;
+  /** Delete each source shard once everything taken from it is durably packed (directory sources only). */
+  deleteConsumedShards?: boolean;
+  /** Byte progress of the item loop. Default: none. */
+  progress?: Progress;
+  /** Shard hooks; default: the source's own (source.shardHooks), or shard deletion with deleteConsumedShards. */
+  shardHooks?: ShardHooks;
+  /** Status lines ("resuming the pack in DST: N items already written", "packed into DST"). Default: none. */
+  log?: (line: string) => void;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Layout
+
+/** One unit of work: a trunk/vision tensor or a (layer, expert) extent. */
+export interface Item {
+  /** record name in the index */
+  readonly key: string;
+  readonly store: StoreName;
+  /** pack-format dtype of the record */
+  readonly dtype: number;
+  readonly shape: readonly number[];
+  readonly offset: number;
+  readonly nbytes: number;
+  /** source tensor names */
+  readonly inputs: readonly string[];
+}
+
+export interface Layout {
+  /** in work order */
+  readonly items: readonly Item[];
+  readonly binSizes: ReadonlyMap<StoreName, number>;
+  /** per store, in offset order */
+  readonly records: ReadonlyMap<StoreName, readonly Item[]>;
+  readonly hparams: ReadonlyMap<string, number>;
+  readonly configText: string;
+  readonly revision: string | null;
+  /** source tensor -> shard */
+  readonly shards: ReadonlyMap<string, string | null>;
+}
+
+export function storeOf(name: string): StoreName | null {
+  if (EXPERT_RE.test(name)) return "experts";
+  if (name.startsWith("vision_tower.") || name.startsWith("multi_modal_projector.")) return "vision";
+  if (name.startsWith("language_model.")) return "trunk";
+  return null;
+}
+
+/** Every reason not to pack this source (empty = fine). */
+export async function validateSource(source: TensorSource, allowRevision: boolean): Promise<string[]> {
+  const problems: string[] = [];
+  const revision = source.revision();
+  if (revision !== PINNED_REVISION && !allowRevision) {
+    const found = revision ? revision : "unknown (no revision recorded)";
+    problems.push(`source revision is ${found}, but kvl is pinned to ${PINNED_REPO} at ${PINNED_REVISION}; ` +
+      "pass --allow-revision to pack it anyway");
+  }
+  let config: unknown;
+  try {
+    config = source.config();
+  } catch (err) {
+    if (err instanceof UserError) return [...problems, err.message];
+    throw err;
+  }
+  problems.push(...checkSupported(config));
+  problems.push(...checkSource(source));
+  for (const name of source.tensorNames()) {
+    if (storeOf(name) === null) problems.push(`${name}: not a text, vision or projector tensor; kvl cannot place it`);
+  }
+  if (!(await source.assetFiles()).has("config.json")) problems.push("config.json is missing from the source");
+  return problems;
+}
+
+interface Entry {
+  key: string;
+  dtype: number;
+  shape: readonly number[];
+  inputs: readonly string[];
+}
+
+export async function computeLayout(source: TensorSource): Promise<Layout> {
+  const config = source.config();
+  const assets = await source.assetFiles();
+  const configText = decodeUtf8Strict(assets.get("config.json")!);
+  const names = source.tensorNames();
+  const infos = new Map(names.map((n) => [n, source.tensorInfo(n)]));
+  const shards = new Map(names.map((n) => [n, source.shardOf(n)]));
+  const perStore = new Map<StoreName, Entry[]>([["trunk", []], ["experts", []], ["vision", []]]);
+  const experts = new Map<string, { layer: number; expert: number; parts: Map<string, string> }>();
+  for (const name of names) {
+    const m = EXPERT_RE.exec(name);
+    if (m) {
+      const [layer, expert] = [Number(m[1]), Number(m[2])];
+      const id = `${layer}.${expert}`;
+      if (!experts.has(id)) experts.set(id, { layer, expert, parts: new Map() });
+      experts.get(id)!.parts.set(m[3]!, name);
+      continue;
+    }
+    const dtype = name.endsWith(ROUTER_BIAS_SUFFIX) ? DTYPE_F32 : DTYPE_BF16;
+    perStore.get(storeOf(name)!)!.push({ key: name, dtype, shape: infos.get(name)!.shape, inputs: [name] });
+  }
+  const ordered = [...experts.values()].sort((a, b) => a.layer - b.layer || a.expert - b.expert);
+  for (const { layer, expert, parts } of ordered) {
+    const [gate, up, down] = ["gate_proj", "up_proj", "down_proj"].map((p) => parts.get(p)!) as [string, string, string];
+    const [inter, hidden] = infos.get(gate)!.shape as [number, number];
+    perStore.get("experts")!.push({
+      key: expertRecordName(layer, expert), dtype: DTYPE_Q8_EXPERT, shape: [layer, expert, inter, hidden], inputs: [gate, up, down],
+    });
+  }
+  const records = new Map<StoreName, Item[]>();
+  const binSizes = new Map<StoreName, number>();
+  for (const [store, entries] of perStore) {
+    let cursor = 0;
+    const items: Item[] = [];
+    for (const { key, dtype, shape, inputs } of entries) {
+      const nbytes = recordNbytes(dtype, shape);
+      items.push({ key, store, dtype, shape, offset: cursor, nbytes, inputs });
+      cursor = alignUp(cursor + nbytes, BIN_ALIGN);
+    }
+    records.set(store, items);
+    binSizes.set(store, cursor);
+  }
+  // Work order: shard by shard (an item belongs to the last shard it needs), so a shard's
+  // tensors are all consumed before the next shard is needed.
+  const shardNames = [...new Set([...shards.values()].filter((s): s is string => s !== null))].sort();
+  const rank = new Map(shardNames.map((s, i) => [s, i]));
+  const storeRank: Record<StoreName, number> = { trunk: 0, vision: 1, experts: 2 };
+  const last = (it: Item): number => Math.max(-1, ...it.inputs.map((n) => rank.get(shards.get(n) ?? "") ?? -1));
+  const work = [...records.values()].flat().map((it) => ({ it, k: [last(it), storeRank[it.store], it.offset] as const }));
+  work.sort((a, b) => a.k[0] - b.k[0] || a.k[1] - b.k[1] || a.k[2] - b.k[2]);
+  return {
+    items: work.map((w) => w.it), binSizes, records, hparams: configHparams(config), configText,
+    revision: source.revision(), shards,
+  };
+}
+
+/** The journal's record of what is being packed: a rerun must match it exactly to resume. */
+function fingerprint(layout: Layout, inventory: ReadonlyMap<string, TensorInfo>): string {
+  return JSON.stringify({
+    format_version: FORMAT_VERSION,
+    revision: layout.revision,
+    config_sha256: createHash("sha256").update(layout.configText, "utf8").digest("hex"),
+    bin_sizes: Object.fromEntries(layout.binSizes),
+    items: layout.items.map((it) => [it.key, it.store, it.offset, it.nbytes]),
+    // an array, not an object: tensor order must survive (JSON objects reorder integer-like keys)
+    inventory: [...inventory].map(([name, { dtype, shape }]) => [name, dtype, [...shape], layout.shards.get(name) ?? null]),
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Item data
+
+function u16(bytes: Uint8Array): Uint16Array {
+  const aligned = bytes.byteOffset % 2 === 0 ? bytes : bytes.slice();
+  return new Uint16Array(aligned.buffer, aligned.byteOffset, aligned.byteLength / 2);
+}
+
+/** The item's source tensors, read one after the other (sources need not allow concurrent reads). */
+async function readInputs(source: TensorSource, item: Item): Promise<Uint8Array[]> {
+  const out: Uint8Array[] = [];
+  for (const name of item.inputs) {
+    const { dtype, shape } = source.tensorInfo(name);
+    const data = await source.read(name);
+    const want = shape.reduce((a, b) => a * b, 1) * (DTYPE_SIZES[dtype] ?? NaN);
+    if (data.byteLength !== want) {
+      throw new UserError(`${name}: the source returned ${data.byteLength} bytes, its header says ${dtype} ${formatShape(shape)} ` +
+        `(${want} bytes) — the checkpoint is corrupt`);
+    }
+    out.push(data);
+  }
+  return out;
+}
+
+/** The item's exact output bytes from its source tensors' bytes. */
+function buildItem(source: TensorSource, item: Item, inputs: readonly Uint8Array[], core: PackingCore): Uint8Array {
+  if (item.dtype === DTYPE_Q8_EXPERT) {
+    const [gate, up, down] = inputs.map(u16) as [Uint16Array, Uint16Array, Uint16Array];
+    try {
+      return core.packExpert(gate, up, down, item.shape[2]!, item.shape[3]!);
+    } catch (err) {
+      throw new UserError(`${item.inputs.join(", ")}: ${(err as Error).message}`);
+    }
+  }
+  const data = inputs[0]!;
+  if (item.dtype === DTYPE_F32 && source.tensorInfo(item.inputs[0]!).dtype === "BF16") {
+    const f32 = bf16BitsToF32(u16(data));
+    return new Uint8Array(f32.buffer, f32.byteOffset, f32.byteLength);
+  }
+  return data;
+}
+
+/** The item's exact output bytes. */
+export async function itemBytes(source: TensorSource, item: Item, core: PackingCore): Promise<Uint8Array> {
+  return buildItem(source, item, await readInputs(source, item), core);
+}
+
+/** Test hook: KVL_PACK_TEST_KILL_AT=<point> SIGKILLs this process at that exact point (the
+ * crash-safety tests crash at deterministic places: item:N, flush:N, final:start,
+ * final:<store>.idx, final:complete). */
+function testKillPoint(point: string): void {
+  if (process.env.KVL_PACK_TEST_KILL_AT === point) process.kill(process.pid, "SIGKILL");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Packing
+
+/** --delete-consumed-shards for a checkpoint directory. */
+function deleteShardsHooks(directory: string): ShardHooks {
+  return {
+    acquire() {},
+    async release(shard: string) {
+      try {
+        await unlink(join(directory, shard));
+      } catch (err) {
+        if ((err as NodeJS.ErrnoException).code === "ENOENT") return;
+        throw err;
+      }
+      await fsyncDir(directory);
+    },
+  };
+}
+
+function exists(path: string): boolean {
+  try {
+    statSync(path);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+function isFile(path: string): boolean {
+  try {
+    return statSync(path).isFile();
+  } catch {
+    return false;
+  }
+}
+
+function isDir(path: string): boolean {
+  try {
+    return statSync(path).isDirectory();
+  } catch {
+    return false;
+  }
+}
+
+/**
+ * A TensorSource for a checkpoint directory. If an unfinished pack in DST recorded the inventory
+ * and some shards were already deleted by --delete-consumed-shards, read from the journal's
+ * inventory instead (the deleted shards' tensors are already packed).
+ */
+async function openSource(src: string, dst: string): Promise<TensorSource> {
+  const layoutPath = join(dst, JOURNAL_DIR, JOURNAL_LAYOUT);
+  const indexPath = join(src, INDEX_NAME);
+  if (isFile(layoutPath) && isFile(indexPath)) {
+    type Recorded = { revision?: unknown; inventory?: unknown };
+    let recorded: Recorded | null;
+    let weightMap: Record<string, unknown>;
+    try {
+      recorded = JSON.parse(readFileSync(layoutPath, "utf8")) as Recorded;
+      weightMap = (JSON.parse(readFileSync(indexPath, "utf8")) as { weight_map: Record<string, unknown> }).weight_map;
+    } catch {
+      recorded = null;
+      weightMap = {};
+    }
+    const shards = new Set(Object.values(weightMap ?? {}).filter((s): s is string => typeof s === "string"));
+    if (recorded && Array.isArray(recorded.inventory) && [...shards].some((s) => !exists(join(src, s)))) {
+      const assets = readAssets(src);
+      const config = assets.get("config.json");
+      if (config === undefined) throw new UserError(`${src} has no config.json; download it with the checkpoint`);
+      const inventory = new Map<string, InventoryEntry>();
+      for (const [name, dtype, shape, shard] of recorded.inventory as Array<[string, string, number[], string | null]>) {
+        inventory.set(name, { dtype, shape, shard });
+      }
+      const revision = typeof recorded.revision === "string" ? recorded.revision : null;
+      return new InventorySource(src, decodeUtf8Strict(config), assets, inventory, revision);
+    }
+  }
+  return CheckpointSource.open(src);
+}
+
+/**
+ * Packs `src` (a checkpoint directory or a TensorSource) into the runtime directory `dst`;
+ * returns `dst`. Resumable: rerunning after any interruption continues from the journal in
+ * DST/.pack-journal and gives byte-identical output. Throws UserError for every problem a user
+ * can fix (all of a source's problems at once, before anything is written).
+ */
+export async function packCheckpoint(src: string | TensorSource, dst: string, options: PackOptions): Promise<string> {
+  const log = options.log ?? (() => {});
+  let source: TensorSource;
+  let hooks = options.shardHooks;
+  let owned = false;
+  if (typeof src === "string") {
+    if (!isDir(src)) throw new UserError(`${src}: no such checkpoint directory`);
+    if (isFile(join(dst, COMPLETE_FILE)) && !exists(join(dst, JOURNAL_DIR))) {
+      log(`${dst} already holds a complete pack; nothing to do`);
+      return dst;
+    }
+    source = await openSource(src, dst);
+    owned = true;
+    if (options.deleteConsumedShards && hooks === undefined) hooks = deleteShardsHooks(src);
+  } else {
+    source = src;
+    if (options.deleteConsumedShards) throw new UserError("--delete-consumed-shards needs a checkpoint directory as the source");
+    hooks ??= src.shardHooks;
+  }
+  try {
+    return await pack(source, dst, options, hooks, log);
+  } finally {
+    if (owned) await source.close?.();
+  }
+}
+
+/** Creates or resumes DST; returns the keys of journaled (durably written) items. */
+async function prepareDst(dst: string, print: string, digests: ReadonlyMap<string, string>,
+  log: (line: string) => void): Promise<Set<string>> {
+  const journal = join(dst, JOURNAL_DIR);
+  const layoutPath = join(journal, JOURNAL_LAYOUT);
+  const shardsPath = join(journal, JOURNAL_SHARDS);
+  if (exists(dst) && !isDir(dst)) throw new UserError(`${dst}: exists and is not a directory`);
+  if (isFile(layoutPath)) {
+    const different = new UserError(`${dst}: holds an unfinished pack of a different source or kvl version; ` +
+      "delete the directory or choose another destination");
+    if (readFileSync(layoutPath, "utf8") !== print) throw different;
+    // Same layout; the same data? Compare the shards still present with their digests at the start.
+    const recorded = isFile(shardsPath) ? (JSON.parse(readFileSync(shardsPath, "utf8")) as Array<[string, string]>) : [];
+    for (const [shard, digest] of recorded) {
+      const now = digests.get(shard);
+      if (now !== undefined && now !== digest) throw different;
+    }
+    const donePath = join(journal, JOURNAL_DONE);
+    if (isFile(donePath)) {
+      const raw = readFileSync(donePath);
+      if (raw.length > 0 && raw[raw.length - 1] !== 0x0a) {
+        // A crash mid-append left a torn last line: drop it (its item is simply redone).
+        truncateSync(donePath, raw.lastIndexOf(0x0a) + 1);
+        const fd = openSync(donePath, "r+");
+        try {
+          fsyncSync(fd);
+        } finally {
+          closeSync(fd);
+        }
+      }
+    }
+    const done = new Set(readDoneCrcs(dst).keys());
+    log(`resuming the pack in ${dst}: ${done.size} items already written`);
+    return done;
+  }
+  if (isDir(dst)) {
+    const foreign = readdirSync(dst).filter((n) => !FOREIGN_OK.has(n) && n !== JOURNAL_DIR);
+    if (foreign.length > 0) {
+      throw new UserError(`${dst}: is not empty (${foreign.sort().slice(0, 5).join(", ")}) and holds no unfinished pack; ` +
+        "choose an empty or new destination");
+    }
+  }
+  await mkdir(journal, { recursive: true });
+  await writeAtomic(shardsPath, Buffer.from(JSON.stringify([...digests]), "utf8"));
+  // The layout is fixed before any .bin byte exists, so every rerun writes the same bytes.
+  await writeAtomic(layoutPath, Buffer.from(print, "utf8"));
+  return new Set();
+}
+
+/** Journaled items and their CRCs; a torn (newline-less) last line is ignored. */
+function readDoneCrcs(dst: string): Map<string, number> {
+  const crcs = new Map<string, number>();
+  const path = join(dst, JOURNAL_DIR, JOURNAL_DONE);
+  if (isFile(path)) {
+    const lines = readFileSync(path, "latin1").split("\n").slice(0, -1);
+    for (const line of lines) {
+      const parts = line.split(" ");
+      if (parts.length === 2 && /^[0-9a-f]{8}$/.test(parts[1]!)) crcs.set(parts[0]!, parseInt(parts[1]!, 16));
+    }
+  }
+  return crcs;
+}
+
+async function pack(source: TensorSource, dst: string, options: PackOptions, hooks: ShardHooks | undefined,
+  log: (line: string) => void): Promise<string> {
+  const journal = join(dst, JOURNAL_DIR);
+  if (isFile(join(dst, COMPLETE_FILE)) && isDir(journal)) {
+    // Killed after the completion marker was written but before the journal was removed.
+    await rm(journal, { recursive: true, force: true });
+    await fsyncDir(dst);
+    return dst;
+  }
+  if (isFile(join(dst, COMPLETE_FILE))) {
+    log(`${dst} already holds a complete pack; nothing to do`);
+    return dst;
+  }
+  const problems = await validateSource(source, options.allowRevision ?? false);
+  if (problems.length > 0) {
+    throw new UserError(`cannot pack this source (${problems.length} problem(s)):\n  - ${problems.join("\n  - ")}`);
+  }
+  const layout = await computeLayout(source);
+  const inventory = new Map(source.tensorNames().map((n) => [n, source.tensorInfo(n)]));
+  const digests = new Map<string, string>();
+  for (const shard of new Set(layout.shards.values())) {
+    const digest = shard === null ? null : ((await source.shardDigest?.(shard)) ?? null);
+    if (shard !== null && digest !== null) digests.set(shard, digest);
+  }
+  const done = await prepareDst(dst, fingerprint(layout, inventory), digests, log);
+
+  for (const [store, size] of layout.binSizes) {
+    const binPath = join(dst, `${store}.bin`);
+    if (done.size > 0 && (!isFile(binPath) || statSync(binPath).size !== size)) {
+      // The journal outlived its .bin file (deleted or replaced): its items must be redone.
+      log(`${store}.bin is missing or resized; rewriting its items`);
+      for (const it of layout.records.get(store)!) done.delete(it.key);
+    }
+  }
+  const handles = new Map<StoreName, FileHandle>();
+  try {
+    for (const [store, size] of layout.binSizes) {
+      const handle = await open(join(dst, `${store}.bin`), constants.O_RDWR | constants.O_CREAT, 0o644);
+      handles.set(store, handle);
+      // sparse: padding reads as zero and is never written
+      if ((await handle.stat()).size !== size) await handle.truncate(size);
+    }
+    await runItems(source, dst, layout, done, handles, options, hooks);
+    for (const handle of handles.values()) await handle.sync();
+  } finally {
+    for (const handle of handles.values()) await handle.close();
+  }
+
+  const crcs = readDoneCrcs(dst);
+  testKillPoint("final:start");
+  const assets = await source.assetFiles();
+  for (const name of ASSET_FILES) {
+    const data = assets.get(name);
+    if (data !== undefined) await writeAtomic(join(dst, name), data);
+  }
+  await writeAtomic(join(dst, SOURCE_REVISION_FILE), Buffer.from(`${layout.revision ?? "unknown"}\n`, "ascii"));
+  const files = new Map<string, Map<string, number>>();
+  for (const store of STORES) {
+    const records: TensorRecord[] = layout.records.get(store)!.map((it) => {
+      const crc = crcs.get(it.key);
+      if (crc === undefined) throw new Error(`internal: ${it.key} was not journaled`);
+      return { name: it.key, dtype: it.dtype, shape: it.shape, offset: it.offset, nbytes: it.nbytes, crc32: crc };
+    });
+    const data = encodeIndex(STORE_KINDS[store], layout.binSizes.get(store)!, layout.hparams, records, layout.configText, layout.revision);
+    await writeAtomic(join(dst, `${store}.idx`), data);
+    files.set(`${store}.bin`, new Map([["size", layout.binSizes.get(store)!]]));
+    files.set(`${store}.idx`, new Map([["size", data.length], ["crc32", crc32(data)]]));
+    testKillPoint(`final:${store}.idx`);
+  }
+  // leftovers of a crash inside an earlier run's writeAtomic
+  const ours = new Set<string>([...files.keys(), ...ASSET_FILES, SOURCE_REVISION_FILE, COMPLETE_FILE]);
+  for (const name of readdirSync(dst)) {
+    if (name.endsWith(".tmp") && ours.has(name.slice(0, -4))) await unlink(join(dst, name));
+  }
+  const complete = new Map<string, unknown>([
+    ["format_version", FORMAT_VERSION], ["source_revision", layout.revision], ["files", files],
+  ]);
+  await writeAtomic(join(dst, COMPLETE_FILE), Buffer.from(`${dumpsPy(complete, { indent: 1 })}\n`, "utf8"));
+  testKillPoint("final:complete");
+  await rm(journal, { recursive: true, force: true });
+  await fsyncDir(dst);
+  log(`packed into ${dst}`);
+  return dst;
+}
+
+async function runItems(source: TensorSource, dst: string, layout: Layout, done: Set<string>,
+  handles: ReadonlyMap<StoreName, FileHandle>, options: PackOptions, hooks: ShardHooks | undefined): Promise<void> {
+  const journalPath = join(dst, JOURNAL_DIR, JOURNAL_DONE);
+  const fromEnv = Number(process.env.KVL_PACK_FLUSH_ITEMS ?? "256");
+  const flushItems = Number.isInteger(fromEnv) && fromEnv > 0 ? fromEnv : 256;
+  // Shard bookkeeping: a shard is released once every item reading from it is journaled.
+  const pendingByShard = new Map<string, Set<string>>();
+  for (const it of layout.items) {
+    for (const name of it.inputs) {
+      const shard = layout.shards.get(name);
+      if (shard != null && !done.has(it.key)) {
+        if (!pendingByShard.has(shard)) pendingByShard.set(shard, new Set());
+        pendingByShard.get(shard)!.add(it.key);
+      }
+    }
+  }
+  const allShards = [...new Set([...layout.shards.values()].filter((s): s is string => s !== null))].sort();
+  const released = new Set<string>();
+  const acquired = new Set<string>();
+
+  const releaseFinished = async (): Promise<void> => {
+    if (hooks === undefined) return;
+    for (const shard of allShards) {
+      if (!released.has(shard) && !pendingByShard.get(shard)?.size) {
+        await source.releaseShard?.(shard);
+        await hooks.release(shard);
+        released.add(shard);
+      }
+    }
+  };
+  await releaseFinished(); // shards fully consumed by an earlier, interrupted run
+
+  const progress = options.progress ?? silentProgress;
+  const total = layout.items.reduce((a, it) => a + it.nbytes, 0);
+  const initial = layout.items.reduce((a, it) => a + (done.has(it.key) ? it.nbytes : 0), 0);
+  progress.start("packing", total, initial);
+  const pending: Array<[Item, number]> = [];
+  let pendingBytes = 0;
+  const touched = new Set<StoreName>();
+  let written = 0;
+  let flushes = 0;
+
+  // Write-behind: one item's write may still be in flight while the next item is computed; it
+  // is awaited before the next write, before a flush fsyncs, and at the end.
+  let writing: Promise<void> | undefined;
+  const settleWrite = async (): Promise<void> => {
+    const w = writing;
+    writing = undefined;
+    await w;
+  };
+
+  const flush = async (): Promise<void> => {
+    await settleWrite();
+    if (pending.length === 0) return;
+    for (const store of touched) await handles.get(store)!.sync();
+    touched.clear();
+    const fd = openSync(journalPath, "a");
+    try {
+      const text = pending.map(([it, crc]) => `${it.key} ${crc.toString(16).padStart(8, "0")}\n`).join("");
+      writeSync(fd, Buffer.from(text, "latin1"));
+      fsyncSync(fd);
+    } finally {
+      closeSync(fd);
+    }
+    for (const [it] of pending) {
+      for (const name of it.inputs) {
+        const shard = layout.shards.get(name);
+        if (shard != null) pendingByShard.get(shard)?.delete(it.key);
+      }
+    }
+    pending.length = 0;
+    pendingBytes = 0;
+    flushes++;
+    testKillPoint(`flush:${flushes}`);
+    await releaseFinished();
+  };
+
+  // Read-ahead: the next item's inputs are read while this one is quantised and written (one
+  // read chain at a time; only items of at most PREFETCH_BYTES whose shards are already here, so
+  // memory stays at about one large tensor plus one small item).
+  let ahead: { item: Item; inputs: Promise<Uint8Array[]> } | undefined;
+  const inputBytes = (it: Item): number =>
+    it.inputs.reduce((a, n) => a + source.tensorInfo(n).shape.reduce((x, y) => x * y, 1) * (DTYPE_SIZES[source.tensorInfo(n).dtype] ?? 0), 0);
+  const readAhead = (from: number): void => {
+    const next = layout.items.slice(from).find((it) => !done.has(it.key));
+    if (next === undefined || inputBytes(next) > PREFETCH_BYTES) return;
+    if (hooks !== undefined && next.inputs.some((n) => { const s = layout.shards.get(n); return s != null && !acquired.has(s); })) return;
+    const inputs = readInputs(source, next);
+    inputs.catch(() => {}); // an error surfaces when the item is reached (or not at all if the run stops first)
+    ahead = { item: next, inputs };
+  };
+
+  try {
+    for (const [index, it] of layout.items.entries()) {
+      if (done.has(it.key)) continue;
+      if (hooks !== undefined) {
+        for (const name of it.inputs) {
+          const shard = layout.shards.get(name);
+          if (shard != null && !acquired.has(shard)) {
+            // Everything from earlier shards is durable before the next shard arrives (keeps
+            // kvl prepare's scratch space at about one shard).
+            await flush();
+            await hooks.acquire(shard);
+            acquired.add(shard);
+          }
+        }
+      }
+      const inputs = await (ahead?.item === it ? ahead.inputs : readInputs(source, it));
+      ahead = undefined;
+      readAhead(index + 1);
+      const data = buildItem(source, it, inputs, options.core);
+      inputs.length = 0;
+      if (data.byteLength !== it.nbytes) {
+        throw new UserError(`${it.key}: produced ${data.byteLength} bytes, layout expects ${it.nbytes}`);
+      }
+      await settleWrite();
+      const write = writeAllAt(handles.get(it.store)!, data, it.offset);
+      if (data.byteLength <= PREFETCH_BYTES) {
+        writing = write;
+        write.catch(() => {}); // awaited (and its error thrown) by settleWrite
+      } else {
+        await write;
+      }
+      touched.add(it.store);
+      pending.push([it, crc32(data)]);
+      pendingBytes += data.byteLength;
+      written++;
+      testKillPoint(`item:${written}`);
+      progress.add(data.byteLength);
+      if (pendingBytes >= FLUSH_BYTES || pending.length >= flushItems) await flush();
+    }
+    await flush();
+  } finally {
+    await writing?.catch(() => {}); // nothing may write after the handles close
+    progress.stop();
+  }
+}

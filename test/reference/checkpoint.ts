@@ -1,0 +1,165 @@
+/**
+ * checkpoint.ts — a checkpoint directory (config.json + sharded safetensors) as float64 tensors,
+ * read by the reference's own small safetensors parser, and the row-wise Q8 round trip of routed
+ * expert weights (docs/FORMAT.md) for comparisons with a runtime that stores experts as Q8.
+ *
+ * Owns: the safetensors layout (u64-LE header length, JSON header of name -> dtype, shape,
+ * data_offsets relative to the end of the header, then little-endian data; spec §11) and
+ * BF16/F16/F32/F64 -> float64 conversion. Does not own: any model math. Deliberately shares no
+ * code with packer/ or host/ (their readers are what this reference checks, indirectly).
+ */
+import { existsSync, readFileSync } from "node:fs";
+import { join } from "node:path";
+
+import { type Tensor, numel } from "./math.js";
+
+export const INDEX_NAME = "model.safetensors.index.json";
+
+/** Routed expert matrices only: shared experts and the router stay unquantized in the runtime. */
+export const ROUTED_EXPERT_WEIGHT = /\.mlp\.experts\.\d+\.(gate|up|down)_proj\.weight$/;
+
+export function readJson(path: string): unknown {
+  return JSON.parse(readFileSync(path, "utf8"));
+}
+
+/** config.json of a checkpoint directory. */
+export function loadConfig(dir: string): Record<string, unknown> {
+  const path = join(dir, "config.json");
+  if (!existsSync(path)) throw new Error(`${path} not found: point the reference at a checkpoint directory`);
+  return readJson(path) as Record<string, unknown>;
+}
+
+/** Shards named by the index, in sorted order, or the single model.safetensors. */
+export function shardFiles(dir: string): string[] {
+  const index = join(dir, INDEX_NAME);
+  if (existsSync(index)) {
+    const weightMap = (readJson(index) as { weight_map: Record<string, string> }).weight_map;
+    return [...new Set(Object.values(weightMap))].sort().map((f) => join(dir, f));
+  }
+  const single = join(dir, "model.safetensors");
+  if (existsSync(single)) return [single];
+  throw new Error(`${dir} has neither ${INDEX_NAME} nor model.safetensors`);
+}
+
+interface HeaderEntry {
+  dtype: string;
+  shape: number[];
+  data_offsets: [number, number];
+}
+
+function halfToFloat(h: number): number {
+  const sign = h & 0x8000 ? -1 : 1;
+  const exp = (h >> 10) & 0x1f;
+  const frac = h & 0x3ff;
+  if (exp === 0) return sign * frac * 2 ** -24;
+  if (exp === 31) return frac ? NaN : sign * Infinity;
+  return sign * (1 + frac / 1024) * 2 ** (exp - 15);
+}
+
+function decode(bytes: Uint8Array, dtype: string, count: number, name: string): Float64Array {
+  const view = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
+  const out = new Float64Array(count);
+  const scratch = new DataView(new ArrayBuffer(4));
+  switch (dtype) {
+    case "BF16":
+      for (let i = 0; i < count; i++) {
+        // BF16 is the top half of an FP32: widen by appending 16 zero bits.
+        scratch.setUint32(0, view.getUint16(2 * i, true) << 16);
+        out[i] = scratch.getFloat32(0);
+      }
+      return out;
+    case "F16":
+      for (let i = 0; i < count; i++) out[i] = halfToFloat(view.getUint16(2 * i, true));
+      return out;
+    case "F32":
+      for (let i = 0; i < count; i++) out[i] = view.getFloat32(4 * i, true);
+      return out;
+    case "F64":
+      for (let i = 0; i < count; i++) out[i] = view.getFloat64(8 * i, true);
+      return out;
+    default:
+      throw new Error(`${name}: dtype ${dtype} is not a float type the reference reads`);
+  }
+}
+
+const BYTES: Record<string, number> = { BF16: 2, F16: 2, F32: 4, F64: 8 };
+
+/** Every tensor of one safetensors file whose name passes `keep`, as float64. */
+export function readSafetensors(path: string, keep: (name: string) => boolean = () => true): Map<string, Tensor> {
+  const file = readFileSync(path);
+  if (file.length < 8) throw new Error(`${path}: too short for a safetensors header`);
+  const headerLen = Number(file.readBigUInt64LE(0));
+  if (8 + headerLen > file.length) throw new Error(`${path}: header length ${headerLen} exceeds the file`);
+  const header = JSON.parse(file.subarray(8, 8 + headerLen).toString("utf8")) as Record<string, HeaderEntry | unknown>;
+  const base = 8 + headerLen;
+  const out = new Map<string, Tensor>();
+  for (const [name, raw] of Object.entries(header)) {
+    if (name === "__metadata__" || !keep(name)) continue;
+    const entry = raw as HeaderEntry;
+    const count = numel(entry.shape);
+    const [begin, end] = entry.data_offsets;
+    const width = BYTES[entry.dtype];
+    if (width !== undefined && end - begin !== count * width) {
+      throw new Error(`${path}: ${name} has ${end - begin} bytes for ${entry.dtype} [${entry.shape.join(", ")}]`);
+    }
+    if (base + end > file.length) throw new Error(`${path}: ${name} ends past the end of the file`);
+    const data = decode(file.subarray(base + begin, base + end), entry.dtype, count, name);
+    out.set(name, { shape: [...entry.shape], data });
+  }
+  return out;
+}
+
+/**
+ * Row-wise symmetric Q8 quantize + dequantize in FP32 arithmetic, the docs/FORMAT.md rule:
+ * scale[r] = max|W[r]| / 127 (0 for an all-zero row), q = clip(round_half_even(W / scale), -127, 127),
+ * value = q * scale. Math.fround after each operation gives exactly the FP32 result (a double
+ * operation rounded once more to FP32 equals the FP32 operation for + - * /), so this is the
+ * runtime's packer value for value, not an approximation of it.
+ */
+export function q8RoundtripRows(w: Tensor): Tensor {
+  if (w.shape.length !== 2) throw new Error("q8RoundtripRows: expects a 2-D weight");
+  const [rows, cols] = w.shape as [number, number];
+  const out = new Float64Array(rows * cols);
+  for (let r = 0; r < rows; r++) {
+    let max = 0;
+    for (let c = 0; c < cols; c++) max = Math.max(max, Math.abs(Math.fround(w.data[r * cols + c]!)));
+    const scale = Math.fround(max / 127);
+    if (scale === 0) continue; // q = 0 for an all-zero row
+    for (let c = 0; c < cols; c++) {
+      const ratio = Math.fround(Math.fround(w.data[r * cols + c]!) / scale);
+      const q = Math.min(127, Math.max(-127, roundHalfEven(ratio)));
+      out[r * cols + c] = Math.fround(q * scale);
+    }
+  }
+  return { shape: [rows, cols], data: out };
+}
+
+function roundHalfEven(x: number): number {
+  const f = Math.floor(x);
+  const d = x - f;
+  if (d > 0.5) return f + 1;
+  if (d < 0.5) return f;
+  return f % 2 === 0 ? f : f + 1;
+}
+
+/** Every tensor whose name starts with `prefix`, from all shards, as float64. */
+export function loadTensors(dir: string, prefix = "", options: { q8Experts?: boolean } = {}): Map<string, Tensor> {
+  const out = new Map<string, Tensor>();
+  for (const shard of shardFiles(dir)) {
+    for (const [name, t] of readSafetensors(shard, (n) => n.startsWith(prefix))) {
+      out.set(name, options.q8Experts && ROUTED_EXPERT_WEIGHT.test(name) ? q8RoundtripRows(t) : t);
+    }
+  }
+  if (out.size === 0) throw new Error(`no tensors with prefix ${JSON.stringify(prefix)} in ${dir}`);
+  return out;
+}
+
+/** A tensor that must exist, with its expected shape checked. */
+export function need(tensors: Map<string, Tensor>, name: string, shape?: readonly number[]): Tensor {
+  const t = tensors.get(name);
+  if (!t) throw new Error(`tensor ${name} is missing from the checkpoint`);
+  if (shape && (t.shape.length !== shape.length || t.shape.some((d, i) => d !== shape[i]))) {
+    throw new Error(`tensor ${name}: shape [${t.shape.join(", ")}], expected [${shape.join(", ")}]`);
+  }
+  return t;
+}
