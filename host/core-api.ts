@@ -7,6 +7,8 @@
  * native-backend.ts) or choosing between them (backend.ts).
  */
 
+import type { CoreEngine, EngineOptions } from "./engine-api.js";
+
 export type BackendName = "wasm" | "native";
 
 /** A kernel set is one dispatch table of the core ("scalar", "simd128", "avx2", ...). */
@@ -59,7 +61,7 @@ export const KVL_STATUS_NAMES: Readonly<Record<number, string>> = {
 };
 export const KVL_ERR_FORMAT = 2;
 
-/** The kernel-set and packing API of kvl_core.h; the engine API joins it with the text engine. */
+/** The kernel-set, packing and text-engine API of kvl_core.h. */
 export interface CoreBackend extends PackingCore {
   readonly backend: BackendName;
   abiVersion(): number;
@@ -68,6 +70,8 @@ export interface CoreBackend extends PackingCore {
   defaultKernelSet(): string;
   /** Runs kvl_kernels_conformance; throws for a set this backend cannot run. */
   conformance(set: string): ConformanceReport;
+  /** Opens a pack as a text engine (engine-api.ts); throws CoreError naming what is wrong. */
+  openEngine(packDir: string, options?: EngineOptions): CoreEngine;
   /** Releases threads and memory; the backend is unusable afterwards. */
   close(): void;
 }

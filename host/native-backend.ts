@@ -3,7 +3,9 @@
  * AVX2 / AVX-512 kernel sets chosen inside the core by CPUID.
  *
  * Owns: loading the addon in this process (only after backend.ts has test-loaded it in a child
- * process) and adapting it to CoreBackend. Does not own: building it (scripts/build-addon.mjs).
+ * process) and adapting it to CoreBackend, and the text engine over the addon (NativeEngine,
+ * NativeSession: CoreEngine / CoreSession of engine-api.ts). Does not own: building it
+ * (scripts/build-addon.mjs).
  */
 import { createRequire } from "node:module";
 
@@ -11,9 +13,71 @@ import {
   type ConformanceReport, type CoreBackend, type KernelSet, type Pcg64State, checkPackExpertArgs, packExpertStatus,
   parseConformanceReport,
 } from "./core-api.js";
+import {
+  type CoreEngine, CoreError, type CoreSession, type EngineInfo, type EngineOptionCodes, type EngineOptions,
+  type EngineStats, LOGITS_MODES, type LogitsMode, type SessionOptions, engineOptionCodes, sessionOptionCodes,
+} from "./engine-api.js";
 import { nativeAddonPath } from "./paths.js";
 
-/** What wasm-core/native/addon.c exports. */
+/** An engine handle of the addon (an opaque external; see addon.c). */
+export interface NativeEngineHandle {
+  readonly __kvlNativeHandle: "engine";
+}
+
+/** A session handle of the addon (an opaque external; it keeps its engine's handle alive). */
+export interface NativeSessionHandle {
+  readonly __kvlNativeHandle: "session";
+}
+
+/** kvl_engine_info with the C field names, as engineInfo returns it. */
+export interface NativeEngineInfo {
+  vocab_size: number;
+  hidden_size: number;
+  n_layers: number;
+  n_heads: number;
+  kv_lora_rank: number;
+  qk_rope_head_dim: number;
+  n_routed_experts: number;
+  num_experts_per_tok: number;
+  max_position_embeddings: number;
+  vision_hidden_size: number;
+  vision_merge_h: number;
+  vision_merge_w: number;
+  vision_patch_size: number;
+  media_placeholder_token_id: number;
+  n_threads: number;
+  trunk_direct_io: number;
+  expert_direct_io: number;
+  vision_direct_io: number;
+  kernels: string;
+  kv_dtype: string;
+  global_bytes: number;
+  trunk_cache_bytes: number;
+  expert_cache_bytes: number;
+  engine_workspace_bytes: number;
+  expert_extent_bytes: number;
+  act_dtype: string;
+  layer_begin: number;
+  layer_end: number;
+}
+
+/** kvl_stats with the C field names, as engineStats returns it. */
+export interface NativeEngineStats {
+  expert_hits: number;
+  expert_misses: number;
+  expert_bytes_read: number;
+  expert_stall_ns: number;
+  trunk_hits: number;
+  trunk_misses: number;
+  trunk_bytes_read: number;
+  trunk_stall_ns: number;
+  vision_bytes_read: number;
+  tokens_prefilled: number;
+  tokens_decoded: number;
+}
+
+/** What wasm-core/native/addon.c exports. Engine and session calls return a kvl_status as a
+ * number (0 = ok) and throw only for a caller mistake or a closed handle. */
 export interface NativeAddon {
   abiVersion(): number;
   kernelSets(): KernelSet[];
@@ -23,6 +87,27 @@ export interface NativeAddon {
   packExpert(gate: Uint16Array, up: Uint16Array, down: Uint16Array, intermediate: number, hidden: number, out: Uint8Array): number;
   pcg64Seed(words: BigUint64Array, state: BigUint64Array): void;
   synthUniform(state: BigUint64Array, count: number, center: number, halfWidth: number, out: Uint16Array | Float32Array): void;
+  engineOpen(packDir: string, codes: EngineOptionCodes): { status: number; error: string; engine: NativeEngineHandle | null };
+  engineFree(engine: NativeEngineHandle): void;
+  engineInfo(engine: NativeEngineHandle): NativeEngineInfo;
+  engineStats(engine: NativeEngineHandle): NativeEngineStats;
+  engineResetStats(engine: NativeEngineHandle): void;
+  engineLastError(engine: NativeEngineHandle): string;
+  sessionBytes(engine: NativeEngineHandle, maxContext: number, maxBatch: number): { status: number; bytes: number };
+  sessionNew(engine: NativeEngineHandle, maxContext: number, maxBatch: number): { status: number; session: NativeSessionHandle | null };
+  sessionFree(session: NativeSessionHandle): void;
+  sessionPosition(session: NativeSessionHandle): number;
+  sessionTruncate(session: NativeSessionHandle, n: number): number;
+  sessionPrefill(
+    session: NativeSessionHandle, tokens: Int32Array, media: Float32Array | null, nMedia: number, logitsMode: number,
+    logits: Float32Array | null,
+  ): number;
+  sessionForward(
+    session: NativeSessionHandle, tokens: Int32Array | null, hiddenIn: Float32Array | null, media: Float32Array | null,
+    nMedia: number, hiddenOut: Float32Array | null, logitsMode: number, logits: Float32Array | null, decode: boolean,
+  ): number;
+  sessionStep(session: NativeSessionHandle, token: number, logits: Float32Array): number;
+  sessionCancel(session: NativeSessionHandle): void;
 }
 
 export function loadNativeAddon(path: string = nativeAddonPath()): NativeAddon {
@@ -77,7 +162,193 @@ export class NativeBackend implements CoreBackend {
     this.#addon.synthUniform(state, count, center, halfWidth, out);
   }
 
+  /** Opens the pack in packDir; throws CoreError (the core's message) when it cannot. */
+  openEngine(packDir: string, options: EngineOptions = {}): CoreEngine {
+    return NativeEngine.open(this.#addon, packDir, options);
+  }
+
   close(): void {
     /* The addon's memory belongs to the process; nothing to release yet. */
+  }
+}
+
+function engineInfoFromNative(i: NativeEngineInfo): EngineInfo {
+  return {
+    vocabSize: i.vocab_size, hiddenSize: i.hidden_size, nLayers: i.n_layers, nHeads: i.n_heads,
+    kvLoraRank: i.kv_lora_rank, qkRopeHeadDim: i.qk_rope_head_dim, nRoutedExperts: i.n_routed_experts,
+    numExpertsPerTok: i.num_experts_per_tok, maxPositionEmbeddings: i.max_position_embeddings,
+    visionHiddenSize: i.vision_hidden_size, visionMergeH: i.vision_merge_h, visionMergeW: i.vision_merge_w,
+    visionPatchSize: i.vision_patch_size, mediaPlaceholderTokenId: i.media_placeholder_token_id,
+    nThreads: i.n_threads, trunkDirectIo: i.trunk_direct_io === 1, expertDirectIo: i.expert_direct_io === 1,
+    visionDirectIo: i.vision_direct_io === 1, kernels: i.kernels, kvDtype: i.kv_dtype, actDtype: i.act_dtype,
+    globalBytes: i.global_bytes, trunkCacheBytes: i.trunk_cache_bytes, expertCacheBytes: i.expert_cache_bytes,
+    engineWorkspaceBytes: i.engine_workspace_bytes, expertExtentBytes: i.expert_extent_bytes,
+    layerBegin: i.layer_begin, layerEnd: i.layer_end,
+  };
+}
+
+function engineStatsFromNative(s: NativeEngineStats): EngineStats {
+  return {
+    expertHits: s.expert_hits, expertMisses: s.expert_misses, expertBytesRead: s.expert_bytes_read,
+    expertStallNs: s.expert_stall_ns, trunkHits: s.trunk_hits, trunkMisses: s.trunk_misses,
+    trunkBytesRead: s.trunk_bytes_read, trunkStallNs: s.trunk_stall_ns, visionBytesRead: s.vision_bytes_read,
+    tokensPrefilled: s.tokens_prefilled, tokensDecoded: s.tokens_decoded,
+  };
+}
+
+/** The text engine on the addon. The addon makes a closed handle unusable by itself; the checks
+ * here give the same errors as the WebAssembly engine (wasm-engine.ts). */
+export class NativeEngine implements CoreEngine {
+  #handle: NativeEngineHandle | null;
+  readonly #info: EngineInfo;
+  readonly #sessions = new Set<NativeSession>();
+
+  private constructor(readonly addon: NativeAddon, handle: NativeEngineHandle) {
+    this.#handle = handle;
+    this.#info = engineInfoFromNative(addon.engineInfo(handle));
+  }
+
+  static open(addon: NativeAddon, packDir: string, options: EngineOptions = {}): NativeEngine {
+    const { status, error, engine } = addon.engineOpen(packDir, engineOptionCodes(options));
+    if (status !== 0 || engine === null) throw new CoreError(status !== 0 ? status : 9, error);
+    try {
+      return new NativeEngine(addon, engine);
+    } catch (err) {
+      addon.engineFree(engine);
+      throw err;
+    }
+  }
+
+  get #live(): NativeEngineHandle {
+    if (this.#handle === null) throw new Error("kvl: the engine was closed");
+    return this.#handle;
+  }
+
+  /** Throws CoreError for a failed status, with the engine's detail message. */
+  check(status: number): void {
+    if (status !== 0) throw new CoreError(status, this.addon.engineLastError(this.#live));
+  }
+
+  info(): EngineInfo {
+    return { ...this.#info };
+  }
+
+  stats(): EngineStats {
+    return engineStatsFromNative(this.addon.engineStats(this.#live));
+  }
+
+  resetStats(): void {
+    this.addon.engineResetStats(this.#live);
+  }
+
+  sessionBytes(options: SessionOptions = {}): number {
+    const [maxContext, maxBatch] = sessionOptionCodes(options);
+    const { status, bytes } = this.addon.sessionBytes(this.#live, maxContext, maxBatch);
+    this.check(status);
+    return bytes;
+  }
+
+  newSession(options: SessionOptions = {}): CoreSession {
+    const [maxContext, maxBatch] = sessionOptionCodes(options);
+    const { status, session: handle } = this.addon.sessionNew(this.#live, maxContext, maxBatch);
+    this.check(status);
+    if (handle === null) throw new CoreError(9, "kvl_session_new returned no session");
+    const session = new NativeSession(this, handle, this.#info, () => this.#sessions.delete(session));
+    this.#sessions.add(session);
+    return session;
+  }
+
+  close(): void {
+    if (this.#handle === null) return;
+    if (this.#sessions.size > 0) throw new Error("kvl: close the engine's sessions before the engine");
+    this.addon.engineFree(this.#handle);
+    this.#handle = null;
+  }
+}
+
+export class NativeSession implements CoreSession {
+  #handle: NativeSessionHandle | null;
+  readonly #vocab: number;
+  readonly #hidden: number;
+  /** This engine runs the model's last layers: it ends in logits, not hidden states. */
+  readonly #lastRange: boolean;
+
+  constructor(private readonly engine: NativeEngine, handle: NativeSessionHandle, info: EngineInfo, private readonly onClose: () => void) {
+    this.#handle = handle;
+    this.#vocab = info.vocabSize;
+    this.#hidden = info.hiddenSize;
+    this.#lastRange = info.layerEnd === info.nLayers;
+  }
+
+  get #live(): NativeSessionHandle {
+    if (this.#handle === null) throw new Error("kvl: the session was closed");
+    return this.#handle;
+  }
+
+  position(): number {
+    return this.engine.addon.sessionPosition(this.#live);
+  }
+
+  /** On an engine of every layer this is kvl_session_prefill; on the first range of a split
+   * model it returns the range's hidden states, as forward does (the same as the wasm engine). */
+  prefill(tokens: Int32Array, media: Float32Array | null, logits: LogitsMode): Float32Array | null {
+    if (!this.#lastRange) return this.forward(tokens, media, logits, false);
+    const session = this.#live;
+    const mode = this.#mode(logits);
+    const nMedia = this.#mediaRows(media);
+    const out = mode === 0 ? null : new Float32Array(mode === 1 ? this.#vocab : tokens.length * this.#vocab);
+    this.engine.check(this.engine.addon.sessionPrefill(session, tokens, media, nMedia, mode, out));
+    return out;
+  }
+
+  forward(input: Int32Array | Float32Array, media: Float32Array | null, logits: LogitsMode, decode: boolean): Float32Array | null {
+    const session = this.#live;
+    const H = this.#hidden;
+    const isHidden = input instanceof Float32Array;
+    if (isHidden && input.length % H !== 0) throw new RangeError(`hidden states must be whole rows of hidden_size ${H} floats, got ${input.length}`);
+    const n = isHidden ? input.length / H : input.length;
+    const mode = this.#mode(logits);
+    const nMedia = this.#mediaRows(media);
+    /* The last range writes the logits asked for, an earlier one its hidden states (both as
+     * zero-length arrays for zero tokens, so that the core, not the addon, reports the misuse). */
+    const out = this.#lastRange ? (mode === 0 ? null : new Float32Array(mode === 1 ? this.#vocab : n * this.#vocab)) : new Float32Array(n * H);
+    this.engine.check(this.engine.addon.sessionForward(session, isHidden ? null : input, isHidden ? input : null, media, nMedia,
+      this.#lastRange ? null : out, mode, this.#lastRange ? out : null, decode));
+    return out !== null && out.length > 0 ? out : null;
+  }
+
+  #mode(logits: LogitsMode): number {
+    const mode = Object.hasOwn(LOGITS_MODES, logits) ? LOGITS_MODES[logits] : undefined;
+    if (mode === undefined) throw new RangeError(`logits mode must be none, last or all, got ${String(logits)}`);
+    return mode;
+  }
+
+  #mediaRows(media: Float32Array | null): number {
+    if (media !== null && media.length % this.#hidden !== 0) {
+      throw new RangeError(`media rows must be whole rows of hidden_size ${this.#hidden} floats, got ${media.length} floats`);
+    }
+    return media === null ? 0 : media.length / this.#hidden;
+  }
+
+  step(token: number): Float32Array {
+    const out = new Float32Array(this.#vocab);
+    this.engine.check(this.engine.addon.sessionStep(this.#live, token, out));
+    return out;
+  }
+
+  truncate(n: number): void {
+    this.engine.check(this.engine.addon.sessionTruncate(this.#live, n));
+  }
+
+  /** Asks a running prefill/step to stop (kvl_session_cancel); see addon.c for when it can matter. */
+  cancel(): void {
+    this.engine.addon.sessionCancel(this.#live);
+  }
+
+  close(): void {
+    if (this.#handle === null) return;
+    this.engine.addon.sessionFree(this.#handle);
+    this.#handle = null;
+    this.onClose();
   }
 }

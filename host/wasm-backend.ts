@@ -13,10 +13,12 @@ import {
   type ConformanceReport, type CoreBackend, type KernelSet, type Pcg64State, checkPackExpertArgs, packExpertStatus,
   parseConformanceReport,
 } from "./core-api.js";
+import type { CoreEngine, EngineOptions } from "./engine-api.js";
 import { wasmDistDir } from "./paths.js";
+import { type EmscriptenEngineExports, WasmEngine } from "./wasm-engine.js";
 
 /** The parts of the emscripten module object the host uses. */
-interface EmscriptenCore {
+interface EmscriptenCore extends EmscriptenEngineExports {
   _malloc(bytes: number): number;
   _free(ptr: number): void;
   _kvl_abi_version(): number;
@@ -35,7 +37,7 @@ interface EmscriptenCore {
   PThread?: { terminateAllThreads(): void };
 }
 
-type CoreFactory = (overrides: { wasmBinary: Uint8Array; wasmMemory: WebAssembly.Memory }) => Promise<EmscriptenCore>;
+type CoreFactory = (overrides: { wasmBinary: Uint8Array; wasmMemory: WebAssembly.Memory; kvlPthreads: number }) => Promise<EmscriptenCore>;
 
 const PAGE = 65536;
 /** A wasm32 memory addresses 4 GiB, but emscripten 3.1.6's heap size is a 32-bit value: with a
@@ -43,6 +45,15 @@ const PAGE = 65536;
 export const MAX_INSTANCE_BYTES = 4 * 1024 * 1024 * 1024 - PAGE;
 /** Memory of an instance when the caller plans none (the kernel self-test needs little). */
 export const DEFAULT_INSTANCE_BYTES = 64 * 1024 * 1024;
+/**
+ * Threads an engine starts besides its compute pool (n_threads - 1 workers): the expert cache's
+ * readers (4) and the trunk stream thread, plus one spare. emscripten must have a worker ready
+ * for each before the call that starts it: one created later would only start once the calling
+ * thread returns to its event loop, which a blocking kvl_engine_open never does.
+ */
+const ENGINE_EXTRA_THREADS = 6;
+/** Pre-started pthread workers when the caller plans no engine (the kernel self-test). */
+const DEFAULT_PTHREADS = 4;
 
 const REPORT_BYTES = [1 << 20, 8 << 20];
 
@@ -58,8 +69,10 @@ export class WasmBackend implements CoreBackend {
    * One instance: its own thread pool and its own shared memory of exactly memoryBytes (a
    * multiple of 64 KiB, at most MAX_INSTANCE_BYTES), fixed at creation: it never grows while threads run.
    */
-  static async create(options: { distDir?: string; memoryBytes?: number } = {}): Promise<WasmBackend> {
+  static async create(options: { distDir?: string; memoryBytes?: number; pthreads?: number } = {}): Promise<WasmBackend> {
     const distDir = options.distDir ?? wasmDistDir;
+    const pthreads = options.pthreads ?? DEFAULT_PTHREADS;
+    if (!Number.isInteger(pthreads) || pthreads < 1 || pthreads > 256) throw new RangeError(`pthreads must be 1..256, got ${pthreads}`);
     const bytes = options.memoryBytes ?? DEFAULT_INSTANCE_BYTES;
     if (!Number.isInteger(bytes) || bytes % PAGE !== 0 || bytes < 16 * PAGE || bytes > MAX_INSTANCE_BYTES) {
       throw new RangeError(`wasm instance memory must be a multiple of 64 KiB between 1 MiB and 4 GiB - 64 KiB, got ${bytes}`);
@@ -68,13 +81,34 @@ export class WasmBackend implements CoreBackend {
     const require = createRequire(import.meta.url);
     const factory = require(join(distDir, "kvl_core.cjs")) as CoreFactory;
     const wasmBinary = readFileSync(join(distDir, "kvl_core.wasm"));
-    const backend = new WasmBackend(await factory({ wasmBinary, wasmMemory }));
+    const backend = new WasmBackend(await factory({ wasmBinary, wasmMemory, kvlPthreads: pthreads }));
     backend.memory = wasmMemory;
+    backend.pthreads = pthreads;
     return backend;
   }
 
   /** The instance's memory (for the file bridge and the tests). */
   memory: WebAssembly.Memory | undefined;
+  /** pthread workers started with the instance. */
+  pthreads = DEFAULT_PTHREADS;
+
+  /** The pthread workers an engine with nThreads compute threads needs (see ENGINE_EXTRA_THREADS). */
+  static pthreadsForEngine(nThreads: number): number {
+    return nThreads + ENGINE_EXTRA_THREADS;
+  }
+
+  /**
+   * Opens the pack as a text engine inside this instance; its caches and workspaces live in the
+   * instance's memory. nThreads must be given (the pthread workers were started for it).
+   */
+  openEngine(packDir: string, options: EngineOptions = {}): CoreEngine {
+    const nThreads = options.nThreads ?? 0;
+    if (nThreads < 1 || WasmBackend.pthreadsForEngine(nThreads) > this.pthreads) {
+      throw new RangeError(`a wasm engine with ${nThreads} threads needs an instance created with ` +
+        `pthreads >= ${WasmBackend.pthreadsForEngine(Math.max(nThreads, 1))} (this one has ${this.pthreads}); pass nThreads >= 1`);
+    }
+    return WasmEngine.open(this.#live, this.memory!, packDir, options);
+  }
 
   get #live(): EmscriptenCore {
     if (!this.#core) throw new Error("kvl: the WebAssembly core was closed");

@@ -74,6 +74,7 @@ class EngineOptions(Structure):
         ("kv_dtype", c_int32),
         ("load_vision", c_int32),
         ("act_dtype", c_int32),
+        ("layer_begin", c_int32), ("layer_end", c_int32),
     ]
 
 
@@ -96,6 +97,7 @@ class EngineInfo(Structure):
         ("engine_workspace_bytes", c_uint64),
         ("expert_extent_bytes", c_uint64),
         ("act_dtype", c_char * 8),
+        ("layer_begin", c_int32), ("layer_end", c_int32),
     ]
 
 

@@ -43,7 +43,7 @@ done
 # The module declares a 4 GiB maximum so that an imported memory of any size up to that links;
 # the host gives each memory maximum = initial, so it cannot actually grow (a failed grow is a
 # NULL from malloc), hence -Wno-pthreads-mem-growth.
-LINK=(-pthread -sPTHREAD_POOL_SIZE=4 -sINITIAL_MEMORY=64MB -sALLOW_MEMORY_GROWTH=1
+LINK=(-pthread -sPTHREAD_POOL_SIZE=Module.kvlPthreads -sINITIAL_MEMORY=64MB -sALLOW_MEMORY_GROWTH=1
       -sMAXIMUM_MEMORY=4GB -Wno-pthreads-mem-growth -sTOTAL_STACK=1MB
       -sENVIRONMENT=node,worker -sEXIT_RUNTIME=0)
 

@@ -79,6 +79,11 @@ typedef struct kvl_engine_options {
                                       4e-2, over the 1e-3 correctness tolerance) */
     int32_t load_vision;           /* 1 = open vision.idx/vision.bin too */
     int32_t act_dtype;             /* KVL_ACT_* */
+    /* Decoder layers this engine runs: [layer_begin, layer_end); 0 and 0 = every layer. The host
+     * splits a model over several WebAssembly instances (each memory at most 4 GiB) this way:
+     * each engine holds the weights, caches and KV of its own layers only, and sessions pass
+     * hidden states along (kvl_session_forward). */
+    int32_t layer_begin, layer_end;
 } kvl_engine_options;
 
 typedef struct kvl_engine_info {
@@ -99,6 +104,7 @@ typedef struct kvl_engine_info {
     uint64_t engine_workspace_bytes;
     uint64_t expert_extent_bytes;  /* one (layer, expert) extent, padded to 4 KiB */
     char act_dtype[8];             /* "f32" | "bf16": inputs of the Linear layers */
+    int32_t layer_begin, layer_end; /* the decoder layers this engine runs */
 } kvl_engine_info;
 
 typedef struct kvl_stats {
@@ -145,6 +151,18 @@ KVL_API kvl_status kvl_session_prefill(kvl_session *session, const int32_t *toke
                                        int32_t n_media, int32_t logits_mode, float *logits);
 /* Append one token and return its logits (vocab floats). No allocation. */
 KVL_API kvl_status kvl_session_step(kvl_session *session, int32_t token, float *logits);
+/* The general form of prefill/step, for engines that run a range of layers. The first range
+ * (layer_begin 0) takes tokens (and media rows, as prefill); a later range takes hidden_in, the
+ * previous range's hidden_out (n_tokens x hidden_size floats: the residual stream entering
+ * layer_begin), and tokens NULL. A range that ends before the last layer writes hidden_out and
+ * takes logits_mode NONE; the last range computes logits as prefill does (hidden_out NULL).
+ * prefill and step are this call on an engine of every layer. decode != 0 counts the tokens as
+ * decoded rather than prefilled in kvl_stats. On failure the session is rolled back. */
+KVL_API kvl_status kvl_session_forward(kvl_session *session, const int32_t *tokens,
+                                       const float *hidden_in, int32_t n_tokens,
+                                       const float *media_embeds, int32_t n_media,
+                                       float *hidden_out, int32_t logits_mode, float *logits,
+                                       int32_t decode);
 /* Ask a running prefill/step (from another thread) to stop; it returns KVL_ERR_CANCELLED. */
 KVL_API void kvl_session_cancel(kvl_session *session);
 

@@ -17,6 +17,59 @@
  *   synthUniform(state, count, center, half, out)   kvl_synth_uniform into out (Uint16Array:
  *                                                   BF16 bits, Float32Array: FP32); advances state
  *
+ * The text engine (kvl_engine_* / kvl_session_*). Engines and sessions are opaque handles
+ * (type-tagged napi_externals, see "engine and session handles" below). A failed kvl_status is
+ * returned as a number, never thrown: the caller reads the detail with engineLastError. A
+ * caller mistake (wrong type, wrong typed-array length, a handle of the wrong kind) throws a
+ * TypeError / RangeError; using a freed handle throws an Error "... engine closed" / "... session
+ * closed" (code ERR_KVL_CLOSED). Integers are JS numbers; uint64 results are Numbers (exact
+ * below 2^53).
+ *   engineOpen(packDir, codes)        kvl_engine_open -> { status, error, engine }: error is the
+ *                                     core's err buffer ("" on success), engine a handle or null.
+ *                                     codes: { nThreads, expertCacheBytes, trunkCacheBytes, ioMode,
+ *                                     kernels, kvDtype, loadVision, actDtype, layerBegin,
+ *                                     layerEnd }, the kvl_engine_options fields (each optional,
+ *                                     absent = 0; loadVision may be a boolean); codes may be null
+ *   engineFree(engine)                kvl_engine_free, after freeing the sessions of this engine
+ *                                     still open (their handles then throw "session closed");
+ *                                     a second free does nothing
+ *   engineInfo(engine)                kvl_engine_get_info as an object with the C field names
+ *                                     (vocab_size, ..., trunk_direct_io 0/1, kernels "avx2", ...)
+ *   engineStats(engine)               kvl_engine_get_stats as an object with the C field names
+ *   engineResetStats(engine)          kvl_engine_reset_stats
+ *   engineLastError(engine)           kvl_engine_last_error: the detail of the last failed call
+ *                                     on the engine or any of its sessions
+ *   sessionBytes(engine, maxContext, maxBatch)   kvl_session_bytes -> { status, bytes }
+ *   sessionNew(engine, maxContext, maxBatch)     kvl_session_new -> { status, session }: session
+ *                                     a handle or null; it keeps its engine's handle alive
+ *   sessionFree(session)              kvl_session_free; a second free does nothing
+ *   sessionPosition(session)          kvl_session_position
+ *   sessionTruncate(session, n)       kvl_session_truncate -> status
+ *   sessionPrefill(session, tokens, media, nMedia, logitsMode, logits)
+ *                                     kvl_session_prefill -> status. tokens: Int32Array (its
+ *                                     length is n_tokens); media: null, or a Float32Array of
+ *                                     nMedia x hidden_size floats; logitsMode: 0 none, 1 last,
+ *                                     2 all; logits: null for none, a Float32Array of vocab_size
+ *                                     floats for last, n_tokens x vocab_size for all (not
+ *                                     sharing memory with tokens or media). Runs to completion on
+ *                                     the calling thread.
+ *   sessionForward(session, tokens, hiddenIn, media, nMedia, hiddenOut, logitsMode, logits, decode)
+ *                                     kvl_session_forward -> status, for engines of a layer range
+ *                                     (codes layerBegin/layerEnd). Exactly one of tokens
+ *                                     (Int32Array, n_tokens = its length) and hiddenIn
+ *                                     (Float32Array of n_tokens x hidden_size) is non-null;
+ *                                     media as prefill; hiddenOut: null or a Float32Array of
+ *                                     n_tokens x hidden_size; logitsMode/logits as prefill, except
+ *                                     that logits may be null whatever the mode; decode: boolean.
+ *                                     Which of them a range takes (and a missing buffer) is the
+ *                                     core's check, a status; the addon checks types, lengths and
+ *                                     that outputs alias no input. On the calling thread.
+ *   sessionStep(session, token, logits)          kvl_session_step -> status; logits: a
+ *                                     Float32Array of vocab_size floats. On the calling thread.
+ *   sessionCancel(session)            kvl_session_cancel. Prefill and step block their thread,
+ *                                     and each clears the flag when it starts, so this only
+ *                                     matters once calls run on another thread than the cancel.
+ *
  * To add a function: write a napi_callback below and add one row to kvl_functions[].
  * Every napi call goes through NAPI_CALL, which throws a JS Error naming the call and returns
  * NULL (the JS caller then sees the exception).
@@ -24,6 +77,8 @@
 #define BUILDING_NODE_EXTENSION 1 /* node_api.h: import the napi_* symbols (dllimport on Windows) */
 #include <node_api.h>
 
+#include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -77,6 +132,43 @@ static napi_value make_string(napi_env env, const char *s, size_t len)
     return v;
 }
 
+/* Reads `value` as a UTF-8 string into a malloc'd buffer (caller frees). Throws a TypeError
+ * naming argument `index` of `fn` and returns NULL when it is not a string. */
+static char *string_from_value(napi_env env, napi_value value, const char *fn, size_t index)
+{
+    napi_valuetype type = napi_undefined;
+    napi_status st = napi_typeof(env, value, &type);
+    if (st != napi_ok) {
+        throw_napi_failure(env, st, "napi_typeof");
+        return NULL;
+    }
+    if (type != napi_string) {
+        char msg[160];
+        snprintf(msg, sizeof msg, "kvl addon: %s: argument %u must be a string", fn,
+                 (unsigned)index + 1);
+        napi_throw_type_error(env, "ERR_INVALID_ARG_TYPE", msg);
+        return NULL;
+    }
+    size_t len = 0;
+    st = napi_get_value_string_utf8(env, value, NULL, 0, &len);
+    if (st != napi_ok) {
+        throw_napi_failure(env, st, "napi_get_value_string_utf8");
+        return NULL;
+    }
+    char *s = malloc(len + 1);
+    if (!s) {
+        napi_throw_error(env, "ERR_KVL_NOMEM", "kvl addon: out of memory");
+        return NULL;
+    }
+    st = napi_get_value_string_utf8(env, value, s, len + 1, &len);
+    if (st != napi_ok) {
+        free(s);
+        throw_napi_failure(env, st, "napi_get_value_string_utf8");
+        return NULL;
+    }
+    return s;
+}
+
 /* Reads argument `index` as a UTF-8 string into a malloc'd buffer (caller frees). Throws a
  * TypeError and returns NULL when it is missing or not a string. */
 static char *get_string_arg(napi_env env, napi_callback_info info, size_t index, const char *fn)
@@ -88,39 +180,14 @@ static char *get_string_arg(napi_env env, napi_callback_info info, size_t index,
         throw_napi_failure(env, st, "napi_get_cb_info");
         return NULL;
     }
-    napi_valuetype type = napi_undefined;
-    if (index < argc && index < sizeof argv / sizeof argv[0]) {
-        st = napi_typeof(env, argv[index], &type);
-        if (st != napi_ok) {
-            throw_napi_failure(env, st, "napi_typeof");
-            return NULL;
-        }
-    }
-    if (type != napi_string) {
+    if (index >= argc || index >= sizeof argv / sizeof argv[0]) {
         char msg[160];
         snprintf(msg, sizeof msg, "kvl addon: %s: argument %u must be a string", fn,
                  (unsigned)index + 1);
         napi_throw_type_error(env, "ERR_INVALID_ARG_TYPE", msg);
         return NULL;
     }
-    size_t len = 0;
-    st = napi_get_value_string_utf8(env, argv[index], NULL, 0, &len);
-    if (st != napi_ok) {
-        throw_napi_failure(env, st, "napi_get_value_string_utf8");
-        return NULL;
-    }
-    char *s = malloc(len + 1);
-    if (!s) {
-        napi_throw_error(env, "ERR_KVL_NOMEM", "kvl addon: out of memory");
-        return NULL;
-    }
-    st = napi_get_value_string_utf8(env, argv[index], s, len + 1, &len);
-    if (st != napi_ok) {
-        free(s);
-        throw_napi_failure(env, st, "napi_get_value_string_utf8");
-        return NULL;
-    }
-    return s;
+    return string_from_value(env, argv[index], fn, index);
 }
 
 /* Reads argument `index` as a typed array of the given type into (*data, *length), or throws a
@@ -363,6 +430,842 @@ static napi_value js_synth_uniform(napi_env env, napi_callback_info info)
     return NULL;
 }
 
+/* ---------------------------------------------------------------- engine and session handles */
+
+/* An engine or a session reaches JS as a napi_external over a box, type-tagged so that a handle
+ * of the other kind (or any other external) is refused with a TypeError. The box outlives the C
+ * object: freeing sets the pointer to NULL, after which every call but a free throws an Error
+ * "… engine closed" / "… session closed" (code ERR_KVL_CLOSED), and a second free does nothing;
+ * only the external's finalizer frees the box itself. So neither a double free nor a use after
+ * free can be reached from JS.
+ *
+ * Order of frees: a session box holds a strong napi_ref on its engine's external, so an engine
+ * is not collected while one of its sessions is reachable. An engine box also lists its open
+ * sessions: freeing the engine (engineFree, or its finalizer, which can then only run first at
+ * environment teardown) frees those sessions first and detaches them, so kvl_session_free never
+ * runs after kvl_engine_free of its engine and no box ever points at a freed box.
+ * A box is only touched on the thread of the env that made it (externals do not cross
+ * worker_threads), so none of this takes a lock. */
+typedef struct session_box session_box;
+
+typedef struct engine_box {
+    kvl_engine *engine;    /* NULL once freed */
+    int32_t vocab, hidden; /* kvl_engine_info, cached at open for the argument checks */
+    session_box *sessions; /* the open sessions of this engine (doubly linked) */
+} engine_box;
+
+struct session_box {
+    kvl_session *session;  /* NULL once freed */
+    engine_box *owner;     /* NULL once freed (or detached by the engine's free) */
+    session_box *prev, *next;
+    napi_ref engine_ref;   /* strong reference on the owner's external; NULL once released */
+};
+
+static const napi_type_tag ENGINE_TAG = {0x6b766c5f656e6769ULL, 0x6e655f68616e646cULL};
+static const napi_type_tag SESSION_TAG = {0x6b766c5f73657373ULL, 0x696f6e5f68616e64ULL};
+
+static void session_close(session_box *b)
+{
+    if (!b->session)
+        return;
+    kvl_session_free(b->session);
+    b->session = NULL;
+    if (b->prev)
+        b->prev->next = b->next;
+    else if (b->owner)
+        b->owner->sessions = b->next;
+    if (b->next)
+        b->next->prev = b->prev;
+    b->prev = b->next = NULL;
+    b->owner = NULL;
+}
+
+static void engine_close(engine_box *b)
+{
+    while (b->sessions)
+        session_close(b->sessions);
+    if (b->engine) {
+        kvl_engine_free(b->engine);
+        b->engine = NULL;
+    }
+}
+
+static void engine_finalize(napi_env env, void *data, void *hint)
+{
+    (void)env;
+    (void)hint;
+    engine_close(data);
+    free(data);
+}
+
+static void session_finalize(napi_env env, void *data, void *hint)
+{
+    (void)hint;
+    session_box *b = data;
+    session_close(b);
+    if (b->engine_ref)
+        napi_delete_reference(env, b->engine_ref); /* a finalizer has no one to report to */
+    free(b);
+}
+
+/* The box behind handle argument 1 of `fn`, or NULL after throwing: a TypeError when the value
+ * is not a handle of this kind, an Error "<kind> closed" when it was freed and `open` is set. */
+static void *get_handle(napi_env env, napi_value value, const napi_type_tag *tag, const char *kind,
+                        int open, const char *fn)
+{
+    napi_valuetype type = napi_undefined;
+    bool tagged = false;
+    void *box = NULL;
+    char msg[160];
+    if (napi_typeof(env, value, &type) != napi_ok || type != napi_external ||
+        napi_check_object_type_tag(env, value, tag, &tagged) != napi_ok || !tagged ||
+        napi_get_value_external(env, value, &box) != napi_ok || !box) {
+        snprintf(msg, sizeof msg, "kvl addon: %s: argument 1 must be a kvl %s handle", fn, kind);
+        napi_throw_type_error(env, "ERR_INVALID_ARG_TYPE", msg);
+        return NULL;
+    }
+    if (open && (tag == &ENGINE_TAG ? ((engine_box *)box)->engine == NULL
+                                    : ((session_box *)box)->session == NULL)) {
+        snprintf(msg, sizeof msg, "kvl addon: %s: %s closed", fn, kind);
+        napi_throw_error(env, "ERR_KVL_CLOSED", msg);
+        return NULL;
+    }
+    return box;
+}
+
+static engine_box *get_engine(napi_env env, napi_value value, int open, const char *fn)
+{
+    return get_handle(env, value, &ENGINE_TAG, "engine", open, fn);
+}
+
+static session_box *get_session(napi_env env, napi_value value, int open, const char *fn)
+{
+    return get_handle(env, value, &SESSION_TAG, "session", open, fn);
+}
+
+/* Reads an integer-valued JS number in [min, max] (bounds within +-2^53) into *out, or throws
+ * (TypeError: not a number; RangeError: not an integer in range) and returns 0. */
+static int get_integer(napi_env env, napi_value value, double min, double max, int64_t *out,
+                       const char *fn, const char *what)
+{
+    napi_valuetype type = napi_undefined;
+    double d = 0;
+    char msg[224];
+    if (napi_typeof(env, value, &type) != napi_ok || type != napi_number ||
+        napi_get_value_double(env, value, &d) != napi_ok) {
+        snprintf(msg, sizeof msg, "kvl addon: %s: %s must be a number", fn, what);
+        napi_throw_type_error(env, "ERR_INVALID_ARG_TYPE", msg);
+        return 0;
+    }
+    if (!(d >= min && d <= max) || d != (double)(int64_t)d) {
+        snprintf(msg, sizeof msg, "kvl addon: %s: %s must be an integer in [%.0f, %.0f], got %g",
+                 fn, what, min, max, d);
+        napi_throw_range_error(env, "ERR_OUT_OF_RANGE", msg);
+        return 0;
+    }
+    *out = (int64_t)d;
+    return 1;
+}
+
+static int get_int32(napi_env env, napi_value value, int32_t *out, const char *fn, const char *what)
+{
+    int64_t v;
+    if (!get_integer(env, value, (double)INT32_MIN, (double)INT32_MAX, &v, fn, what))
+        return 0;
+    *out = (int32_t)v;
+    return 1;
+}
+
+static int is_nullish(napi_env env, napi_value value)
+{
+    napi_valuetype type = napi_undefined;
+    return napi_typeof(env, value, &type) == napi_ok && (type == napi_null || type == napi_undefined);
+}
+
+/* Whether two byte ranges share a byte (a logits array must not alias the inputs). */
+static int overlaps(const void *a, size_t a_bytes, const void *b, size_t b_bytes)
+{
+    uintptr_t pa = (uintptr_t)a, pb = (uintptr_t)b;
+    return a_bytes && b_bytes && pa < pb + b_bytes && pb < pa + a_bytes;
+}
+
+/* A C struct as a plain object, one property per row of a field table. */
+typedef struct kvl_field {
+    const char *name;
+    size_t offset, size;
+    char kind; /* 'i' int32_t, 'u' uint64_t (as a Number), 's' NUL-padded char array */
+} kvl_field;
+
+/* The array-size trick fails to compile when a member's type no longer matches its kind. */
+#define KVL_FIELD(T, m, kind, bytes)                                                              \
+    {#m, offsetof(T, m), sizeof(((T *)0)->m) + 0 * sizeof(char[sizeof(((T *)0)->m) == (bytes) ? 1 : -1]), kind}
+#define FIELD_I32(T, m) KVL_FIELD(T, m, 'i', 4)
+#define FIELD_U64(T, m) KVL_FIELD(T, m, 'u', 8)
+#define FIELD_STR(T, m) {#m, offsetof(T, m), sizeof(((T *)0)->m), 's'}
+
+static const kvl_field ENGINE_INFO_FIELDS[] = {
+    FIELD_I32(kvl_engine_info, vocab_size),
+    FIELD_I32(kvl_engine_info, hidden_size),
+    FIELD_I32(kvl_engine_info, n_layers),
+    FIELD_I32(kvl_engine_info, n_heads),
+    FIELD_I32(kvl_engine_info, kv_lora_rank),
+    FIELD_I32(kvl_engine_info, qk_rope_head_dim),
+    FIELD_I32(kvl_engine_info, n_routed_experts),
+    FIELD_I32(kvl_engine_info, num_experts_per_tok),
+    FIELD_I32(kvl_engine_info, max_position_embeddings),
+    FIELD_I32(kvl_engine_info, vision_hidden_size),
+    FIELD_I32(kvl_engine_info, vision_merge_h),
+    FIELD_I32(kvl_engine_info, vision_merge_w),
+    FIELD_I32(kvl_engine_info, vision_patch_size),
+    FIELD_I32(kvl_engine_info, media_placeholder_token_id),
+    FIELD_I32(kvl_engine_info, n_threads),
+    FIELD_I32(kvl_engine_info, trunk_direct_io),
+    FIELD_I32(kvl_engine_info, expert_direct_io),
+    FIELD_I32(kvl_engine_info, vision_direct_io),
+    FIELD_STR(kvl_engine_info, kernels),
+    FIELD_STR(kvl_engine_info, kv_dtype),
+    FIELD_U64(kvl_engine_info, global_bytes),
+    FIELD_U64(kvl_engine_info, trunk_cache_bytes),
+    FIELD_U64(kvl_engine_info, expert_cache_bytes),
+    FIELD_U64(kvl_engine_info, engine_workspace_bytes),
+    FIELD_U64(kvl_engine_info, expert_extent_bytes),
+    FIELD_STR(kvl_engine_info, act_dtype),
+    FIELD_I32(kvl_engine_info, layer_begin),
+    FIELD_I32(kvl_engine_info, layer_end),
+};
+
+static const kvl_field STATS_FIELDS[] = {
+    FIELD_U64(kvl_stats, expert_hits),
+    FIELD_U64(kvl_stats, expert_misses),
+    FIELD_U64(kvl_stats, expert_bytes_read),
+    FIELD_U64(kvl_stats, expert_stall_ns),
+    FIELD_U64(kvl_stats, trunk_hits),
+    FIELD_U64(kvl_stats, trunk_misses),
+    FIELD_U64(kvl_stats, trunk_bytes_read),
+    FIELD_U64(kvl_stats, trunk_stall_ns),
+    FIELD_U64(kvl_stats, vision_bytes_read),
+    FIELD_U64(kvl_stats, tokens_prefilled),
+    FIELD_U64(kvl_stats, tokens_decoded),
+};
+
+static napi_value struct_to_object(napi_env env, const void *base, const kvl_field *fields, size_t n)
+{
+    napi_value obj;
+    NAPI_CALL(env, napi_create_object(env, &obj));
+    for (size_t i = 0; i < n; i++) {
+        const char *p = (const char *)base + fields[i].offset;
+        napi_value v;
+        if (fields[i].kind == 'i') {
+            int32_t x;
+            memcpy(&x, p, sizeof x);
+            NAPI_CALL(env, napi_create_int32(env, x, &v));
+        } else if (fields[i].kind == 'u') {
+            uint64_t x;
+            memcpy(&x, p, sizeof x);
+            NAPI_CALL(env, napi_create_double(env, (double)x, &v));
+        } else {
+            const char *end = memchr(p, '\0', fields[i].size);
+            NAPI_CALL(env, napi_create_string_utf8(env, p, end ? (size_t)(end - p) : fields[i].size, &v));
+        }
+        NAPI_CALL(env, napi_set_named_property(env, obj, fields[i].name, v));
+    }
+    return obj;
+}
+
+/* { status, <name>: value } — the shape of the calls that return a status and a result. */
+static napi_value status_result(napi_env env, kvl_status status, const char *name, napi_value value)
+{
+    napi_value obj, js_status;
+    NAPI_CALL(env, napi_create_object(env, &obj));
+    NAPI_CALL(env, napi_create_int32(env, (int32_t)status, &js_status));
+    NAPI_CALL(env, napi_set_named_property(env, obj, "status", js_status));
+    NAPI_CALL(env, napi_set_named_property(env, obj, name, value));
+    return obj;
+}
+
+static napi_value make_status(napi_env env, kvl_status status)
+{
+    napi_value v;
+    NAPI_CALL(env, napi_create_int32(env, (int32_t)status, &v));
+    return v;
+}
+
+/* ---------------------------------------------------------------- engine functions */
+
+/* The engineOpen codes object -> kvl_engine_options: every property optional (absent = 0, the
+ * core's default); integers in the field's range (the core checks the values), loadVision may
+ * also be a boolean. */
+static int read_engine_options(napi_env env, napi_value codes, kvl_engine_options *o, const char *fn)
+{
+    static const struct {
+        const char *name;
+        size_t offset;
+        char kind; /* 'i' int32_t, 'u' uint64_t, 'l' int64_t */
+    } rows[] = {
+        {"nThreads", offsetof(kvl_engine_options, n_threads), 'i'},
+        {"expertCacheBytes", offsetof(kvl_engine_options, expert_cache_bytes), 'u'},
+        {"trunkCacheBytes", offsetof(kvl_engine_options, trunk_cache_bytes), 'l'},
+        {"ioMode", offsetof(kvl_engine_options, io_mode), 'i'},
+        {"kernels", offsetof(kvl_engine_options, kernels), 'i'},
+        {"kvDtype", offsetof(kvl_engine_options, kv_dtype), 'i'},
+        {"loadVision", offsetof(kvl_engine_options, load_vision), 'i'},
+        {"actDtype", offsetof(kvl_engine_options, act_dtype), 'i'},
+        {"layerBegin", offsetof(kvl_engine_options, layer_begin), 'i'},
+        {"layerEnd", offsetof(kvl_engine_options, layer_end), 'i'},
+    };
+    const double max_safe = 9007199254740991.0;
+    memset(o, 0, sizeof *o);
+    if (!codes || is_nullish(env, codes))
+        return 1;
+    napi_valuetype type = napi_undefined;
+    if (napi_typeof(env, codes, &type) != napi_ok || type != napi_object) {
+        char msg[160];
+        snprintf(msg, sizeof msg, "kvl addon: %s: argument 2 must be an object of option codes", fn);
+        napi_throw_type_error(env, "ERR_INVALID_ARG_TYPE", msg);
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        napi_value v;
+        napi_status st = napi_get_named_property(env, codes, rows[i].name, &v);
+        if (st != napi_ok) {
+            throw_napi_failure(env, st, "napi_get_named_property");
+            return 0;
+        }
+        if (napi_typeof(env, v, &type) != napi_ok || type == napi_undefined)
+            continue;
+        char what[64];
+        snprintf(what, sizeof what, "option code %s", rows[i].name);
+        char *dst = (char *)o + rows[i].offset;
+        int64_t x;
+        if (type == napi_boolean && strcmp(rows[i].name, "loadVision") == 0) {
+            bool b = false;
+            st = napi_get_value_bool(env, v, &b);
+            if (st != napi_ok) {
+                throw_napi_failure(env, st, "napi_get_value_bool");
+                return 0;
+            }
+            x = b;
+        } else if (rows[i].kind == 'i') {
+            if (!get_integer(env, v, (double)INT32_MIN, (double)INT32_MAX, &x, fn, what))
+                return 0;
+        } else if (rows[i].kind == 'u') {
+            if (!get_integer(env, v, 0, max_safe, &x, fn, what))
+                return 0;
+        } else if (!get_integer(env, v, -max_safe, max_safe, &x, fn, what)) {
+            return 0;
+        }
+        if (rows[i].kind == 'i') {
+            int32_t y = (int32_t)x;
+            memcpy(dst, &y, sizeof y);
+        } else if (rows[i].kind == 'u') {
+            uint64_t y = (uint64_t)x;
+            memcpy(dst, &y, sizeof y);
+        } else {
+            memcpy(dst, &x, sizeof x);
+        }
+    }
+    return 1;
+}
+
+/* A fresh engine handle owning `engine` (freed here when the handle cannot be made). */
+static napi_value wrap_engine(napi_env env, kvl_engine *engine)
+{
+    kvl_engine_info info;
+    if (kvl_engine_get_info(engine, &info) != KVL_OK) {
+        kvl_engine_free(engine);
+        return throw_error(env, "ERR_KVL_INTERNAL",
+                           "kvl addon: engineOpen: kvl_engine_get_info failed on a new engine");
+    }
+    engine_box *b = calloc(1, sizeof *b);
+    if (!b) {
+        kvl_engine_free(engine);
+        return throw_error(env, "ERR_KVL_NOMEM", "kvl addon: engineOpen: out of memory");
+    }
+    b->engine = engine;
+    b->vocab = info.vocab_size;
+    b->hidden = info.hidden_size;
+    napi_value v;
+    napi_status st = napi_create_external(env, b, engine_finalize, NULL, &v);
+    if (st != napi_ok) {
+        engine_close(b);
+        free(b);
+        throw_napi_failure(env, st, "napi_create_external");
+        return NULL;
+    }
+    st = napi_type_tag_object(env, v, &ENGINE_TAG);
+    if (st != napi_ok) {
+        engine_close(b); /* the finalizer frees the box */
+        throw_napi_failure(env, st, "napi_type_tag_object");
+        return NULL;
+    }
+    return v;
+}
+
+#define KVL_OPEN_ERR_BYTES 8192 /* the core's open errors quote paths of up to 4 KiB */
+
+static napi_value js_engine_open(napi_env env, napi_callback_info info)
+{
+    const char *fn = "engineOpen";
+    napi_value argv[2];
+    size_t argc = 2;
+    NAPI_CALL(env, napi_get_cb_info(env, info, &argc, argv, NULL, NULL));
+    if (argc < 1)
+        return throw_error(env, "ERR_MISSING_ARGS", "kvl addon: engineOpen takes (packDir, codes)");
+    kvl_engine_options options;
+    if (!read_engine_options(env, argc >= 2 ? argv[1] : NULL, &options, fn))
+        return NULL;
+    char *dir = string_from_value(env, argv[0], fn, 0);
+    if (!dir)
+        return NULL;
+    char *err = calloc(KVL_OPEN_ERR_BYTES, 1);
+    if (!err) {
+        free(dir);
+        return throw_error(env, "ERR_KVL_NOMEM", "kvl addon: engineOpen: out of memory");
+    }
+    kvl_engine *engine = NULL;
+    kvl_status status = kvl_engine_open(dir, &options, &engine, err, KVL_OPEN_ERR_BYTES);
+    free(dir);
+    if (status == KVL_OK && !engine) {
+        free(err);
+        return throw_error(env, "ERR_KVL_INTERNAL", "kvl addon: engineOpen: kvl_engine_open returned no engine");
+    }
+    if (status != KVL_OK && engine) { /* not expected from the core; never leak it */
+        kvl_engine_free(engine);
+        engine = NULL;
+    }
+    const char *end = memchr(err, '\0', KVL_OPEN_ERR_BYTES);
+    napi_value js_error;
+    napi_status st = napi_create_string_utf8(env, err, end ? (size_t)(end - err) : KVL_OPEN_ERR_BYTES, &js_error);
+    free(err);
+    if (st != napi_ok) {
+        if (engine)
+            kvl_engine_free(engine);
+        throw_napi_failure(env, st, "napi_create_string_utf8");
+        return NULL;
+    }
+    napi_value js_engine;
+    if (engine) {
+        js_engine = wrap_engine(env, engine);
+        if (!js_engine)
+            return NULL;
+    } else {
+        NAPI_CALL(env, napi_get_null(env, &js_engine));
+    }
+    napi_value result = status_result(env, status, "engine", js_engine);
+    if (!result)
+        return NULL;
+    NAPI_CALL(env, napi_set_named_property(env, result, "error", js_error));
+    return result;
+}
+
+static napi_value js_engine_free(napi_env env, napi_callback_info info)
+{
+    napi_value argv[1];
+    engine_box *b;
+    if (!get_args(env, info, argv, 1, "engineFree") || !(b = get_engine(env, argv[0], 0, "engineFree")))
+        return NULL;
+    engine_close(b);
+    return NULL;
+}
+
+static napi_value js_engine_info(napi_env env, napi_callback_info info)
+{
+    napi_value argv[1];
+    engine_box *b;
+    if (!get_args(env, info, argv, 1, "engineInfo") || !(b = get_engine(env, argv[0], 1, "engineInfo")))
+        return NULL;
+    kvl_engine_info out;
+    kvl_status st = kvl_engine_get_info(b->engine, &out);
+    if (st != KVL_OK)
+        return throw_error(env, "ERR_KVL_INTERNAL", "kvl addon: engineInfo: kvl_engine_get_info failed");
+    return struct_to_object(env, &out, ENGINE_INFO_FIELDS,
+                            sizeof ENGINE_INFO_FIELDS / sizeof ENGINE_INFO_FIELDS[0]);
+}
+
+static napi_value js_engine_stats(napi_env env, napi_callback_info info)
+{
+    napi_value argv[1];
+    engine_box *b;
+    if (!get_args(env, info, argv, 1, "engineStats") || !(b = get_engine(env, argv[0], 1, "engineStats")))
+        return NULL;
+    kvl_stats out;
+    kvl_status st = kvl_engine_get_stats(b->engine, &out);
+    if (st != KVL_OK)
+        return throw_error(env, "ERR_KVL_INTERNAL", "kvl addon: engineStats: kvl_engine_get_stats failed");
+    return struct_to_object(env, &out, STATS_FIELDS, sizeof STATS_FIELDS / sizeof STATS_FIELDS[0]);
+}
+
+static napi_value js_engine_reset_stats(napi_env env, napi_callback_info info)
+{
+    napi_value argv[1];
+    engine_box *b;
+    if (!get_args(env, info, argv, 1, "engineResetStats") ||
+        !(b = get_engine(env, argv[0], 1, "engineResetStats")))
+        return NULL;
+    kvl_engine_reset_stats(b->engine);
+    return NULL;
+}
+
+static napi_value js_engine_last_error(napi_env env, napi_callback_info info)
+{
+    napi_value argv[1];
+    engine_box *b;
+    if (!get_args(env, info, argv, 1, "engineLastError") ||
+        !(b = get_engine(env, argv[0], 1, "engineLastError")))
+        return NULL;
+    const char *msg = kvl_engine_last_error(b->engine);
+    return make_string(env, msg ? msg : "", NAPI_AUTO_LENGTH);
+}
+
+/* ---------------------------------------------------------------- session functions */
+
+/* (engine, maxContext, maxBatch) -> the open engine box and kvl_session_options, or NULL. */
+static engine_box *get_session_args(napi_env env, napi_callback_info info, napi_value *engine_value,
+                                    kvl_session_options *o, const char *fn)
+{
+    napi_value argv[3];
+    engine_box *b;
+    memset(o, 0, sizeof *o);
+    if (!get_args(env, info, argv, 3, fn) || !(b = get_engine(env, argv[0], 1, fn)) ||
+        !get_int32(env, argv[1], &o->max_context, fn, "argument 2 (maxContext)") ||
+        !get_int32(env, argv[2], &o->max_batch, fn, "argument 3 (maxBatch)"))
+        return NULL;
+    *engine_value = argv[0];
+    return b;
+}
+
+static napi_value js_session_bytes(napi_env env, napi_callback_info info)
+{
+    napi_value engine_value, js_bytes;
+    kvl_session_options o;
+    engine_box *b = get_session_args(env, info, &engine_value, &o, "sessionBytes");
+    if (!b)
+        return NULL;
+    uint64_t bytes = 0;
+    kvl_status status = kvl_session_bytes(b->engine, &o, &bytes);
+    NAPI_CALL(env, napi_create_double(env, status == KVL_OK ? (double)bytes : 0.0, &js_bytes));
+    return status_result(env, status, "bytes", js_bytes);
+}
+
+static napi_value js_session_new(napi_env env, napi_callback_info info)
+{
+    napi_value engine_value, js_session;
+    kvl_session_options o;
+    engine_box *e = get_session_args(env, info, &engine_value, &o, "sessionNew");
+    if (!e)
+        return NULL;
+    kvl_session *session = NULL;
+    kvl_status status = kvl_session_new(e->engine, &o, &session);
+    if (status != KVL_OK || !session) {
+        if (session) /* not expected from the core; never leak it */
+            kvl_session_free(session);
+        NAPI_CALL(env, napi_get_null(env, &js_session));
+        return status_result(env, status == KVL_OK ? KVL_ERR_INTERNAL : status, "session", js_session);
+    }
+    session_box *b = calloc(1, sizeof *b);
+    if (!b) {
+        kvl_session_free(session);
+        return throw_error(env, "ERR_KVL_NOMEM", "kvl addon: sessionNew: out of memory");
+    }
+    b->session = session;
+    b->owner = e;
+    b->next = e->sessions;
+    if (e->sessions)
+        e->sessions->prev = b;
+    e->sessions = b;
+    napi_status st = napi_create_reference(env, engine_value, 1, &b->engine_ref);
+    const char *what = "napi_create_reference";
+    if (st == napi_ok) {
+        st = napi_create_external(env, b, session_finalize, NULL, &js_session);
+        what = "napi_create_external";
+    }
+    if (st != napi_ok) {
+        session_close(b);
+        if (b->engine_ref)
+            napi_delete_reference(env, b->engine_ref);
+        free(b);
+        throw_napi_failure(env, st, what);
+        return NULL;
+    }
+    st = napi_type_tag_object(env, js_session, &SESSION_TAG);
+    if (st != napi_ok) {
+        session_close(b); /* the finalizer frees the box and the reference */
+        throw_napi_failure(env, st, "napi_type_tag_object");
+        return NULL;
+    }
+    return status_result(env, KVL_OK, "session", js_session);
+}
+
+static napi_value js_session_free(napi_env env, napi_callback_info info)
+{
+    napi_value argv[1];
+    session_box *b;
+    if (!get_args(env, info, argv, 1, "sessionFree") || !(b = get_session(env, argv[0], 0, "sessionFree")))
+        return NULL;
+    session_close(b);
+    if (b->engine_ref) {
+        napi_ref ref = b->engine_ref;
+        b->engine_ref = NULL;
+        NAPI_CALL(env, napi_delete_reference(env, ref));
+    }
+    return NULL;
+}
+
+static napi_value js_session_position(napi_env env, napi_callback_info info)
+{
+    napi_value argv[1], v;
+    session_box *b;
+    if (!get_args(env, info, argv, 1, "sessionPosition") ||
+        !(b = get_session(env, argv[0], 1, "sessionPosition")))
+        return NULL;
+    NAPI_CALL(env, napi_create_int32(env, kvl_session_position(b->session), &v));
+    return v;
+}
+
+static napi_value js_session_truncate(napi_env env, napi_callback_info info)
+{
+    const char *fn = "sessionTruncate";
+    napi_value argv[2];
+    session_box *b;
+    int32_t n;
+    if (!get_args(env, info, argv, 2, fn) || !(b = get_session(env, argv[0], 1, fn)) ||
+        !get_int32(env, argv[1], &n, fn, "argument 2 (n)"))
+        return NULL;
+    return make_status(env, kvl_session_truncate(b->session, n));
+}
+
+static napi_value js_session_prefill(napi_env env, napi_callback_info info)
+{
+    const char *fn = "sessionPrefill";
+    napi_value argv[6];
+    session_box *b;
+    void *tokens, *media = NULL, *logits = NULL;
+    size_t n_tokens, n_media_floats = 0, n_logits = 0;
+    int32_t n_media, mode;
+    char msg[256];
+    if (!get_args(env, info, argv, 6, fn) || !(b = get_session(env, argv[0], 1, fn)) ||
+        !get_typed_arg(env, argv[1], napi_int32_array, &tokens, &n_tokens, fn, 1) ||
+        !get_int32(env, argv[3], &n_media, fn, "argument 4 (nMedia)") ||
+        !get_int32(env, argv[4], &mode, fn, "argument 5 (logitsMode)"))
+        return NULL;
+    const uint64_t vocab = (uint64_t)b->owner->vocab, hidden = (uint64_t)b->owner->hidden;
+    if (n_tokens > (size_t)INT32_MAX) {
+        snprintf(msg, sizeof msg, "kvl addon: %s: %llu tokens is more than one call takes", fn,
+                 (unsigned long long)n_tokens);
+        napi_throw_range_error(env, "ERR_OUT_OF_RANGE", msg);
+        return NULL;
+    }
+    if (n_media < 0) {
+        snprintf(msg, sizeof msg, "kvl addon: %s: nMedia must be >= 0, got %d", fn, (int)n_media);
+        napi_throw_range_error(env, "ERR_OUT_OF_RANGE", msg);
+        return NULL;
+    }
+    if (mode < KVL_LOGITS_NONE || mode > KVL_LOGITS_ALL) {
+        snprintf(msg, sizeof msg, "kvl addon: %s: logitsMode must be 0 (none), 1 (last) or 2 (all), got %d",
+                 fn, (int)mode);
+        napi_throw_range_error(env, "ERR_OUT_OF_RANGE", msg);
+        return NULL;
+    }
+    if (is_nullish(env, argv[2])) {
+        if (n_media > 0) {
+            snprintf(msg, sizeof msg, "kvl addon: %s: media must be a Float32Array of %d rows, got none",
+                     fn, (int)n_media);
+            napi_throw_type_error(env, "ERR_INVALID_ARG_TYPE", msg);
+            return NULL;
+        }
+    } else {
+        if (!get_typed_arg(env, argv[2], napi_float32_array, &media, &n_media_floats, fn, 2))
+            return NULL;
+        if ((uint64_t)n_media_floats != (uint64_t)n_media * hidden) {
+            snprintf(msg, sizeof msg, "kvl addon: %s: media holds %llu floats, not nMedia (%d) x "
+                     "hidden_size (%d)", fn, (unsigned long long)n_media_floats, (int)n_media, (int)hidden);
+            napi_throw_range_error(env, "ERR_OUT_OF_RANGE", msg);
+            return NULL;
+        }
+    }
+    if (mode == KVL_LOGITS_NONE) {
+        if (!is_nullish(env, argv[5])) {
+            snprintf(msg, sizeof msg, "kvl addon: %s: logits must be null with logitsMode 0 (none)", fn);
+            napi_throw_type_error(env, "ERR_INVALID_ARG_TYPE", msg);
+            return NULL;
+        }
+    } else {
+        if (!get_typed_arg(env, argv[5], napi_float32_array, &logits, &n_logits, fn, 5))
+            return NULL;
+        uint64_t want = mode == KVL_LOGITS_LAST ? vocab : (uint64_t)n_tokens * vocab;
+        if ((uint64_t)n_logits != want) {
+            snprintf(msg, sizeof msg, "kvl addon: %s: logits holds %llu floats; logitsMode %d with %llu "
+                     "tokens needs %llu (vocab %d)", fn, (unsigned long long)n_logits, (int)mode,
+                     (unsigned long long)n_tokens, (unsigned long long)want, (int)vocab);
+            napi_throw_range_error(env, "ERR_OUT_OF_RANGE", msg);
+            return NULL;
+        }
+        if (overlaps(logits, n_logits * sizeof(float), tokens, n_tokens * sizeof(int32_t)) ||
+            overlaps(logits, n_logits * sizeof(float), media, n_media_floats * sizeof(float))) {
+            snprintf(msg, sizeof msg, "kvl addon: %s: logits shares memory with tokens or media", fn);
+            napi_throw_range_error(env, "ERR_INVALID_ARG_VALUE", msg);
+            return NULL;
+        }
+    }
+    kvl_status status = kvl_session_prefill(b->session, tokens, (int32_t)n_tokens, media, n_media,
+                                            mode, logits);
+    return make_status(env, status);
+}
+
+/* An optional Float32Array argument (null/undefined -> NULL, 0 floats) of exactly `want` floats;
+ * `what` names it in the errors. Returns 0 after throwing. */
+static int get_optional_floats(napi_env env, napi_value value, uint64_t want, void **data, size_t *n,
+                               const char *fn, unsigned index, const char *what)
+{
+    *data = NULL;
+    *n = 0;
+    if (is_nullish(env, value))
+        return 1;
+    if (!get_typed_arg(env, value, napi_float32_array, data, n, fn, index))
+        return 0;
+    if ((uint64_t)*n != want) {
+        char msg[200];
+        snprintf(msg, sizeof msg, "kvl addon: %s: %s holds %llu floats, not %llu", fn, what,
+                 (unsigned long long)*n, (unsigned long long)want);
+        napi_throw_range_error(env, "ERR_OUT_OF_RANGE", msg);
+        return 0;
+    }
+    return 1;
+}
+
+static napi_value js_session_forward(napi_env env, napi_callback_info info)
+{
+    const char *fn = "sessionForward";
+    napi_value argv[9];
+    session_box *b;
+    void *tokens = NULL, *hidden_in = NULL, *media, *hidden_out, *logits = NULL;
+    size_t n_tokens = 0, n_hidden_in = 0, n_media_floats, n_hidden_out, n_logits = 0;
+    int32_t n_media, mode;
+    bool decode = false;
+    napi_valuetype type = napi_undefined;
+    char msg[256];
+    if (!get_args(env, info, argv, 9, fn) || !(b = get_session(env, argv[0], 1, fn)) ||
+        !get_int32(env, argv[4], &n_media, fn, "argument 5 (nMedia)") ||
+        !get_int32(env, argv[6], &mode, fn, "argument 7 (logitsMode)"))
+        return NULL;
+    if (napi_typeof(env, argv[8], &type) != napi_ok || type != napi_boolean) {
+        snprintf(msg, sizeof msg, "kvl addon: %s: argument 9 (decode) must be a boolean", fn);
+        napi_throw_type_error(env, "ERR_INVALID_ARG_TYPE", msg);
+        return NULL;
+    }
+    NAPI_CALL(env, napi_get_value_bool(env, argv[8], &decode));
+    const uint64_t vocab = (uint64_t)b->owner->vocab, hidden = (uint64_t)b->owner->hidden;
+    const int tokens_given = !is_nullish(env, argv[1]), hidden_given = !is_nullish(env, argv[2]);
+    if (tokens_given == hidden_given) {
+        snprintf(msg, sizeof msg, "kvl addon: %s: give exactly one of tokens (argument 2) and hiddenIn "
+                 "(argument 3)", fn);
+        napi_throw_type_error(env, "ERR_INVALID_ARG_TYPE", msg);
+        return NULL;
+    }
+    uint64_t n;
+    if (tokens_given) {
+        if (!get_typed_arg(env, argv[1], napi_int32_array, &tokens, &n_tokens, fn, 1))
+            return NULL;
+        n = n_tokens;
+    } else {
+        if (!get_typed_arg(env, argv[2], napi_float32_array, &hidden_in, &n_hidden_in, fn, 2))
+            return NULL;
+        if (hidden == 0 || n_hidden_in % hidden != 0) {
+            snprintf(msg, sizeof msg, "kvl addon: %s: hiddenIn holds %llu floats, not whole rows of "
+                     "hidden_size (%d)", fn, (unsigned long long)n_hidden_in, (int)hidden);
+            napi_throw_range_error(env, "ERR_OUT_OF_RANGE", msg);
+            return NULL;
+        }
+        n = n_hidden_in / hidden;
+    }
+    if (n > (uint64_t)INT32_MAX || n_media < 0 || mode < KVL_LOGITS_NONE || mode > KVL_LOGITS_ALL) {
+        snprintf(msg, sizeof msg, "kvl addon: %s: %llu tokens, nMedia %d, logitsMode %d: want at most "
+                 "2^31-1 tokens, nMedia >= 0 and a logitsMode of 0, 1 or 2", fn, (unsigned long long)n,
+                 (int)n_media, (int)mode);
+        napi_throw_range_error(env, "ERR_OUT_OF_RANGE", msg);
+        return NULL;
+    }
+    if (n_media > 0 && is_nullish(env, argv[3])) {
+        snprintf(msg, sizeof msg, "kvl addon: %s: media must be a Float32Array of %d rows, got none",
+                 fn, (int)n_media);
+        napi_throw_type_error(env, "ERR_INVALID_ARG_TYPE", msg);
+        return NULL;
+    }
+    if (!get_optional_floats(env, argv[3], (uint64_t)n_media * hidden, &media, &n_media_floats, fn, 3,
+                             "media (nMedia x hidden_size)") ||
+        !get_optional_floats(env, argv[5], n * hidden, &hidden_out, &n_hidden_out, fn, 5,
+                             "hiddenOut (n_tokens x hidden_size)"))
+        return NULL;
+    /* logits null with a logitsMode other than none is the core's to refuse (a status): on an
+     * engine that does not run the last layers it names the layer range. */
+    if (is_nullish(env, argv[7])) {
+        /* NULL */
+    } else if (mode == KVL_LOGITS_NONE) {
+        snprintf(msg, sizeof msg, "kvl addon: %s: logits must be null with logitsMode 0 (none)", fn);
+        napi_throw_type_error(env, "ERR_INVALID_ARG_TYPE", msg);
+        return NULL;
+    } else if (!get_typed_arg(env, argv[7], napi_float32_array, &logits, &n_logits, fn, 7)) {
+        return NULL;
+    } else if ((uint64_t)n_logits != (mode == KVL_LOGITS_LAST ? vocab : n * vocab)) {
+        snprintf(msg, sizeof msg, "kvl addon: %s: logits holds %llu floats; logitsMode %d with %llu "
+                 "tokens needs %llu (vocab %d)", fn, (unsigned long long)n_logits, (int)mode,
+                 (unsigned long long)n, (unsigned long long)(mode == KVL_LOGITS_LAST ? vocab : n * vocab),
+                 (int)vocab);
+        napi_throw_range_error(env, "ERR_OUT_OF_RANGE", msg);
+        return NULL;
+    }
+    /* The outputs must not share memory with the inputs or with each other. */
+    const size_t out_bytes[2] = {n_hidden_out * sizeof(float), n_logits * sizeof(float)};
+    const void *outs[2] = {hidden_out, logits};
+    for (int i = 0; i < 2; i++) {
+        if (overlaps(outs[i], out_bytes[i], tokens, n_tokens * sizeof(int32_t)) ||
+            overlaps(outs[i], out_bytes[i], hidden_in, n_hidden_in * sizeof(float)) ||
+            overlaps(outs[i], out_bytes[i], media, n_media_floats * sizeof(float)) ||
+            (i == 0 && overlaps(hidden_out, out_bytes[0], logits, out_bytes[1]))) {
+            snprintf(msg, sizeof msg, "kvl addon: %s: hiddenOut and logits must not share memory with "
+                     "the inputs or each other", fn);
+            napi_throw_range_error(env, "ERR_INVALID_ARG_VALUE", msg);
+            return NULL;
+        }
+    }
+    kvl_status status = kvl_session_forward(b->session, tokens, hidden_in, (int32_t)n, media, n_media,
+                                            hidden_out, mode, logits, decode ? 1 : 0);
+    return make_status(env, status);
+}
+
+static napi_value js_session_step(napi_env env, napi_callback_info info)
+{
+    const char *fn = "sessionStep";
+    napi_value argv[3];
+    session_box *b;
+    int32_t token;
+    void *logits;
+    size_t n_logits;
+    if (!get_args(env, info, argv, 3, fn) || !(b = get_session(env, argv[0], 1, fn)) ||
+        !get_int32(env, argv[1], &token, fn, "argument 2 (token)") ||
+        !get_typed_arg(env, argv[2], napi_float32_array, &logits, &n_logits, fn, 2))
+        return NULL;
+    if ((uint64_t)n_logits != (uint64_t)b->owner->vocab) {
+        char msg[160];
+        snprintf(msg, sizeof msg, "kvl addon: %s: logits holds %llu floats, not vocab_size (%d)", fn,
+                 (unsigned long long)n_logits, (int)b->owner->vocab);
+        napi_throw_range_error(env, "ERR_OUT_OF_RANGE", msg);
+        return NULL;
+    }
+    return make_status(env, kvl_session_step(b->session, token, logits));
+}
+
+static napi_value js_session_cancel(napi_env env, napi_callback_info info)
+{
+    napi_value argv[1];
+    session_box *b;
+    if (!get_args(env, info, argv, 1, "sessionCancel") ||
+        !(b = get_session(env, argv[0], 1, "sessionCancel")))
+        return NULL;
+    kvl_session_cancel(b->session);
+    return NULL;
+}
+
 /* ---------------------------------------------------------------- module table */
 
 typedef struct kvl_function {
@@ -379,6 +1282,21 @@ static const kvl_function kvl_functions[] = {
     {"packExpert", js_pack_expert},
     {"pcg64Seed", js_pcg64_seed},
     {"synthUniform", js_synth_uniform},
+    {"engineOpen", js_engine_open},
+    {"engineFree", js_engine_free},
+    {"engineInfo", js_engine_info},
+    {"engineStats", js_engine_stats},
+    {"engineResetStats", js_engine_reset_stats},
+    {"engineLastError", js_engine_last_error},
+    {"sessionBytes", js_session_bytes},
+    {"sessionNew", js_session_new},
+    {"sessionFree", js_session_free},
+    {"sessionPosition", js_session_position},
+    {"sessionTruncate", js_session_truncate},
+    {"sessionPrefill", js_session_prefill},
+    {"sessionForward", js_session_forward},
+    {"sessionStep", js_session_step},
+    {"sessionCancel", js_session_cancel},
 };
 
 NAPI_MODULE_INIT()

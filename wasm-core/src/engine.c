@@ -23,6 +23,8 @@
 #include <pthread.h>
 #endif
 
+#include "platform.h"
+
 /* ---- small portability helpers ------------------------------------------------------------- */
 
 int kvl_atomic_load(volatile int *p)
@@ -442,7 +444,12 @@ static kvl_status load_text(open_ctx *c, const kvl_engine_options *o)
                      KVL_DTYPE_BF16, 1, H, 0, &final_norm)) != KVL_OK) return st;
     if ((st = expect(c, e->trunk, "trunk.idx", "language_model.lm_head.weight",
                      KVL_DTYPE_BF16, 2, V, H, &lm_head)) != KVL_OK) return st;
-    uint64_t gbytes = align4096(lm_head->nbytes) + align64(H * 4);
+    /* what this engine's layer range keeps resident: lm_head and the final norm on the last
+     * range, the per-layer norms and routers of its own layers; every tensor is validated */
+    const int first = t->layer_begin, last = t->layer_end;
+    const int has_head = last == hp->n_layers;
+#define IN_RANGE(l) ((l) >= first && (l) < last)
+    uint64_t gbytes = has_head ? align4096(lm_head->nbytes) + align64(H * 4) : 0;
     const kvl_tensor_rec **small = (const kvl_tensor_rec **)calloc((size_t)hp->n_layers * 5,
                                                                    sizeof *small);
     if (!small) return oerr(c, KVL_ERR_NOMEM, "out of memory opening the pack");
@@ -452,7 +459,7 @@ static kvl_status load_text(open_ctx *c, const kvl_engine_options *o)
         kvl_trunk_tensor *tt = &t->tt[l * KVL_TT_PER_LAYER];
         const char *pre = "language_model.model.layers";
         lg->is_moe = layer_is_moe(hp, l);
-        n_moe += lg->is_moe;
+        n_moe += lg->is_moe && IN_RANGE(l);
 #define EXPECT(suffix, dt, nd, a, b, dst)                                                          \
         do {                                                                                      \
             snprintf(name, sizeof name, "%s.%d.%s", pre, l, suffix);                              \
@@ -470,7 +477,7 @@ static kvl_status load_text(open_ctx *c, const kvl_engine_options *o)
                nh * (uint64_t)(hp->nope + hp->v_dim), kvl, &tt[KVL_TT_KVB].rec);
         EXPECT("self_attn.o_proj.weight", KVL_DTYPE_BF16, 2, H, nh * (uint64_t)hp->v_dim,
                &tt[KVL_TT_O].rec);
-        gbytes += 2 * align64(H * 4) + align64(kvl * 4);
+        if (IN_RANGE(l)) gbytes += 2 * align64(H * 4) + align64(kvl * 4);
         const char *mlp = lg->is_moe ? "mlp.shared_experts" : "mlp";
         uint64_t rows = lg->is_moe ? (uint64_t)hp->n_shared * (uint64_t)hp->moe_intermediate
                                    : (uint64_t)hp->intermediate;
@@ -484,7 +491,7 @@ static kvl_status load_text(open_ctx *c, const kvl_engine_options *o)
         if (lg->is_moe) {
             EXPECT("mlp.gate.weight", KVL_DTYPE_BF16, 2, E, H, &small[l * 5 + 3]);
             EXPECT("mlp.gate.e_score_correction_bias", KVL_DTYPE_F32, 1, E, 0, &small[l * 5 + 4]);
-            gbytes += align4096(small[l * 5 + 3]->nbytes) + align64(E * 4);
+            if (IN_RANGE(l)) gbytes += align4096(small[l * 5 + 3]->nbytes) + align64(E * 4);
         }
         if (rows > 0) {
             char sfx[96];
@@ -568,10 +575,10 @@ static kvl_status load_text(open_ctx *c, const kvl_engine_options *o)
             (dst) = (const float *)(void *)p;                                                     \
             p += align64((uint64_t)(count) * 4);                                                  \
         } while (0)
-        READ_PAGED(lm_head, t->lm_head);
-        for (int l = 0; l < hp->n_layers; l++)
+        if (has_head) READ_PAGED(lm_head, t->lm_head);
+        for (int l = first; l < last; l++)
             if (t->layers[l].is_moe) READ_PAGED(small[l * 5 + 3], t->layers[l].router_w);
-        for (int l = 0; l < hp->n_layers; l++) {
+        for (int l = first; l < last; l++) {
             kvl_layer_globals *lg = &t->layers[l];
             READ_WIDENED(small[l * 5 + 0], lg->input_ln, H);
             READ_WIDENED(small[l * 5 + 1], lg->post_ln, H);
@@ -586,7 +593,7 @@ static kvl_status load_text(open_ctx *c, const kvl_engine_options *o)
                 p += align64(E * 4);
             }
         }
-        READ_WIDENED(final_norm, t->final_norm, H);
+        if (has_head) READ_WIDENED(final_norm, t->final_norm, H);
 #undef READ_PAGED
 #undef READ_WIDENED
     globals_done:
@@ -603,6 +610,9 @@ static kvl_status load_text(open_ctx *c, const kvl_engine_options *o)
      * double buffer of 2 x the largest streamed tensor's align4096(nbytes) (engine_workspace). */
     {
         const int n_tt = hp->n_layers * KVL_TT_PER_LAYER;
+        /* tensors of layers outside the range are not this engine's: forget their records */
+        for (int i = 0; i < n_tt; i++)
+            if (!IN_RANGE(i / KVL_TT_PER_LAYER)) t->tt[i].rec = NULL;
         uint64_t all = 0;
         for (int i = 0; i < n_tt; i++)
             if (t->tt[i].rec) {
@@ -684,15 +694,16 @@ static kvl_status load_text(open_ctx *c, const kvl_engine_options *o)
     }
     st = KVL_OK;
 out:
+#undef IN_RANGE
     free(small);
     return st;
 }
 
 static kvl_status file_exists(const char *path)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f) return KVL_ERR_IO;
-    fclose(f);
+    kvl_os_file f = KVL_OS_FILE_INVALID;
+    if (kvl_os_open_read(path, 0, &f) != 0) return KVL_ERR_IO;
+    kvl_os_close(f);
     return KVL_OK;
 }
 
@@ -782,7 +793,7 @@ kvl_status kvl_engine_open(const char *pack_dir, const kvl_engine_options *optio
                     "everything, 0 for all resident, or a byte budget)", (long long)o.trunk_cache_bytes);
     if (o.io_mode < KVL_IO_AUTO || o.io_mode > KVL_IO_BUFFERED)
         return oerr(&c, KVL_ERR_INVALID_ARG, "io_mode = %d is invalid", (int)o.io_mode);
-    if (o.kernels < KVL_KERNELS_AUTO || o.kernels > KVL_KERNELS_AVX512)
+    if (o.kernels < KVL_KERNELS_AUTO || o.kernels > KVL_KERNELS_SIMD128)
         return oerr(&c, KVL_ERR_INVALID_ARG, "kernels = %d is invalid", (int)o.kernels);
     if (o.kv_dtype < KVL_KV_DEFAULT || o.kv_dtype > KVL_KV_BF16)
         return oerr(&c, KVL_ERR_INVALID_ARG, "kv_dtype = %d is invalid", (int)o.kv_dtype);
@@ -809,6 +820,19 @@ kvl_status kvl_engine_open(const char *pack_dir, const kvl_engine_options *optio
     if ((st = open_store(&c, pack_dir, "experts", 2, o.io_mode, &e->experts)) != KVL_OK) goto fail;
     if ((st = check_config_agrees(&c, e->experts, "experts.idx")) != KVL_OK) goto fail;
     if ((st = read_hparams(&c, &e->text->hp)) != KVL_OK) goto fail;
+    {
+        const int n_layers = e->text->hp.n_layers;
+        int begin = o.layer_begin, end = o.layer_end;
+        if (begin == 0 && end == 0) end = n_layers;
+        if (begin < 0 || end > n_layers || begin >= end) {
+            st = oerr(&c, KVL_ERR_INVALID_ARG, "layer range [%d, %d) is not a non-empty range "
+                      "within the model's %d layers", (int)o.layer_begin, (int)o.layer_end,
+                      n_layers);
+            goto fail;
+        }
+        e->text->layer_begin = begin;
+        e->text->layer_end = end;
+    }
     if (o.load_vision) {
         if ((st = open_store(&c, pack_dir, "vision", 3, o.io_mode, &e->vision)) != KVL_OK) goto fail;
         if ((st = check_config_agrees(&c, e->vision, "vision.idx")) != KVL_OK) goto fail;
@@ -897,6 +921,8 @@ kvl_status kvl_engine_get_info(const kvl_engine *e, kvl_engine_info *out)
     out->expert_cache_bytes = t->ecache ? kvl_expert_cache_bytes(t->ecache) : 0;
     out->engine_workspace_bytes = t->workspace_bytes;
     out->expert_extent_bytes = t->extent_bytes;
+    out->layer_begin = t->layer_begin;
+    out->layer_end = t->layer_end;
     return KVL_OK;
 }
 
@@ -1016,15 +1042,34 @@ void kvl_session_cancel(kvl_session *s)
     if (s) kvl_atomic_store(&s->cancel_flag, 1);
 }
 
-static kvl_status run_tokens(kvl_session *s, const int32_t *tokens, int32_t n, const float *media,
-                             int32_t n_media, int32_t mode, float *logits, int decode)
+kvl_status kvl_session_forward(kvl_session *s, const int32_t *tokens, const float *hidden_in,
+                               int32_t n, const float *media, int32_t n_media, float *hidden_out,
+                               int32_t mode, float *logits, int32_t decode)
 {
+    if (!s) return KVL_ERR_INVALID_ARG;
     kvl_engine *e = s->engine;
     kvl_engine_text *t = e->text;
     const kvl_text_hparams *hp = &t->hp;
-    if (n < 0 || (n > 0 && !tokens))
-        return kvl_engine_fail(e, KVL_ERR_INVALID_ARG, "prefill: %d tokens with a %s token array",
-                               (int)n, tokens ? "valid" : "NULL");
+    const int first_range = t->layer_begin == 0, last_range = t->layer_end == hp->n_layers;
+    if (n < 0)
+        return kvl_engine_fail(e, KVL_ERR_INVALID_ARG, "forward: %d tokens", (int)n);
+    if (first_range && n > 0 && !tokens)
+        return kvl_engine_fail(e, KVL_ERR_INVALID_ARG, "forward: this engine runs the first layers "
+                               "[0, %d): it takes token ids, not NULL", t->layer_end);
+    if (!first_range && (tokens || (n > 0 && !hidden_in) || n_media != 0))
+        return kvl_engine_fail(e, KVL_ERR_INVALID_ARG, "forward: this engine runs layers [%d, %d): "
+                               "it takes the previous range's hidden states (hidden_in), not "
+                               "tokens or media rows", t->layer_begin, t->layer_end);
+    if (first_range && hidden_in)
+        return kvl_engine_fail(e, KVL_ERR_INVALID_ARG, "forward: this engine runs the first layers; "
+                               "it takes tokens, not hidden_in");
+    if (!last_range && (mode != KVL_LOGITS_NONE || (n > 0 && !hidden_out)))
+        return kvl_engine_fail(e, KVL_ERR_INVALID_ARG, "forward: this engine runs layers [%d, %d) "
+                               "of %d: it writes hidden_out (required) and no logits",
+                               t->layer_begin, t->layer_end, hp->n_layers);
+    if (last_range && hidden_out)
+        return kvl_engine_fail(e, KVL_ERR_INVALID_ARG, "forward: this engine runs the last layers; "
+                               "it writes logits, not hidden_out");
     if (mode < KVL_LOGITS_NONE || mode > KVL_LOGITS_ALL)
         return kvl_engine_fail(e, KVL_ERR_INVALID_ARG, "logits_mode = %d is invalid", (int)mode);
     if (mode != KVL_LOGITS_NONE && !logits)
@@ -1036,7 +1081,7 @@ static kvl_status run_tokens(kvl_session *s, const int32_t *tokens, int32_t n, c
         return kvl_engine_fail(e, KVL_ERR_INVALID_ARG, "n_media = %d with a %s media array",
                                (int)n_media, media ? "valid" : "NULL");
     int placeholders = 0;
-    for (int32_t i = 0; i < n; i++) {
+    for (int32_t i = 0; tokens && i < n; i++) {
         if (tokens[i] < 0 || tokens[i] >= hp->vocab)
             return kvl_engine_fail(e, KVL_ERR_INVALID_ARG, "token id %d at index %d is outside "
                                    "the vocabulary [0, %d)", (int)tokens[i], (int)i, hp->vocab);
@@ -1063,7 +1108,10 @@ static kvl_status run_tokens(kvl_session *s, const int32_t *tokens, int32_t n, c
         int cmode = mode == KVL_LOGITS_ALL ? KVL_LOGITS_ALL
                     : (mode == KVL_LOGITS_LAST && last_chunk) ? KVL_LOGITS_LAST : KVL_LOGITS_NONE;
         float *out = mode == KVL_LOGITS_ALL ? logits + (size_t)start * (size_t)hp->vocab : logits;
-        st = kvl_model_forward(s, tokens + start, m, n_media ? media : NULL, &cursor, cmode, out);
+        const size_t row0 = (size_t)start * (size_t)hp->hidden;
+        st = kvl_model_forward(s, tokens ? tokens + start : NULL, hidden_in ? hidden_in + row0 : NULL,
+                               m, n_media ? media : NULL, &cursor,
+                               hidden_out ? hidden_out + row0 : NULL, cmode, out);
         if (st != KVL_OK) break;
     }
     kvl_fast_float_leave(fp_mode);
@@ -1081,11 +1129,12 @@ kvl_status kvl_session_prefill(kvl_session *s, const int32_t *tokens, int32_t n_
                                float *logits)
 {
     if (!s) return KVL_ERR_INVALID_ARG;
-    return run_tokens(s, tokens, n_tokens, media_embeds, n_media, logits_mode, logits, 0);
+    return kvl_session_forward(s, tokens, NULL, n_tokens, media_embeds, n_media, NULL, logits_mode,
+                               logits, 0);
 }
 
 kvl_status kvl_session_step(kvl_session *s, int32_t token, float *logits)
 {
     if (!s) return KVL_ERR_INVALID_ARG;
-    return run_tokens(s, &token, 1, NULL, 0, KVL_LOGITS_LAST, logits, 1);
+    return kvl_session_forward(s, &token, NULL, 1, NULL, 0, NULL, KVL_LOGITS_LAST, logits, 1);
 }

@@ -75,9 +75,10 @@ struct kvl_stream;  /* engine.c: the double-buffered trunk streamer */
 
 typedef struct kvl_engine_text {
     kvl_text_hparams hp;
-    kvl_layer_globals *layers;           /* [n_layers] */
-    const float *final_norm;             /* f32 [hidden] */
-    const uint16_t *lm_head;             /* BF16 [vocab, hidden] */
+    int layer_begin, layer_end;          /* the decoder layers this engine runs */
+    kvl_layer_globals *layers;           /* [n_layers]; filled for [layer_begin, layer_end) */
+    const float *final_norm;             /* f32 [hidden]; NULL unless layer_end == n_layers */
+    const uint16_t *lm_head;             /* BF16 [vocab, hidden]; NULL unless layer_end == n_layers */
     const kvl_tensor_rec *embed;         /* read row-wise from the store, not resident */
     kvl_trunk_tensor *tt;                /* [n_layers * KVL_TT_PER_LAYER]; rec NULL if absent */
     void *global_mem;                    /* one aligned block for every global tensor */
@@ -109,7 +110,8 @@ struct kvl_session {
     volatile int cancel_flag;  /* set by kvl_session_cancel from another thread */
     void *arena;               /* one aligned block: KV cache + scratch */
     uint64_t arena_bytes;
-    /* KV: per layer [max_context, kv_lora + rope] in f32 or bf16 (c first, then k_rope) */
+    /* KV: per layer of the engine's range [max_context, kv_lora + rope] in f32 or bf16 (c
+     * first, then k_rope); layer l at index l - layer_begin */
     void *kv;
     /* scratch pointers into the arena (model.c) */
     float *x, *xn, *q, *a, *qabs, *chat, *o, *gate, *up, *rlog, *selw, *moe_out, *xg, *yg;
@@ -124,11 +126,14 @@ struct kvl_session {
 void kvl_session_layout_compute(const kvl_engine *engine, int max_context, int max_batch,
                                 kvl_session_layout *out);
 void kvl_session_bind(kvl_session *s, const kvl_session_layout *layout);
-/* Run n tokens (n <= max_batch) at the session position; writes logits for the requested
- * tokens (mode LAST: the chunk's last token only). Placeholder tokens take the next media row
- * (media + *media_cursor * hidden) when media is not NULL. Advances position on success. */
-kvl_status kvl_model_forward(kvl_session *s, const int32_t *tokens, int n, const float *media,
-                             int *media_cursor, int logits_mode, float *logits);
+/* Run n tokens (n <= max_batch) at the session position through the engine's layers: input
+ * from tokens (embedding rows; placeholder tokens take the next media row, media +
+ * *media_cursor * hidden, when media is not NULL) on the first range, else from hidden_in;
+ * output logits for the requested tokens (mode LAST: the chunk's last token only) on the last
+ * range, else the hidden states into hidden_out. Advances position on success. */
+kvl_status kvl_model_forward(kvl_session *s, const int32_t *tokens, const float *hidden_in, int n,
+                             const float *media, int *media_cursor, float *hidden_out,
+                             int logits_mode, float *logits);
 
 /* portable atomic int helpers (engine.c) */
 int kvl_atomic_load(volatile int *p);

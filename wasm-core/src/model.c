@@ -36,7 +36,7 @@ static size_t max_mlp_width(const kvl_engine_text *t)
     /* MoE layers: the shared experts' rows plus one expert's, so that a small chunk (n*topk <=
      * max_batch) fits n*R shared rows and n*topk expert rows of moe_intermediate side by side */
     size_t w = 1;
-    for (int l = 0; l < t->hp.n_layers; l++) {
+    for (int l = t->layer_begin; l < t->layer_end; l++) {
         size_t lw = (size_t)t->layers[l].mlp_rows;
         if (t->layers[l].is_moe) lw += (size_t)t->hp.moe_intermediate;
         if (lw > w) w = lw;
@@ -87,7 +87,7 @@ void kvl_session_layout_compute(const kvl_engine *engine, int max_context, int m
     size_t elt = t->kv_bf16 ? 2u : 4u;
     size_t nthreads = (size_t)kvl_pool_size(engine->pool);
     size_t sizes[L_COUNT];
-    sizes[L_KV] = (size_t)hp->n_layers * (size_t)max_context * kvrow * elt;
+    sizes[L_KV] = (size_t)(t->layer_end - t->layer_begin) * (size_t)max_context * kvrow * elt;
     sizes[L_X] = B * H * 4;
     sizes[L_XN] = B * H * 4;
     sizes[L_Q] = B * nh * (size_t)(hp->nope + hp->rope) * 4;
@@ -463,7 +463,7 @@ static void store_kv(kvl_session *s, int layer, int n, int pos0)
         kvl_rmsnorm(tmp, a, t->layers[layer].kva_ln, kvl, hp->kva_eps);
         memcpy(tmp + kvl, a + kvl, (size_t)hp->rope * 4);
         rope_apply(tmp + kvl, rtmp, hp->rope, pos0 + i, hp->rope_theta);
-        size_t idx = ((size_t)layer * layer_rows + (size_t)(pos0 + i)) * kvrow;
+        size_t idx = ((size_t)(layer - t->layer_begin) * layer_rows + (size_t)(pos0 + i)) * kvrow;
         if (t->kv_bf16)
             s->engine->k->f32_to_bf16((uint16_t *)s->kv + idx, tmp, kvrow);
         else
@@ -505,7 +505,8 @@ static kvl_status attention(kvl_session *s, int layer, int n, int pos0)
     attn_job j;
     j.s = s; j.kvb = w; j.n = n; j.pos0 = pos0;
     size_t elt = t->kv_bf16 ? 2u : 4u;
-    j.kv = (const char *)s->kv + (size_t)layer * (size_t)s->max_context * kvrow * elt;
+    j.kv = (const char *)s->kv +
+           (size_t)(layer - t->layer_begin) * (size_t)s->max_context * kvrow * elt;
     if (n >= ATTN_TILED_MIN) { /* the cached latents transposed, for attn_tiled */
         size_t kvl = (size_t)hp->kv_lora, ptot = (size_t)(pos0 + n);
         float *conv = s->thread_scratch; /* no pool job is running */
@@ -818,8 +819,9 @@ static kvl_status ffn(kvl_session *s, int layer, int n)
     return KVL_OK;
 }
 
-kvl_status kvl_model_forward(kvl_session *s, const int32_t *tokens, int n, const float *media,
-                             int *media_cursor, int logits_mode, float *logits)
+kvl_status kvl_model_forward(kvl_session *s, const int32_t *tokens, const float *hidden_in, int n,
+                             const float *media, int *media_cursor, float *hidden_out,
+                             int logits_mode, float *logits)
 {
     kvl_engine *e = s->engine;
     kvl_engine_text *t = e->text;
@@ -828,7 +830,8 @@ kvl_status kvl_model_forward(kvl_session *s, const int32_t *tokens, int n, const
     const int pos0 = s->position;
     kvl_status st;
 
-    for (int i = 0; i < n; i++) {
+    if (hidden_in) memcpy(s->x, hidden_in, (size_t)n * H * 4);
+    for (int i = 0; !hidden_in && i < n; i++) {
         float *dst = s->x + (size_t)i * H;
         if (media && tokens[i] == hp->media_token) {
             memcpy(dst, media + (size_t)(*media_cursor)++ * H, H * 4);
@@ -841,7 +844,7 @@ kvl_status kvl_model_forward(kvl_session *s, const int32_t *tokens, int n, const
                                    "failed", (int)tokens[i]);
         e->k->bf16_to_f32(dst, s->embed_row, H);
     }
-    for (int l = 0; l < hp->n_layers; l++) {
+    for (int l = t->layer_begin; l < t->layer_end; l++) {
         if (kvl_atomic_load(&s->cancel_flag))
             return kvl_engine_fail(e, KVL_ERR_CANCELLED, "cancelled by kvl_session_cancel");
         if ((st = attention(s, l, n, pos0)) != KVL_OK) return st;
@@ -855,6 +858,7 @@ kvl_status kvl_model_forward(kvl_session *s, const int32_t *tokens, int n, const
         par_mm(e, MM_BF16, logits, V, t->lm_head, NULL, V, H, s->xn + (size_t)first * H, H,
                (size_t)m);
     }
+    if (hidden_out) memcpy(hidden_out, s->x, (size_t)n * H * 4);
     s->position = pos0 + n;
     return KVL_OK;
 }

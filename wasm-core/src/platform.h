@@ -39,6 +39,17 @@
 
 /* ------------------------------------------------------------------ files */
 
+#ifdef __EMSCRIPTEN__
+/* WebAssembly: files are the host's (Node's fs, reached through JavaScript imports in
+ * host_io_wasm.c, on whichever thread calls them), read straight into this instance's memory;
+ * emscripten's own virtual filesystem is never used. Same contracts as below; errors are errno
+ * values of this libc. */
+int kvl_host_open_read(const char *path, int direct, int *out_fd);
+void kvl_host_close(int fd);
+int kvl_host_file_size(int fd, uint64_t *size);
+int kvl_host_pread(int fd, void *dst, size_t len, uint64_t offset, size_t *got);
+#endif
+
 #ifdef _WIN32
 typedef HANDLE kvl_os_file;
 #define KVL_OS_FILE_INVALID INVALID_HANDLE_VALUE
@@ -68,7 +79,9 @@ static inline wchar_t *kvl_os_widen(const char *utf8) {
 
 /* Open a file for reading. direct != 0 asks the OS to bypass its page cache. */
 static inline int kvl_os_open_read(const char *path, int direct, kvl_os_file *out) {
-#ifdef _WIN32
+#if defined(__EMSCRIPTEN__)
+    return kvl_host_open_read(path, direct, out);
+#elif defined(_WIN32)
     DWORD flags = FILE_ATTRIBUTE_NORMAL | FILE_FLAG_RANDOM_ACCESS;
     wchar_t *wpath = kvl_os_widen(path);
     HANDLE h;
@@ -112,7 +125,9 @@ static inline int kvl_os_open_read(const char *path, int direct, kvl_os_file *ou
 }
 
 static inline void kvl_os_close(kvl_os_file f) {
-#ifdef _WIN32
+#if defined(__EMSCRIPTEN__)
+    if (f >= 0) kvl_host_close(f);
+#elif defined(_WIN32)
     if (f != INVALID_HANDLE_VALUE) CloseHandle(f);
 #else
     if (f >= 0) close(f);
@@ -120,7 +135,9 @@ static inline void kvl_os_close(kvl_os_file f) {
 }
 
 static inline int kvl_os_file_size(kvl_os_file f, uint64_t *size) {
-#ifdef _WIN32
+#if defined(__EMSCRIPTEN__)
+    return kvl_host_file_size(f, size);
+#elif defined(_WIN32)
     LARGE_INTEGER li;
     if (!GetFileSizeEx(f, &li)) return (int)GetLastError();
     *size = (uint64_t)li.QuadPart;
@@ -136,7 +153,9 @@ static inline int kvl_os_file_size(kvl_os_file f, uint64_t *size) {
 /* One positional read of up to len bytes; *got = bytes read (0 at end of file).
  * Safe to call concurrently on one handle (no shared file position is used). */
 static inline int kvl_os_pread(kvl_os_file f, void *dst, size_t len, uint64_t offset, size_t *got) {
-#ifdef _WIN32
+#if defined(__EMSCRIPTEN__)
+    return kvl_host_pread(f, dst, len, offset, got);
+#elif defined(_WIN32)
     OVERLAPPED ov;
     DWORD n = 0;
     DWORD want = len > 0x40000000u ? 0x40000000u : (DWORD)len;

@@ -1,0 +1,187 @@
+/**
+ * engine-api.ts — the text engine of the core (kvl_core.h: kvl_engine_*, kvl_session_*) as the
+ * host sees it, the same on both backends.
+ *
+ * Owns: the TypeScript shapes of engine options, info and stats, the CoreEngine / CoreSession
+ * interfaces each backend implements, the translation of options to the C enums, and CoreError
+ * (a failed kvl_status with the core's detail message). Does not own: marshalling (each backend
+ * does its own: the addon takes typed arrays, the wasm instance copies through its memory).
+ */
+import { KVL_STATUS_NAMES } from "./core-api.js";
+
+export type IoMode = "auto" | "direct" | "buffered";
+export type KernelChoice = "auto" | "scalar" | "avx2" | "avx512" | "simd128";
+export type NumericDtype = "f32" | "bf16";
+
+export interface EngineOptions {
+  /** Worker threads of the engine's pool; 0 or absent = every core. */
+  nThreads?: number;
+  /** Expert cache budget in bytes; 0 or absent = 512 MiB (the core rounds down to whole extents). */
+  expertCacheBytes?: number;
+  /** -1 streams every non-global trunk tensor, 0 keeps all resident, > 0 is a byte budget. */
+  trunkCacheBytes?: number;
+  ioMode?: IoMode;
+  kernels?: KernelChoice;
+  kvDtype?: NumericDtype;
+  loadVision?: boolean;
+  actDtype?: NumericDtype;
+  /** Decoder layers this engine runs, [layerBegin, layerEnd); absent = every layer. */
+  layerBegin?: number;
+  layerEnd?: number;
+}
+
+/** kvl_engine_info, camel-cased; byte counts as numbers (exact below 2^53). */
+export interface EngineInfo {
+  vocabSize: number;
+  hiddenSize: number;
+  nLayers: number;
+  nHeads: number;
+  kvLoraRank: number;
+  qkRopeHeadDim: number;
+  nRoutedExperts: number;
+  numExpertsPerTok: number;
+  maxPositionEmbeddings: number;
+  visionHiddenSize: number;
+  visionMergeH: number;
+  visionMergeW: number;
+  visionPatchSize: number;
+  mediaPlaceholderTokenId: number;
+  nThreads: number;
+  trunkDirectIo: boolean;
+  expertDirectIo: boolean;
+  visionDirectIo: boolean;
+  kernels: string;
+  kvDtype: string;
+  actDtype: string;
+  globalBytes: number;
+  trunkCacheBytes: number;
+  expertCacheBytes: number;
+  engineWorkspaceBytes: number;
+  expertExtentBytes: number;
+  /** The decoder layers this engine runs: [layerBegin, layerEnd). */
+  layerBegin: number;
+  layerEnd: number;
+}
+
+/** kvl_stats, camel-cased. */
+export interface EngineStats {
+  expertHits: number;
+  expertMisses: number;
+  expertBytesRead: number;
+  expertStallNs: number;
+  trunkHits: number;
+  trunkMisses: number;
+  trunkBytesRead: number;
+  trunkStallNs: number;
+  visionBytesRead: number;
+  tokensPrefilled: number;
+  tokensDecoded: number;
+}
+
+export interface SessionOptions {
+  /** Tokens; 0 or absent = 4096. */
+  maxContext?: number;
+  /** Prefill chunk in tokens; 0 or absent = 256. */
+  maxBatch?: number;
+}
+
+export type LogitsMode = "none" | "last" | "all";
+
+export interface CoreSession {
+  /** Tokens in the KV timeline. */
+  position(): number;
+  /**
+   * Appends tokens. Each media placeholder token takes the next row of media (n_media rows x
+   * hidden_size floats). Returns the logits asked for: null for "none", vocab floats for
+   * "last", n_tokens x vocab for "all".
+   */
+  prefill(tokens: Int32Array, media: Float32Array | null, logits: LogitsMode): Float32Array | null;
+  /** Appends one token; returns its logits (vocab floats, a fresh array). */
+  step(token: number): Float32Array;
+  /**
+   * kvl_session_forward, for engines of a layer range: tokens (Int32Array, the first range) or
+   * the previous range's hidden states (Float32Array, n x hidden_size) in; out the logits asked
+   * for on the last range (as prefill), else this range's hidden states (n x hidden_size).
+   * decode counts the tokens as decoded in the stats.
+   */
+  forward(input: Int32Array | Float32Array, media: Float32Array | null, logits: LogitsMode, decode: boolean): Float32Array | null;
+  /** Keeps the first n tokens. */
+  truncate(n: number): void;
+  close(): void;
+}
+
+export interface CoreEngine {
+  info(): EngineInfo;
+  stats(): EngineStats;
+  resetStats(): void;
+  /** Bytes a session with these options allocates (KV + arena), for the planner. */
+  sessionBytes(options?: SessionOptions): number;
+  newSession(options?: SessionOptions): CoreSession;
+  /** Frees the engine; its sessions must be closed first. */
+  close(): void;
+}
+
+/** A kvl_status other than KVL_OK, with the core's detail message. */
+export class CoreError extends Error {
+  constructor(readonly status: number, detail: string) {
+    super(detail || (KVL_STATUS_NAMES[status] ?? `kvl status ${status}`));
+    this.name = "CoreError";
+  }
+  get statusName(): string {
+    return KVL_STATUS_NAMES[this.status] ?? `status ${this.status}`;
+  }
+}
+
+/** The numeric fields of kvl_engine_options, in struct order. */
+export interface EngineOptionCodes {
+  nThreads: number;
+  expertCacheBytes: number;
+  trunkCacheBytes: number;
+  ioMode: number;
+  kernels: number;
+  kvDtype: number;
+  loadVision: number;
+  actDtype: number;
+  layerBegin: number;
+  layerEnd: number;
+}
+
+const IO_MODES: Record<IoMode, number> = { auto: 0, direct: 1, buffered: 2 };
+const KERNELS: Record<KernelChoice, number> = { auto: 0, scalar: 1, avx2: 2, avx512: 3, simd128: 4 };
+const KV_DTYPES: Record<NumericDtype, number> = { f32: 1, bf16: 2 };
+const ACT_DTYPES: Record<NumericDtype, number> = { f32: 1, bf16: 2 };
+
+function nonNegativeInteger(name: string, value: number | undefined, min = 0): number {
+  const v = value ?? 0;
+  if (!Number.isSafeInteger(v) || v < min) throw new RangeError(`engine option ${name} must be an integer >= ${min}, got ${value}`);
+  return v;
+}
+
+/** EngineOptions -> the C enum codes; throws RangeError for a value the core would refuse. */
+export function engineOptionCodes(options: EngineOptions = {}): EngineOptionCodes {
+  const pick = <K extends string>(name: string, table: Record<K, number>, value: K | undefined, absent: number): number => {
+    if (value === undefined) return absent;
+    const code = table[value];
+    if (code === undefined) throw new RangeError(`engine option ${name}: unknown value ${JSON.stringify(value)}`);
+    return code;
+  };
+  return {
+    nThreads: nonNegativeInteger("nThreads", options.nThreads),
+    expertCacheBytes: nonNegativeInteger("expertCacheBytes", options.expertCacheBytes),
+    trunkCacheBytes: nonNegativeInteger("trunkCacheBytes", options.trunkCacheBytes, -1),
+    ioMode: pick("ioMode", IO_MODES, options.ioMode, 0),
+    kernels: pick("kernels", KERNELS, options.kernels, 0),
+    kvDtype: pick("kvDtype", KV_DTYPES, options.kvDtype, 0),
+    loadVision: options.loadVision ? 1 : 0,
+    actDtype: pick("actDtype", ACT_DTYPES, options.actDtype, 0),
+    layerBegin: nonNegativeInteger("layerBegin", options.layerBegin),
+    layerEnd: nonNegativeInteger("layerEnd", options.layerEnd),
+  };
+}
+
+export const LOGITS_MODES: Record<LogitsMode, number> = { none: 0, last: 1, all: 2 };
+
+/** Session options -> [max_context, max_batch] (0 = the core's default). */
+export function sessionOptionCodes(options: SessionOptions = {}): [number, number] {
+  return [nonNegativeInteger("maxContext", options.maxContext), nonNegativeInteger("maxBatch", options.maxBatch)];
+}

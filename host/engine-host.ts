@@ -1,0 +1,102 @@
+/**
+ * engine-host.ts — opens a packed model as a text engine on one backend, split into instances.
+ *
+ * Owns: where each layer range runs — WebAssembly: one instance per range, each with its own
+ * memory (at most 4 GiB) and thread pool; native: every range in this process (one range unless
+ * a split is forced, for parity tests) — and sharing the expert-cache budget between ranges in
+ * proportion to their layers. The number of instances comes from the caller (`--instances`,
+ * KVL_INSTANCES) or is 1. Does not own how big each memory must be (the planner passes it) or
+ * the chaining of sessions (split-engine.ts).
+ */
+import { readFileSync } from "node:fs";
+import { join } from "node:path";
+
+import type { BackendName } from "./core-api.js";
+import type { CoreEngine, EngineOptions } from "./engine-api.js";
+import { textDims } from "./model-spec.js";
+import { NativeBackend } from "./native-backend.js";
+import { SplitEngine, layerRanges } from "./split-engine.js";
+import { UserError } from "./user-error.js";
+import { MAX_INSTANCE_BYTES, WasmBackend } from "./wasm-backend.js";
+
+export interface HostedEngineOptions extends Omit<EngineOptions, "layerBegin" | "layerEnd"> {
+  /** Compute threads per instance (one instance computes at a time, so threads = cores). */
+  nThreads: number;
+  /** Instances the layers are split over; absent: KVL_INSTANCES, else 1. */
+  instances?: number;
+  /** WebAssembly: the memory of each instance in bytes (a multiple of 64 KiB, at most 4 GiB). */
+  instanceMemoryBytes?: number;
+}
+
+/** The instance count asked for: the option, else KVL_INSTANCES, else 1. */
+export function requestedInstances(option: number | undefined, env: NodeJS.ProcessEnv = process.env): number {
+  const raw = option ?? (env.KVL_INSTANCES !== undefined && env.KVL_INSTANCES !== "" ? Number(env.KVL_INSTANCES) : 1);
+  if (!Number.isInteger(raw) || raw < 1) {
+    throw new UserError(`--instances / KVL_INSTANCES must be a positive integer, got ${JSON.stringify(option ?? env.KVL_INSTANCES)}`);
+  }
+  return raw;
+}
+
+/** A model opened over one or more engines, and the backends that own their memory. */
+export interface HostedEngine {
+  readonly engine: SplitEngine;
+  readonly backend: BackendName;
+  /** Layer ranges, one per instance. */
+  readonly ranges: ReadonlyArray<[number, number]>;
+  /** Closes the engine, then the instances. */
+  close(): void;
+}
+
+function packLayers(packDir: string): number {
+  let config: unknown;
+  try {
+    config = JSON.parse(readFileSync(join(packDir, "config.json"), "utf8"));
+  } catch (err) {
+    throw new UserError(`${join(packDir, "config.json")}: cannot read the pack's config (${(err as Error).message}); is ${packDir} a pack made by kvl pack?`);
+  }
+  return textDims(config).num_hidden_layers;
+}
+
+export async function openHostedEngine(backend: BackendName, packDir: string, options: HostedEngineOptions): Promise<HostedEngine> {
+  const instances = requestedInstances(options.instances);
+  const nLayers = packLayers(packDir);
+  const ranges = layerRanges(nLayers, instances);
+  const { instances: _i, instanceMemoryBytes, ...engineOptions } = options;
+  const budgetFor = ([begin, end]: [number, number]): number | undefined =>
+    engineOptions.expertCacheBytes ? Math.floor((engineOptions.expertCacheBytes * (end - begin)) / nLayers) : undefined;
+  const parts: CoreEngine[] = [];
+  const owners: Array<{ close(): void }> = [];
+  try {
+    if (backend === "native") {
+      const native = new NativeBackend();
+      owners.push(native);
+      for (const range of ranges) {
+        const budget = budgetFor(range);
+        parts.push(native.openEngine(packDir, { ...engineOptions, ...(budget ? { expertCacheBytes: budget } : {}), layerBegin: range[0], layerEnd: range[1] }));
+      }
+    } else {
+      const memoryBytes = instanceMemoryBytes ?? MAX_INSTANCE_BYTES;
+      for (const range of ranges) {
+        const wasm = await WasmBackend.create({ memoryBytes, pthreads: WasmBackend.pthreadsForEngine(options.nThreads) });
+        owners.push(wasm);
+        const budget = budgetFor(range);
+        parts.push(wasm.openEngine(packDir, { ...engineOptions, ...(budget ? { expertCacheBytes: budget } : {}), layerBegin: range[0], layerEnd: range[1] }));
+      }
+    }
+  } catch (err) {
+    for (const p of parts) p.close();
+    for (const o of owners) o.close();
+    throw err;
+  }
+  const engine = new SplitEngine(parts);
+  return {
+    engine, backend, ranges,
+    close() {
+      try {
+        engine.close();
+      } finally {
+        for (const o of owners) o.close();
+      }
+    },
+  };
+}

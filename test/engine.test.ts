@@ -1,0 +1,374 @@
+/**
+ * The text engine of the core, on both backends, against the independent float64 reference
+ * (test/reference/text.ts, which reads the checkpoint itself, never the pack or the core).
+ *
+ * What is compared, per backend, on two tiny synthesized checkpoints (seed 0; seed 1 with
+ * group-limited routing) packed by `kvl pack`:
+ *   - logits of every prompt position: max |engine - reference| <= 1e-3 (the engine's FP32
+ *     arithmetic against float64; the reference uses the pack's Q8 round trip of the experts, so
+ *     quantisation is not counted as error);
+ *   - 32 greedy tokens from step(): equal to the reference's, whose every step has a top-1 /
+ *     top-2 margin above twice the tolerance (asserted, so a near-tie fails loudly instead of
+ *     flaking);
+ *   - media rows in place of <|media_pad|> tokens; a prefill split over several chunks;
+ *   - the WebAssembly instance reads the same engine facts (struct layouts) as the addon;
+ *   - a missing or truncated pack file is a CoreError naming the file;
+ *   - forced splits over 2 and 3 instances (layer ranges, hidden states passed between them)
+ *     give the unsplit run's logits and tokens, and a failure in a later range leaves every
+ *     range at the same position.
+ */
+import { readFileSync, rmSync, truncateSync, cpSync, statSync } from "node:fs";
+import { join } from "node:path";
+
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+
+import type { CoreEngine, EngineInfo } from "../host/engine-api.js";
+import { CoreError } from "../host/engine-api.js";
+import { openHostedEngine } from "../host/engine-host.js";
+import { SplitEngine, layerRanges } from "../host/split-engine.js";
+import { NativeBackend } from "../host/native-backend.js";
+import { WasmBackend } from "../host/wasm-backend.js";
+import { packCheckpoint } from "../packer/pack.js";
+import { argmax } from "./reference/math.js";
+import { TextReference } from "./reference/text.js";
+import { tempDir, tinyCheckpoint } from "./support/pack-fixtures.js";
+
+const TOLERANCE = 1e-3;
+const GREEDY_TOKENS = 32;
+const THREADS = 2;
+
+type BackendName = "wasm" | "native";
+const BACKENDS: BackendName[] = ["wasm", "native"];
+
+interface Model {
+  name: string;
+  pack: string;
+  reference: TextReference;
+  mediaTokenId: number;
+}
+
+let tmp: { dir: string; cleanup: () => void };
+let wasm: WasmBackend;
+let native: NativeBackend;
+const models: Model[] = [];
+
+/** Deterministic token ids in [16, vocab): a small LCG, so prompts need no fixture. */
+function promptIds(seed: number, n: number, vocab: number): number[] {
+  let s = seed >>> 0;
+  return Array.from({ length: n }, () => {
+    s = (Math.imul(s, 1664525) + 1013904223) >>> 0;
+    return 16 + (s % (vocab - 16));
+  });
+}
+
+function openEngine(backend: BackendName, pack: string, options: { expertCacheBytes?: number } = {}): CoreEngine {
+  return (backend === "wasm" ? wasm : native).openEngine(pack, { nThreads: THREADS, ...options });
+}
+
+function maxAbsDiff(got: ArrayLike<number>, want: ArrayLike<number>): number {
+  expect(got.length).toBe(want.length);
+  let m = 0;
+  for (let i = 0; i < got.length; i++) m = Math.max(m, Math.abs(got[i]! - want[i]!));
+  return m;
+}
+
+beforeAll(async () => {
+  tmp = tempDir("engine");
+  native = new NativeBackend();
+  wasm = await WasmBackend.create({ memoryBytes: 512 * 2 ** 20, pthreads: WasmBackend.pthreadsForEngine(THREADS) });
+  const specs = [
+    { name: "tiny-seed0", seed: 0, extra: {} },
+    { name: "tiny-seed1-grouped", seed: 1, extra: { nGroup: 4, topkGroup: 2 } },
+  ];
+  for (const { name, seed, extra } of specs) {
+    const ckpt = await tinyCheckpoint(join(tmp.dir, `${name}-ckpt`), native, seed, extra);
+    const pack = await packCheckpoint(ckpt, join(tmp.dir, `${name}-pack`), { core: native, allowRevision: true });
+    const config = JSON.parse(readFileSync(join(ckpt, "config.json"), "utf8")) as { media_placeholder_token_id: number };
+    models.push({ name, pack, reference: TextReference.load(ckpt, { q8Experts: true }), mediaTokenId: config.media_placeholder_token_id });
+  }
+}, 300_000);
+
+afterAll(() => {
+  wasm?.close();
+  native?.close();
+  tmp?.cleanup();
+});
+
+describe.each(BACKENDS)("the text engine on %s", (backend) => {
+  it("reads the same engine facts on both backends (struct layouts), with its own kernels", () => {
+    const facts = (b: BackendName): EngineInfo => {
+      const engine = openEngine(b, models[0]!.pack);
+      try {
+        return engine.info();
+      } finally {
+        engine.close();
+      }
+    };
+    const mine = facts(backend);
+    const other = facts(backend === "wasm" ? "native" : "wasm");
+    const shape = (i: EngineInfo) => ({ ...i, kernels: "", trunkDirectIo: false, expertDirectIo: false, visionDirectIo: false });
+    expect(shape(mine)).toEqual(shape(other));
+    expect(mine.nLayers).toBe(models[0]!.reference.cfg.num_hidden_layers);
+    expect(mine.vocabSize).toBe(models[0]!.reference.cfg.vocab_size);
+    expect(mine.kernels).toBe(backend === "wasm" ? "simd128" : native.defaultKernelSet());
+  });
+
+  describe.each(["tiny-seed0", "tiny-seed1-grouped"])("%s", (name) => {
+    const model = (): Model => models.find((m) => m.name === name)!;
+
+    it("gives the reference's logits at every prompt position (max error <= 1e-3)", () => {
+      const m = model();
+      const V = m.reference.cfg.vocab_size;
+      const ids = promptIds(7, 24, V);
+      const want = m.reference.logits(ids);
+      const engine = openEngine(backend, m.pack);
+      const session = engine.newSession({ maxContext: 128 });
+      try {
+        const got = session.prefill(Int32Array.from(ids), null, "all")!;
+        const err = maxAbsDiff(got, want);
+        console.log(`[engine ${backend}] ${name} prefill logits: max |diff| ${err.toExponential(2)}`);
+        expect(err).toBeLessThanOrEqual(TOLERANCE);
+        expect(session.position()).toBe(ids.length);
+      } finally {
+        session.close();
+        engine.close();
+      }
+    });
+
+    it(`decodes the reference's ${GREEDY_TOKENS} greedy tokens`, () => {
+      const m = model();
+      const V = m.reference.cfg.vocab_size;
+      const H = m.reference.cfg.hidden_size;
+      const ids = promptIds(11, 6, V);
+      // The reference's greedy run, keeping each step's top-1 / top-2 margin.
+      const want: number[] = [];
+      const seq = [...ids];
+      for (let step = 0; step < GREEDY_TOKENS; step++) {
+        const hidden = m.reference.hiddenStates(seq);
+        const last = m.reference.logitsFromHidden(hidden.subarray((seq.length - 1) * H), 1);
+        const top = argmax(last);
+        let second = -Infinity;
+        for (let i = 0; i < V; i++) if (i !== top && last[i]! > second) second = last[i]!;
+        expect(last[top]! - second, `reference step ${step} is a near-tie`).toBeGreaterThan(2 * TOLERANCE);
+        want.push(top);
+        seq.push(top);
+      }
+      const engine = openEngine(backend, m.pack);
+      const session = engine.newSession({ maxContext: 128 });
+      try {
+        let logits = session.prefill(Int32Array.from(ids), null, "last")!;
+        const got: number[] = [];
+        for (let step = 0; step < GREEDY_TOKENS; step++) {
+          const token = argmax(logits);
+          got.push(token);
+          if (step + 1 < GREEDY_TOKENS) logits = session.step(token);
+        }
+        expect(got).toEqual(want);
+        const stats = engine.stats();
+        expect(stats.tokensPrefilled).toBe(ids.length);
+        expect(stats.tokensDecoded).toBe(GREEDY_TOKENS - 1);
+      } finally {
+        session.close();
+        engine.close();
+      }
+    });
+
+    it("puts media rows in place of <|media_pad|> tokens, and a chunked prefill equals one chunk", () => {
+      const m = model();
+      const V = m.reference.cfg.vocab_size;
+      const H = m.reference.cfg.hidden_size;
+      const ids = promptIds(3, 20, V);
+      for (const at of [4, 5, 6, 13]) ids[at] = m.mediaTokenId;
+      const media = new Float32Array(4 * H);
+      let s = 12345;
+      for (let i = 0; i < media.length; i++) {
+        s = (Math.imul(s, 1103515245) + 12345) >>> 0;
+        media[i] = ((s >>> 8) / 2 ** 24 - 0.5) * 0.2;
+      }
+      const want = m.reference.logits(ids, Float64Array.from(media));
+      const engine = openEngine(backend, m.pack);
+      const whole = engine.newSession({ maxContext: 64 });
+      const chunked = engine.newSession({ maxContext: 64, maxBatch: 3 });
+      try {
+        const a = whole.prefill(Int32Array.from(ids), media, "all")!;
+        expect(maxAbsDiff(a, want)).toBeLessThanOrEqual(TOLERANCE);
+        const b = chunked.prefill(Int32Array.from(ids), media, "all")!;
+        expect(maxAbsDiff(b, want)).toBeLessThanOrEqual(TOLERANCE);
+        // the wrong number of media rows is the caller's error, and changes nothing
+        expect(() => whole.prefill(Int32Array.from([m.mediaTokenId]), null, "none")).toThrow(CoreError);
+        expect(whole.position()).toBe(ids.length);
+      } finally {
+        whole.close();
+        chunked.close();
+        engine.close();
+      }
+    });
+  });
+
+  it.each(["scalar", "simd128", "avx2", "avx512"] as const)("runs on the %s kernel set where this backend and CPU have it", (set) => {
+    const core = backend === "wasm" ? wasm : native;
+    const available = core.kernelSets().some((k) => k.name === set && k.supported);
+    if (!available) {
+      // reported, not passed: the set is absent from this backend or this CPU
+      console.log(`[engine ${backend}] kernel set ${set}: not run (not available here)`);
+      expect(() => core.openEngine(models[0]!.pack, { nThreads: THREADS, kernels: set })).toThrow(CoreError);
+      return;
+    }
+    const m = models[0]!;
+    const ids = promptIds(9, 12, m.reference.cfg.vocab_size);
+    const engine = core.openEngine(m.pack, { nThreads: THREADS, kernels: set });
+    const session = engine.newSession({ maxContext: 32 });
+    try {
+      // avx512 runs as the avx512-bf16 table on CPUs with AVX512_BF16 (the same FP32 products)
+      expect(engine.info().kernels).toMatch(set === "avx512" ? /^avx512(-bf16)?$/ : new RegExp(`^${set}$`));
+      const err = maxAbsDiff(session.prefill(Int32Array.from(ids), null, "all")!, m.reference.logits(ids));
+      console.log(`[engine ${backend}] kernel set ${set}: max |diff| ${err.toExponential(2)}`);
+      expect(err).toBeLessThanOrEqual(TOLERANCE);
+    } finally {
+      session.close();
+      engine.close();
+    }
+  });
+
+  it("names the missing or truncated pack file in its error", () => {
+    const src = models[0]!.pack;
+    const broken = join(tmp.dir, `broken-${backend}`);
+    cpSync(src, broken, { recursive: true });
+    try {
+      rmSync(join(broken, "trunk.idx"));
+      expect(() => openEngine(backend, broken)).toThrow(/trunk\.idx/);
+      cpSync(join(src, "trunk.idx"), join(broken, "trunk.idx"));
+      truncateSync(join(broken, "experts.bin"), statSync(join(broken, "experts.bin")).size - 4096);
+      let error: unknown;
+      try {
+        openEngine(backend, broken).close();
+      } catch (e) {
+        error = e;
+      }
+      expect(error).toBeInstanceOf(CoreError);
+      expect(String(error)).toMatch(/experts\.bin/);
+    } finally {
+      rmSync(broken, { recursive: true, force: true });
+    }
+  });
+});
+
+/** A stand-in engine of one layer range whose forward can be made to fail (the rollback rule). */
+function stubEngine(begin: number, end: number, nLayers: number, failAt: { calls: number }): CoreEngine {
+  const info = { layerBegin: begin, layerEnd: end, nLayers, vocabSize: 3, hiddenSize: 2, mediaPlaceholderTokenId: 99 } as EngineInfo;
+  return {
+    info: () => ({ ...info }),
+    stats: () => ({ tokensPrefilled: 0 }) as never,
+    resetStats: () => undefined,
+    sessionBytes: () => 0,
+    close: () => undefined,
+    newSession: () => {
+      let position = 0;
+      const session = {
+        position: () => position,
+        truncate: (n: number) => { position = n; },
+        close: () => undefined,
+        prefill: () => null,
+        step: () => new Float32Array(3),
+        forward: (input: Int32Array | Float32Array, _media: Float32Array | null, logits: string) => {
+          const n = input instanceof Int32Array ? input.length : input.length / 2;
+          if (--failAt.calls === 0) throw new CoreError(1, `range [${begin}, ${end}) failed`);
+          position += n;
+          return end === nLayers ? (logits === "none" ? null : new Float32Array(logits === "all" ? 3 * n : 3)) : new Float32Array(2 * n);
+        },
+      };
+      return session;
+    },
+  };
+}
+
+describe("layer ranges", () => {
+  it("roll every range back when a later one fails mid-prompt", () => {
+    // 3 ranges, chunks of 2 tokens: calls go (r0, r1, r2) per chunk; the 5th call is range 1 of chunk 2
+    const fail = { calls: 5 };
+    const split = new SplitEngine([stubEngine(0, 1, 3, fail), stubEngine(1, 2, 3, fail), stubEngine(2, 3, 3, fail)]);
+    const session = split.newSession({ maxBatch: 2 });
+    expect(() => session.prefill(Int32Array.of(1, 2, 3, 4, 5), null, "last")).toThrow(/range \[1, 2\) failed/);
+    expect(session.position()).toBe(0);
+    fail.calls = 0; // never fails again
+    expect(session.prefill(Int32Array.of(1, 2, 3, 4, 5), null, "all")!.length).toBe(15);
+    expect(session.position()).toBe(5);
+  });
+
+  it("refuse engines that do not cover the model in order", () => {
+    const never = { calls: 0 };
+    expect(() => new SplitEngine([stubEngine(0, 2, 4, never), stubEngine(3, 4, 4, never)])).toThrow(/starting at 2/);
+    expect(() => new SplitEngine([stubEngine(0, 2, 4, never)])).toThrow(/cover layers \[0, 2\) of 4/);
+  });
+
+  it("are contiguous, cover every layer once, and refuse more instances than layers", () => {
+    expect(layerRanges(4, 1)).toEqual([[0, 4]]);
+    expect(layerRanges(4, 3)).toEqual([[0, 2], [2, 3], [3, 4]]);
+    expect(layerRanges(27, 2)).toEqual([[0, 14], [14, 27]]);
+    expect(() => layerRanges(4, 5)).toThrow(/4 decoder layers over 5/);
+    expect(() => layerRanges(4, 0)).toThrow(RangeError);
+  });
+});
+
+describe.each(BACKENDS)("a model split over instances on %s", (backend) => {
+  const INSTANCE_BYTES = 256 * 2 ** 20;
+
+  it("gives the unsplit run's logits and greedy tokens with 1, 2 and 3 instances", async () => {
+    const m = models[1]!; // group-limited routing, dense layer 0 and MoE layers
+    const ids = Int32Array.from(promptIds(5, 13, m.reference.cfg.vocab_size));
+    const runs: Array<{ logits: Float32Array; tokens: number[]; ranges: ReadonlyArray<[number, number]> }> = [];
+    for (const instances of [1, 2, 3]) {
+      const hosted = await openHostedEngine(backend, m.pack, { nThreads: THREADS, instances, instanceMemoryBytes: INSTANCE_BYTES });
+      const session = hosted.engine.newSession({ maxContext: 64, maxBatch: 5 });
+      try {
+        const logits = session.prefill(ids, null, "all")!;
+        const tokens: number[] = [];
+        let last = logits.subarray(logits.length - m.reference.cfg.vocab_size);
+        for (let i = 0; i < 8; i++) {
+          tokens.push(argmax(last));
+          last = session.step(tokens.at(-1)!);
+        }
+        expect(session.position()).toBe(ids.length + 8);
+        expect(hosted.engine.stats().tokensDecoded).toBe(8);
+        runs.push({ logits, tokens, ranges: hosted.ranges });
+      } finally {
+        session.close();
+        hosted.close();
+      }
+    }
+    expect(runs.map((r) => r.ranges)).toEqual([[[0, 4]], [[0, 2], [2, 4]], [[0, 2], [2, 3], [3, 4]]]);
+    const want = m.reference.logits([...ids]);
+    for (const run of runs) {
+      expect(maxAbsDiff(run.logits, want)).toBeLessThanOrEqual(TOLERANCE);
+      // the same kernels on the same rows in the same order: the split changes no bit
+      expect(maxAbsDiff(run.logits, runs[0]!.logits)).toBe(0);
+      expect(run.tokens).toEqual(runs[0]!.tokens);
+    }
+  });
+
+  it("refuses what the first range cannot take without moving any range", async () => {
+    const m = models[0]!;
+    const hosted = await openHostedEngine(backend, m.pack, { nThreads: THREADS, instances: 2, instanceMemoryBytes: INSTANCE_BYTES });
+    const session = hosted.engine.newSession({ maxContext: 16 });
+    try {
+      session.prefill(Int32Array.from(promptIds(1, 10, m.reference.cfg.vocab_size)), null, "none");
+      // 10 + 8 > 16: the first range refuses before computing anything
+      expect(() => session.prefill(Int32Array.from(promptIds(2, 8, m.reference.cfg.vocab_size)), null, "last")).toThrow(/context is full/);
+      expect(session.position()).toBe(10);
+      // a media row count that does not match the placeholders is refused, nothing is kept
+      expect(() => session.prefill(Int32Array.of(m.mediaTokenId, m.mediaTokenId), new Float32Array(m.reference.cfg.hidden_size), "last")).toThrow();
+      expect(session.position()).toBe(10);
+      const a = session.step(42);
+      session.truncate(10);
+      expect(Array.from(session.step(42))).toEqual(Array.from(a));
+    } finally {
+      session.close();
+      hosted.close();
+    }
+  });
+
+  it("refuses a layer range outside the model, naming it", () => {
+    const engineOf = () => (backend === "wasm" ? wasm : native).openEngine(models[0]!.pack, { nThreads: THREADS, layerBegin: 3, layerEnd: 9 });
+    expect(engineOf).toThrow(/layer range \[3, 9\) is not a non-empty range within the model's 4 layers/);
+  });
+});
