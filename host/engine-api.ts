@@ -107,6 +107,13 @@ export interface CoreSession {
   forward(input: Int32Array | Float32Array, media: Float32Array | null, logits: LogitsMode, decode: boolean): Float32Array | null;
   /** Keeps the first n tokens. */
   truncate(n: number): void;
+  /**
+   * One-element Int32Arrays in shared memory that the core reads before each layer: storing a
+   * non-zero value in all of them (Atomics.store, from any thread) stops the running call with
+   * KVL_ERR_CANCELLED and the session rolls back. The core never writes them: whoever sends the
+   * calls clears them (0) before each call. They can be posted to another thread.
+   */
+  cancelFlags(): Int32Array[];
   close(): void;
 }
 

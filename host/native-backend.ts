@@ -107,7 +107,7 @@ export interface NativeAddon {
     nMedia: number, hiddenOut: Float32Array | null, logitsMode: number, logits: Float32Array | null, decode: boolean,
   ): number;
   sessionStep(session: NativeSessionHandle, token: number, logits: Float32Array): number;
-  sessionCancel(session: NativeSessionHandle): void;
+  sessionWatchCancel(session: NativeSessionHandle, flag: Int32Array | null): void;
 }
 
 export function loadNativeAddon(path: string = nativeAddonPath()): NativeAddon {
@@ -272,6 +272,8 @@ export class NativeSession implements CoreSession {
   readonly #hidden: number;
   /** This engine runs the model's last layers: it ends in logits, not hidden states. */
   readonly #lastRange: boolean;
+  /** The shared flag the core watches (made on first use). */
+  #cancelFlag: Int32Array | null = null;
 
   constructor(private readonly engine: NativeEngine, handle: NativeSessionHandle, info: EngineInfo, private readonly onClose: () => void) {
     this.#handle = handle;
@@ -340,9 +342,12 @@ export class NativeSession implements CoreSession {
     this.engine.check(this.engine.addon.sessionTruncate(this.#live, n));
   }
 
-  /** Asks a running prefill/step to stop (kvl_session_cancel); see addon.c for when it can matter. */
-  cancel(): void {
-    this.engine.addon.sessionCancel(this.#live);
+  cancelFlags(): Int32Array[] {
+    if (this.#cancelFlag === null) {
+      this.#cancelFlag = new Int32Array(new SharedArrayBuffer(4));
+      this.engine.addon.sessionWatchCancel(this.#live, this.#cancelFlag);
+    }
+    return [this.#cancelFlag];
   }
 
   close(): void {

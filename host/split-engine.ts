@@ -171,6 +171,10 @@ class SplitSession implements CoreSession {
     for (const p of this.parts) p.truncate(n);
   }
 
+  cancelFlags(): Int32Array[] {
+    return this.parts.flatMap((p) => p.cancelFlags());
+  }
+
   close(): void {
     for (const p of this.parts) p.close();
   }

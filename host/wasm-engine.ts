@@ -29,6 +29,7 @@ export interface EmscriptenEngineExports {
   _kvl_session_truncate(session: number, n: number): number;
   _kvl_session_prefill(session: number, tokens: number, n: number, media: number, nMedia: number, mode: number, logits: number): number;
   _kvl_session_step(session: number, token: number, logits: number): number;
+  _kvl_session_watch_cancel(session: number, flag: number): void;
   _kvl_session_forward(session: number, tokens: number, hiddenIn: number, n: number, media: number, nMedia: number,
     hiddenOut: number, mode: number, logits: number, decode: number): number;
   UTF8ToString(ptr: number, maxBytes?: number): string;
@@ -198,6 +199,8 @@ class WasmSession implements CoreSession {
   #ptr: number;
   /** vocab floats in the instance for step(), allocated once: decoding allocates nothing. */
   #stepLogits: number;
+  /** Address of the flag the core watches, 0 until cancelFlags() is first called. */
+  #cancelFlag = 0;
   readonly #vocab: number;
   readonly #hidden: number;
   readonly #layerEnd: number;
@@ -262,6 +265,18 @@ class WasmSession implements CoreSession {
     });
   }
 
+  cancelFlags(): Int32Array[] {
+    const session = this.#live;
+    if (this.#cancelFlag === 0) {
+      // 4 bytes of the instance's (shared) memory, freed with the session
+      this.#cancelFlag = this.engine.core._malloc(8) >>> 0;
+      if (this.#cancelFlag === 0) throw new CoreError(4, "out of WebAssembly memory for the cancel flag");
+      new Int32Array(this.engine.memory.buffer, this.#cancelFlag, 1)[0] = 0;
+      this.engine.core._kvl_session_watch_cancel(session, this.#cancelFlag);
+    }
+    return [new Int32Array(this.engine.memory.buffer, this.#cancelFlag, 1)];
+  }
+
   step(token: number): Float32Array {
     const session = this.#live;
     this.engine.check(this.engine.core._kvl_session_step(session, token, this.#stepLogits));
@@ -276,6 +291,7 @@ class WasmSession implements CoreSession {
     if (this.#ptr === 0) return;
     this.engine.core._kvl_session_free(this.#ptr);
     this.engine.core._free(this.#stepLogits);
+    if (this.#cancelFlag !== 0) this.engine.core._free(this.#cancelFlag);
     this.#ptr = 0;
     this.onClose();
   }

@@ -165,6 +165,12 @@ KVL_API kvl_status kvl_session_forward(kvl_session *session, const int32_t *toke
                                        int32_t decode);
 /* Ask a running prefill/step (from another thread) to stop; it returns KVL_ERR_CANCELLED. */
 KVL_API void kvl_session_cancel(kvl_session *session);
+/* Cancellation by a thread that cannot call into the core while it runs (a Node main thread
+ * while a worker drives the engine; it shares only memory with it): prefill/step/forward also
+ * stop with KVL_ERR_CANCELLED when *flag != 0, checked where kvl_session_cancel's flag is
+ * (before each layer). The core only reads the flag; the caller owns it, clears it before a
+ * call, and keeps it alive while it is watched. NULL stops watching. */
+KVL_API void kvl_session_watch_cancel(kvl_session *session, const volatile int32_t *flag);
 
 typedef struct kvl_sampler {
     float temperature;             /* <= 0 means greedy */

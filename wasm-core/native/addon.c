@@ -66,9 +66,9 @@
  *                                     that outputs alias no input. On the calling thread.
  *   sessionStep(session, token, logits)          kvl_session_step -> status; logits: a
  *                                     Float32Array of vocab_size floats. On the calling thread.
- *   sessionCancel(session)            kvl_session_cancel. Prefill and step block their thread,
- *                                     and each clears the flag when it starts, so this only
- *                                     matters once calls run on another thread than the cancel.
+ *   sessionWatchCancel(session, flag) kvl_session_watch_cancel on flag[0] of an Int32Array over a
+ *                                     SharedArrayBuffer (or null): another thread (the Node main
+ *                                     thread) stops a running call by setting it (Atomics.store).
  *
  * To add a function: write a napi_callback below and add one row to kvl_functions[].
  * Every napi call goes through NAPI_CALL, which throws a JS Error naming the call and returns
@@ -459,6 +459,7 @@ struct session_box {
     engine_box *owner;     /* NULL once freed (or detached by the engine's free) */
     session_box *prev, *next;
     napi_ref engine_ref;   /* strong reference on the owner's external; NULL once released */
+    napi_ref cancel_ref;   /* the watched cancel flag's Int32Array, kept alive; NULL if none */
 };
 
 static const napi_type_tag ENGINE_TAG = {0x6b766c5f656e6769ULL, 0x6e655f68616e646cULL};
@@ -505,6 +506,8 @@ static void session_finalize(napi_env env, void *data, void *hint)
     session_close(b);
     if (b->engine_ref)
         napi_delete_reference(env, b->engine_ref); /* a finalizer has no one to report to */
+    if (b->cancel_ref)
+        napi_delete_reference(env, b->cancel_ref);
     free(b);
 }
 
@@ -1003,6 +1006,11 @@ static napi_value js_session_free(napi_env env, napi_callback_info info)
     if (!get_args(env, info, argv, 1, "sessionFree") || !(b = get_session(env, argv[0], 0, "sessionFree")))
         return NULL;
     session_close(b);
+    if (b->cancel_ref) {
+        napi_ref ref = b->cancel_ref;
+        b->cancel_ref = NULL;
+        NAPI_CALL(env, napi_delete_reference(env, ref));
+    }
     if (b->engine_ref) {
         napi_ref ref = b->engine_ref;
         b->engine_ref = NULL;
@@ -1255,14 +1263,40 @@ static napi_value js_session_step(napi_env env, napi_callback_info info)
     return make_status(env, kvl_session_step(b->session, token, logits));
 }
 
-static napi_value js_session_cancel(napi_env env, napi_callback_info info)
+/* sessionWatchCancel(session, flag: Int32Array over a SharedArrayBuffer | null): the core stops
+ * the session's calls when flag[0] != 0 (kvl_session_watch_cancel). The array is referenced
+ * until replaced or the session is freed, so its memory outlives the watch; it must be shared
+ * memory (a SharedArrayBuffer cannot be detached), which the host guarantees. */
+static napi_value js_session_watch_cancel(napi_env env, napi_callback_info info)
 {
-    napi_value argv[1];
+    napi_value argv[2];
     session_box *b;
-    if (!get_args(env, info, argv, 1, "sessionCancel") ||
-        !(b = get_session(env, argv[0], 1, "sessionCancel")))
+    napi_valuetype type = napi_undefined;
+    void *data = NULL;
+    size_t length = 0;
+    if (!get_args(env, info, argv, 2, "sessionWatchCancel") ||
+        !(b = get_session(env, argv[0], 1, "sessionWatchCancel")))
         return NULL;
-    kvl_session_cancel(b->session);
+    NAPI_CALL(env, napi_typeof(env, argv[1], &type));
+    if (type != napi_null) {
+        if (!get_typed_arg(env, argv[1], napi_int32_array, &data, &length, "sessionWatchCancel", 1))
+            return NULL;
+        if (length < 1) {
+            napi_throw_range_error(env, "ERR_OUT_OF_RANGE",
+                                   "kvl addon: sessionWatchCancel: the flag array is empty");
+            return NULL;
+        }
+    }
+    kvl_session_watch_cancel(b->session, NULL);
+    if (b->cancel_ref) {
+        napi_ref ref = b->cancel_ref;
+        b->cancel_ref = NULL;
+        NAPI_CALL(env, napi_delete_reference(env, ref));
+    }
+    if (data) {
+        NAPI_CALL(env, napi_create_reference(env, argv[1], 1, &b->cancel_ref));
+        kvl_session_watch_cancel(b->session, (const volatile int32_t *)data);
+    }
     return NULL;
 }
 
@@ -1296,7 +1330,7 @@ static const kvl_function kvl_functions[] = {
     {"sessionPrefill", js_session_prefill},
     {"sessionForward", js_session_forward},
     {"sessionStep", js_session_step},
-    {"sessionCancel", js_session_cancel},
+    {"sessionWatchCancel", js_session_watch_cancel},
 };
 
 NAPI_MODULE_INIT()

@@ -1042,6 +1042,11 @@ void kvl_session_cancel(kvl_session *s)
     if (s) kvl_atomic_store(&s->cancel_flag, 1);
 }
 
+void kvl_session_watch_cancel(kvl_session *s, const volatile int32_t *flag)
+{
+    if (s) s->cancel_watch = flag;
+}
+
 kvl_status kvl_session_forward(kvl_session *s, const int32_t *tokens, const float *hidden_in,
                                int32_t n, const float *media, int32_t n_media, float *hidden_out,
                                int32_t mode, float *logits, int32_t decode)

@@ -108,6 +108,7 @@ struct kvl_session {
     int max_context, max_batch;
     int position;
     volatile int cancel_flag;  /* set by kvl_session_cancel from another thread */
+    const volatile int32_t *cancel_watch; /* kvl_session_watch_cancel: caller-owned, read only */
     void *arena;               /* one aligned block: KV cache + scratch */
     uint64_t arena_bytes;
     /* KV: per layer of the engine's range [max_context, kv_lora + rope] in f32 or bf16 (c

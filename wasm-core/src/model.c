@@ -845,8 +845,9 @@ kvl_status kvl_model_forward(kvl_session *s, const int32_t *tokens, const float 
         e->k->bf16_to_f32(dst, s->embed_row, H);
     }
     for (int l = t->layer_begin; l < t->layer_end; l++) {
-        if (kvl_atomic_load(&s->cancel_flag))
-            return kvl_engine_fail(e, KVL_ERR_CANCELLED, "cancelled by kvl_session_cancel");
+        if (kvl_atomic_load(&s->cancel_flag) ||
+            (s->cancel_watch && kvl_atomic_load((volatile int *)s->cancel_watch)))
+            return kvl_engine_fail(e, KVL_ERR_CANCELLED, "cancelled; the session is rolled back");
         if ((st = attention(s, l, n, pos0)) != KVL_OK) return st;
         if ((st = ffn(s, l, n)) != KVL_OK) return st;
     }

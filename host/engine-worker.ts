@@ -1,0 +1,102 @@
+/**
+ * engine-worker.ts — the engine's thread: a worker_threads worker that owns one hosted engine
+ * (engine-host.ts) and its sessions and runs every core call, so the main thread (CLI, HTTP, SSE)
+ * never blocks on a prefill or a step.
+ *
+ * Owns: the worker side of the protocol in engine-protocol.ts — one request at a time, in
+ * arrival order; replies carry the request id; errors carry what the main thread needs to
+ * rebuild them (CoreError status, UserError). Logits and hidden states travel as transferred
+ * buffers, never copied twice. Cancellation never goes through this thread's message queue (it
+ * is busy in the core): the main thread writes the sessions' shared cancel flags directly.
+ */
+import { parentPort } from "node:worker_threads";
+
+import type { CoreSession } from "./engine-api.js";
+import { CoreError } from "./engine-api.js";
+import { type HostedEngine, openHostedEngine } from "./engine-host.js";
+import type { EngineReply, EngineRequest, SerializedError } from "./engine-protocol.js";
+import { UserError } from "./user-error.js";
+
+if (!parentPort) throw new Error("engine-worker.ts runs as a worker_threads worker");
+const port = parentPort;
+
+let hosted: HostedEngine | undefined;
+const sessions = new Map<number, CoreSession>();
+let nextSession = 1;
+
+function serialize(err: unknown): SerializedError {
+  if (err instanceof CoreError) return { kind: "core", status: err.status, message: err.message };
+  if (err instanceof UserError) return { kind: "user", message: err.message };
+  if (err instanceof RangeError || err instanceof TypeError) return { kind: "argument", message: err.message };
+  const e = err instanceof Error ? err : new Error(String(err));
+  return { kind: "internal", message: e.message, ...(e.stack !== undefined ? { stack: e.stack } : {}) };
+}
+
+function session(id: number): CoreSession {
+  const s = sessions.get(id);
+  if (!s) throw new RangeError(`no session ${id} in the engine worker`);
+  return s;
+}
+
+function engine(): HostedEngine {
+  if (!hosted) throw new RangeError("the engine worker has no engine open");
+  return hosted;
+}
+
+async function handle(req: EngineRequest): Promise<{ reply: EngineReply; transfer: ArrayBuffer[] }> {
+  switch (req.type) {
+    case "open": {
+      if (hosted) throw new RangeError("the engine worker already has an engine open");
+      hosted = await openHostedEngine(req.backend, req.packDir, req.options);
+      return { reply: { id: req.id, type: "opened", info: hosted.engine.info(), ranges: [...hosted.ranges] }, transfer: [] };
+    }
+    case "newSession": {
+      const s = engine().engine.newSession(req.options);
+      const sessionId = nextSession++;
+      sessions.set(sessionId, s);
+      return { reply: { id: req.id, type: "session", sessionId, cancelFlags: s.cancelFlags() }, transfer: [] };
+    }
+    case "prefill": {
+      const logits = session(req.sessionId).prefill(req.tokens, req.media, req.logits);
+      return { reply: { id: req.id, type: "logits", logits }, transfer: logits ? [logits.buffer as ArrayBuffer] : [] };
+    }
+    case "step": {
+      const logits = session(req.sessionId).step(req.token);
+      return { reply: { id: req.id, type: "logits", logits }, transfer: [logits.buffer as ArrayBuffer] };
+    }
+    case "truncate": {
+      const s = session(req.sessionId);
+      s.truncate(req.n);
+      return { reply: { id: req.id, type: "position", position: s.position() }, transfer: [] };
+    }
+    case "position":
+      return { reply: { id: req.id, type: "position", position: session(req.sessionId).position() }, transfer: [] };
+    case "closeSession": {
+      session(req.sessionId).close();
+      sessions.delete(req.sessionId);
+      return { reply: { id: req.id, type: "done" }, transfer: [] };
+    }
+    case "stats":
+      return { reply: { id: req.id, type: "stats", stats: engine().engine.stats() }, transfer: [] };
+    case "close": {
+      for (const s of sessions.values()) s.close();
+      sessions.clear();
+      hosted?.close();
+      hosted = undefined;
+      return { reply: { id: req.id, type: "done" }, transfer: [] };
+    }
+  }
+}
+
+// One request at a time: the core is single-driver, and arrival order is the caller's order.
+let queue: Promise<void> = Promise.resolve();
+port.on("message", (req: EngineRequest) => {
+  queue = queue.then(async () => {
+    try {
+      const { reply, transfer } = await handle(req);
+      port.postMessage(reply, transfer);
+    } catch (err) {
+      port.postMessage({ id: req.id, type: "error", error: serialize(err) } satisfies EngineReply);
+    }
+  });
+});
