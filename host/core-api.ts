@@ -36,6 +36,13 @@ export interface ConformanceReport {
   readonly failed: number;
 }
 
+/** kvl_sampler's parameters (its generator state travels separately). */
+export interface SamplerParams {
+  temperature: number;
+  topK: number;
+  topP: number;
+}
+
 /** 4 words: state_hi, state_lo, inc_hi, inc_lo of a kvl_pcg64 (numpy's PCG64). */
 export type Pcg64State = BigUint64Array;
 
@@ -72,6 +79,14 @@ export interface CoreBackend extends PackingCore {
   conformance(set: string): ConformanceReport;
   /** Opens a pack as a text engine (engine-api.ts); throws CoreError naming what is wrong. */
   openEngine(packDir: string, options?: EngineOptions): CoreEngine;
+  /**
+   * kvl_sample: one token from logits (used as scratch: they are overwritten). Greedy when
+   * temperature <= 0 (lowest index on ties); else temperature, top-k (0 = off), softmax, top-p
+   * (0 or >= 1 = off), one draw from the generator state rng[0], advanced in place.
+   */
+  sampleToken(logits: Float32Array, params: SamplerParams, rng: BigUint64Array): number;
+  /** The generator state kvl_sampler_seed makes of a 64-bit seed (BigUint64Array(1)). */
+  seedSampler(seed: bigint): BigUint64Array;
   /** Releases threads and memory; the backend is unusable afterwards. */
   close(): void;
 }

@@ -15,6 +15,7 @@ import type { BackendName } from "./core-api.js";
 import { CoreError, type EngineInfo, type EngineStats, type LogitsMode, type SessionOptions } from "./engine-api.js";
 import type { HostedEngineOptions } from "./engine-host.js";
 import type { EngineReply, EngineRequest, SerializedError } from "./engine-protocol.js";
+import type { GenerationRequest, GenerationResult } from "./generation.js";
 import { packageRoot } from "./paths.js";
 import { UserError } from "./user-error.js";
 
@@ -42,7 +43,7 @@ function rebuild(error: SerializedError): Error {
 
 export class EngineClient {
   readonly #worker: Worker;
-  readonly #pending = new Map<number, { resolve: (r: EngineReply) => void; reject: (e: Error) => void }>();
+  readonly #pending = new Map<number, { resolve: (r: EngineReply) => void; reject: (e: Error) => void; onToken?: (token: number) => void }>();
   #nextId = 1;
   #exited: Error | undefined;
   info!: EngineInfo;
@@ -53,6 +54,10 @@ export class EngineClient {
     worker.on("message", (reply: EngineReply) => {
       const p = this.#pending.get(reply.id);
       if (!p) return;
+      if (reply.type === "token") {
+        p.onToken?.(reply.token);
+        return;
+      }
       this.#pending.delete(reply.id);
       if (reply.type === "error") p.reject(rebuild(reply.error));
       else p.resolve(reply);
@@ -82,11 +87,11 @@ export class EngineClient {
     }
   }
 
-  request(body: RequestBody, transfer: ArrayBuffer[] = []): Promise<EngineReply> {
+  request(body: RequestBody, transfer: ArrayBuffer[] = [], onToken?: (token: number) => void): Promise<EngineReply> {
     if (this.#exited) return Promise.reject(this.#exited);
     const id = this.#nextId++;
     return new Promise((resolve, reject) => {
-      this.#pending.set(id, { resolve, reject });
+      this.#pending.set(id, { resolve, reject, ...(onToken ? { onToken } : {}) });
       this.#worker.postMessage({ ...body, id }, transfer);
     });
   }
@@ -94,7 +99,7 @@ export class EngineClient {
   async newSession(options: SessionOptions = {}): Promise<ClientSession> {
     const reply = await this.request({ type: "newSession", options });
     if (reply.type !== "session") throw new Error(`engine worker: unexpected reply ${reply.type} to newSession`);
-    return new ClientSession(this, reply.sessionId, reply.cancelFlags, this.info.vocabSize);
+    return new ClientSession(this, reply.sessionId, reply.cancelFlags, reply.stopFlag, this.info.vocabSize);
   }
 
   async stats(): Promise<EngineStats> {
@@ -111,15 +116,39 @@ export class EngineClient {
 }
 
 export class ClientSession {
-  constructor(private readonly client: EngineClient, readonly id: number, private readonly flags: Int32Array[], private readonly vocab: number) {}
+  constructor(private readonly client: EngineClient, readonly id: number, private readonly flags: Int32Array[],
+    private readonly stopFlag: Int32Array, private readonly vocab: number) {}
 
   #clear(): void {
     for (const f of this.flags) Atomics.store(f, 0, 0);
+    Atomics.store(this.stopFlag, 0, 0);
   }
 
-  /** Stops the running call (it rejects with CoreError "cancelled"; the session rolls back). */
+  /**
+   * Stops the running call at once: a prefill or step rejects with CoreError "cancelled" (the
+   * session rolls back); a generate ends with finishReason "cancelled", keeping what it made.
+   */
   cancel(): void {
+    Atomics.store(this.stopFlag, 0, 1);
     for (const f of this.flags) Atomics.store(f, 0, 1);
+  }
+
+  /** Ends a running generate after its current token (finishReason "stopped"): for stop strings. */
+  stop(): void {
+    Atomics.store(this.stopFlag, 0, 1);
+  }
+
+  /** One reply (generation.ts); onToken sees each sampled token as the worker makes it. */
+  async generate(request: GenerationRequest, onToken: (token: number) => void): Promise<GenerationResult> {
+    this.#clear();
+    const reply = await this.client.request({ type: "generate", sessionId: this.id, request }, [], onToken);
+    if (reply.type !== "generated") throw new Error(`engine worker: unexpected reply ${reply.type} to generate`);
+    return reply.result;
+  }
+
+  /** Forgets the conversation (KV and keys). */
+  async reset(): Promise<void> {
+    await this.client.request({ type: "reset", sessionId: this.id });
   }
 
   async prefill(tokens: Int32Array, media: Float32Array | null, logits: LogitsMode): Promise<Float32Array | null> {

@@ -11,7 +11,7 @@
 import { readFileSync } from "node:fs";
 import { join } from "node:path";
 
-import type { BackendName } from "./core-api.js";
+import type { BackendName, CoreBackend } from "./core-api.js";
 import type { CoreEngine, EngineOptions } from "./engine-api.js";
 import { textDims } from "./model-spec.js";
 import { NativeBackend } from "./native-backend.js";
@@ -43,6 +43,8 @@ export interface HostedEngine {
   readonly backend: BackendName;
   /** Layer ranges, one per instance. */
   readonly ranges: ReadonlyArray<[number, number]>;
+  /** The core that samples tokens (kvl_sample): the native addon, or the last instance. */
+  readonly sampler: CoreBackend;
   /** Closes the engine, then the instances. */
   close(): void;
 }
@@ -65,7 +67,7 @@ export async function openHostedEngine(backend: BackendName, packDir: string, op
   const budgetFor = ([begin, end]: [number, number]): number | undefined =>
     engineOptions.expertCacheBytes ? Math.floor((engineOptions.expertCacheBytes * (end - begin)) / nLayers) : undefined;
   const parts: CoreEngine[] = [];
-  const owners: Array<{ close(): void }> = [];
+  const owners: CoreBackend[] = [];
   try {
     if (backend === "native") {
       const native = new NativeBackend();
@@ -90,7 +92,7 @@ export async function openHostedEngine(backend: BackendName, packDir: string, op
   }
   const engine = new SplitEngine(parts);
   return {
-    engine, backend, ranges,
+    engine, backend, ranges, sampler: owners.at(-1)!,
     close() {
       try {
         engine.close();

@@ -6,12 +6,15 @@
 import type { BackendName } from "./core-api.js";
 import type { EngineInfo, EngineStats, LogitsMode, SessionOptions } from "./engine-api.js";
 import type { HostedEngineOptions } from "./engine-host.js";
+import type { GenerationRequest, GenerationResult } from "./generation.js";
 
 export type EngineRequest =
   | { id: number; type: "open"; backend: BackendName; packDir: string; options: HostedEngineOptions }
   | { id: number; type: "newSession"; options: SessionOptions }
   | { id: number; type: "prefill"; sessionId: number; tokens: Int32Array; media: Float32Array | null; logits: LogitsMode }
   | { id: number; type: "step"; sessionId: number; token: number }
+  | { id: number; type: "generate"; sessionId: number; request: GenerationRequest }
+  | { id: number; type: "reset"; sessionId: number }
   | { id: number; type: "truncate"; sessionId: number; n: number }
   | { id: number; type: "position"; sessionId: number }
   | { id: number; type: "closeSession"; sessionId: number }
@@ -27,7 +30,10 @@ export type SerializedError =
 
 export type EngineReply =
   | { id: number; type: "opened"; info: EngineInfo; ranges: Array<[number, number]> }
-  | { id: number; type: "session"; sessionId: number; cancelFlags: Int32Array[] }
+  | { id: number; type: "session"; sessionId: number; cancelFlags: Int32Array[]; stopFlag: Int32Array }
+  /** One sampled token of a running generate (more replies with the same id follow). */
+  | { id: number; type: "token"; token: number }
+  | { id: number; type: "generated"; result: GenerationResult }
   | { id: number; type: "logits"; logits: Float32Array | null }
   | { id: number; type: "position"; position: number }
   | { id: number; type: "stats"; stats: EngineStats }

@@ -11,9 +11,9 @@
  */
 import { parentPort } from "node:worker_threads";
 
-import type { CoreSession } from "./engine-api.js";
 import { CoreError } from "./engine-api.js";
 import { type HostedEngine, openHostedEngine } from "./engine-host.js";
+import { GenerationSession } from "./generation.js";
 import type { EngineReply, EngineRequest, SerializedError } from "./engine-protocol.js";
 import { UserError } from "./user-error.js";
 
@@ -21,7 +21,7 @@ if (!parentPort) throw new Error("engine-worker.ts runs as a worker_threads work
 const port = parentPort;
 
 let hosted: HostedEngine | undefined;
-const sessions = new Map<number, CoreSession>();
+const sessions = new Map<number, GenerationSession>();
 let nextSession = 1;
 
 function serialize(err: unknown): SerializedError {
@@ -32,10 +32,14 @@ function serialize(err: unknown): SerializedError {
   return { kind: "internal", message: e.message, ...(e.stack !== undefined ? { stack: e.stack } : {}) };
 }
 
-function session(id: number): CoreSession {
+function generation(id: number): GenerationSession {
   const s = sessions.get(id);
   if (!s) throw new RangeError(`no session ${id} in the engine worker`);
   return s;
+}
+
+function session(id: number) {
+  return generation(id).raw;
 }
 
 function engine(): HostedEngine {
@@ -51,10 +55,13 @@ async function handle(req: EngineRequest): Promise<{ reply: EngineReply; transfe
       return { reply: { id: req.id, type: "opened", info: hosted.engine.info(), ranges: [...hosted.ranges] }, transfer: [] };
     }
     case "newSession": {
-      const s = engine().engine.newSession(req.options);
+      const h = engine();
+      const s = h.engine.newSession(req.options);
+      const info = h.engine.info();
+      const stopFlag = new Int32Array(new SharedArrayBuffer(4));
       const sessionId = nextSession++;
-      sessions.set(sessionId, s);
-      return { reply: { id: req.id, type: "session", sessionId, cancelFlags: s.cancelFlags() }, transfer: [] };
+      sessions.set(sessionId, new GenerationSession(s, h.sampler, info.mediaPlaceholderTokenId, info.hiddenSize, stopFlag));
+      return { reply: { id: req.id, type: "session", sessionId, cancelFlags: s.cancelFlags(), stopFlag }, transfer: [] };
     }
     case "prefill": {
       const logits = session(req.sessionId).prefill(req.tokens, req.media, req.logits);
@@ -64,13 +71,21 @@ async function handle(req: EngineRequest): Promise<{ reply: EngineReply; transfe
       const logits = session(req.sessionId).step(req.token);
       return { reply: { id: req.id, type: "logits", logits }, transfer: [logits.buffer as ArrayBuffer] };
     }
+    case "generate": {
+      const result = generation(req.sessionId).generate(req.request, (token) => port.postMessage({ id: req.id, type: "token", token }));
+      return { reply: { id: req.id, type: "generated", result }, transfer: [] };
+    }
+    case "reset": {
+      generation(req.sessionId).reset();
+      return { reply: { id: req.id, type: "position", position: 0 }, transfer: [] };
+    }
     case "truncate": {
       const s = session(req.sessionId);
       s.truncate(req.n);
       return { reply: { id: req.id, type: "position", position: s.position() }, transfer: [] };
     }
     case "position":
-      return { reply: { id: req.id, type: "position", position: session(req.sessionId).position() }, transfer: [] };
+      return { reply: { id: req.id, type: "position", position: generation(req.sessionId).session.position() }, transfer: [] };
     case "closeSession": {
       session(req.sessionId).close();
       sessions.delete(req.sessionId);

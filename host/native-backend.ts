@@ -10,7 +10,7 @@
 import { createRequire } from "node:module";
 
 import {
-  type ConformanceReport, type CoreBackend, type KernelSet, type Pcg64State, checkPackExpertArgs, packExpertStatus,
+  type ConformanceReport, type CoreBackend, type KernelSet, type Pcg64State, type SamplerParams, checkPackExpertArgs, packExpertStatus,
   parseConformanceReport,
 } from "./core-api.js";
 import {
@@ -87,6 +87,8 @@ export interface NativeAddon {
   packExpert(gate: Uint16Array, up: Uint16Array, down: Uint16Array, intermediate: number, hidden: number, out: Uint8Array): number;
   pcg64Seed(words: BigUint64Array, state: BigUint64Array): void;
   synthUniform(state: BigUint64Array, count: number, center: number, halfWidth: number, out: Uint16Array | Float32Array): void;
+  sampleToken(logits: Float32Array, temperature: number, topK: number, topP: number, rng: BigUint64Array, workspace: Int32Array): number;
+  samplerSeed(rng: BigUint64Array): void;
   engineOpen(packDir: string, codes: EngineOptionCodes): { status: number; error: string; engine: NativeEngineHandle | null };
   engineFree(engine: NativeEngineHandle): void;
   engineInfo(engine: NativeEngineHandle): NativeEngineInfo;
@@ -156,6 +158,19 @@ export class NativeBackend implements CoreBackend {
     const state = new BigUint64Array(4);
     this.#addon.pcg64Seed(seedWords, state);
     return state;
+  }
+
+  #workspace = new Int32Array(0);
+
+  sampleToken(logits: Float32Array, params: SamplerParams, rng: BigUint64Array): number {
+    if (this.#workspace.length < logits.length) this.#workspace = new Int32Array(logits.length);
+    return this.#addon.sampleToken(logits, params.temperature, params.topK, params.topP, rng, this.#workspace);
+  }
+
+  seedSampler(seed: bigint): BigUint64Array {
+    const rng = BigUint64Array.of(BigInt.asUintN(64, seed));
+    this.#addon.samplerSeed(rng);
+    return rng;
   }
 
   synthUniform(state: Pcg64State, count: number, center: number, halfWidth: number, out: Uint16Array | Float32Array): void {

@@ -10,7 +10,7 @@ import { createRequire } from "node:module";
 import { join } from "node:path";
 
 import {
-  type ConformanceReport, type CoreBackend, type KernelSet, type Pcg64State, checkPackExpertArgs, packExpertStatus,
+  type ConformanceReport, type CoreBackend, type KernelSet, type Pcg64State, type SamplerParams, checkPackExpertArgs, packExpertStatus,
   parseConformanceReport,
 } from "./core-api.js";
 import type { CoreEngine, EngineOptions } from "./engine-api.js";
@@ -31,6 +31,9 @@ interface EmscriptenCore extends EmscriptenEngineExports {
   _kvl_pack_expert(gate: number, up: number, down: number, intermediate: number, hidden: number, out: number, outBytes: number): number;
   _kvl_pcg64_seed(rng: number, words: number): void;
   _kvl_synth_uniform(rng: number, count: number, center: number, halfWidth: number, bf16: number, out: number): void;
+  _kvl_sample(sampler: number, logits: number, vocab: number, workspace: number): number;
+  /** uint64 seed legalized to two i32 halves (no BigInt integration in this emscripten build). */
+  _kvl_sampler_seed(sampler: number, seedLo: number, seedHi: number): void;
   UTF8ToString(ptr: number): string;
   stringToUTF8(str: string, ptr: number, maxBytes: number): void;
   lengthBytesUTF8(str: string): number;
@@ -220,6 +223,31 @@ export class WasmBackend implements CoreBackend {
       this.#live._kvl_synth_uniform(ptr, count, center, halfWidth, out instanceof Uint16Array ? 1 : 0, ptr + 32);
       state.set(new BigUint64Array(this.#bytes(ptr, 32).slice().buffer));
       new Uint8Array(out.buffer, out.byteOffset, bytes).set(this.#bytes(ptr + 32, bytes));
+    });
+  }
+
+  /** kvl_sampler struct (24 bytes: temperature f32, top_k i32, top_p f32, pad, rng_state u64). */
+  sampleToken(logits: Float32Array, params: SamplerParams, rng: BigUint64Array): number {
+    const n = logits.length;
+    return this.#withBuffer(32 + 8 * n, (ptr) => {
+      const view = new DataView(this.memory!.buffer, ptr, 24);
+      view.setFloat32(0, params.temperature, true);
+      view.setInt32(4, params.topK, true);
+      view.setFloat32(8, params.topP, true);
+      view.setBigUint64(16, rng[0]!, true);
+      this.#copyIn(ptr + 32, logits);
+      const token = this.#live._kvl_sample(ptr, ptr + 32, n, ptr + 32 + 4 * n);
+      rng[0] = new DataView(this.memory!.buffer, ptr, 24).getBigUint64(16, true);
+      logits.set(new Float32Array(this.memory!.buffer, ptr + 32, n));
+      return token;
+    });
+  }
+
+  seedSampler(seed: bigint): BigUint64Array {
+    const s = BigInt.asUintN(64, seed);
+    return this.#withBuffer(24, (ptr) => {
+      this.#live._kvl_sampler_seed(ptr, Number(s & 0xffffffffn) | 0, Number(s >> 32n) | 0);
+      return BigUint64Array.of(new DataView(this.memory!.buffer, ptr, 24).getBigUint64(16, true));
     });
   }
 

@@ -16,6 +16,9 @@
  *   pcg64Seed(words, state)                         kvl_pcg64_seed: BigUint64Array(4) each
  *   synthUniform(state, count, center, half, out)   kvl_synth_uniform into out (Uint16Array:
  *                                                   BF16 bits, Float32Array: FP32); advances state
+ *   sampleToken(logits, temperature, topK, topP, rng, workspace) -> token   kvl_sample; rng: a
+ *                                                   BigUint64Array(1) state advanced in place
+ *   samplerSeed(rng)                                rng[0] = kvl_sampler_seed's state of rng[0]
  *
  * The text engine (kvl_engine_* / kvl_session_*). Engines and sessions are opaque handles
  * (type-tagged napi_externals, see "engine and session handles" below). A failed kvl_status is
@@ -393,6 +396,62 @@ static napi_value js_pcg64_seed(napi_env env, napi_callback_info info)
     kvl_pcg64_seed(&rng, (const uint64_t *)words);
     const uint64_t s[4] = {rng.state_hi, rng.state_lo, rng.inc_hi, rng.inc_lo};
     memcpy(state, s, sizeof s);
+    return NULL;
+}
+
+static int get_integer(napi_env env, napi_value value, double min, double max, int64_t *out,
+                       const char *fn, const char *what);
+
+/* sampleToken(logits: Float32Array, temperature, topK, topP, rng: BigUint64Array(1),
+ * workspace: Int32Array(>= logits.length)) -> token: kvl_sample with the sampler state in rng[0]
+ * (advanced in place); logits are used as scratch. */
+static napi_value js_sample_token(napi_env env, napi_callback_info info)
+{
+    const char *fn = "sampleToken";
+    napi_value argv[6], result;
+    void *logits, *rng, *workspace;
+    size_t n_logits, n_rng, n_work;
+    double temperature, top_p;
+    int64_t top_k;
+    if (!get_args(env, info, argv, 6, fn) ||
+        !get_typed_arg(env, argv[0], napi_float32_array, &logits, &n_logits, fn, 0) ||
+        !get_typed_arg(env, argv[4], napi_biguint64_array, &rng, &n_rng, fn, 4) ||
+        !get_typed_arg(env, argv[5], napi_int32_array, &workspace, &n_work, fn, 5) ||
+        !get_integer(env, argv[2], 0, 2147483647.0, &top_k, fn, "topK"))
+        return NULL;
+    NAPI_CALL(env, napi_get_value_double(env, argv[1], &temperature));
+    NAPI_CALL(env, napi_get_value_double(env, argv[3], &top_p));
+    if (n_logits < 1 || n_logits > 2147483647u || n_rng != 1 || n_work < n_logits)
+        return throw_error(env, "ERR_INVALID_ARG_VALUE", "kvl addon: sampleToken: logits must be "
+                           "non-empty, rng hold 1 word and workspace at least as many ints as logits");
+    kvl_sampler s;
+    s.temperature = (float)temperature;
+    s.top_k = (int32_t)top_k;
+    s.top_p = (float)top_p;
+    memcpy(&s.rng_state, rng, 8);
+    int32_t token = kvl_sample(&s, (float *)logits, (int32_t)n_logits, (int32_t *)workspace);
+    memcpy(rng, &s.rng_state, 8);
+    NAPI_CALL(env, napi_create_int32(env, token, &result));
+    return result;
+}
+
+/* samplerSeed(rng: BigUint64Array(1)): rng[0] = the kvl_sampler_seed state of seed rng[0]. */
+static napi_value js_sampler_seed(napi_env env, napi_callback_info info)
+{
+    napi_value argv[1];
+    void *rng;
+    size_t n_rng;
+    if (!get_args(env, info, argv, 1, "samplerSeed") ||
+        !get_typed_arg(env, argv[0], napi_biguint64_array, &rng, &n_rng, "samplerSeed", 0))
+        return NULL;
+    if (n_rng != 1)
+        return throw_error(env, "ERR_INVALID_ARG_VALUE", "kvl addon: samplerSeed: rng holds 1 word");
+    kvl_sampler s;
+    uint64_t seed;
+    memset(&s, 0, sizeof s);
+    memcpy(&seed, rng, 8);
+    kvl_sampler_seed(&s, seed);
+    memcpy(rng, &s.rng_state, 8);
     return NULL;
 }
 
@@ -1316,6 +1375,8 @@ static const kvl_function kvl_functions[] = {
     {"packExpert", js_pack_expert},
     {"pcg64Seed", js_pcg64_seed},
     {"synthUniform", js_synth_uniform},
+    {"sampleToken", js_sample_token},
+    {"samplerSeed", js_sampler_seed},
     {"engineOpen", js_engine_open},
     {"engineFree", js_engine_free},
     {"engineInfo", js_engine_info},
