@@ -4,9 +4,10 @@
  * Owns: where each layer range runs — WebAssembly: one instance per range, each with its own
  * memory (at most 4 GiB) and thread pool; native: every range in this process (one range unless
  * a split is forced, for parity tests) — and sharing the expert-cache budget between ranges in
- * proportion to their layers. The number of instances comes from the caller (`--instances`,
- * KVL_INSTANCES) or is 1. Does not own how big each memory must be (the planner passes it) or
- * the chaining of sessions (split-engine.ts).
+ * proportion to their layers, when no plan is given. With a plan (planner.ts), each range is
+ * opened with exactly the plan's options and, on WebAssembly, memory. Without one, the number of
+ * instances comes from the caller (`--instances`, KVL_INSTANCES) or is 1. Does not own how big
+ * each memory must be (the planner) or the chaining of sessions (split-engine.ts).
  */
 import { readFileSync } from "node:fs";
 import { join } from "node:path";
@@ -19,9 +20,18 @@ import { SplitEngine, layerRanges } from "./split-engine.js";
 import { UserError } from "./user-error.js";
 import { MAX_INSTANCE_BYTES, WasmBackend } from "./wasm-backend.js";
 
+/** One planned instance (planner.ts InstancePlan, as plain data so it can cross to the worker). */
+export interface PlannedInstance {
+  engineOptions: EngineOptions & { layerBegin: number; layerEnd: number };
+  memoryBytes: number;
+}
+
 export interface HostedEngineOptions extends Omit<EngineOptions, "layerBegin" | "layerEnd"> {
   /** Compute threads per instance (one instance computes at a time, so threads = cores). */
   nThreads: number;
+  /** The plan's instances (ranges, per-range engine options, memories); overrides instances,
+   * instanceMemoryBytes and the cache options. */
+  planned?: PlannedInstance[];
   /** Instances the layers are split over; absent: KVL_INSTANCES, else 1. */
   instances?: number;
   /** WebAssembly: the memory of each instance in bytes (a multiple of 64 KiB, at most 4 GiB). */
@@ -59,30 +69,31 @@ function packLayers(packDir: string): number {
   return textDims(config).num_hidden_layers;
 }
 
-export async function openHostedEngine(backend: BackendName, packDir: string, options: HostedEngineOptions): Promise<HostedEngine> {
-  const instances = requestedInstances(options.instances);
+/** Without a plan: equal layer ranges, the expert budget shared by layers, equal memories. */
+function evenSplit(packDir: string, instances: number | undefined, engineOptions: EngineOptions, memoryBytes: number): PlannedInstance[] {
   const nLayers = packLayers(packDir);
-  const ranges = layerRanges(nLayers, instances);
-  const { instances: _i, instanceMemoryBytes, ...engineOptions } = options;
-  const budgetFor = ([begin, end]: [number, number]): number | undefined =>
-    engineOptions.expertCacheBytes ? Math.floor((engineOptions.expertCacheBytes * (end - begin)) / nLayers) : undefined;
+  return layerRanges(nLayers, requestedInstances(instances)).map(([begin, end]) => {
+    const budget = engineOptions.expertCacheBytes ? Math.floor((engineOptions.expertCacheBytes * (end - begin)) / nLayers) : 0;
+    return { engineOptions: { ...(budget ? { expertCacheBytes: budget } : {}), layerBegin: begin, layerEnd: end }, memoryBytes };
+  });
+}
+
+export async function openHostedEngine(backend: BackendName, packDir: string, options: HostedEngineOptions): Promise<HostedEngine> {
+  const { instances: _i, instanceMemoryBytes, planned, ...engineOptions } = options;
+  const specs = planned ?? evenSplit(packDir, options.instances, engineOptions, instanceMemoryBytes ?? MAX_INSTANCE_BYTES);
+  const ranges = specs.map((s): [number, number] => [s.engineOptions.layerBegin, s.engineOptions.layerEnd]);
   const parts: CoreEngine[] = [];
   const owners: CoreBackend[] = [];
   try {
     if (backend === "native") {
       const native = new NativeBackend();
       owners.push(native);
-      for (const range of ranges) {
-        const budget = budgetFor(range);
-        parts.push(native.openEngine(packDir, { ...engineOptions, ...(budget ? { expertCacheBytes: budget } : {}), layerBegin: range[0], layerEnd: range[1] }));
-      }
+      for (const spec of specs) parts.push(native.openEngine(packDir, { ...engineOptions, ...spec.engineOptions }));
     } else {
-      const memoryBytes = instanceMemoryBytes ?? MAX_INSTANCE_BYTES;
-      for (const range of ranges) {
-        const wasm = await WasmBackend.create({ memoryBytes, pthreads: WasmBackend.pthreadsForEngine(options.nThreads) });
+      for (const spec of specs) {
+        const wasm = await WasmBackend.create({ memoryBytes: spec.memoryBytes, pthreads: WasmBackend.pthreadsForEngine(options.nThreads) });
         owners.push(wasm);
-        const budget = budgetFor(range);
-        parts.push(wasm.openEngine(packDir, { ...engineOptions, ...(budget ? { expertCacheBytes: budget } : {}), layerBegin: range[0], layerEnd: range[1] }));
+        parts.push(wasm.openEngine(packDir, { ...engineOptions, ...spec.engineOptions }));
       }
     }
   } catch (err) {

@@ -77,8 +77,9 @@ export class WasmBackend implements CoreBackend {
     const pthreads = options.pthreads ?? DEFAULT_PTHREADS;
     if (!Number.isInteger(pthreads) || pthreads < 1 || pthreads > 256) throw new RangeError(`pthreads must be 1..256, got ${pthreads}`);
     const bytes = options.memoryBytes ?? DEFAULT_INSTANCE_BYTES;
-    if (!Number.isInteger(bytes) || bytes % PAGE !== 0 || bytes < 16 * PAGE || bytes > MAX_INSTANCE_BYTES) {
-      throw new RangeError(`wasm instance memory must be a multiple of 64 KiB between 1 MiB and 4 GiB - 64 KiB, got ${bytes}`);
+    if (!Number.isInteger(bytes) || bytes % PAGE !== 0 || bytes < DEFAULT_INSTANCE_BYTES || bytes > MAX_INSTANCE_BYTES) {
+      // below 64 MiB the module does not link (-sINITIAL_MEMORY=64MB in build-wasm.sh)
+      throw new RangeError(`wasm instance memory must be a multiple of 64 KiB between 64 MiB and 4 GiB - 64 KiB, got ${bytes}`);
     }
     const wasmMemory = new WebAssembly.Memory({ initial: bytes / PAGE, maximum: bytes / PAGE, shared: true });
     const require = createRequire(import.meta.url);

@@ -197,8 +197,9 @@ export class WasmEngine implements CoreEngine {
 
 class WasmSession implements CoreSession {
   #ptr: number;
-  /** vocab floats in the instance for step(), allocated once: decoding allocates nothing. */
-  #stepLogits: number;
+  /** vocab floats in the instance for step() (the last range only: the others go through
+   * forward), allocated once: decoding allocates nothing. */
+  #stepLogits = 0;
   /** Address of the flag the core watches, 0 until cancelFlags() is first called. */
   #cancelFlag = 0;
   readonly #vocab: number;
@@ -213,10 +214,12 @@ class WasmSession implements CoreSession {
     this.#hidden = info.hiddenSize;
     this.#layerEnd = info.layerEnd;
     this.#nLayers = info.nLayers;
-    this.#stepLogits = engine.core._malloc(this.#vocab * 4) >>> 0;
-    if (this.#stepLogits === 0) {
-      engine.core._kvl_session_free(ptr);
-      throw new CoreError(4, "out of WebAssembly memory for the session's logits");
+    if (this.#layerEnd === this.#nLayers) {
+      this.#stepLogits = engine.core._malloc(this.#vocab * 4) >>> 0;
+      if (this.#stepLogits === 0) {
+        engine.core._kvl_session_free(ptr);
+        throw new CoreError(4, "out of WebAssembly memory for the session's logits");
+      }
     }
   }
 
@@ -279,6 +282,7 @@ class WasmSession implements CoreSession {
 
   step(token: number): Float32Array {
     const session = this.#live;
+    if (this.#stepLogits === 0) throw new RangeError("step() runs on the engine of the last layers; use forward() on the others");
     this.engine.check(this.engine.core._kvl_session_step(session, token, this.#stepLogits));
     return new Float32Array(this.engine.memory.buffer, this.#stepLogits, this.#vocab).slice();
   }
@@ -290,7 +294,7 @@ class WasmSession implements CoreSession {
   close(): void {
     if (this.#ptr === 0) return;
     this.engine.core._kvl_session_free(this.#ptr);
-    this.engine.core._free(this.#stepLogits);
+    if (this.#stepLogits !== 0) this.engine.core._free(this.#stepLogits);
     if (this.#cancelFlag !== 0) this.engine.core._free(this.#cancelFlag);
     this.#ptr = 0;
     this.onClose();

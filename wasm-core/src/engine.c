@@ -545,7 +545,8 @@ static kvl_status load_text(open_ctx *c, const kvl_engine_options *o)
      * then every MoE layer's router weight (BF16, align4096(nbytes)), then per layer the
      * input/post-attention/kv_a norms widened to f32 (align64 each) and, on MoE layers, the f32
      * router bias (align64), then the final norm in f32 (align64). BF16 -> f32 is exact. ---- */
-    t->global_mem = kvl_large_alloc((size_t)gbytes);
+    /* gbytes > SIZE_MAX (a wasm32 build) must fail, not wrap to a small block */
+    t->global_mem = gbytes <= (uint64_t)SIZE_MAX ? kvl_large_alloc((size_t)gbytes) : NULL;
     if (!t->global_mem) {
         st = oerr(c, KVL_ERR_NOMEM, "cannot allocate %llu bytes for the resident lm_head and norms",
                   (unsigned long long)gbytes);
@@ -629,7 +630,7 @@ static kvl_status load_text(open_ctx *c, const kvl_engine_options *o)
             used += t->tt[i].padded;
         }
         if (used > 0) {
-            t->trunk_mem = kvl_large_alloc((size_t)used);
+            t->trunk_mem = used <= (uint64_t)SIZE_MAX ? kvl_large_alloc((size_t)used) : NULL;
             if (!t->trunk_mem) {
                 st = oerr(c, KVL_ERR_NOMEM, "cannot allocate the %llu-byte trunk cache; lower "
                           "trunk_cache_bytes", (unsigned long long)used);
@@ -1000,9 +1001,13 @@ kvl_status kvl_session_new(kvl_engine *e, const kvl_session_options *options, kv
     if (st != KVL_OK) return st;
     kvl_session_layout ly;
     kvl_session_layout_compute(e, ctx, batch, &ly);
+    if (ly.total > (uint64_t)SIZE_MAX)
+        return kvl_engine_fail(e, KVL_ERR_NOMEM, "a session with max_context %d needs %llu bytes, "
+                               "more than this build can address; lower max_context or split the "
+                               "model over more instances", ctx, (unsigned long long)ly.total);
     kvl_session *s = (kvl_session *)calloc(1, sizeof *s);
     if (!s) return kvl_engine_fail(e, KVL_ERR_NOMEM, "out of memory creating a session");
-    s->arena = kvl_aligned_alloc(64, ly.total);
+    s->arena = kvl_aligned_alloc(64, (size_t)ly.total);
     if (!s->arena) {
         free(s);
         return kvl_engine_fail(e, KVL_ERR_NOMEM, "cannot allocate %llu bytes for a session "

@@ -98,9 +98,11 @@ typedef struct kvl_engine_text {
 kvl_status kvl_trunk_get(kvl_engine *engine, int tensor_id, const uint16_t **out);
 
 /* Scratch layout of one session; sizes come from kvl_session_layout (model.c). */
+/* 64-bit on every target: on wasm32 a large context would wrap size_t (27 layers x 131072
+ * tokens of f32 KV is 8.2 GB); kvl_session_new refuses a total above SIZE_MAX. */
 typedef struct kvl_session_layout {
-    size_t off[32];
-    size_t total;            /* arena bytes */
+    uint64_t off[32];
+    uint64_t total;          /* arena bytes */
 } kvl_session_layout;
 
 struct kvl_session {

@@ -82,12 +82,12 @@ void kvl_session_layout_compute(const kvl_engine *engine, int max_context, int m
 {
     const kvl_engine_text *t = engine->text;
     const kvl_text_hparams *hp = &t->hp;
-    size_t B = (size_t)max_batch, H = (size_t)hp->hidden, nh = (size_t)hp->n_heads;
-    size_t kvrow = (size_t)(hp->kv_lora + hp->rope);
-    size_t elt = t->kv_bf16 ? 2u : 4u;
-    size_t nthreads = (size_t)kvl_pool_size(engine->pool);
-    size_t sizes[L_COUNT];
-    sizes[L_KV] = (size_t)(t->layer_end - t->layer_begin) * (size_t)max_context * kvrow * elt;
+    uint64_t B = (uint64_t)max_batch, H = (uint64_t)hp->hidden, nh = (uint64_t)hp->n_heads;
+    uint64_t kvrow = (uint64_t)(hp->kv_lora + hp->rope);
+    uint64_t elt = t->kv_bf16 ? 2u : 4u;
+    uint64_t nthreads = (uint64_t)kvl_pool_size(engine->pool);
+    uint64_t sizes[L_COUNT];
+    sizes[L_KV] = (uint64_t)(t->layer_end - t->layer_begin) * (uint64_t)max_context * kvrow * elt;
     sizes[L_X] = B * H * 4;
     sizes[L_XN] = B * H * 4;
     sizes[L_Q] = B * nh * (size_t)(hp->nope + hp->rope) * 4;
@@ -108,11 +108,12 @@ void kvl_session_layout_compute(const kvl_engine *engine, int max_context, int m
     sizes[L_ELIST] = B * (size_t)hp->topk * sizeof(int);
     sizes[L_EORDER] = (size_t)hp->n_routed * sizeof(int);
     sizes[L_EMBED] = H * sizeof(uint16_t);
-    sizes[L_KVT] = (size_t)hp->kv_lora * (size_t)max_context * 4;
-    size_t off = 0;
+    sizes[L_KVT] = (uint64_t)hp->kv_lora * (uint64_t)max_context * 4;
+    uint64_t off = 0;
     for (int i = 0; i < L_COUNT; i++) {
+        uint64_t size = sizes[i] ? sizes[i] : 1;
         out->off[i] = off;
-        off += align_up(sizes[i] ? sizes[i] : 1, ARENA_ALIGN);
+        off += (size + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN;
     }
     out->total = off;
 }

@@ -143,7 +143,13 @@ void *kvl_aligned_alloc(size_t alignment, size_t bytes) {
 }
 
 void *kvl_large_alloc(size_t bytes) {
+#ifdef __EMSCRIPTEN__
+    /* no huge pages in WebAssembly, and its memory is fixed: page alignment (what direct reads
+     * need) wastes at most 4 KiB per block instead of 2 MiB */
+    const size_t huge = KVL_PAGE;
+#else
     const size_t huge = (size_t)2 << 20;
+#endif
     void *p = kvl_os_aligned_malloc(huge, bytes);
     if (p) kvl_os_advise_hugepages(p, bytes);
     return p;
