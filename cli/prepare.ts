@@ -49,6 +49,7 @@ export function addPrepareCommand(program: Command): void {
           revision: opts.revision,
           keepDownload: opts.keepDownload === true,
           ramBudgetMib: opts.ramBudget ?? null,
+          planBackend: record.chosen,
           progress: opts.quiet ? silentProgress : stderrProgress(),
         });
       } finally {

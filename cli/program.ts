@@ -4,20 +4,37 @@
  *
  * Owns: the command tree, its help, and exit statuses, and how errors reach the user: an error
  * the user can fix (UserError, BackendError) is one line `kvl CMD: error: ...` and exit status 1;
- * anything else is a bug and keeps its stack. `synth`, `pack`, `prepare` and `doctor` without a
- * model are TypeScript; the commands listed in python-front-end.ts still run on the Python front
- * end and are replaced one by one.
+ * anything else is a bug and keeps its stack. `synth`, `pack`, `prepare` and `doctor` (with or
+ * without a model) are TypeScript; the commands listed in python-front-end.ts still run on the
+ * Python front end and are replaced one by one.
  */
-import { Command } from "commander";
+import { Command, InvalidArgumentError } from "commander";
 
 import { BackendError } from "../host/backend.js";
 import { UserError } from "../host/user-error.js";
+import { silentProgress, stderrProgress } from "../packer/progress.js";
+import { DEFAULT_RAM_MIB, renderModelDoctor, runModelDoctor } from "./doctor-model.js";
 import { renderDoctor, runDoctor } from "./doctor.js";
 import { backendOption } from "./options.js";
 import { addPackCommand } from "./pack.js";
 import { addPrepareCommand } from "./prepare.js";
 import { PYTHON_COMMANDS, pythonCommandHelp, runPythonCommand } from "./python-front-end.js";
 import { addSynthCommand } from "./synth.js";
+
+function positiveInt(value: string): number {
+  const n = Number(value);
+  if (!/^\d+$/.test(value) || !Number.isSafeInteger(n) || n < 1) throw new InvalidArgumentError("expected a positive integer");
+  return n;
+}
+
+interface DoctorOptions {
+  backend?: string;
+  json?: boolean;
+  quick?: boolean;
+  verbose?: boolean;
+  ramMib: number;
+  quiet?: boolean;
+}
 
 export function buildProgram(): Command {
   const program = new Command("kvl")
@@ -27,15 +44,23 @@ export function buildProgram(): Command {
 
   program
     .command("doctor")
-    .description("check this machine: backends, kernel sets and their self-test (with MODEL: the packed model too)")
-    .argument("[model]", "packed model directory (checked by the model doctor)")
+    .description("check this machine: backends, kernel sets and their self-test; with MODEL: the packed model, " +
+      "its data, the RAM plan, direct I/O and a short generation")
+    .argument("[model]", "packed model directory")
     .addOption(backendOption())
     .option("--json", "print the report as JSON")
-    .allowUnknownOption(true)
-    .action(async (model: string | undefined, opts: { backend?: string; json?: boolean }, cmd: Command) => {
+    .option("--quick", "MODEL: skip the CRC of every tensor's data (reading the whole pack)")
+    .option("--ram-mib <mib>", "MODEL: the RAM budget to plan for", positiveInt, DEFAULT_RAM_MIB)
+    .option("--verbose", "MODEL: also print the RAM plan's table")
+    .option("--quiet", "MODEL: no progress on stderr")
+    .action(async (model: string | undefined, opts: DoctorOptions) => {
       if (model !== undefined) {
-        // The model checks (pack consistency, planner, a one-token run) are the Python doctor's.
-        process.exitCode = runPythonCommand("doctor", cmd.args);
+        const report = await runModelDoctor(model, {
+          backend: opts.backend, ramMib: opts.ramMib, quick: opts.quick ?? false,
+          progress: opts.quiet ? silentProgress : stderrProgress(),
+        });
+        process.stdout.write(opts.json ? `${JSON.stringify(report, null, 2)}\n` : `${renderModelDoctor(report, opts.verbose ?? false)}\n`);
+        process.exitCode = report.pass ? 0 : 1;
         return;
       }
       const report = await runDoctor(opts.backend);

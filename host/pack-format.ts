@@ -578,20 +578,40 @@ export class PackReader {
     };
   }
 
-  /** Reads every record and compares its CRC-32 with the index (reads the whole pack, 64 MiB at a time). */
-  async checkDataCrcs(): Promise<void> {
+  /** Bytes checkDataCrcs / corruptData read: every record's data. */
+  get dataBytes(): number {
+    let n = 0;
+    for (const index of this.stores.values()) for (const rec of index.records) n += rec.nbytes;
+    return n;
+  }
+
+  /**
+   * Reads every record (64 MiB at a time) and returns those whose CRC-32 differs from the index,
+   * each as `STORE.bin: data of 'NAME' is corrupt (...)`; onBytes sees every piece read (progress).
+   */
+  async corruptData(onBytes?: (bytes: number) => void): Promise<Array<{ store: StoreName; record: TensorRecord; message: string }>> {
+    const out: Array<{ store: StoreName; record: TensorRecord; message: string }> = [];
     for (const [store, index] of this.stores) {
       const path = join(this.dir, `${store}.bin`);
       for (const rec of index.records) {
         let crc = 0;
         await readExact(path, rec.offset, rec.nbytes, `${store}.bin`, (piece) => {
           crc = crc32(piece, crc);
+          onBytes?.(piece.length);
         });
         if (crc !== rec.crc32) {
-          throw new UserError(`${store}.bin: data of ${pyRepr(rec.name)} is corrupt (CRC ${hex8(crc)}, index says ${hex8(rec.crc32)}); rerun kvl pack`);
+          out.push({ store, record: rec,
+            message: `${store}.bin: data of ${pyRepr(rec.name)} is corrupt (CRC ${hex8(crc)}, index says ${hex8(rec.crc32)})` });
         }
       }
     }
+    return out;
+  }
+
+  /** Reads every record and compares its CRC-32 with the index; throws UserError at the first difference. */
+  async checkDataCrcs(onBytes?: (bytes: number) => void): Promise<void> {
+    const bad = await this.corruptData(onBytes);
+    if (bad.length) throw new UserError(`${bad[0]!.message}; rerun kvl pack`);
   }
 }
 

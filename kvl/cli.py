@@ -16,7 +16,6 @@ from kvl.errors import UserError
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "chat": ("kvl.chat", "chat with a packed model (one-shot or interactive)"),
     "serve": ("kvl.server.app", "serve OpenAI- and Anthropic-compatible HTTP APIs"),
-    "doctor": ("kvl.doctor", "check a packed model, the native library and this machine"),
     "bench": ("kvl.bench", "measure speed against this machine's bandwidth limits"),
 }
 

@@ -1,7 +1,7 @@
 """The kvl runtime-directory ("pack") format of docs/FORMAT.md, as the Python front end still reads it.
 
 Owns: the on-disk constants, index (.idx) encoding/decoding, the expert-extent layout math, the
-Python `PackReader` (used by the Python tests, `kvl doctor MODEL` and the planner) and `verify`.
+Python `PackReader` (used by the Python tests, the planner and the bench).
 It goes with the Python front end (issue: text engine on the TypeScript host). Does not own: writing
 packs (the TypeScript packer: packer/pack.ts, host/pack-format.ts), nor the C reader
 (wasm-core/src/store.c); all three agree byte for byte.
@@ -310,7 +310,7 @@ def _read_exact(fd: int, offset: int, nbytes: int, where: str) -> bytes:
 
 
 class PackReader:
-    """Opens and validates a pack directory; reads tensors for tests and `kvl doctor`."""
+    """Opens and validates a pack directory; reads tensors for the tests, the planner and the bench."""
 
     def __init__(self, directory: str | os.PathLike[str]) -> None:
         self.dir = Path(directory)
@@ -424,30 +424,3 @@ class PackReader:
         parts = self.expert_quantized(layer, expert)
         return {proj: dequantize_rows_q8(parts[f"{short}_q"], parts[f"{short}_s"])
                 for proj, short in (("gate_proj", "gate"), ("up_proj", "up"), ("down_proj", "down"))}
-
-    def check_data_crcs(self) -> None:
-        """Read every record and compare its CRC-32 with the index (reads the whole pack)."""
-        for store, index in self.stores.items():
-            path = self.dir / f"{store}.bin"
-            fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
-            try:
-                for rec in index.records:
-                    crc = 0
-                    done = 0
-                    while done < rec.nbytes:
-                        n = min(rec.nbytes - done, 64 << 20)
-                        crc = zlib.crc32(_read_exact(fd, rec.offset + done, n, path.name), crc)
-                        done += n
-                    if crc != rec.crc32:
-                        raise UserError(f"{path.name}: data of {rec.name!r} is corrupt (CRC {crc:08x}, "
-                                        f"index says {rec.crc32:08x}); rerun kvl pack")
-            finally:
-                os.close(fd)
-
-
-def verify(directory: str | os.PathLike[str], check_data_crc: bool = False) -> PackReader:
-    """Validate a pack (structure always; every data CRC when asked). Raises UserError."""
-    reader = PackReader(directory)
-    if check_data_crc:
-        reader.check_data_crcs()
-    return reader

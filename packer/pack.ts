@@ -39,6 +39,7 @@ import { PINNED_REPO, PINNED_REVISION } from "./hub.js";
 import { type Progress, silentProgress } from "./progress.js";
 import { DTYPE_SIZES, INDEX_NAME } from "./safetensors.js";
 import { CheckpointSource, type InventoryEntry, InventorySource, type ShardHooks, type TensorSource, readAssets } from "./tensor-source.js";
+import { isDir, isFile, pathExists } from "../host/file-kind.js";
 
 export const EXPERT_RE = /^language_model\.model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$/;
 export const ROUTER_BIAS_SUFFIX = ".mlp.gate.e_score_correction_bias";
@@ -281,31 +282,6 @@ function deleteShardsHooks(directory: string): ShardHooks {
   };
 }
 
-function exists(path: string): boolean {
-  try {
-    statSync(path);
-    return true;
-  } catch {
-    return false;
-  }
-}
-
-function isFile(path: string): boolean {
-  try {
-    return statSync(path).isFile();
-  } catch {
-    return false;
-  }
-}
-
-function isDir(path: string): boolean {
-  try {
-    return statSync(path).isDirectory();
-  } catch {
-    return false;
-  }
-}
-
 /**
  * A TensorSource for a checkpoint directory. If an unfinished pack in DST recorded the inventory
  * and some shards were already deleted by --delete-consumed-shards, read from the journal's
@@ -326,7 +302,7 @@ async function openSource(src: string, dst: string): Promise<TensorSource> {
       weightMap = {};
     }
     const shards = new Set(Object.values(weightMap ?? {}).filter((s): s is string => typeof s === "string"));
-    if (recorded && Array.isArray(recorded.inventory) && [...shards].some((s) => !exists(join(src, s)))) {
+    if (recorded && Array.isArray(recorded.inventory) && [...shards].some((s) => !pathExists(join(src, s)))) {
       const assets = readAssets(src);
       const config = assets.get("config.json");
       if (config === undefined) throw new UserError(`${src} has no config.json; download it with the checkpoint`);
@@ -354,7 +330,7 @@ export async function packCheckpoint(src: string | TensorSource, dst: string, op
   let owned = false;
   if (typeof src === "string") {
     if (!isDir(src)) throw new UserError(`${src}: no such checkpoint directory`);
-    if (isFile(join(dst, COMPLETE_FILE)) && !exists(join(dst, JOURNAL_DIR))) {
+    if (isFile(join(dst, COMPLETE_FILE)) && !pathExists(join(dst, JOURNAL_DIR))) {
       log(`${dst} already holds a complete pack; nothing to do`);
       return dst;
     }
@@ -379,7 +355,7 @@ async function prepareDst(dst: string, print: string, digests: ReadonlyMap<strin
   const journal = join(dst, JOURNAL_DIR);
   const layoutPath = join(journal, JOURNAL_LAYOUT);
   const shardsPath = join(journal, JOURNAL_SHARDS);
-  if (exists(dst) && !isDir(dst)) throw new UserError(`${dst}: exists and is not a directory`);
+  if (pathExists(dst) && !isDir(dst)) throw new UserError(`${dst}: exists and is not a directory`);
   if (isFile(layoutPath)) {
     const different = new UserError(`${dst}: holds an unfinished pack of a different source or kvl version; ` +
       "delete the directory or choose another destination");

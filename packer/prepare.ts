@@ -16,7 +16,8 @@ import { existsSync, rmSync, statSync } from "node:fs";
 import { mkdir, readFile } from "node:fs/promises";
 import { join } from "node:path";
 
-import type { PackingCore } from "../host/core-api.js";
+import type { BackendName, PackingCore } from "../host/core-api.js";
+import { plan } from "../host/planner.js";
 import { COMPLETE_FILE, JOURNAL_DIR, verify } from "../host/pack-format.js";
 import { UserError } from "../host/user-error.js";
 import { Hub, PINNED_REPO, PINNED_REVISION, hubEndpoint } from "./hub.js";
@@ -37,6 +38,8 @@ export interface PrepareOptions {
   keepDownload?: boolean;
   /** RAM budget for the final check (MiB). */
   ramBudgetMib?: number | null;
+  /** The backend whose RAM plan --ram-budget is checked against; default wasm (the larger plan). */
+  planBackend?: BackendName;
   /** Byte progress of downloads and packing (one bar at a time). Default: none. */
   progress?: Progress;
   /** Default: HF_ENDPOINT, else https://huggingface.co. */
@@ -146,12 +149,12 @@ async function buildSource(hub: Hub, scratch: string, keep: boolean, bars: Progr
   });
 }
 
-/** Hook for the final health check (kvl/prepare.py's post_pack_check). Today: full structural
- * validation of the pack; the doctor's checks (the RAM plan against ramBudgetMib) join it when
- * the model doctor is ported. */
-export async function postPackCheck(dst: string, ramBudgetMib: number | null): Promise<void> {
-  void ramBudgetMib;
+/** The final health check: full structural validation of the pack and, with a RAM budget, the
+ * RAM plan for the backend that will run it (a UserError with what to lower when it does not
+ * fit). The deeper checks (data CRCs, a generation) are `kvl doctor MODEL`'s. */
+export async function postPackCheck(dst: string, ramBudgetMib: number | null, backend: BackendName): Promise<void> {
   await verify(dst);
+  if (ramBudgetMib !== null) await plan(dst, { backend, ramMib: ramBudgetMib });
 }
 
 /** Downloads the pinned revision from the hub and packs it into `dst`; returns `dst`. */
@@ -159,8 +162,9 @@ export async function prepare(dst: string, options: PrepareOptions): Promise<str
   const log = options.log ?? stderrLog;
   const revision = options.revision ?? PINNED_REVISION;
   const ramBudget = options.ramBudgetMib ?? null;
+  const planBackend = options.planBackend ?? "wasm";
   if (existsSync(join(dst, COMPLETE_FILE)) && !existsSync(join(dst, JOURNAL_DIR))) {
-    await postPackCheck(dst, ramBudget);
+    await postPackCheck(dst, ramBudget, planBackend);
     log(`${dst} already holds a complete pack`);
     return dst;
   }
@@ -190,7 +194,7 @@ export async function prepare(dst: string, options: PrepareOptions): Promise<str
   } finally {
     await source.close();
   }
-  await postPackCheck(dst, ramBudget);
+  await postPackCheck(dst, ramBudget, planBackend);
   if (!options.keepDownload) rmSync(scratch, { recursive: true, force: true });
   log(`ready: ${dst}`);
   return dst;

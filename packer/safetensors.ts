@@ -11,7 +11,7 @@
  *
  * Tensor data is raw little-endian bytes everywhere (BF16 is its 16-bit pattern).
  */
-import { closeSync, fsyncSync, openSync, readFileSync, readdirSync, renameSync, rmSync, statSync, writeSync } from "node:fs";
+import { closeSync, fsyncSync, openSync, readFileSync, readdirSync, renameSync, rmSync, writeSync } from "node:fs";
 import { type FileHandle, open, stat } from "node:fs/promises";
 import { basename, join, resolve, sep } from "node:path";
 
@@ -19,6 +19,7 @@ import {
   decodeUtf8Strict, dumpsPy, isIntMember, isJsonObject, loadsPy, orderedKeys, pyRepr,
 } from "../host/py-json.js";
 import { UserError } from "../host/user-error.js";
+import { isDir, isFile } from "../host/file-kind.js";
 
 export const INDEX_NAME = "model.safetensors.index.json";
 export const SINGLE_NAME = "model.safetensors";
@@ -246,22 +247,6 @@ function checkRevision(value: string, where: string): string {
     throw new UserError(`${where} holds ${pyRepr([...v].slice(0, 60).join(""))}, not a 40-hex-digit commit hash; fix or delete it`);
   }
   return v;
-}
-
-function isFile(path: string): boolean {
-  try {
-    return statSync(path).isFile();
-  } catch {
-    return false;
-  }
-}
-
-function isDir(path: string): boolean {
-  try {
-    return statSync(path).isDirectory();
-  } catch {
-    return false;
-  }
 }
 
 function filesUnder(dir: string, suffix: string): string[] {

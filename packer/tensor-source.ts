@@ -21,6 +21,7 @@ import { type TensorInfo, formatShape } from "../host/model-spec.js";
 import { decodeUtf8Strict, isJsonObject, loadsPy } from "../host/py-json.js";
 import { UserError } from "../host/user-error.js";
 import { ASSET_NAMES, INDEX_NAME, SINGLE_NAME, SafetensorsFile, findRevision, readIndex } from "./safetensors.js";
+import { isDir, isFile } from "../host/file-kind.js";
 
 export type { TensorInfo };
 
@@ -69,22 +70,6 @@ export interface TensorSource {
   shardDigest?(shard: string): Promise<string | null>;
   /** Close every open handle. */
   close?(): Promise<void>;
-}
-
-function isFile(path: string): boolean {
-  try {
-    return statSync(path).isFile();
-  } catch {
-    return false;
-  }
-}
-
-function isDir(path: string): boolean {
-  try {
-    return statSync(path).isDirectory();
-  } catch {
-    return false;
-  }
 }
 
 /** The parsed config.json text as a source returns it (Python json.loads semantics). */

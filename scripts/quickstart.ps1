@@ -31,11 +31,11 @@ Invoke-Checked $py @("-m", "pip", "install", "-q", ".")
 
 if ($Demo) {
     $src = "$ModelDir.src"
-    if (-not (Test-Path "$src\config.json")) { Invoke-Checked $py @("-m", "kvl", "synth", $src, "--preset", "tiny", "--seed", "0") }
-    Invoke-Checked $py @("-m", "kvl", "pack", $src, $ModelDir, "--allow-revision")
+    if (-not (Test-Path "$src\config.json")) { Invoke-Checked "node" @("dist\cli\kvl.js", "synth", $src, "--preset", "tiny", "--seed", "0") }
+    Invoke-Checked "node" @("dist\cli\kvl.js", "pack", $src, $ModelDir, "--allow-revision")
 } else {
-    Invoke-Checked $py @("-m", "kvl", "prepare", $ModelDir)
+    Invoke-Checked "node" @("dist\cli\kvl.js", "prepare", $ModelDir)
 }
-Invoke-Checked $py @("-m", "kvl", "doctor", $ModelDir)
+Invoke-Checked "node" @("dist\cli\kvl.js", "doctor", $ModelDir)
 Write-Host "== chat (type /quit to leave)"
 & $py -m kvl chat $ModelDir

@@ -21,8 +21,7 @@ import {
 import { packageRoot } from "../host/paths.js";
 import { Tokenizer } from "../host/tokenizer.js";
 import { UserError } from "../host/user-error.js";
-import { packCheckpoint } from "../packer/pack.js";
-import { anyCore, tempDir, tinyCheckpoint } from "./support/pack-fixtures.js";
+import { tempDir, tinyPack } from "./support/pack-fixtures.js";
 
 type StoredPart = string | { image: string };
 interface Goldens {
@@ -51,13 +50,7 @@ let template: ChatTemplate;
 
 beforeAll(async () => {
   tmp = tempDir("chat-template");
-  const core = await anyCore();
-  try {
-    const ckpt = await tinyCheckpoint(join(tmp.dir, "ckpt"), core, 0);
-    pack = await packCheckpoint(ckpt, join(tmp.dir, "pack"), { core, allowRevision: true });
-  } finally {
-    core.close();
-  }
+  ({ pack } = await tinyPack(tmp.dir));
   tok = new Tokenizer(pack);
   template = new ChatTemplate(pack);
 }, 300_000);

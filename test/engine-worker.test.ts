@@ -11,9 +11,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 
 import { ENGINE_WORKER_PATH, EngineClient } from "../host/engine-client.js";
 import { CoreError } from "../host/engine-api.js";
-import { NativeBackend } from "../host/native-backend.js";
-import { packCheckpoint } from "../packer/pack.js";
-import { tempDir, tinyCheckpoint } from "./support/pack-fixtures.js";
+import { tempDir, tinyPack } from "./support/pack-fixtures.js";
 
 const OPTIONS = { nThreads: 2, instanceMemoryBytes: 512 * 2 ** 20 };
 /** Long enough that the prefill takes far longer than the 50 ms before the cancel. */
@@ -33,13 +31,7 @@ let pack: string;
 beforeAll(async () => {
   expect(existsSync(ENGINE_WORKER_PATH), "compile first: npx tsc -p .").toBe(true);
   tmp = tempDir("engine-worker");
-  const native = new NativeBackend();
-  try {
-    const ckpt = await tinyCheckpoint(join(tmp.dir, "ckpt"), native, 0);
-    pack = await packCheckpoint(ckpt, join(tmp.dir, "pack"), { core: native, allowRevision: true });
-  } finally {
-    native.close();
-  }
+  ({ pack } = await tinyPack(tmp.dir));
 }, 120_000);
 
 afterAll(() => tmp?.cleanup());

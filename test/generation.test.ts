@@ -5,17 +5,14 @@
  * without emitting or stepping them, banned ids are never sampled, the stop flag ends a reply
  * keeping its tokens, and a cancel during prefill ends it at once and keeps the session usable.
  */
-import { join } from "node:path";
 
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 
 import { EngineClient, type ClientSession } from "../host/engine-client.js";
 import type { GenerationRequest } from "../host/generation.js";
-import { NativeBackend } from "../host/native-backend.js";
-import { packCheckpoint } from "../packer/pack.js";
 import { argmax } from "./reference/math.js";
 import { TextReference } from "./reference/text.js";
-import { tempDir, tinyCheckpoint } from "./support/pack-fixtures.js";
+import { tempDir, tinyPack } from "./support/pack-fixtures.js";
 
 let tmp: { dir: string; cleanup: () => void };
 let pack: string;
@@ -23,14 +20,9 @@ let reference: TextReference;
 
 beforeAll(async () => {
   tmp = tempDir("generation");
-  const native = new NativeBackend();
-  try {
-    const ckpt = await tinyCheckpoint(join(tmp.dir, "ckpt"), native, 1, { nGroup: 4, topkGroup: 2 });
-    pack = await packCheckpoint(ckpt, join(tmp.dir, "pack"), { core: native, allowRevision: true });
-    reference = TextReference.load(ckpt, { q8Experts: true });
-  } finally {
-    native.close();
-  }
+  const made = await tinyPack(tmp.dir, 1, { nGroup: 4, topkGroup: 2 });
+  pack = made.pack;
+  reference = TextReference.load(made.ckpt, { q8Experts: true });
 }, 120_000);
 
 afterAll(() => tmp?.cleanup());

@@ -23,7 +23,7 @@ import type { CoreEngine } from "../host/engine-api.js";
 import { openHostedEngine } from "../host/engine-host.js";
 import { NativeBackend } from "../host/native-backend.js";
 import {
-  MIB, NODE_NATIVE_BYTES, NODE_WASM_BYTES, PTHREAD_WORKER_BYTES, type PackFacts, type PlanOptions, type RamPlan, SESSION_STRUCT_BYTES,
+  MIB, NODE_NATIVE_BYTES, NODE_WASM_BYTES, PTHREAD_WORKER_BYTES, type PackFacts, type PlanOptions, type RamPlan,
   WASM_MIN_INSTANCE_BYTES, largestGrid, planFromFacts, readPackFacts, trunkTensorBytes,
 } from "../host/planner.js";
 import type { SplitEngine } from "../host/split-engine.js";

@@ -443,6 +443,10 @@ describe("kvl prepare (packer/prepare.ts) against the stand-in hub", () => {
     expect(logs.at(-1)).toBe(`${dst} already holds a complete pack`);
     const after = topFiles(dst);
     for (const [name, data] of before) expect(after.get(name)?.equals(data), name).toBe(true);
+    // --ram-budget: the RAM plan of the finished pack is checked, with advice when it cannot fit
+    await expect(prepare(dst, options({ ramBudgetMib: 64 }))).rejects.toThrow(/the RAM plan needs [\d.,]+ MiB, .* over --ram-mib 64\.0; .*raise --ram-mib to \d+/);
+    await prepare(dst, options({ ramBudgetMib: 8192 }));
+    expect(hub.requests.length).toBe(n);
   });
 
   it("resumes after the process is SIGKILLed mid-download: the pack from its journal, the shard from its .part", async () => {

@@ -20,8 +20,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { packageRoot } from "../host/paths.js";
 import { MAX_CHUNK_CHARS, MAX_RUN_CHARS, Tokenizer, isPySpace, splitRuns } from "../host/tokenizer.js";
 import { UserError } from "../host/user-error.js";
-import { packCheckpoint } from "../packer/pack.js";
-import { anyCore, tempDir, tinyCheckpoint } from "./support/pack-fixtures.js";
+import { tempDir, tinyPack } from "./support/pack-fixtures.js";
 
 interface TextCase {
   text?: string;
@@ -93,13 +92,7 @@ let tok: Tokenizer;
 
 beforeAll(async () => {
   tmp = tempDir("tokenizer");
-  const core = await anyCore();
-  try {
-    const ckpt = await tinyCheckpoint(join(tmp.dir, "ckpt"), core, 0);
-    pack = await packCheckpoint(ckpt, join(tmp.dir, "pack"), { core, allowRevision: true });
-  } finally {
-    core.close();
-  }
+  ({ pack } = await tinyPack(tmp.dir));
   tok = new Tokenizer(pack);
 }, 300_000);
 

@@ -114,3 +114,16 @@ export async function anyCore(): Promise<import("../../host/core-api.js").CoreBa
   if (nativeBuilt) return new (await import("../../host/native-backend.js")).NativeBackend();
   return (await import("../../host/wasm-backend.js")).WasmBackend.create();
 }
+
+/** A tiny checkpoint and its pack under dir (`ckpt/`, `pack/`), made on any core. */
+export async function tinyPack(dir: string, seed = 0, extra: { biasDtype?: "bf16" | "f32"; nGroup?: number; topkGroup?: number } = {}): Promise<{ ckpt: string; pack: string }> {
+  const { packCheckpoint } = await import("../../packer/pack.js");
+  const core = await anyCore();
+  try {
+    const ckpt = await tinyCheckpoint(join(dir, "ckpt"), core, seed, extra);
+    const pack = await packCheckpoint(ckpt, join(dir, "pack"), { core, allowRevision: true });
+    return { ckpt, pack };
+  } finally {
+    core.close();
+  }
+}

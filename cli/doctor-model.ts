@@ -1,0 +1,386 @@
+/**
+ * doctor-model.ts — `kvl doctor MODEL`: checks a packed model, the backends and this machine, one
+ * line `OK|WARN|FAIL  name: detail` per check, then one verdict line (`PASS`, or `FAIL: <what to
+ * fix>`); --json gives the same as one object. Replaces kvl/doctor.py.
+ *
+ * Checks, in order: the directory is a pack (a source checkpoint is told to run kvl pack) with
+ * the files the runtime reads; the pack's structure and index CRCs (pack-format.ts); every
+ * tensor's data CRC (the whole pack is read; --quick skips it and says so); the tensor directory
+ * and hparams against config.json (model-spec.ts); provenance (SOURCE_REVISION.txt against the
+ * indexes and the pinned revision); which backend runs and why (backend.ts's record); the RAM
+ * plan (planner.ts) against --ram-mib and the RAM available now; the engine opened from that plan
+ * in its worker and direct I/O where the model lives; a short greedy generation.
+ * A failed pack check stops before the engine checks (they would only repeat the failure).
+ *
+ * Owns: running and rendering the checks. Does not own: any checked machinery.
+ */
+import { readFileSync, readdirSync, statSync } from "node:fs";
+import { freemem } from "node:os";
+import { join, resolve } from "node:path";
+import { isDeepStrictEqual } from "node:util";
+
+import { type BackendRecord, BackendError, chooseBackend } from "../host/backend.js";
+import { ChatTemplate } from "../host/chat-template.js";
+import { buildPrompt } from "../host/conversation.js";
+import { EngineClient } from "../host/engine-client.js";
+import { expectedTensors, hparams, textDims } from "../host/model-spec.js";
+import {
+  COMPLETE_FILE, DTYPE_BF16, DTYPE_F32, DTYPE_NAMES, PackReader, SOURCE_REVISION_FILE,
+} from "../host/pack-format.js";
+import { type RamPlan, MIB, plan } from "../host/planner.js";
+import { loadsPy } from "../host/py-json.js";
+import { Tokenizer } from "../host/tokenizer.js";
+import { UserError } from "../host/user-error.js";
+import { PINNED_REVISION } from "../packer/hub.js";
+import type { Progress } from "../packer/progress.js";
+
+export const GENERATION_TOKENS = 8;
+export const DEFAULT_RAM_MIB = 4096;
+/** Files besides the stores that the runtime reads (tokenizer, template, vision preprocessing). */
+const RUNTIME_FILES = ["config.json", "tokenizer_config.json", "tiktoken.model", "chat_template.jinja", "preprocessor_config.json"];
+
+export type CheckStatus = "OK" | "WARN" | "FAIL";
+
+export interface Check {
+  readonly status: CheckStatus;
+  readonly name: string;
+  readonly detail: string;
+  /** What to do about a FAIL (the verdict line says it). */
+  readonly fix?: string;
+}
+
+export interface ModelDoctorOptions {
+  /** --backend; KVL_BACKEND applies when absent. */
+  readonly backend?: string | undefined;
+  readonly ramMib: number;
+  /** Skip the data CRCs. */
+  readonly quick: boolean;
+  readonly progress: Progress;
+}
+
+export interface ModelDoctorReport {
+  readonly model: string;
+  readonly checks: readonly Check[];
+  readonly pass: boolean;
+  /** The last line: PASS or FAIL: ... */
+  readonly verdict: string;
+  readonly backend: BackendRecord | null;
+  /** The RAM plan's table (planner describe()), also when it refused; null when none was made. */
+  readonly ramPlan: string | null;
+  /** Whether the plan refused the budget (the table is then shown without --verbose). */
+  readonly ramPlanRefused: boolean;
+}
+
+const message = (err: unknown): string => (err instanceof Error ? err.message : String(err));
+
+function isFile(path: string): boolean {
+  try {
+    return statSync(path).isFile();
+  } catch {
+    return false;
+  }
+}
+
+/** A source checkpoint (what kvl pack reads) rather than a pack: a FAIL check, or null. */
+function checkNotCheckpoint(model: string): Check | null {
+  if (isFile(join(model, COMPLETE_FILE))) return null;
+  let names: string[] = [];
+  try {
+    names = readdirSync(model);
+  } catch {
+    return null; // PackReader.open says what is wrong with the path
+  }
+  if (!names.includes("model.safetensors.index.json") && !names.some((n) => n.endsWith(".safetensors"))) return null;
+  const fix = `this is a checkpoint, not a pack: run kvl pack ${model} DST (then kvl doctor DST)`;
+  return { status: "FAIL", name: "pack", detail: `${model} holds safetensors and no ${COMPLETE_FILE}: it is a source checkpoint, not a pack`, fix };
+}
+
+async function checkPack(model: string): Promise<{ check: Check; reader: PackReader | null }> {
+  let reader: PackReader;
+  try {
+    reader = await PackReader.open(model);
+  } catch (err) {
+    if (!(err instanceof UserError)) throw err;
+    return { check: { status: "FAIL", name: "pack", detail: err.message, fix: err.message }, reader: null };
+  }
+  const missing = RUNTIME_FILES.filter((f) => !isFile(join(model, f)));
+  if (missing.length) {
+    const detail = `${missing.join(", ")} missing from ${model} — the pack is incomplete; rerun kvl pack`;
+    return { check: { status: "FAIL", name: "pack", detail, fix: detail }, reader: null };
+  }
+  const stores = [...reader.stores].map(([name, index]) => `${name} ${index.records.length} tensors`).join(", ");
+  return { check: { status: "OK", name: "pack", detail: `${stores}; structure and index CRCs checked` }, reader };
+}
+
+async function checkData(reader: PackReader, quick: boolean, progress: Progress): Promise<Check> {
+  if (quick) {
+    return { status: "WARN", name: "data", detail: "tensor data not checked (--quick): a corrupt byte in trunk.bin, experts.bin or vision.bin would go unnoticed" };
+  }
+  const total = reader.dataBytes;
+  progress.start("checking tensor data", total);
+  let bad;
+  try {
+    bad = await reader.corruptData((n) => progress.add(n));
+  } catch (err) {
+    if (!(err instanceof UserError)) throw err;
+    return { status: "FAIL", name: "data", detail: err.message, fix: err.message };
+  } finally {
+    progress.stop();
+  }
+  if (bad.length) {
+    const files = [...new Set(bad.map((b) => `${b.store}.bin`))];
+    const more = bad.length > 3 ? ` (+${bad.length - 3} more)` : "";
+    return { status: "FAIL", name: "data", detail: bad.slice(0, 3).map((b) => b.message).join("; ") + more,
+      fix: `${files.join(" and ")} ${files.length > 1 ? "are" : "is"} corrupt (${bad.length} tensor${bad.length > 1 ? "s" : ""}); rerun kvl pack` };
+  }
+  const count = [...reader.stores.values()].reduce((n, i) => n + i.records.length, 0);
+  return { status: "OK", name: "data", detail: `CRCs of all ${count} tensors match (${(total / MIB).toFixed(1)} MiB read)` };
+}
+
+/** The pack's tensors, shapes, dtypes and hparams against its config.json. */
+function checkDirectory(model: string, reader: PackReader): Check {
+  const name = "tensor directory";
+  let config: unknown;
+  let plain: unknown;
+  try {
+    const text = readFileSync(join(model, "config.json"), "utf8");
+    config = loadsPy(text);
+    plain = JSON.parse(text);
+  } catch (err) {
+    return { status: "FAIL", name, detail: `config.json unreadable (${message(err)})`, fix: "restore config.json (rerun kvl pack)" };
+  }
+  const problems: string[] = [];
+  let stored: unknown = null;
+  try {
+    stored = JSON.parse(reader.configText);
+  } catch {
+    /* differs below */
+  }
+  if (!isDeepStrictEqual(stored, plain)) problems.push("config.json differs from the config stored in the indexes");
+  let expected;
+  let expectedHp;
+  let text;
+  try {
+    expected = expectedTensors(config);
+    expectedHp = hparams(config);
+    text = textDims(config);
+  } catch (err) {
+    if (!(err instanceof UserError)) throw err;
+    return { status: "FAIL", name, detail: err.message, fix: "use a Kimi-VL config.json" };
+  }
+  for (const [key, value] of expectedHp) {
+    const got = reader.hparams.get(key);
+    if (got !== value) problems.push(`hparam ${key} = ${got ?? "missing"}, config says ${value}`);
+  }
+  const dense = new Map([...reader.stores.get("trunk")!.byName, ...reader.stores.get("vision")!.byName]);
+  const experts = reader.stores.get("experts")!.records;
+  for (const [tensor, info] of expected) {
+    if (tensor.includes(".mlp.experts.")) continue;
+    const rec = dense.get(tensor);
+    if (rec === undefined) {
+      problems.push(`missing tensor ${tensor}`);
+      continue;
+    }
+    const want = tensor.endsWith("e_score_correction_bias") ? DTYPE_F32 : DTYPE_BF16;
+    if (rec.dtype !== want || rec.shape.join() !== info.shape.join()) {
+      problems.push(`${tensor}: dtype ${DTYPE_NAMES[rec.dtype]} shape [${rec.shape.join(", ")}], expected ${DTYPE_NAMES[want]} [${info.shape.join(", ")}]`);
+    }
+  }
+  const extra = [...dense.keys()].filter((t) => !expected.has(t)).sort();
+  if (extra.length) problems.push(`${extra.length} unexpected tensors, e.g. ${extra[0]}`);
+  const nMoe = text.num_hidden_layers - text.first_k_dense_replace;
+  if (experts.length !== nMoe * text.n_routed_experts) {
+    problems.push(`experts.idx has ${experts.length} extents, expected ${nMoe * text.n_routed_experts}`);
+  }
+  const badExtent = experts.find((r) => r.shape[2] !== text.moe_intermediate_size || r.shape[3] !== text.hidden_size);
+  if (badExtent) problems.push(`${badExtent.name}: shape [${badExtent.shape.join(", ")}] does not match config`);
+  if (problems.length) {
+    const more = problems.length > 3 ? ` (+${problems.length - 3} more)` : "";
+    return { status: "FAIL", name, detail: problems.slice(0, 3).join("; ") + more, fix: "the pack does not match its config.json; rerun kvl pack" };
+  }
+  return { status: "OK", name, detail: `${dense.size} dense tensors and ${experts.length} expert extents match config.json` };
+}
+
+function checkProvenance(model: string, reader: PackReader): Check {
+  const name = "provenance";
+  let revision: string;
+  try {
+    const raw = readFileSync(join(model, SOURCE_REVISION_FILE));
+    if (raw.some((b) => b >= 0x80)) throw new Error("not ASCII");
+    revision = raw.toString("latin1").trim();
+  } catch {
+    return { status: "FAIL", name, detail: `${SOURCE_REVISION_FILE} missing or unreadable`, fix: "rerun kvl pack (or kvl prepare)" };
+  }
+  if (reader.revision && reader.revision !== revision) {
+    return { status: "FAIL", name, detail: `${SOURCE_REVISION_FILE} says ${revision}, the indexes say ${reader.revision}`,
+      fix: "the pack was modified; rerun kvl pack" };
+  }
+  if (revision === PINNED_REVISION) return { status: "OK", name, detail: `pinned revision ${revision}` };
+  if (!/^[0-9a-f]{40}$/i.test(revision)) {
+    return { status: "WARN", name, detail: `synthetic or unknown source ('${revision}'), not the pinned revision ` +
+      `${PINNED_REVISION.slice(0, 12)}: outputs are not the real model's` };
+  }
+  return { status: "WARN", name, detail: `source revision ${revision} is not the pinned ${PINNED_REVISION}; kvl is verified against the pinned one (use kvl prepare)` };
+}
+
+function checkBackend(option: string | undefined): { check: Check; record: BackendRecord | null } {
+  const name = "backend";
+  let record: BackendRecord;
+  try {
+    record = chooseBackend({ option });
+  } catch (err) {
+    if (!(err instanceof BackendError)) throw err;
+    return { check: { status: "FAIL", name, detail: err.message,
+      fix: `${err.message} (kvl doctor without a model shows every backend; build the addon with npm ci, or choose another --backend)` }, record: null };
+  }
+  const native = record.native.loads
+    ? `native addon loads (kernel sets ${record.native.kernelSets.filter((k) => k.supported).map((k) => k.name).join(", ")})`
+    : `native addon unavailable (${record.native.error})`;
+  const wasm = record.wasm.usable ? "WebAssembly usable (SIMD128, threads)" : `WebAssembly unusable (${record.wasm.error})`;
+  const by = record.requestedBy === "default" ? "" : ` [${record.requestedBy === "option" ? "--backend" : "KVL_BACKEND"}=${record.requested}]`;
+  return { check: { status: "OK", name, detail: `${record.chosen} runs — ${record.reason}${by}; ${native}; ${wasm}` }, record };
+}
+
+/** Memory the OS can give without swapping: Linux MemAvailable, elsewhere os.freemem(). */
+export function availableRamBytes(): number | null {
+  if (process.platform === "linux") {
+    try {
+      const line = readFileSync("/proc/meminfo", "utf8").split("\n").find((l) => l.startsWith("MemAvailable:"));
+      if (line) return Number(line.split(/\s+/)[1]) * 1024;
+    } catch {
+      /* fall back */
+    }
+  }
+  const free = freemem();
+  return free > 0 ? free : null;
+}
+
+async function checkRam(model: string, record: BackendRecord, ramMib: number): Promise<{ check: Check; plan: RamPlan | null; table: string | null }> {
+  const name = "RAM";
+  let ramPlan: RamPlan;
+  try {
+    ramPlan = await plan(model, { backend: record.chosen, ramMib, check: true });
+  } catch (err) {
+    if (!(err instanceof UserError)) throw err;
+    const [first, ...rest] = err.message.split("\n");
+    return { check: { status: "FAIL", name, detail: `${record.chosen}: ${first}`, fix: first! }, plan: null,
+      table: rest.length ? rest.join("\n") : null };
+  }
+  const total = ramPlan.total;
+  const instances = ramPlan.instances.length;
+  const head = `${record.chosen} plan ${(total / MIB).toFixed(0)} MiB of --ram-mib ${ramMib} ` +
+    `(${instances} ${record.chosen === "wasm" ? "instance" : "engine"}${instances > 1 ? "s" : ""}, ${ramPlan.nThreads} threads)`;
+  const available = availableRamBytes();
+  if (available === null) return { check: { status: "WARN", name, detail: `${head}; available RAM unknown on this system` }, plan: ramPlan, table: ramPlan.describe() };
+  const detail = `${head}, ${(available / MIB).toFixed(0)} MiB available`;
+  if (available < total) {
+    return { check: { status: "WARN", name, detail: `${detail}: close other programs or run with a lower --ram-mib` }, plan: ramPlan, table: ramPlan.describe() };
+  }
+  return { check: { status: "OK", name, detail }, plan: ramPlan, table: ramPlan.describe() };
+}
+
+/** Opens the engine from the plan, reports it and direct I/O, and runs a short greedy reply. */
+async function checkEngine(model: string, record: BackendRecord, ramPlan: RamPlan): Promise<Check[]> {
+  let client: EngineClient;
+  try {
+    client = await EngineClient.open(record.chosen, model, { nThreads: ramPlan.nThreads, planned: ramPlan.instances });
+  } catch (err) {
+    return [{ status: "FAIL", name: "engine", detail: `the ${record.chosen} engine refused the pack (${message(err)})`, fix: `fix the pack (${message(err)})` }];
+  }
+  const checks: Check[] = [];
+  try {
+    const info = client.info;
+    const hint = info.kernels === "avx512-bf16"
+      ? " (BF16 dot products: --act-dtype bf16 processes prompts ~1.5x faster, with BF16 rounding)" : "";
+    checks.push({ status: "OK", name: "engine", detail: `opened on ${record.chosen} as planned (${client.ranges.length} ` +
+      `range${client.ranges.length > 1 ? "s" : ""}); kernels ${info.kernels}${hint}, Linear inputs ${info.actDtype}, ${info.nThreads} threads` });
+    const direct = { trunk: info.trunkDirectIo, expert: info.expertDirectIo };
+    const buffered = Object.entries(direct).filter(([, d]) => !d).map(([k]) => k);
+    checks.push(buffered.length === 0
+      ? { status: "OK", name: "direct I/O", detail: `trunk and expert reads bypass the page cache in ${model}` }
+      : { status: "WARN", name: "direct I/O", detail: `${buffered.join(" and ")} reads are buffered: the filesystem of ${model} refuses ` +
+        "direct I/O, so the page cache holds model data outside the RAM plan; move the model to ext4/xfs/NTFS for a hard cap" });
+    checks.push(await checkGeneration(model, client, ramPlan));
+  } finally {
+    await client.close().catch(() => undefined);
+  }
+  return checks;
+}
+
+async function checkGeneration(model: string, client: EngineClient, ramPlan: RamPlan): Promise<Check> {
+  const name = "generation";
+  let tokenizer: Tokenizer | undefined;
+  try {
+    tokenizer = new Tokenizer(model);
+    const prompt = buildPrompt([{ role: "user", parts: ["Say hello."] }], new ChatTemplate(model), tokenizer);
+    const session = await client.newSession(ramPlan.sessionOptions);
+    const started = performance.now();
+    const result = await session.generate({
+      prompt: Int32Array.from(prompt.tokens), mediaKeys: [], media: null, sampler: { temperature: 0, topK: 0, topP: 1 },
+      seed: 0n, maxNewTokens: GENERATION_TOKENS, stopIds: Int32Array.from(tokenizer.stopIds), bannedIds: tokenizer.unsampleableIds(),
+    }, () => undefined);
+    const elapsed = (performance.now() - started) / 1000;
+    await session.close();
+    const vocab = client.info.vocabSize;
+    if (result.tokens.some((t) => !(t >= 0 && t < vocab))) {
+      return { status: "FAIL", name, detail: `bad output ids ${result.tokens.join(", ")}`, fix: "report this as a kvl bug" };
+    }
+    const n = result.tokens.length;
+    const perToken = n > 1 ? `, then ${(result.timings.decodeSPerToken * 1000).toFixed(1)} ms per token` : "";
+    return { status: "OK", name, detail: `${n} greedy token${n === 1 ? "" : "s"} (${result.finishReason}) in ${elapsed.toFixed(2)} s: ` +
+      `prompt of ${result.promptTokens} tokens, first token ${result.timings.firstTokenS.toFixed(2)} s${perToken}` };
+  } catch (err) {
+    const what = err instanceof Error ? `${err.name}: ${err.message}` : String(err);
+    return { status: "FAIL", name, detail: what, fix: `generation failed (${message(err)})` };
+  } finally {
+    tokenizer?.close();
+  }
+}
+
+export async function runModelDoctor(modelArg: string, options: ModelDoctorOptions): Promise<ModelDoctorReport> {
+  const model = resolve(modelArg);
+  const checks: Check[] = [];
+  let ramPlanText: string | null = null;
+  let refused = false;
+  const notPack = checkNotCheckpoint(model);
+  let reader: PackReader | null = null;
+  if (notPack) {
+    checks.push(notPack);
+  } else {
+    const pack = await checkPack(model);
+    checks.push(pack.check);
+    reader = pack.reader;
+  }
+  if (reader) {
+    checks.push(await checkData(reader, options.quick, options.progress));
+    checks.push(checkDirectory(model, reader));
+    checks.push(checkProvenance(model, reader));
+  }
+  const packOk = reader !== null && !checks.some((c) => c.status === "FAIL");
+  const backend = checkBackend(options.backend);
+  checks.push(backend.check);
+  if (packOk && backend.record) {
+    const ram = await checkRam(model, backend.record, options.ramMib);
+    checks.push(ram.check);
+    ramPlanText = ram.table;
+    refused = ram.plan === null;
+    if (ram.plan) checks.push(...(await checkEngine(model, backend.record, ram.plan)));
+  }
+  const failed = checks.filter((c) => c.status === "FAIL");
+  const verdict = failed.length ? `FAIL: ${failed.map((c) => `${c.name}: ${c.fix ?? c.detail}`).join("; ")}` : "PASS";
+  return { model, checks, pass: failed.length === 0, verdict, backend: backend.record, ramPlan: ramPlanText, ramPlanRefused: refused };
+}
+
+/** The text report: one line per check (the plan's table after the RAM line with --verbose or a
+ * refusal), then the verdict. */
+export function renderModelDoctor(report: ModelDoctorReport, verbose: boolean): string {
+  const lines: string[] = [];
+  for (const c of report.checks) {
+    lines.push(`${c.status.padEnd(4)}  ${c.name}: ${c.detail}`);
+    if (c.name === "RAM" && report.ramPlan && (verbose || report.ramPlanRefused)) {
+      lines.push(...report.ramPlan.split("\n").map((l) => `      ${l}`));
+    }
+  }
+  lines.push(report.verdict);
+  return lines.join("\n");
+}

@@ -1,0 +1,220 @@
+/**
+ * `kvl doctor MODEL` as a user runs it (the compiled dist/cli/kvl.js in a child process) on a
+ * tiny synthesized pack and damaged copies of it: PASS on both backends; FAIL naming the problem
+ * for a flipped bit in a store's data, a corrupt index, a truncated store, a missing file, a
+ * broken or disagreeing config.json, a source checkpoint given instead of a pack, a RAM budget
+ * the plan cannot fit, and a backend that cannot load. (Ported from tests/test_doctor.py.)
+ */
+import { spawnSync } from "node:child_process";
+import { cpSync, openSync, readFileSync, rmSync, truncateSync, writeFileSync, writeSync, closeSync, statSync } from "node:fs";
+import { join } from "node:path";
+
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+
+import { availableRamBytes } from "../cli/doctor-model.js";
+import { PackReader, type StoreName } from "../host/pack-format.js";
+import { packageRoot } from "../host/paths.js";
+import { WasmBackend } from "../host/wasm-backend.js";
+import { packCheckpoint } from "../packer/pack.js";
+import { nativeBuilt } from "./helpers.js";
+import { tempDir, tinyCheckpoint } from "./support/pack-fixtures.js";
+
+const KVL = join(packageRoot, "dist", "cli", "kvl.js");
+const CHECKS = ["pack", "data", "tensor directory", "provenance", "backend", "RAM", "engine", "direct I/O", "generation"];
+
+let tmp: { dir: string; cleanup: () => void };
+let ckpt: string;
+let pack: string;
+let copies = 0;
+
+function doctor(args: string[], env: Record<string, string> = {}) {
+  const base = { ...process.env };
+  delete base.KVL_BACKEND;
+  const r = spawnSync(process.execPath, [KVL, "doctor", ...args], { encoding: "utf8", env: { ...base, ...env }, timeout: 300_000 });
+  const lines = r.stdout.trim().split("\n");
+  const checks = new Map<string, { status: string; line: string }>();
+  for (const line of lines) {
+    const m = /^(OK|WARN|FAIL) {1,4}([^:]+): /.exec(line);
+    if (m) checks.set(m[2]!, { status: m[1]!, line });
+  }
+  return { status: r.status, stdout: r.stdout, stderr: r.stderr, lines, checks, last: lines.at(-1)! };
+}
+
+/** The verdict line of a run that must FAIL (exit 1, no PASS anywhere). */
+function failLine(r: ReturnType<typeof doctor>): string {
+  expect(r.status, r.stdout + r.stderr).toBe(1);
+  expect(r.last.startsWith("FAIL: ")).toBe(true);
+  expect(r.lines).not.toContain("PASS");
+  return r.last;
+}
+
+function packCopy(): string {
+  const dst = join(tmp.dir, `copy-${copies++}`);
+  cpSync(pack, dst, { recursive: true });
+  return dst;
+}
+
+/** Flips bits of the first data byte of a store's record; returns the record's name. */
+function flipDataByte(dir: string, reader: PackReader, store: StoreName, index: number): string {
+  const rec = reader.stores.get(store)!.records[index]!;
+  const path = join(dir, `${store}.bin`);
+  const byte = readFileSync(path)[rec.offset]!;
+  const fd = openSync(path, "r+");
+  writeSync(fd, Buffer.from([byte ^ 0x10]), 0, 1, rec.offset);
+  closeSync(fd);
+  return rec.name;
+}
+
+beforeAll(async () => {
+  tmp = tempDir("doctor");
+  const core = await WasmBackend.create();
+  try {
+    ckpt = await tinyCheckpoint(join(tmp.dir, "ckpt"), core);
+    pack = await packCheckpoint(ckpt, join(tmp.dir, "pack"), { core, allowRevision: true });
+  } finally {
+    core.close();
+  }
+}, 300_000);
+
+afterAll(() => tmp?.cleanup());
+
+describe("kvl doctor MODEL on a good tiny pack", () => {
+  it.each(["wasm", "native"] as const)("passes on %s, every check OK but provenance (synthetic)", (backend) => {
+    if (backend === "native" && !nativeBuilt) return;
+    const r = doctor([pack, "--backend", backend, "--ram-mib", "1024", "--quiet"]);
+    expect(r.status, r.stdout + r.stderr).toBe(0);
+    expect(r.stderr).toBe("");
+    expect(r.last).toBe("PASS");
+    expect(r.lines.filter((l) => l === "PASS" || l.startsWith("FAIL")).length).toBe(1);
+    expect([...r.checks.keys()]).toEqual(CHECKS);
+    for (const name of ["pack", "data", "tensor directory", "backend", "RAM", "engine", "generation"]) {
+      expect(r.checks.get(name)!.status, r.stdout).toBe("OK");
+    }
+    // the synthetic pack is recognised as not the pinned checkpoint
+    expect(r.checks.get("provenance")!.status).toBe("WARN");
+    expect(r.checks.get("provenance")!.line).toContain("synthetic");
+    expect(r.checks.get("data")!.line).toMatch(/CRCs of all \d+ tensors match/);
+    expect(r.checks.get("backend")!.line).toContain(`${backend} runs — asked for (option)`);
+    expect(r.checks.get("backend")!.line).toMatch(/WebAssembly usable/);
+    expect(r.checks.get("RAM")!.line).toMatch(new RegExp(`${backend} plan \\d+ MiB of --ram-mib 1024 .*, \\d+ MiB available`));
+    expect(r.checks.get("engine")!.line).toContain(`kernels ${backend === "wasm" ? "simd128" : ""}`);
+    expect(r.checks.get("direct I/O")!.line).toMatch(/trunk and expert reads bypass the page cache|reads are buffered: the filesystem/);
+    expect(r.checks.get("generation")!.line).toMatch(/: \d+ greedy tokens? \((length|stop)\) in [\d.]+ s/);
+    if (r.checks.get("generation")!.line.includes("(length)")) expect(r.checks.get("generation")!.line).toContain(": 8 greedy tokens");
+    // the plan's table only with --verbose
+    expect(r.stdout).not.toContain("component");
+  }, 120_000);
+
+  it("--verbose adds the RAM plan's table; progress of the data check goes to stderr", () => {
+    const r = doctor([pack, "--verbose"]);
+    expect(r.status, r.stdout + r.stderr).toBe(0);
+    expect(r.stdout).toMatch(/^ +component +MiB$/m);
+    expect(r.stdout).toMatch(/^ +total +[\d,.]+ +budget 4,096\.0 MiB$/m);
+    expect(r.stderr).toMatch(/^checking tensor data: 100\.0% .*done in/m);
+  }, 120_000);
+
+  it("--json is one object with every check, the backend record and the plan", () => {
+    const r = doctor([pack, "--json", "--quiet"], { KVL_BACKEND: "wasm" });
+    expect(r.status).toBe(0);
+    const report = JSON.parse(r.stdout) as {
+      pass: boolean; verdict: string; checks: { status: string; name: string; detail: string }[];
+      backend: { chosen: string; requestedBy: string }; ramPlan: string;
+    };
+    expect(report.pass).toBe(true);
+    expect(report.verdict).toBe("PASS");
+    expect(report.checks.map((c) => c.name)).toEqual(CHECKS);
+    expect(report.backend.chosen).toBe("wasm");
+    expect(report.backend.requestedBy).toBe("KVL_BACKEND");
+    expect(report.ramPlan).toContain("WebAssembly instances");
+  }, 120_000);
+});
+
+describe("kvl doctor MODEL on damaged packs", () => {
+  it.each(["experts", "trunk"] as const)("a flipped bit in %s.bin is a FAIL naming the file and tensor; --quick says it did not look", async (store) => {
+    const dir = packCopy();
+    const name = flipDataByte(dir, await PackReader.open(dir), store, store === "trunk" ? 3 : 1);
+    const r = doctor([dir, "--quiet"]);
+    const line = failLine(r);
+    expect(line).toContain(`data: ${store}.bin is corrupt (1 tensor); rerun kvl pack`);
+    expect(r.checks.get("data")!.line).toContain(`${store}.bin: data of '${name}' is corrupt`);
+    // the engine checks do not run on a corrupt pack
+    expect(r.checks.has("generation")).toBe(false);
+    const quick = doctor([dir, "--quick", "--quiet"]);
+    expect(quick.checks.get("data")!.status).toBe("WARN");
+    expect(quick.checks.get("data")!.line).toContain("tensor data not checked (--quick)");
+    expect(quick.stdout).not.toContain("is corrupt");
+  }, 120_000);
+
+  it("a corrupt index is a FAIL naming it", () => {
+    const dir = packCopy();
+    const data = readFileSync(join(dir, "trunk.idx"));
+    data[200] = data[200]! ^ 0xff;
+    writeFileSync(join(dir, "trunk.idx"), data);
+    expect(failLine(doctor([dir, "--quiet"]))).toContain("trunk.idx");
+  });
+
+  it("a truncated store is a FAIL naming it", () => {
+    const dir = packCopy();
+    const path = join(dir, "experts.bin");
+    truncateSync(path, statSync(path).size - 4096);
+    expect(failLine(doctor([dir, "--quiet"]))).toMatch(/experts\.bin: expected \d+ bytes, found \d+ — the pack is incomplete; rerun kvl pack/);
+  });
+
+  it.each(["vision.bin", "tiktoken.model", "PACK_COMPLETE.json"])("a missing %s is a FAIL naming it", (file) => {
+    const dir = packCopy();
+    rmSync(join(dir, file));
+    const line = failLine(doctor([dir, "--quiet"]));
+    expect(line).toContain(file);
+    expect(line).toContain("rerun kvl pack");
+  });
+
+  it("a broken config.json is a FAIL", () => {
+    const dir = packCopy();
+    writeFileSync(join(dir, "config.json"), '{"text_config": {');
+    const r = doctor([dir, "--quiet"]);
+    expect(failLine(r)).toContain("tensor directory: restore config.json (rerun kvl pack)");
+    expect(r.checks.get("tensor directory")!.line).toContain("config.json unreadable");
+  });
+
+  it("a config.json that disagrees with the pack is a FAIL", () => {
+    const dir = packCopy();
+    const config = JSON.parse(readFileSync(join(dir, "config.json"), "utf8")) as { text_config: { num_hidden_layers: number } };
+    config.text_config.num_hidden_layers += 1;
+    writeFileSync(join(dir, "config.json"), JSON.stringify(config));
+    const r = doctor([dir, "--quiet"]);
+    const line = failLine(r);
+    expect(line).toContain("tensor directory");
+    expect(line).toContain("config.json");
+    expect(r.checks.get("tensor directory")!.line).toContain("config.json differs from the config stored in the indexes");
+  });
+
+  it("a source checkpoint is told to run kvl pack, not that a pack is incomplete", () => {
+    const r = doctor([ckpt, "--quiet"]);
+    const line = failLine(r);
+    expect(line).toContain(`this is a checkpoint, not a pack: run kvl pack ${ckpt} DST`);
+    expect(r.stdout).not.toContain("incomplete");
+  });
+});
+
+describe("kvl doctor MODEL and this machine", () => {
+  it("a RAM budget the plan cannot fit is a FAIL with the planner's advice and its table", () => {
+    const r = doctor([pack, "--ram-mib", "100", "--quick", "--quiet"]);
+    const line = failLine(r);
+    expect(line).toMatch(/RAM: the RAM plan needs [\d.]+ MiB, [\d.]+ MiB over --ram-mib 100\.0; raise --ram-mib to \d+/);
+    expect(r.stdout).toMatch(/^ +total +[\d.]+ +budget 100\.0 MiB$/m);
+    expect(r.checks.has("generation")).toBe(false);
+  });
+
+  it("a backend that cannot load is a FAIL naming why", () => {
+    const r = doctor([pack, "--backend", "native", "--quick", "--quiet"], { KVL_ADDON: "/nonexistent/kvl_core.node" });
+    const line = failLine(r);
+    expect(line).toContain("backend: --backend native:");
+    expect(line).toContain("/nonexistent/kvl_core.node");
+  });
+
+  it("measures the available RAM", () => {
+    const available = availableRamBytes();
+    expect(available === null || available > 0).toBe(true);
+    if (process.platform === "linux") expect(available).not.toBeNull();
+  });
+});
