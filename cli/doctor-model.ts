@@ -53,6 +53,8 @@ export interface ModelDoctorOptions {
   /** --backend; KVL_BACKEND applies when absent. */
   readonly backend?: string | undefined;
   readonly ramMib: number;
+  /** --instances; KVL_INSTANCES applies when absent (the planner's rule). */
+  readonly instances?: number | undefined;
   /** Skip the data CRCs. */
   readonly quick: boolean;
   readonly progress: Progress;
@@ -255,11 +257,11 @@ export function availableRamBytes(): number | null {
   return free > 0 ? free : null;
 }
 
-async function checkRam(model: string, record: BackendRecord, ramMib: number): Promise<{ check: Check; plan: RamPlan | null; table: string | null }> {
+async function checkRam(model: string, record: BackendRecord, ramMib: number, minInstances: number | undefined): Promise<{ check: Check; plan: RamPlan | null; table: string | null }> {
   const name = "RAM";
   let ramPlan: RamPlan;
   try {
-    ramPlan = await plan(model, { backend: record.chosen, ramMib, check: true });
+    ramPlan = await plan(model, { backend: record.chosen, ramMib, check: true, ...(minInstances !== undefined ? { instances: minInstances } : {}) });
   } catch (err) {
     if (!(err instanceof UserError)) throw err;
     const [first, ...rest] = err.message.split("\n");
@@ -360,7 +362,7 @@ export async function runModelDoctor(modelArg: string, options: ModelDoctorOptio
   const backend = checkBackend(options.backend);
   checks.push(backend.check);
   if (packOk && backend.record) {
-    const ram = await checkRam(model, backend.record, options.ramMib);
+    const ram = await checkRam(model, backend.record, options.ramMib, options.instances);
     checks.push(ram.check);
     ramPlanText = ram.table;
     refused = ram.plan === null;

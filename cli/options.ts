@@ -1,9 +1,21 @@
 /**
  * options.ts — options shared by several commands, defined once.
  */
-import { Option } from "commander";
+import { InvalidArgumentError, Option } from "commander";
 
 import { BACKEND_REQUESTS } from "../host/backend.js";
+
+/** --instances: split the decoder layers over at least N engines (env KVL_INSTANCES when absent;
+ * WebAssembly adds instances where one memory of 4 GiB is not enough). */
+export function instancesOption(): Option {
+  return new Option("--instances <n>", "split the model over at least N instances (env KVL_INSTANCES); " +
+    "WebAssembly uses more where one 4 GiB memory is not enough")
+    .argParser((value: string) => {
+      const n = Number(value);
+      if (!/^[1-9]\d*$/.test(value) || !Number.isSafeInteger(n)) throw new InvalidArgumentError("expected a positive integer");
+      return n;
+    });
+}
 
 /** --backend: which build of the core runs (env KVL_BACKEND when absent). */
 export function backendOption(): Option {

@@ -15,7 +15,7 @@ import { UserError } from "../host/user-error.js";
 import { silentProgress, stderrProgress } from "../packer/progress.js";
 import { DEFAULT_RAM_MIB, renderModelDoctor, runModelDoctor } from "./doctor-model.js";
 import { renderDoctor, runDoctor } from "./doctor.js";
-import { backendOption } from "./options.js";
+import { backendOption, instancesOption } from "./options.js";
 import { addPackCommand } from "./pack.js";
 import { addPrepareCommand } from "./prepare.js";
 import { PYTHON_COMMANDS, pythonCommandHelp, runPythonCommand } from "./python-front-end.js";
@@ -34,6 +34,7 @@ interface DoctorOptions {
   verbose?: boolean;
   ramMib: number;
   quiet?: boolean;
+  instances?: number;
 }
 
 export function buildProgram(): Command {
@@ -53,10 +54,11 @@ export function buildProgram(): Command {
     .option("--ram-mib <mib>", "MODEL: the RAM budget to plan for", positiveInt, DEFAULT_RAM_MIB)
     .option("--verbose", "MODEL: also print the RAM plan's table")
     .option("--quiet", "MODEL: no progress on stderr")
+    .addOption(instancesOption())
     .action(async (model: string | undefined, opts: DoctorOptions) => {
       if (model !== undefined) {
         const report = await runModelDoctor(model, {
-          backend: opts.backend, ramMib: opts.ramMib, quick: opts.quick ?? false,
+          backend: opts.backend, ramMib: opts.ramMib, quick: opts.quick ?? false, instances: opts.instances,
           progress: opts.quiet ? silentProgress : stderrProgress(),
         });
         process.stdout.write(opts.json ? `${JSON.stringify(report, null, 2)}\n` : `${renderModelDoctor(report, opts.verbose ?? false)}\n`);

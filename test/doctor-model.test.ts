@@ -113,6 +113,20 @@ describe("kvl doctor MODEL on a good tiny pack", () => {
     expect(r.stderr).toMatch(/^checking tensor data: 100\.0% .*done in/m);
   }, 120_000);
 
+  it("--instances and KVL_INSTANCES split the model, and the split one still generates", () => {
+    const wasm = doctor([pack, "--quick", "--quiet", "--backend", "wasm", "--instances", "3"]);
+    expect(wasm.status, wasm.stdout + wasm.stderr).toBe(0);
+    expect(wasm.checks.get("RAM")!.line).toContain("(3 instances,");
+    expect(wasm.checks.get("engine")!.line).toContain("as planned (3 ranges)");
+    expect(wasm.checks.get("generation")!.status).toBe("OK");
+    const native = doctor([pack, "--quick", "--quiet", "--backend", "native"], { KVL_INSTANCES: "2" });
+    expect(native.status, native.stdout + native.stderr).toBe(0);
+    expect(native.checks.get("engine")!.line).toContain("as planned (2 ranges)");
+    const bad = doctor([pack, "--instances", "0"]);
+    expect(bad.status).not.toBe(0);
+    expect(bad.stderr).toContain("argument '0' is invalid. expected a positive integer");
+  }, 120_000);
+
   it("--json is one object with every check, the backend record and the plan", () => {
     const r = doctor([pack, "--json", "--quiet"], { KVL_BACKEND: "wasm" });
     expect(r.status).toBe(0);

@@ -12,11 +12,15 @@ describe("wasm instances", () => {
     small.close();
   });
 
-  it("three instances of 1 GiB side by side, each running the kernels", async () => {
+  it("three instances of 1 GiB side by side, each running the kernels, leaving the process's handlers alone", async () => {
     const instances: WasmBackend[] = [];
+    const events = ["uncaughtException", "unhandledRejection", "exit"] as const;
+    const before = events.map((e) => process.listenerCount(e));
     try {
       for (let i = 0; i < 3; i++) instances.push(await WasmBackend.create({ memoryBytes: 1 << 30 }));
       expect(new Set(instances.map((b) => b.memory)).size).toBe(3);
+      // a library in the host's process: no process-wide handlers of its own
+      expect(events.map((e) => process.listenerCount(e))).toEqual(before);
       for (const b of instances) expect(b.conformance("simd128").failed).toBe(0);
     } finally {
       for (const b of instances) b.close();

@@ -63,8 +63,11 @@ out="${1:-wasm-core/dist}"
 mkdir -p "$out"
 exports="$(grep -o 'KVL_API [^(]*(' wasm-core/include/kvl_core.h | grep -v 'declspec\|attribute' |
            sed -E 's/.*[ *]([a-z_0-9]+)\($/"_\1"/' | tr '\n' ',')"
+# A library inside the host's process: the loader must not install process-wide
+# uncaughtException / unhandledRejection handlers (one more per instance, and they would rethrow
+# the host's own errors); the core never calls exit().
 emcc "${CFLAGS[@]}" "${SOURCES[@]}" "${LINK[@]}" \
-     -sMODULARIZE=1 -sEXPORT_NAME=createKvlCore \
+     -sMODULARIZE=1 -sEXPORT_NAME=createKvlCore -sNODEJS_CATCH_EXIT=0 -sNODEJS_CATCH_REJECTION=0 \
      -sEXPORTED_FUNCTIONS="[${exports}\"_malloc\",\"_free\"]" \
      -sEXPORTED_RUNTIME_METHODS='["UTF8ToString","stringToUTF8","lengthBytesUTF8"]' \
      -o "$out/kvl_core.cjs"
