@@ -128,36 +128,10 @@ const { pathToFileURL } = require("node:url");
 })().catch((err) => { console.error(err); process.exit(1); });
 `;
 
-/** Free heap bytes of an instance: the largest blocks malloc gives, summed, then freed. */
-function freeHeap(core) {
-  const held = [];
-  let total = 0;
-  for (;;) {
-    let lo = 0;
-    let hi = 2 ** 32 - 65536;
-    while (hi - lo > 1024) {
-      const mid = Math.floor((lo + hi) / 2);
-      const ptr = core._malloc(mid) >>> 0;
-      if (ptr) {
-        core._free(ptr);
-        lo = mid;
-      } else {
-        hi = mid;
-      }
-    }
-    if (lo < 1024) break;
-    const ptr = core._malloc(lo) >>> 0;
-    if (!ptr) break;
-    held.push(ptr);
-    total += lo;
-  }
-  for (const ptr of held) core._free(ptr);
-  return total;
-}
 
 async function instanceChild(packDir) {
   const { createRequire } = await import("node:module");
-  const { WasmEngine } = await import(pathToFileURL(join(dist, "wasm-engine.js")).href);
+  const { WasmEngine, freeHeapBytes: freeHeap } = await import(pathToFileURL(join(dist, "wasm-engine.js")).href);
   const require = createRequire(import.meta.url);
   const wasmDir = join(root, "wasm-core", "dist");
   const factory = require(join(wasmDir, "kvl_core.cjs"));

@@ -5,16 +5,25 @@ import { InvalidArgumentError, Option } from "commander";
 
 import { BACKEND_REQUESTS } from "../host/backend.js";
 
+/** Option argument parsers: a clear commander error for anything but a whole number. */
+export function nonNegativeInt(value: string): number {
+  const n = Number(value);
+  if (!/^\d+$/.test(value) || !Number.isSafeInteger(n)) throw new InvalidArgumentError("expected a non-negative integer");
+  return n;
+}
+
+export function positiveInt(value: string): number {
+  const n = nonNegativeInt(value);
+  if (n < 1) throw new InvalidArgumentError("expected a positive integer");
+  return n;
+}
+
 /** --instances: split the decoder layers over at least N engines (env KVL_INSTANCES when absent;
  * WebAssembly adds instances where one memory of 4 GiB is not enough). */
 export function instancesOption(): Option {
   return new Option("--instances <n>", "split the model over at least N instances (env KVL_INSTANCES); " +
     "WebAssembly uses more where one 4 GiB memory is not enough")
-    .argParser((value: string) => {
-      const n = Number(value);
-      if (!/^[1-9]\d*$/.test(value) || !Number.isSafeInteger(n)) throw new InvalidArgumentError("expected a positive integer");
-      return n;
-    });
+    .argParser(positiveInt);
 }
 
 /** --backend: which build of the core runs (env KVL_BACKEND when absent). */

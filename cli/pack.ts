@@ -6,7 +6,7 @@
  * give the same bytes. Status lines ("resuming ...", "packed into DST") and the progress bar go
  * to stderr, as the Python front end's did; --quiet silences both.
  */
-import { type Command, InvalidArgumentError, Option } from "commander";
+import { type Command, Option } from "commander";
 
 import { chooseBackend, openBackend } from "../host/backend.js";
 import { UserError } from "../host/user-error.js";
@@ -14,7 +14,7 @@ import { PINNED_REVISION } from "../packer/hub.js";
 import { packCheckpoint } from "../packer/pack.js";
 import { silentProgress, stderrProgress } from "../packer/progress.js";
 import { PRESETS, type Preset, SynthSource } from "../packer/synth.js";
-import { backendOption } from "./options.js";
+import { backendOption, nonNegativeInt } from "./options.js";
 
 interface PackCommandOptions {
   allowRevision?: boolean;
@@ -23,12 +23,6 @@ interface PackCommandOptions {
   seed: number;
   quiet?: boolean;
   backend?: string;
-}
-
-function nonNegativeInt(value: string): number {
-  const n = Number(value);
-  if (!/^\d+$/.test(value) || !Number.isSafeInteger(n)) throw new InvalidArgumentError("expected a non-negative integer");
-  return n;
 }
 
 export function addPackCommand(program: Command): void {

@@ -8,24 +8,18 @@
  * without a model) are TypeScript; the commands listed in python-front-end.ts still run on the
  * Python front end and are replaced one by one.
  */
-import { Command, InvalidArgumentError } from "commander";
+import { Command } from "commander";
 
 import { BackendError } from "../host/backend.js";
 import { UserError } from "../host/user-error.js";
 import { silentProgress, stderrProgress } from "../packer/progress.js";
 import { DEFAULT_RAM_MIB, renderModelDoctor, runModelDoctor } from "./doctor-model.js";
 import { renderDoctor, runDoctor } from "./doctor.js";
-import { backendOption, instancesOption } from "./options.js";
+import { backendOption, instancesOption, positiveInt } from "./options.js";
 import { addPackCommand } from "./pack.js";
 import { addPrepareCommand } from "./prepare.js";
 import { PYTHON_COMMANDS, pythonCommandHelp, runPythonCommand } from "./python-front-end.js";
 import { addSynthCommand } from "./synth.js";
-
-function positiveInt(value: string): number {
-  const n = Number(value);
-  if (!/^\d+$/.test(value) || !Number.isSafeInteger(n) || n < 1) throw new InvalidArgumentError("expected a positive integer");
-  return n;
-}
 
 interface DoctorOptions {
   backend?: string;

@@ -3,19 +3,13 @@
  */
 import { readFileSync } from "node:fs";
 
-import { type Command, InvalidArgumentError, Option } from "commander";
+import { type Command, Option } from "commander";
 
 import { chooseBackend, openBackend } from "../host/backend.js";
 import { stderrProgress } from "../packer/progress.js";
 import { INDEX_NAME } from "../packer/safetensors.js";
 import { PRESETS, type Preset, synthesize } from "../packer/synth.js";
-import { backendOption } from "./options.js";
-
-function nonNegativeInt(value: string): number {
-  const n = Number(value);
-  if (!/^\d+$/.test(value) || !Number.isSafeInteger(n)) throw new InvalidArgumentError("expected a non-negative integer");
-  return n;
-}
+import { backendOption, nonNegativeInt } from "./options.js";
 
 export function addSynthCommand(program: Command): void {
   program

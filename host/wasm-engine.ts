@@ -37,6 +37,37 @@ export interface EmscriptenEngineExports {
   lengthBytesUTF8(str: string): number;
 }
 
+/**
+ * Free bytes of an instance's heap: the largest blocks malloc gives, summed, then freed (1 KiB
+ * resolution). A diagnostic for the planner's tests and bench/node-overhead.mjs; never on a
+ * running engine's hot path.
+ */
+export function freeHeapBytes(core: Pick<EmscriptenEngineExports, "_malloc" | "_free">): number {
+  const held: number[] = [];
+  let total = 0;
+  for (;;) {
+    let lo = 0;
+    let hi = 2 ** 32 - 65536;
+    while (hi - lo > 1024) {
+      const mid = Math.floor((lo + hi) / 2);
+      const ptr = core._malloc(mid) >>> 0;
+      if (ptr) {
+        core._free(ptr);
+        lo = mid;
+      } else {
+        hi = mid;
+      }
+    }
+    if (lo < 1024) break;
+    const ptr = core._malloc(lo) >>> 0;
+    if (!ptr) break;
+    held.push(ptr);
+    total += lo;
+  }
+  for (const ptr of held) core._free(ptr);
+  return total;
+}
+
 const OPTIONS_BYTES = 56;
 const INFO_BYTES = 152;
 const STATS_BYTES = 88;

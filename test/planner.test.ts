@@ -29,7 +29,7 @@ import {
 import type { SplitEngine } from "../host/split-engine.js";
 import { UserError } from "../host/user-error.js";
 import { WasmBackend } from "../host/wasm-backend.js";
-import type { WasmEngine } from "../host/wasm-engine.js";
+import { type WasmEngine, freeHeapBytes } from "../host/wasm-engine.js";
 import { packCheckpoint } from "../packer/pack.js";
 import { tempDir, tinyCheckpoint } from "./support/pack-fixtures.js";
 
@@ -206,7 +206,7 @@ describe("the planned WebAssembly memories", () => {
         // allocator slack, indexes)
         opened.parts.forEach((e, k) => {
           const inst = p.instances[k]!;
-          expect(freeBytes((e as WasmEngine).core)).toBeLessThan(inst.padding + 10 * MIB);
+          expect(freeHeapBytes((e as WasmEngine).core)).toBeLessThan(inst.padding + 10 * MIB);
         });
       } finally {
         session.close();
@@ -217,32 +217,6 @@ describe("the planned WebAssembly memories", () => {
   });
 });
 
-/** Free bytes of an instance's heap: the largest blocks malloc gives, summed, then freed. */
-function freeBytes(core: WasmEngine["core"]): number {
-  const held: number[] = [];
-  let total = 0;
-  for (;;) {
-    let lo = 0;
-    let hi = 2 ** 32 - 65536;
-    while (hi - lo > 4096) {
-      const mid = Math.floor((lo + hi) / 2);
-      const ptr = core._malloc(mid) >>> 0;
-      if (ptr) {
-        core._free(ptr);
-        lo = mid;
-      } else {
-        hi = mid;
-      }
-    }
-    if (lo < 4096) break;
-    const ptr = core._malloc(lo) >>> 0;
-    if (!ptr) break;
-    held.push(ptr);
-    total += lo;
-  }
-  for (const ptr of held) core._free(ptr);
-  return total;
-}
 
 /** Applies each figure of a refusal's advice alone and returns the plans (each must fit). */
 function followAdvice(options: PlanOptions, message: string): Array<{ hint: string; plan: RamPlan }> {
