@@ -1,4 +1,4 @@
-import { copyFileSync, mkdtempSync, writeFileSync } from "node:fs";
+import { copyFileSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 
@@ -59,8 +59,10 @@ describe("backend choice", () => {
       chosen: "wasm", native: { defaultKernelSet: "scalar" } });
   });
 
-  it("a missing addon: auto falls back to WebAssembly, --backend native fails naming the path", () => {
-    const missing = join(mkdtempSync(join(tmpdir(), "kvl-addon-")), "nope.node");
+  it("a missing addon: auto falls back to WebAssembly, --backend native fails naming the path", (ctx) => {
+    const dir = mkdtempSync(join(tmpdir(), "kvl-addon-"));
+    ctx.onTestFinished(() => rmSync(dir, { recursive: true, force: true }));
+    const missing = join(dir, "nope.node");
     const record = chooseBackend({ env: env({ KVL_ADDON: missing }) });
     expect(record.chosen).toBe("wasm");
     expect(record.native).toMatchObject({ present: false, loads: false });
@@ -75,8 +77,9 @@ describe("backend choice", () => {
     expect(String(caught)).toContain(missing);
   });
 
-  it("an addon that cannot load is found out in a child process, not in this one", () => {
+  it("an addon that cannot load is found out in a child process, not in this one", (ctx) => {
     const dir = mkdtempSync(join(tmpdir(), "kvl-addon-"));
+    ctx.onTestFinished(() => rmSync(dir, { recursive: true, force: true }));
     const garbage = join(dir, "kvl_core.node");
     writeFileSync(garbage, Buffer.from("this is not a shared library"));
     const status = testLoadNativeAddon(garbage);
