@@ -188,6 +188,21 @@ export function engineOptionCodes(options: EngineOptions = {}): EngineOptionCode
 
 export const LOGITS_MODES: Record<LogitsMode, number> = { none: 0, last: 1, all: 2 };
 
+/** A logits mode's C code; RangeError for anything else. */
+export function logitsModeCode(logits: LogitsMode): number {
+  const mode = Object.hasOwn(LOGITS_MODES, logits) ? LOGITS_MODES[logits] : undefined;
+  if (mode === undefined) throw new RangeError(`logits mode must be none, last or all, got ${String(logits)}`);
+  return mode;
+}
+
+/** Rows in an array of hidden_size-float rows (media embeddings); RangeError for a partial row. */
+export function wholeRows(what: string, rows: Float32Array | null, hidden: number): number {
+  if (rows !== null && rows.length % hidden !== 0) {
+    throw new RangeError(`${what} must be whole rows of hidden_size ${hidden} floats, got ${rows.length} floats`);
+  }
+  return rows === null ? 0 : rows.length / hidden;
+}
+
 /** Session options -> [max_context, max_batch] (0 = the core's default). */
 export function sessionOptionCodes(options: SessionOptions = {}): [number, number] {
   return [nonNegativeInteger("maxContext", options.maxContext), nonNegativeInteger("maxBatch", options.maxBatch)];

@@ -15,7 +15,7 @@ import {
 } from "./core-api.js";
 import {
   type CoreEngine, CoreError, type CoreSession, type EngineInfo, type EngineOptionCodes, type EngineOptions,
-  type EngineStats, LOGITS_MODES, type LogitsMode, type SessionOptions, engineOptionCodes, sessionOptionCodes,
+  type EngineStats, logitsModeCode, wholeRows, type LogitsMode, type SessionOptions, engineOptionCodes, sessionOptionCodes,
 } from "./engine-api.js";
 import { nativeAddonPath } from "./paths.js";
 
@@ -311,8 +311,8 @@ export class NativeSession implements CoreSession {
   prefill(tokens: Int32Array, media: Float32Array | null, logits: LogitsMode): Float32Array | null {
     if (!this.#lastRange) return this.forward(tokens, media, logits, false);
     const session = this.#live;
-    const mode = this.#mode(logits);
-    const nMedia = this.#mediaRows(media);
+    const mode = logitsModeCode(logits);
+    const nMedia = wholeRows("media rows", media, this.#hidden);
     const out = mode === 0 ? null : new Float32Array(mode === 1 ? this.#vocab : tokens.length * this.#vocab);
     this.engine.check(this.engine.addon.sessionPrefill(session, tokens, media, nMedia, mode, out));
     return out;
@@ -324,27 +324,14 @@ export class NativeSession implements CoreSession {
     const isHidden = input instanceof Float32Array;
     if (isHidden && input.length % H !== 0) throw new RangeError(`hidden states must be whole rows of hidden_size ${H} floats, got ${input.length}`);
     const n = isHidden ? input.length / H : input.length;
-    const mode = this.#mode(logits);
-    const nMedia = this.#mediaRows(media);
+    const mode = logitsModeCode(logits);
+    const nMedia = wholeRows("media rows", media, this.#hidden);
     /* The last range writes the logits asked for, an earlier one its hidden states (both as
      * zero-length arrays for zero tokens, so that the core, not the addon, reports the misuse). */
     const out = this.#lastRange ? (mode === 0 ? null : new Float32Array(mode === 1 ? this.#vocab : n * this.#vocab)) : new Float32Array(n * H);
     this.engine.check(this.engine.addon.sessionForward(session, isHidden ? null : input, isHidden ? input : null, media, nMedia,
       this.#lastRange ? null : out, mode, this.#lastRange ? out : null, decode));
     return out !== null && out.length > 0 ? out : null;
-  }
-
-  #mode(logits: LogitsMode): number {
-    const mode = Object.hasOwn(LOGITS_MODES, logits) ? LOGITS_MODES[logits] : undefined;
-    if (mode === undefined) throw new RangeError(`logits mode must be none, last or all, got ${String(logits)}`);
-    return mode;
-  }
-
-  #mediaRows(media: Float32Array | null): number {
-    if (media !== null && media.length % this.#hidden !== 0) {
-      throw new RangeError(`media rows must be whole rows of hidden_size ${this.#hidden} floats, got ${media.length} floats`);
-    }
-    return media === null ? 0 : media.length / this.#hidden;
   }
 
   step(token: number): Float32Array {

@@ -8,7 +8,7 @@
  * Does not own: the instance (wasm-backend.ts) or the engine interfaces (engine-api.ts).
  */
 import {
-  type CoreEngine, CoreError, type CoreSession, type EngineInfo, type EngineOptions, type EngineStats, LOGITS_MODES,
+  type CoreEngine, CoreError, type CoreSession, type EngineInfo, type EngineOptions, type EngineStats, logitsModeCode, wholeRows,
   type LogitsMode, type SessionOptions, engineOptionCodes, sessionOptionCodes,
 } from "./engine-api.js";
 
@@ -273,12 +273,8 @@ class WasmSession implements CoreSession {
     const isHidden = input instanceof Float32Array;
     if (isHidden && input.length % H !== 0) throw new RangeError(`hidden states must be whole rows of hidden_size ${H} floats, got ${input.length}`);
     const n = isHidden ? input.length / H : input.length;
-    const mode = LOGITS_MODES[logits];
-    if (mode === undefined) throw new RangeError(`logits mode must be none, last or all, got ${String(logits)}`);
-    if (media !== null && media.length % H !== 0) {
-      throw new RangeError(`media rows must be whole rows of hidden_size ${H} floats, got ${media.length} floats`);
-    }
-    const nMedia = media === null ? 0 : media.length / H;
+    const mode = logitsModeCode(logits);
+    const nMedia = wholeRows("media rows", media, H);
     const lastRange = this.#layerEnd === this.#nLayers;
     const core = this.engine.core;
     return withScratch(core, (s) => {
