@@ -14,21 +14,17 @@
  *
  * Owns: running and rendering the checks. Does not own: any checked machinery.
  */
-import { readFileSync, readdirSync, statSync } from "node:fs";
+import { readFileSync } from "node:fs";
 import { freemem } from "node:os";
 import { join, resolve } from "node:path";
-import { isDeepStrictEqual } from "node:util";
 
 import { type BackendRecord, BackendError, chooseBackend } from "../host/backend.js";
 import { ChatTemplate } from "../host/chat-template.js";
 import { buildPrompt } from "../host/conversation.js";
 import { EngineClient } from "../host/engine-client.js";
-import { expectedTensors, hparams, textDims } from "../host/model-spec.js";
-import {
-  COMPLETE_FILE, DTYPE_BF16, DTYPE_F32, DTYPE_NAMES, PackReader, SOURCE_REVISION_FILE,
-} from "../host/pack-format.js";
+import { checkpointNotPack, configProblems, missingRuntimeFiles } from "../host/pack-check.js";
+import { PackReader, SOURCE_REVISION_FILE } from "../host/pack-format.js";
 import { type RamPlan, MIB, plan } from "../host/planner.js";
-import { loadsPy } from "../host/py-json.js";
 import { Tokenizer } from "../host/tokenizer.js";
 import { UserError } from "../host/user-error.js";
 import { PINNED_REVISION } from "../packer/hub.js";
@@ -36,8 +32,6 @@ import type { Progress } from "../packer/progress.js";
 
 export const GENERATION_TOKENS = 8;
 export const DEFAULT_RAM_MIB = 4096;
-/** Files besides the stores that the runtime reads (tokenizer, template, vision preprocessing). */
-const RUNTIME_FILES = ["config.json", "tokenizer_config.json", "tiktoken.model", "chat_template.jinja", "preprocessor_config.json"];
 
 export type CheckStatus = "OK" | "WARN" | "FAIL";
 
@@ -75,26 +69,10 @@ export interface ModelDoctorReport {
 
 const message = (err: unknown): string => (err instanceof Error ? err.message : String(err));
 
-function isFile(path: string): boolean {
-  try {
-    return statSync(path).isFile();
-  } catch {
-    return false;
-  }
-}
-
 /** A source checkpoint (what kvl pack reads) rather than a pack: a FAIL check, or null. */
 function checkNotCheckpoint(model: string): Check | null {
-  if (isFile(join(model, COMPLETE_FILE))) return null;
-  let names: string[] = [];
-  try {
-    names = readdirSync(model);
-  } catch {
-    return null; // PackReader.open says what is wrong with the path
-  }
-  if (!names.includes("model.safetensors.index.json") && !names.some((n) => n.endsWith(".safetensors"))) return null;
-  const fix = `this is a checkpoint, not a pack: run kvl pack ${model} DST (then kvl doctor DST)`;
-  return { status: "FAIL", name: "pack", detail: `${model} holds safetensors and no ${COMPLETE_FILE}: it is a source checkpoint, not a pack`, fix };
+  const found = checkpointNotPack(model);
+  return found === null ? null : { status: "FAIL", name: "pack", ...found };
 }
 
 async function checkPack(model: string): Promise<{ check: Check; reader: PackReader | null }> {
@@ -105,7 +83,7 @@ async function checkPack(model: string): Promise<{ check: Check; reader: PackRea
     if (!(err instanceof UserError)) throw err;
     return { check: { status: "FAIL", name: "pack", detail: err.message, fix: err.message }, reader: null };
   }
-  const missing = RUNTIME_FILES.filter((f) => !isFile(join(model, f)));
+  const missing = missingRuntimeFiles(model);
   if (missing.length) {
     const detail = `${missing.join(", ")} missing from ${model} — the pack is incomplete; rerun kvl pack`;
     return { check: { status: "FAIL", name: "pack", detail, fix: detail }, reader: null };
@@ -142,65 +120,17 @@ async function checkData(reader: PackReader, quick: boolean, progress: Progress)
 /** The pack's tensors, shapes, dtypes and hparams against its config.json. */
 function checkDirectory(model: string, reader: PackReader): Check {
   const name = "tensor directory";
-  let config: unknown;
-  let plain: unknown;
-  try {
-    const text = readFileSync(join(model, "config.json"), "utf8");
-    config = loadsPy(text);
-    plain = JSON.parse(text);
-  } catch (err) {
-    return { status: "FAIL", name, detail: `config.json unreadable (${message(err)})`, fix: "restore config.json (rerun kvl pack)" };
+  const { problems, unusable } = configProblems(model, reader);
+  if (unusable) {
+    return { status: "FAIL", name, detail: problems.join("; "), fix: problems.at(-1)!.startsWith("config.json unreadable")
+      ? "restore config.json (rerun kvl pack)" : "use a Kimi-VL config.json" };
   }
-  const problems: string[] = [];
-  let stored: unknown = null;
-  try {
-    stored = JSON.parse(reader.configText);
-  } catch {
-    /* differs below */
-  }
-  if (!isDeepStrictEqual(stored, plain)) problems.push("config.json differs from the config stored in the indexes");
-  let expected;
-  let expectedHp;
-  let text;
-  try {
-    expected = expectedTensors(config);
-    expectedHp = hparams(config);
-    text = textDims(config);
-  } catch (err) {
-    if (!(err instanceof UserError)) throw err;
-    return { status: "FAIL", name, detail: err.message, fix: "use a Kimi-VL config.json" };
-  }
-  for (const [key, value] of expectedHp) {
-    const got = reader.hparams.get(key);
-    if (got !== value) problems.push(`hparam ${key} = ${got ?? "missing"}, config says ${value}`);
-  }
-  const dense = new Map([...reader.stores.get("trunk")!.byName, ...reader.stores.get("vision")!.byName]);
-  const experts = reader.stores.get("experts")!.records;
-  for (const [tensor, info] of expected) {
-    if (tensor.includes(".mlp.experts.")) continue;
-    const rec = dense.get(tensor);
-    if (rec === undefined) {
-      problems.push(`missing tensor ${tensor}`);
-      continue;
-    }
-    const want = tensor.endsWith("e_score_correction_bias") ? DTYPE_F32 : DTYPE_BF16;
-    if (rec.dtype !== want || rec.shape.join() !== info.shape.join()) {
-      problems.push(`${tensor}: dtype ${DTYPE_NAMES[rec.dtype]} shape [${rec.shape.join(", ")}], expected ${DTYPE_NAMES[want]} [${info.shape.join(", ")}]`);
-    }
-  }
-  const extra = [...dense.keys()].filter((t) => !expected.has(t)).sort();
-  if (extra.length) problems.push(`${extra.length} unexpected tensors, e.g. ${extra[0]}`);
-  const nMoe = text.num_hidden_layers - text.first_k_dense_replace;
-  if (experts.length !== nMoe * text.n_routed_experts) {
-    problems.push(`experts.idx has ${experts.length} extents, expected ${nMoe * text.n_routed_experts}`);
-  }
-  const badExtent = experts.find((r) => r.shape[2] !== text.moe_intermediate_size || r.shape[3] !== text.hidden_size);
-  if (badExtent) problems.push(`${badExtent.name}: shape [${badExtent.shape.join(", ")}] does not match config`);
   if (problems.length) {
     const more = problems.length > 3 ? ` (+${problems.length - 3} more)` : "";
     return { status: "FAIL", name, detail: problems.slice(0, 3).join("; ") + more, fix: "the pack does not match its config.json; rerun kvl pack" };
   }
-  return { status: "OK", name, detail: `${dense.size} dense tensors and ${experts.length} expert extents match config.json` };
+  const dense = reader.stores.get("trunk")!.records.length + reader.stores.get("vision")!.records.length;
+  return { status: "OK", name, detail: `${dense} dense tensors and ${reader.stores.get("experts")!.records.length} expert extents match config.json` };
 }
 
 function checkProvenance(model: string, reader: PackReader): Check {

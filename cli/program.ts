@@ -4,8 +4,8 @@
  *
  * Owns: the command tree, its help, and exit statuses, and how errors reach the user: an error
  * the user can fix (UserError, BackendError) is one line `kvl CMD: error: ...` and exit status 1;
- * anything else is a bug and keeps its stack. `synth`, `pack`, `prepare` and `doctor` (with or
- * without a model) are TypeScript; the commands listed in python-front-end.ts still run on the
+ * anything else is a bug and keeps its stack. `chat`, `bench`, `synth`, `pack`, `prepare` and
+ * `doctor` (with or without a model) are TypeScript; the commands listed in python-front-end.ts still run on the
  * Python front end and are replaced one by one.
  */
 import { Command } from "commander";
@@ -13,6 +13,8 @@ import { Command } from "commander";
 import { BackendError } from "../host/backend.js";
 import { UserError } from "../host/user-error.js";
 import { silentProgress, stderrProgress } from "../packer/progress.js";
+import { addBenchCommand } from "./bench.js";
+import { addChatCommand } from "./chat.js";
 import { DEFAULT_RAM_MIB, renderModelDoctor, runModelDoctor } from "./doctor-model.js";
 import { renderDoctor, runDoctor } from "./doctor.js";
 import { backendOption, instancesOption, positiveInt } from "./options.js";
@@ -64,6 +66,8 @@ export function buildProgram(): Command {
       process.exitCode = report.pass ? 0 : 1;
     });
 
+  addChatCommand(program);
+  addBenchCommand(program);
   addSynthCommand(program);
   addPackCommand(program);
   addPrepareCommand(program);

@@ -13,9 +13,7 @@ import { packageRoot } from "../host/paths.js";
 
 /** The subcommands the Python front end still owns, with the text its help gives them. */
 export const PYTHON_COMMANDS: Readonly<Record<string, string>> = {
-  chat: "chat with a packed model (one-shot or interactive)",
   serve: "serve OpenAI- and Anthropic-compatible HTTP APIs",
-  bench: "measure speed against this machine's bandwidth limits",
 };
 
 export function pythonInterpreter(): string {
@@ -35,7 +33,7 @@ export function runPythonCommand(command: string, args: readonly string[]): numb
   const result = spawnSync(python, ["-m", "kvl", command, ...args], { stdio: "inherit", env: pythonEnv() });
   if (result.error) {
     process.stderr.write(`kvl ${command}: cannot run the Python front end (${python}): ${result.error.message}\n` +
-      "  set it up with `bash scripts/quickstart` (or point KVL_PYTHON at a Python with kvl installed)\n");
+      "  install it with `python3 -m venv .venv && .venv/bin/pip install .` (or point KVL_PYTHON at a Python with kvl installed)\n");
     return 1;
   }
   if (result.signal) return 128 + (result.signal === "SIGINT" ? 2 : 15);

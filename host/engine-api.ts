@@ -1,11 +1,13 @@
 /**
- * engine-api.ts — the text engine of the core (kvl_core.h: kvl_engine_*, kvl_session_*) as the
- * host sees it, the same on both backends.
+ * engine-api.ts — the engine of the core (kvl_core.h: kvl_engine_*, kvl_session_*, and the
+ * vision encoder kvl_vision_*) as the host sees it, the same on both backends.
  *
  * Owns: the TypeScript shapes of engine options, info and stats, the CoreEngine / CoreSession
- * interfaces each backend implements, the translation of options to the C enums, and CoreError
- * (a failed kvl_status with the core's detail message). Does not own: marshalling (each backend
- * does its own: the addon takes typed arrays, the wasm instance copies through its memory).
+ * interfaces each backend implements, the translation of options to the C enums, CoreError
+ * (a failed kvl_status with the core's detail message), the shape arithmetic of a vision call
+ * (visionShape) and roundToBf16 (media rows as the official model feeds them). Does not own:
+ * marshalling (each backend does its own: the addon takes typed arrays, the wasm instance copies
+ * through its memory).
  */
 import { KVL_STATUS_NAMES } from "./core-api.js";
 
@@ -124,6 +126,19 @@ export interface CoreEngine {
   /** Bytes a session with these options allocates (KV + arena), for the planner. */
   sessionBytes(options?: SessionOptions): number;
   newSession(options?: SessionOptions): CoreSession;
+  /**
+   * kvl_vision_bytes: working memory of one encodeImages call for these images (grids: n_images
+   * x (rows, columns) of patches; 0 images = 0). CoreError when the engine has no vision or a
+   * grid is not a positive multiple of the merge kernel.
+   */
+  visionBytes(grids: Int32Array): number;
+  /**
+   * kvl_vision_encode: pixelValues (sum(gh*gw) patches x 3 x patch x patch floats, every image's
+   * patches in order) -> media embeddings, sum((gh/merge_h)*(gw/merge_w)) rows x hiddenSize FP32
+   * floats in text space, not rounded (roundToBf16 them before prefill). CoreError for what the
+   * core refuses (no vision, a bad grid), RangeError for buffer lengths that do not match the grids.
+   */
+  encodeImages(pixelValues: Float32Array, grids: Int32Array): Float32Array;
   /** Frees the engine; its sessions must be closed first. */
   close(): void;
 }
@@ -206,4 +221,65 @@ export function wholeRows(what: string, rows: Float32Array | null, hidden: numbe
 /** Session options -> [max_context, max_batch] (0 = the core's default). */
 export function sessionOptionCodes(options: SessionOptions = {}): [number, number] {
   return [nonNegativeInteger("maxContext", options.maxContext), nonNegativeInteger("maxBatch", options.maxBatch)];
+}
+
+/** Images, patches and embedding rows of one vision call; RangeError for an odd grids length. */
+export interface VisionShape {
+  nImages: number;
+  patches: number;
+  /** sum(gh*gw) x 3 x patch x patch */
+  pixelFloats: number;
+  /** merged rows: sum((gh/merge_h)*(gw/merge_w)) */
+  rows: number;
+}
+
+/**
+ * The shape of a vision call on an engine with this info. The grids must already have passed the
+ * core's check (visionBytes): positive multiples of the merge kernel.
+ */
+export function visionShape(info: Pick<EngineInfo, "visionPatchSize" | "visionMergeH" | "visionMergeW">, grids: Int32Array): VisionShape {
+  checkGridsLength(grids);
+  const { visionPatchSize: p, visionMergeH: mh, visionMergeW: mw } = info;
+  let patches = 0;
+  let rows = 0;
+  for (let i = 0; i < grids.length; i += 2) {
+    const gh = grids[i]!;
+    const gw = grids[i + 1]!;
+    patches += gh * gw;
+    rows += Math.floor(gh / mh) * Math.floor(gw / mw);
+  }
+  return { nImages: grids.length / 2, patches, pixelFloats: patches * 3 * p * p, rows };
+}
+
+/** RangeError unless grids is n_images x (rows, columns). */
+export function checkGridsLength(grids: Int32Array): void {
+  if (!(grids instanceof Int32Array)) throw new TypeError("grids must be an Int32Array of n_images x (rows, columns) of patches");
+  if (grids.length % 2 !== 0) {
+    throw new RangeError(`grids holds ${grids.length} int32s; want n_images x 2 (rows, columns of patches per image)`);
+  }
+}
+
+/** RangeError unless pixelValues holds exactly the floats the grids need (after visionShape). */
+export function checkPixelLength(pixelValues: Float32Array, shape: VisionShape, patchSize: number): void {
+  if (!(pixelValues instanceof Float32Array)) throw new TypeError("pixelValues must be a Float32Array");
+  if (pixelValues.length !== shape.pixelFloats) {
+    throw new RangeError(`pixelValues holds ${pixelValues.length} floats; the grids' ${shape.patches} patches need ${shape.pixelFloats} (patches x 3 x ${patchSize} x ${patchSize})`);
+  }
+}
+
+/**
+ * FP32 -> nearest-even BF16 -> FP32, as kvl/engine.py round_to_bf16 (bits + 0x7FFF + the lowest
+ * kept bit, low 16 bits cleared; uint32 arithmetic, so it wraps exactly as numpy does). A new
+ * array: the official model feeds the text decoder BF16 image embeddings, so the host rounds the
+ * media rows of encodeImages before prefill.
+ */
+export function roundToBf16(values: Float32Array): Float32Array {
+  const out = new Float32Array(values.length);
+  const src = new Uint32Array(values.buffer, values.byteOffset, values.length);
+  const dst = new Uint32Array(out.buffer);
+  for (let i = 0; i < src.length; i++) {
+    const bits = src[i]!;
+    dst[i] = (bits + 0x7fff + ((bits >>> 16) & 1)) & 0xffff0000;
+  }
+  return out;
 }

@@ -3,10 +3,10 @@
  * operations as engine-api.ts, as promises, with cancellation.
  *
  * Owns: starting and stopping the worker (the compiled dist/host/engine-worker.js), matching
- * replies to requests, rebuilding errors (CoreError, UserError) from the worker's, and
- * cancellation: a session's cancel() stores 1 in its shared cancel flags, which the core reads
- * before each layer while the worker is busy inside it; every call clears them first. The worker
- * exiting fails every pending call with one clear error.
+ * replies to requests (image encoding among them), rebuilding errors (CoreError, UserError) from
+ * the worker's, and cancellation: a session's cancel() stores 1 in its shared cancel flags, which
+ * the core reads before each layer while the worker is busy inside it; every call clears them
+ * first. The worker exiting fails every pending call with one clear error.
  */
 import { join } from "node:path";
 import { Worker } from "node:worker_threads";
@@ -106,6 +106,24 @@ export class EngineClient {
     const reply = await this.request({ type: "stats" });
     if (reply.type !== "stats") throw new Error(`engine worker: unexpected reply ${reply.type} to stats`);
     return reply.stats;
+  }
+
+  /**
+   * Media embeddings of images (CoreEngine.encodeImages): rows x hidden_size FP32 floats, not
+   * rounded. The worker copies pixelValues and grids (structured clone); the rows come back as a
+   * transferred buffer. CoreError / RangeError / UserError (no vision) as the engine throws them.
+   */
+  async encodeImages(pixelValues: Float32Array, grids: Int32Array): Promise<Float32Array> {
+    const reply = await this.request({ type: "encodeImages", pixelValues, grids });
+    if (reply.type !== "embeddings") throw new Error(`engine worker: unexpected reply ${reply.type} to encodeImages`);
+    return reply.rows;
+  }
+
+  /** Working memory of one encodeImages call for these grids (CoreEngine.visionBytes). */
+  async visionBytes(grids: Int32Array): Promise<number> {
+    const reply = await this.request({ type: "visionBytes", grids });
+    if (reply.type !== "bytes") throw new Error(`engine worker: unexpected reply ${reply.type} to visionBytes`);
+    return reply.bytes;
   }
 
   /** Closes the engine and stops the worker. */

@@ -6,8 +6,10 @@
  * a split is forced, for parity tests) — and sharing the expert-cache budget between ranges in
  * proportion to their layers, when no plan is given. With a plan (planner.ts), each range is
  * opened with exactly the plan's options and, on WebAssembly, memory. Without one, the number of
- * instances comes from the caller (`--instances`, KVL_INSTANCES) or is 1. Does not own how big
- * each memory must be (the planner) or the chaining of sessions (split-engine.ts).
+ * instances comes from the caller (`--instances`, KVL_INSTANCES) or is 1. Either way only the
+ * first range (layer 0 on) loads the vision tower, when loadVision asks for it: images are encoded
+ * there, and a copy in every range would only waste memory. Does not own how big each memory
+ * must be (the planner) or the chaining of sessions (split-engine.ts).
  */
 import { readFileSync } from "node:fs";
 import { join } from "node:path";
@@ -69,13 +71,23 @@ function packLayers(packDir: string): number {
   return textDims(config).num_hidden_layers;
 }
 
-/** Without a plan: equal layer ranges, the expert budget shared by layers, equal memories. */
+/** Without a plan: equal layer ranges, the expert budget shared by layers, equal memories, the
+ * vision tower (if asked for) in the first range only. */
 function evenSplit(packDir: string, instances: number | undefined, engineOptions: EngineOptions, memoryBytes: number): PlannedInstance[] {
   const nLayers = packLayers(packDir);
   return layerRanges(nLayers, requestedInstances(instances)).map(([begin, end]) => {
     const budget = engineOptions.expertCacheBytes ? Math.floor((engineOptions.expertCacheBytes * (end - begin)) / nLayers) : 0;
-    return { engineOptions: { ...(budget ? { expertCacheBytes: budget } : {}), layerBegin: begin, layerEnd: end }, memoryBytes };
+    return {
+      engineOptions: { ...(budget ? { expertCacheBytes: budget } : {}), loadVision: begin === 0 && engineOptions.loadVision === true, layerBegin: begin, layerEnd: end },
+      memoryBytes,
+    };
   });
+}
+
+/** One range's engine options: the caller's, then the range's; vision in the first range only. */
+function rangeOptions(engineOptions: EngineOptions, spec: PlannedInstance): EngineOptions {
+  const options = { ...engineOptions, ...spec.engineOptions };
+  return { ...options, loadVision: spec.engineOptions.layerBegin === 0 && options.loadVision === true };
 }
 
 export async function openHostedEngine(backend: BackendName, packDir: string, options: HostedEngineOptions): Promise<HostedEngine> {
@@ -88,12 +100,12 @@ export async function openHostedEngine(backend: BackendName, packDir: string, op
     if (backend === "native") {
       const native = new NativeBackend();
       owners.push(native);
-      for (const spec of specs) parts.push(native.openEngine(packDir, { ...engineOptions, ...spec.engineOptions }));
+      for (const spec of specs) parts.push(native.openEngine(packDir, rangeOptions(engineOptions, spec)));
     } else {
       for (const spec of specs) {
         const wasm = await WasmBackend.create({ memoryBytes: spec.memoryBytes, pthreads: WasmBackend.pthreadsForEngine(options.nThreads) });
         owners.push(wasm);
-        parts.push(wasm.openEngine(packDir, { ...engineOptions, ...spec.engineOptions }));
+        parts.push(wasm.openEngine(packDir, rangeOptions(engineOptions, spec)));
       }
     }
   } catch (err) {

@@ -19,6 +19,9 @@ export type EngineRequest =
   | { id: number; type: "position"; sessionId: number }
   | { id: number; type: "closeSession"; sessionId: number }
   | { id: number; type: "stats" }
+  /** Media embeddings of images (CoreEngine.encodeImages: FP32, not rounded). */
+  | { id: number; type: "encodeImages"; pixelValues: Float32Array; grids: Int32Array }
+  | { id: number; type: "visionBytes"; grids: Int32Array }
   | { id: number; type: "close" };
 
 /** An error as it crosses threads: enough to rebuild the same class on the main thread. */
@@ -37,5 +40,8 @@ export type EngineReply =
   | { id: number; type: "logits"; logits: Float32Array | null }
   | { id: number; type: "position"; position: number }
   | { id: number; type: "stats"; stats: EngineStats }
+  /** encodeImages' rows x hidden_size floats (a transferred buffer). */
+  | { id: number; type: "embeddings"; rows: Float32Array }
+  | { id: number; type: "bytes"; bytes: number }
   | { id: number; type: "done" }
   | { id: number; type: "error"; error: SerializedError };

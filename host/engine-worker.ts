@@ -5,8 +5,8 @@
  *
  * Owns: the worker side of the protocol in engine-protocol.ts — one request at a time, in
  * arrival order; replies carry the request id; errors carry what the main thread needs to
- * rebuild them (CoreError status, UserError). Logits and hidden states travel as transferred
- * buffers, never copied twice. Cancellation never goes through this thread's message queue (it
+ * rebuild them (CoreError status, UserError). Logits, hidden states and image embeddings travel
+ * as transferred buffers, never copied twice. Cancellation never goes through this thread's message queue (it
  * is busy in the core): the main thread writes the sessions' shared cancel flags directly.
  */
 import { parentPort } from "node:worker_threads";
@@ -93,6 +93,12 @@ async function handle(req: EngineRequest): Promise<{ reply: EngineReply; transfe
     }
     case "stats":
       return { reply: { id: req.id, type: "stats", stats: engine().engine.stats() }, transfer: [] };
+    case "encodeImages": {
+      const rows = engine().engine.encodeImages(req.pixelValues, req.grids);
+      return { reply: { id: req.id, type: "embeddings", rows }, transfer: [rows.buffer as ArrayBuffer] };
+    }
+    case "visionBytes":
+      return { reply: { id: req.id, type: "bytes", bytes: engine().engine.visionBytes(req.grids) }, transfer: [] };
     case "close": {
       for (const s of sessions.values()) s.close();
       sessions.clear();

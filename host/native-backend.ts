@@ -3,9 +3,9 @@
  * AVX2 / AVX-512 kernel sets chosen inside the core by CPUID.
  *
  * Owns: loading the addon in this process (only after backend.ts has test-loaded it in a child
- * process) and adapting it to CoreBackend, and the text engine over the addon (NativeEngine,
- * NativeSession: CoreEngine / CoreSession of engine-api.ts). Does not own: building it
- * (scripts/build-addon.mjs).
+ * process) and adapting it to CoreBackend, and the engine over the addon (NativeEngine,
+ * NativeSession: CoreEngine / CoreSession of engine-api.ts: the text engine and the vision
+ * encoder). Does not own: building it (scripts/build-addon.mjs).
  */
 import { createRequire } from "node:module";
 
@@ -16,6 +16,7 @@ import {
 import {
   type CoreEngine, CoreError, type CoreSession, type EngineInfo, type EngineOptionCodes, type EngineOptions,
   type EngineStats, logitsModeCode, wholeRows, type LogitsMode, type SessionOptions, engineOptionCodes, sessionOptionCodes,
+  checkGridsLength, visionShape,
 } from "./engine-api.js";
 import { nativeAddonPath } from "./paths.js";
 
@@ -77,7 +78,8 @@ export interface NativeEngineStats {
 }
 
 /** What wasm-core/native/addon.c exports. Engine and session calls return a kvl_status as a
- * number (0 = ok) and throw only for a caller mistake or a closed handle. */
+ * number (0 = ok) and throw only for a caller mistake or a closed handle; the vision calls,
+ * which return a result, throw a failed status (an Error with a numeric `status`). */
 export interface NativeAddon {
   abiVersion(): number;
   kernelSets(): KernelSet[];
@@ -110,6 +112,16 @@ export interface NativeAddon {
   ): number;
   sessionStep(session: NativeSessionHandle, token: number, logits: Float32Array): number;
   sessionWatchCancel(session: NativeSessionHandle, flag: Int32Array | null): void;
+  visionBytes(engine: NativeEngineHandle, grids: Int32Array): number;
+  visionEncode(engine: NativeEngineHandle, pixelValues: Float32Array, grids: Int32Array, out: Float32Array): void;
+}
+
+/** The addon's thrown kvl_status (code ERR_KVL_STATUS) as a CoreError; anything else as it is. */
+function coreErrorOf(err: unknown): unknown {
+  if (err instanceof Error && (err as { code?: unknown }).code === "ERR_KVL_STATUS" && typeof (err as { status?: unknown }).status === "number") {
+    return new CoreError((err as unknown as { status: number }).status, err.message);
+  }
+  return err;
 }
 
 export function loadNativeAddon(path: string = nativeAddonPath()): NativeAddon {
@@ -271,6 +283,29 @@ export class NativeEngine implements CoreEngine {
     const session = new NativeSession(this, handle, this.#info, () => this.#sessions.delete(session));
     this.#sessions.add(session);
     return session;
+  }
+
+  visionBytes(grids: Int32Array): number {
+    checkGridsLength(grids);
+    try {
+      return this.addon.visionBytes(this.#live, grids);
+    } catch (err) {
+      throw coreErrorOf(err);
+    }
+  }
+
+  encodeImages(pixelValues: Float32Array, grids: Int32Array): Float32Array {
+    // the core's checks of the engine and the grids first (so the shape below is sound); the
+    // addon checks the buffer lengths, with the wasm engine's words
+    this.visionBytes(grids);
+    const shape = visionShape(this.#info, grids);
+    const out = new Float32Array(shape.rows * this.#info.hiddenSize);
+    try {
+      this.addon.visionEncode(this.#live, pixelValues, grids, out);
+    } catch (err) {
+      throw coreErrorOf(err);
+    }
+    return out;
   }
 
   close(): void {

@@ -5,11 +5,19 @@
  * Owns: choosing the ranges (layerRanges), checking that engines cover the model exactly once,
  * and running a session through the chain chunk by chunk (so no instance holds more than one
  * chunk of hidden states) with one rollback rule: when a later range fails, the earlier ones are
- * truncated back, so every range's KV timeline always has the same length. Does not own where
- * the engines live (one WebAssembly instance each, or one native process: engine-host.ts) or
- * how much memory each gets (the planner).
+ * truncated back, so every range's KV timeline always has the same length. Images go to the
+ * one range that loaded the vision tower (the first: engine-host.ts and the planner load it
+ * there only); without one they are refused as a UserError. Does not own where the engines live
+ * (one WebAssembly instance each, or one native process: engine-host.ts) or how much memory
+ * each gets (the planner).
  */
-import type { CoreEngine, CoreSession, EngineInfo, EngineStats, LogitsMode, SessionOptions } from "./engine-api.js";
+import { CoreError, type CoreEngine, type CoreSession, type EngineInfo, type EngineStats, type LogitsMode, type SessionOptions } from "./engine-api.js";
+import { UserError } from "./user-error.js";
+
+/** kvl_status KVL_ERR_INVALID_ARG: what kvl_vision_bytes of no images says without vision. */
+const KVL_ERR_INVALID_ARG = 5;
+
+export const NO_VISION_MESSAGE = "this model was opened without vision; images are not accepted";
 
 /** n contiguous ranges covering [0, nLayers), as equal as whole layers allow (earlier ones larger). */
 export function layerRanges(nLayers: number, n: number): Array<[number, number]> {
@@ -87,6 +95,37 @@ export class SplitEngine implements CoreEngine {
 
   sessionBytes(options: SessionOptions = {}): number {
     return this.#parts.reduce((total, p) => total + p.sessionBytes(options), 0);
+  }
+
+  /** The part with the vision tower loaded (the first range), found once by asking each part
+   * for the working memory of no images (which only an engine without vision refuses). */
+  #visionPart: CoreEngine | null | undefined;
+
+  #vision(): CoreEngine {
+    if (this.#visionPart === undefined) {
+      this.#visionPart = null;
+      for (const p of this.#parts) {
+        try {
+          p.visionBytes(new Int32Array(0));
+        } catch (err) {
+          if (err instanceof CoreError && err.status === KVL_ERR_INVALID_ARG) continue;
+          this.#visionPart = undefined; // not a "no vision" answer: ask again next time
+          throw err;
+        }
+        this.#visionPart = p;
+        break;
+      }
+    }
+    if (this.#visionPart === null) throw new UserError(NO_VISION_MESSAGE);
+    return this.#visionPart;
+  }
+
+  visionBytes(grids: Int32Array): number {
+    return this.#vision().visionBytes(grids);
+  }
+
+  encodeImages(pixelValues: Float32Array, grids: Int32Array): Float32Array {
+    return this.#vision().encodeImages(pixelValues, grids);
   }
 
   newSession(options: SessionOptions = {}): CoreSession {

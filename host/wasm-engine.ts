@@ -1,15 +1,18 @@
 /**
- * wasm-engine.ts — the text engine (kvl_engine_*, kvl_session_*) inside one WebAssembly instance.
+ * wasm-engine.ts — the engine (kvl_engine_*, kvl_session_*, the vision encoder kvl_vision_*)
+ * inside one WebAssembly instance.
  *
  * Owns: the byte layouts of kvl_engine_options, kvl_engine_info, kvl_stats and
  * kvl_session_options in wasm32 (checked against the native addon's field access by the engine
- * tests), and copying tokens, media rows and logits through the instance's memory. The pack
- * files are opened and read by the instance's own threads through host_io_wasm.c.
+ * tests), and copying tokens, media rows, logits, pixels, grids and image embeddings through the
+ * instance's memory (malloc'd per call, freed after it; the core allocates a vision call's
+ * working memory itself). The pack files are opened and read by the instance's own threads
+ * through host_io_wasm.c.
  * Does not own: the instance (wasm-backend.ts) or the engine interfaces (engine-api.ts).
  */
 import {
   type CoreEngine, CoreError, type CoreSession, type EngineInfo, type EngineOptions, type EngineStats, logitsModeCode, wholeRows,
-  type LogitsMode, type SessionOptions, engineOptionCodes, sessionOptionCodes,
+  type LogitsMode, type SessionOptions, engineOptionCodes, sessionOptionCodes, checkGridsLength, checkPixelLength, visionShape,
 } from "./engine-api.js";
 
 /** The engine exports of the emscripten module (pointers are wasm32 addresses). */
@@ -32,6 +35,8 @@ export interface EmscriptenEngineExports {
   _kvl_session_watch_cancel(session: number, flag: number): void;
   _kvl_session_forward(session: number, tokens: number, hiddenIn: number, n: number, media: number, nMedia: number,
     hiddenOut: number, mode: number, logits: number, decode: number): number;
+  _kvl_vision_bytes(engine: number, grids: number, nImages: number, outBytes: number): number;
+  _kvl_vision_encode(engine: number, pixelValues: number, grids: number, nImages: number, out: number): number;
   UTF8ToString(ptr: number, maxBytes?: number): string;
   stringToUTF8(str: string, ptr: number, maxBytes: number): void;
   lengthBytesUTF8(str: string): number;
@@ -216,6 +221,34 @@ export class WasmEngine implements CoreEngine {
     const session = new WasmSession(this, ptr, () => this.#sessions.delete(session));
     this.#sessions.add(session);
     return session;
+  }
+
+  /** grids copied into the instance; kvl_vision_bytes run on them (the core's checks). */
+  #visionBytesIn(s: Scratch, grids: Int32Array): { gridsPtr: number; bytes: number } {
+    checkGridsLength(grids);
+    const gridsPtr = s.alloc(grids.byteLength);
+    new Int32Array(this.memory.buffer, gridsPtr, grids.length).set(grids);
+    const out = s.alloc(8);
+    this.check(this.core._kvl_vision_bytes(this.#live, gridsPtr, grids.length / 2, out));
+    return { gridsPtr, bytes: Number(new DataView(this.memory.buffer, out, 8).getBigUint64(0, true)) };
+  }
+
+  visionBytes(grids: Int32Array): number {
+    return withScratch(this.core, (s) => this.#visionBytesIn(s, grids).bytes);
+  }
+
+  encodeImages(pixelValues: Float32Array, grids: Int32Array): Float32Array {
+    return withScratch(this.core, (s) => {
+      const { gridsPtr } = this.#visionBytesIn(s, grids);
+      const shape = visionShape(this.#info, grids);
+      checkPixelLength(pixelValues, shape, this.#info.visionPatchSize);
+      const count = shape.rows * this.#info.hiddenSize;
+      const pixels = s.alloc(pixelValues.byteLength);
+      new Float32Array(this.memory.buffer, pixels, pixelValues.length).set(pixelValues);
+      const out = s.alloc(count * 4);
+      this.check(this.core._kvl_vision_encode(this.#live, pixels, gridsPtr, shape.nImages, out));
+      return new Float32Array(this.memory.buffer, out, count).slice();
+    });
   }
 
   close(): void {

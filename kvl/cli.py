@@ -14,7 +14,6 @@ import sys
 from kvl.errors import UserError
 
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "chat": ("kvl.chat", "chat with a packed model (one-shot or interactive)"),
     "serve": ("kvl.server.app", "serve OpenAI- and Anthropic-compatible HTTP APIs"),
     "bench": ("kvl.bench", "measure speed against this machine's bandwidth limits"),
 }
@@ -35,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     module = importlib.import_module(SUBCOMMANDS[name][0])
     sub_parser = argparse.ArgumentParser(prog=f"kvl {name}", description=SUBCOMMANDS[name][1])
     module.add_arguments(sub_parser)
-    # intermixed: options may follow positionals (`kvl chat MODEL "prompt" --json`) or precede them
+    # intermixed: options may follow positionals (`kvl serve MODEL --port 8080`) or precede them
     args = sub_parser.parse_intermixed_args(argv[1:])
     try:
         return int(module.run(args) or 0)

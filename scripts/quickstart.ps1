@@ -2,8 +2,8 @@
 #   scripts\quickstart.ps1 [-ModelDir DIR]        install kvl, download + pack the pinned model,
 #                                                 run the doctor, open an interactive chat
 #   scripts\quickstart.ps1 -Demo [-ModelDir DIR]  the same path on a tiny synthesized model
-# Needs Python >= 3.11 on PATH and the "Desktop development with C++" build tools (MSVC), which
-# pip uses to compile the native core; CMake and Ninja come from PyPI automatically.
+# Needs Node >= 20; with CMake and the "Desktop development with C++" build tools (MSVC) npm ci
+# also builds the optional native addon (without them kvl runs on WebAssembly).
 param([switch]$Demo, [string]$ModelDir = "")
 $ErrorActionPreference = "Stop"
 Set-Location (Split-Path -Parent $PSScriptRoot)
@@ -23,11 +23,6 @@ Invoke-Checked "npm" @("ci", "--no-audit", "--no-fund")
 Write-Host "== doctor: backends and kernel self-test"
 Invoke-Checked "node" @("dist\cli\kvl.js", "doctor")
 
-Write-Host "== installing the Python front end into .venv (the commands not yet ported to TypeScript)"
-if (-not (Test-Path ".venv\Scripts\python.exe")) { Invoke-Checked "python" @("-m", "venv", ".venv") }
-$py = ".venv\Scripts\python.exe"
-Invoke-Checked $py @("-m", "pip", "install", "-q", "--upgrade", "pip")
-Invoke-Checked $py @("-m", "pip", "install", "-q", ".")
 
 if ($Demo) {
     $src = "$ModelDir.src"
@@ -38,4 +33,4 @@ if ($Demo) {
 }
 Invoke-Checked "node" @("dist\cli\kvl.js", "doctor", $ModelDir)
 Write-Host "== chat (type /quit to leave)"
-& $py -m kvl chat $ModelDir
+& node dist\cli\kvl.js chat $ModelDir

@@ -261,6 +261,8 @@ function stubEngine(begin: number, end: number, nLayers: number, failAt: { calls
     stats: () => ({ tokensPrefilled: 0 }) as never,
     resetStats: () => undefined,
     sessionBytes: () => 0,
+    visionBytes: () => 0,
+    encodeImages: () => new Float32Array(0),
     close: () => undefined,
     newSession: () => {
       let position = 0;

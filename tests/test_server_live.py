@@ -310,9 +310,11 @@ def test_count_tokens_equals_chat_prompt_tokens(server: Server) -> None:
 # -- against kvl chat ------------------------------------------------------------------------
 def test_greedy_output_matches_kvl_chat(server: Server, tiny_pack: Path) -> None:
     prompt = "Tell me about the sea, briefly."
+    # the TypeScript kvl chat (dist/, built by scripts/test before pytest) on the same native core
     chat = subprocess.run(
-        [sys.executable, "-m", "kvl", "chat", str(tiny_pack), prompt, "--json",
-         "--temperature", "0", "--max-new", "12", "--max-context", str(CTX), "--threads", "1"],
+        ["node", str(REPO / "dist" / "cli" / "kvl.js"), "chat", str(tiny_pack), prompt, "--json",
+         "--backend", "native", "--temperature", "0", "--max-new", "12", "--max-context", str(CTX),
+         "--threads", "1"],
         cwd=REPO, env=env(), capture_output=True, text=True, timeout=120)
     assert chat.returncode == 0, chat.stderr
     expected = json.loads(chat.stdout.strip().splitlines()[-1])

@@ -1,0 +1,302 @@
+/**
+ * bench.ts — `kvl bench MODEL`: speed of the text engine as ratios to this machine's bandwidth
+ * limits, on the backend --backend picks, or on native and then WebAssembly in one run
+ * (`--backend both`) with the native/wasm ratios side by side. Replaces kvl/bench.py with the
+ * same options, procedure, byte accounting and --json fields (plus `backend` per run and, with
+ * both, `native_over_wasm`).
+ *
+ * Owns: the command's options and their checks, choosing the backends, and rendering: a block
+ * per run as it finishes, the limits and peak RSS, the native/wasm table; --json / --out the
+ * whole record; markdownReport (bench/RESULTS.md's tables from several --out records).
+ * Does not own: the procedure (host/bench-run.ts), the byte accounting and bounds
+ * (host/bench-model.ts), the limits (host/bench-limits.ts), the ratios (host/bench-compare.ts).
+ */
+import { accessSync, constants as fsConstants, statSync, writeFileSync } from "node:fs";
+import { availableParallelism } from "node:os";
+
+import { type Command, InvalidArgumentError, Option } from "commander";
+
+import { BACKEND_REQUESTS, BackendError, type BackendRecord, chooseBackend } from "../host/backend.js";
+import type { BenchComparison, DecodeComparison, PromptComparison } from "../host/bench-compare.js";
+import { type Limits, loadLimits, measureLimits } from "../host/bench-limits.js";
+import { type DecodeRecord, type PromptRecord, packBytes } from "../host/bench-model.js";
+import { type BenchResult, type RunRecord, runBench } from "../host/bench-run.js";
+import type { BackendName } from "../host/core-api.js";
+import type { NumericDtype } from "../host/engine-api.js";
+import { UserError } from "../host/user-error.js";
+import { instancesOption, nonNegativeInt, positiveInt } from "./options.js";
+
+const MIB = 2 ** 20;
+const GB = 1e9;
+
+interface BenchCliOptions {
+  backend?: string;
+  instances?: number;
+  ramMib: number;
+  cacheMib: number;
+  trunkCacheMib: string;
+  threads: number;
+  promptLens: string;
+  decodeTokens: number;
+  warm?: boolean;
+  warmupTokens: number;
+  maxBatch: number;
+  seed: number;
+  actDtype: NumericDtype;
+  dropCaches?: boolean;
+  limits?: string;
+  membw?: string;
+  json?: boolean;
+  out?: string;
+}
+
+function integer(value: string): number {
+  const n = Number(value);
+  if (!/^\s*[+-]?\d+\s*$/.test(value) || !Number.isSafeInteger(n)) throw new InvalidArgumentError("expected an integer");
+  return n;
+}
+
+/** --prompt-lens: comma-separated integers, sorted and deduplicated (as int() takes them). */
+export function parsePromptLens(text: string): number[] {
+  const parts = text.split(",").filter((x) => x.trim());
+  if (parts.some((x) => !/^\s*[+-]?\d+\s*$/.test(x))) {
+    throw new UserError(`--prompt-lens ${JSON.stringify(text)}: give comma-separated integers, e.g. 16,512`);
+  }
+  return [...new Set(parts.map(Number))].sort((a, b) => a - b);
+}
+
+/** --trunk-cache-mib: "auto" or a whole number of MiB (0 streams the trunk). */
+function checkTrunkCacheMib(text: string): string {
+  if (text === "auto") return text;
+  if (!/^\s*\+?\d+\s*$/.test(text)) throw new UserError(`--trunk-cache-mib ${JSON.stringify(text)}: use auto or a MiB number`);
+  return String(Number(text));
+}
+
+function checkExecutable(what: string, path: string): void {
+  try {
+    if (!statSync(path).isFile()) throw new Error("not a file");
+    accessSync(path, fsConstants.X_OK);
+  } catch (err) {
+    throw new UserError(`${what} ${path}: not an executable file (${(err as Error).message}); build it with ` +
+      "gcc -std=c11 -O2 -mavx2 -mfma bench/membw.c -lpthread -o membw");
+  }
+}
+
+/** The backends to run, native first, and why. */
+function backendsFor(option: string | undefined): { backends: BackendName[]; request: string; reason: string } {
+  if (option === "both") {
+    let native: BackendRecord;
+    let wasm: BackendRecord;
+    try {
+      native = chooseBackend({ option: "native" });
+      wasm = chooseBackend({ option: "wasm" });
+    } catch (err) {
+      if (err instanceof BackendError) throw new UserError(`--backend both needs both backends: ${err.message}`);
+      throw err;
+    }
+    return { backends: ["native", "wasm"], request: "both", reason: `both asked for (--backend both): native ${native.reason}; wasm ${wasm.reason}` };
+  }
+  const record = chooseBackend({ option });
+  return { backends: [record.chosen], request: record.requested, reason: record.reason };
+}
+
+// ---- rendering ------------------------------------------------------------------------------
+
+const g = (x: number): string => `${(x / GB).toFixed(3)} GB`;
+const mibText = (n: number): string => (n / MIB).toLocaleString("en-US", { maximumFractionDigits: 0 });
+const pyBool = (b: unknown): string => (b ? "True" : "False");
+
+function hitRateText(d: DecodeRecord): string {
+  return d.expert_hit_rate === null ? "n/a" : `${(100 * d.expert_hit_rate).toFixed(1)}%`;
+}
+
+function units(run: RunRecord): string {
+  const word = run.backend === "wasm" ? "instance" : "engine";
+  return `${run.instances} ${word}${run.instances > 1 ? "s" : ""}`;
+}
+
+/** One run as kvl/bench.py format_run printed it, with its backend in the header. */
+export function formatRun(run: RunRecord): string {
+  const info = run.info as Record<string, unknown>;
+  const lines = [`== prompt ${run.prompt_tokens} tokens [${run.backend}, ${units(run)}]: engine open ${run.open_s.toFixed(2)} s, ` +
+    `RAM plan ${mibText(run.plan_total_bytes)} MiB, kernels ${String(info.kernels)} (Linear inputs ${String(info.act_dtype ?? "f32")}), ` +
+    `direct I/O trunk=${pyBool(info.trunk_direct_io)} experts=${pyBool(info.expert_direct_io)}, streamed trunk ${g(run.streamed_trunk_bytes)}`];
+  for (const [key, label] of [["cold_prompt", "cold"], ["warm_prompt", "warm"]] as const) {
+    const p = run[key];
+    if (!p) continue;
+    const extra = p.flop_floor_s !== undefined
+      ? `, FLOP floor ${p.flop_floor_s.toFixed(2)} s (ratio to max bound ${p.ratio_to_max_bound!.toFixed(2)})` : "";
+    lines.push(`  ${label} prefill: ${p.prefill_tokens_per_s.toFixed(2)} tok/s, first token ${p.first_token_s.toFixed(2)} s, ` +
+      `SSD ${g(p.ssd_bytes)}, distinct experts ${p.distinct_experts}, bound ${p.bound_s!.toFixed(2)} s -> ratio ${p.ratio!.toFixed(2)}${extra}`);
+  }
+  for (const [key, label] of [["decode_after_cold", "decode"], ["decode_warm", "warm decode"]] as const) {
+    const d = run[key];
+    if (!d) continue;
+    lines.push(`  ${label}: ${d.s_per_token_mean.toFixed(3)} s/token (median ${d.s_per_token_median.toFixed(3)}), ` +
+      `SSD ${g(d.ssd_bytes_per_token)}/token, RAM ${g(d.ram_bytes_per_token!)}/token, hit rate ${hitRateText(d)}, ` +
+      `bound ${d.bound_s!.toFixed(3)} s (SSD ${d.bound_ssd_s!.toFixed(3)} + RAM ${d.bound_ram_s!.toFixed(3)} = ${d.bound_sum_s!.toFixed(3)}) ` +
+      `-> ratio ${d.ratio!.toFixed(2)} (to sum ${d.ratio_to_sum!.toFixed(2)})`);
+    if (d.adjacent) {
+      const a = d.adjacent;
+      lines.push(`    adjacent probes: DRAM ${g(a.dram_bytes_per_s)}/s, direct read ${g(a.ssd_bytes_per_s)}/s -> bound ` +
+        `${a.bound_s.toFixed(3)} s, ratio ${a.ratio.toFixed(2)} (median ${a.ratio_median.toFixed(2)})`);
+    }
+  }
+  const peak = run.peak_rss_bytes;
+  lines.push(peak == null ? "  peak RSS n/a" : `  peak RSS ${mibText(peak)} MiB (plan ${mibText(run.plan_total_bytes)} MiB: ${run.peak_rss_over_plan!.toFixed(2)} of it)`);
+  return lines.join("\n");
+}
+
+function limitsLine(lim: Limits): string {
+  return `limits (${lim.source}): DRAM ${g(lim.dram_bytes_per_s)}/s, direct read ${g(lim.ssd_bytes_per_s)}/s` +
+    (lim.fma_flops_per_s ? `, FMA ${(lim.fma_flops_per_s / 1e9).toFixed(0)} GFLOP/s` : "");
+}
+
+function table(rows: string[][]): string {
+  const widths = rows[0]!.map((_, c) => Math.max(...rows.map((r) => r[c]!.length)));
+  return rows.map((r) => r.map((cell, c) => (c === 0 ? cell.padStart(widths[c]!) : cell.padEnd(widths[c]!))).join("  ").trimEnd()).join("\n");
+}
+
+/** The native/wasm table of a `--backend both` result: each figure with its ratio to the bound. */
+export function formatComparison(result: BenchResult): string {
+  const cmp = result.native_over_wasm as BenchComparison;
+  const rows: string[][] = [["prompt", "measure", "native (ratio to bound)", "wasm (ratio to bound)", "native/wasm"]];
+  const run = (backend: BackendName, n: number): RunRecord | undefined => result.runs.find((r) => r.backend === backend && r.prompt_tokens === n);
+  for (const entry of cmp.prompts) {
+    const nat = run("native", entry.prompt_tokens)!;
+    const was = run("wasm", entry.prompt_tokens)!;
+    for (const [key, label] of [["cold_prompt", "first token, cold"], ["warm_prompt", "first token, warm"]] as const) {
+      const c = entry[key] as PromptComparison | undefined;
+      if (!c) continue;
+      const cell = (p: PromptRecord): string => `${p.first_token_s.toFixed(3)} s (${p.ratio!.toFixed(2)})`;
+      rows.push([String(entry.prompt_tokens), label, cell(nat[key]!), cell(was[key]!), (c.first_token_s ?? NaN).toFixed(2)]);
+    }
+    for (const [key, label] of [["decode_after_cold", "decode after cold"], ["decode_warm", "decode, warm"]] as const) {
+      const c = entry[key] as DecodeComparison | undefined;
+      if (!c) continue;
+      const cell = (d: DecodeRecord): string => `${d.tokens_per_s.toFixed(2)} tok/s (${d.ratio!.toFixed(2)})`;
+      rows.push([String(entry.prompt_tokens), label, cell(nat[key]!), cell(was[key]!), (c.tokens_per_s ?? NaN).toFixed(2)]);
+      if (c.adjacent_ratio !== undefined) {
+        rows.push(["", "  ratio to adjacent probes", nat[key]!.adjacent!.ratio.toFixed(2), was[key]!.adjacent!.ratio.toFixed(2), c.adjacent_ratio.toFixed(2)]);
+      }
+    }
+    if (nat.peak_rss_bytes != null && was.peak_rss_bytes != null) {
+      rows.push([String(entry.prompt_tokens), "peak RSS (of plan)", `${mibText(nat.peak_rss_bytes)} MiB (${nat.peak_rss_over_plan!.toFixed(2)})`,
+        `${mibText(was.peak_rss_bytes)} MiB (${was.peak_rss_over_plan!.toFixed(2)})`, (entry.peak_rss_bytes ?? NaN).toFixed(2)]);
+    }
+  }
+  return `native / WebAssembly, one run, the same limits (first token: time, lower is faster; decode: tokens/s, higher is faster):\n${table(rows)}`;
+}
+
+function adjacentCells(d: DecodeRecord): string {
+  const a = d.adjacent;
+  if (!a) return "n/a | n/a | n/a";
+  return `${(a.dram_bytes_per_s / GB).toFixed(1)} / ${(a.ssd_bytes_per_s / GB).toFixed(2)} | ${a.bound_s.toFixed(3)} | ` +
+    `**${a.ratio.toFixed(2)}** (${a.ratio_median.toFixed(2)})`;
+}
+
+/** Markdown tables of several `kvl bench --out` results, each labelled by its setting (kvl/bench.py
+ * markdown_report; a run's backend joins the label when a result holds more than one). */
+export function markdownReport(results: ReadonlyArray<[string, BenchResult]>): string {
+  const labelOf = (label: string, res: BenchResult, r: RunRecord): string => (res.backend === "both" ? `${label}, ${r.backend}` : label);
+  const out = ["| setting | prompt tokens | engine open s | RAM plan MiB | prefill tok/s | first token s " +
+    "| SSD read GB | distinct experts | first-token bound s | ratio | FLOP floor s |",
+  "|---|---|---|---|---|---|---|---|---|---|---|"];
+  for (const [label, res] of results) {
+    for (const r of res.runs) {
+      for (const [key, state] of [["cold_prompt", "cold"], ["warm_prompt", "warm"]] as const) {
+        const p = r[key];
+        if (!p) continue;
+        const floor = p.flop_floor_s !== undefined ? p.flop_floor_s.toFixed(2) : "n/a";
+        out.push(`| ${labelOf(label, res, r)} (${state}) | ${p.tokens} | ${r.open_s.toFixed(2)} | ${mibText(r.plan_total_bytes)} | ` +
+          `${p.prefill_tokens_per_s.toFixed(2)} | ${p.first_token_s.toFixed(2)} | ${(p.ssd_bytes / GB).toFixed(2)} | ${p.distinct_experts} | ` +
+          `${p.bound_s!.toFixed(2)} | **${p.ratio!.toFixed(2)}** | ${floor} |`);
+      }
+    }
+  }
+  out.push("", "| setting | context (tokens) | decode s/token (mean / median) | SSD GB/token | RAM GB/token | expert hit rate " +
+    "| SSD bound s | RAM bound s | bound = max s | ratio | ratio to SSD+RAM sum | expert stall s/token " +
+    "| adjacent probes DRAM / direct read GB/s | adjacent bound s | adjacent ratio (median) |",
+  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+  for (const [label, res] of results) {
+    for (const r of res.runs) {
+      for (const [key, state] of [["decode_after_cold", "after cold prompt"], ["decode_warm", "warm"]] as const) {
+        const d = r[key];
+        if (!d) continue;
+        out.push(`| ${labelOf(label, res, r)} (${state}) | ${d.context_start}+${d.tokens} | ${d.s_per_token_mean.toFixed(3)} / ` +
+          `${d.s_per_token_median.toFixed(3)} | ${(d.ssd_bytes_per_token / GB).toFixed(3)} | ${(d.ram_bytes_per_token! / GB).toFixed(3)} | ` +
+          `${hitRateText(d)} | ${d.bound_ssd_s!.toFixed(3)} | ${d.bound_ram_s!.toFixed(3)} | ${d.bound_s!.toFixed(3)} | ` +
+          `**${d.ratio!.toFixed(2)}** | ${d.ratio_to_sum!.toFixed(2)} | ${d.expert_stall_s_per_token.toFixed(3)} | ${adjacentCells(d)} |`);
+      }
+    }
+  }
+  out.push("", "| setting | peak RSS MiB (ru_maxrss since start / VmHWM of the engine phase) | RAM plan total MiB |", "|---|---|---|");
+  for (const [label, res] of results) {
+    const plans = res.runs.map((r) => mibText(r.plan_total_bytes)).join(", ");
+    out.push(`| ${label} | ${mibText(res.ru_maxrss_bytes)} / ${res.peak_rss_bytes === null ? "n/a" : mibText(res.peak_rss_bytes)} | ${plans} |`);
+  }
+  return out.join("\n");
+}
+
+// ---- the command ----------------------------------------------------------------------------
+
+async function runBenchCommand(model: string, opts: BenchCliOptions): Promise<void> {
+  const promptLens = parsePromptLens(opts.promptLens);
+  if (!promptLens.length || promptLens[0]! < 1 || opts.decodeTokens < 1) {
+    throw new UserError("--prompt-lens needs positive lengths and --decode-tokens >= 1");
+  }
+  const trunkCacheMib = checkTrunkCacheMib(opts.trunkCacheMib);
+  const fileLimits = opts.limits !== undefined ? loadLimits(opts.limits) : null;
+  if (opts.membw !== undefined) checkExecutable("--membw", opts.membw);
+  const { backends, request, reason } = backendsFor(opts.backend);
+  const pb = await packBytes(model);
+  const threads = opts.threads > 0 ? opts.threads : availableParallelism();
+  const limits = fileLimits ?? await measureLimits({ model, extent: pb.extent_data, threads, dropCaches: opts.dropCaches === true, membw: opts.membw });
+  const result = await runBench({
+    model, backends, backendRequest: request, backendReason: reason, ramMib: opts.ramMib, cacheMib: opts.cacheMib, trunkCacheMib,
+    threads, promptLens, decodeTokens: opts.decodeTokens, warm: opts.warm === true, warmupTokens: opts.warmupTokens, maxBatch: opts.maxBatch,
+    seed: opts.seed, actDtype: opts.actDtype, dropCaches: opts.dropCaches === true, membw: opts.membw, instances: opts.instances,
+  }, pb, limits, (run) => {
+    if (!opts.json) process.stdout.write(`${formatRun(run)}\n`);
+  });
+  const text = JSON.stringify(result, null, 1);
+  if (opts.out !== undefined) writeFileSync(opts.out, `${text}\n`, "utf8");
+  if (opts.json) {
+    process.stdout.write(`${text}\n`);
+    return;
+  }
+  const lines = [limitsLine(result.limits), result.peak_rss_bytes === null ? "peak RSS n/a" : `peak RSS ${mibText(result.peak_rss_bytes)} MiB` +
+    (result.peak_rss_reset ? " (VmHWM of the engine phases)" : " (since the process started: VmHWM cannot be reset here)")];
+  if (result.native_over_wasm) lines.push(formatComparison(result));
+  process.stdout.write(`${lines.join("\n")}\n`);
+}
+
+export function addBenchCommand(program: Command): void {
+  program
+    .command("bench")
+    .description("measure speed against this machine's bandwidth limits")
+    .argument("<model>", "packed model directory (kvl pack / kvl prepare output)")
+    .addOption(new Option("--backend <name>", "core build to run: auto picks the native addon where it loads, else WebAssembly " +
+      "(env KVL_BACKEND); both: native, then WebAssembly, in one run with their ratios").choices([...BACKEND_REQUESTS, "both"]))
+    .addOption(instancesOption())
+    .option("--ram-mib <mib>", "RAM budget of the plan", positiveInt, 4096)
+    .option("--cache-mib <mib>", "expert cache MiB", nonNegativeInt, 512)
+    .option("--trunk-cache-mib <mib>", "auto (what the budget leaves), 0 = stream the trunk, or MiB", "auto")
+    .option("--threads <n>", "engine threads (0 = every core)", nonNegativeInt, 0)
+    .option("--prompt-lens <list>", "comma-separated prompt lengths in tokens", "16,512")
+    .option("--decode-tokens <n>", "greedy tokens decoded and timed after each prompt", integer, 16)
+    .option("--warm", "after the cold prompt, run a warm-up prefill (fills the caches), then time the same prompt and the decode again on warm caches")
+    .option("--warmup-tokens <n>", "tokens of the --warm warm-up prompt", positiveInt, 512)
+    .option("--max-batch <n>", "prefill chunk in tokens (0 = the longest prompt, so each prompt is one chunk and reads each routed expert at most once)",
+      nonNegativeInt, 0)
+    .option("--seed <n>", "seed of the random prompts (the Python bench's prompts for the same seed)", nonNegativeInt, 0)
+    .addOption(new Option("--act-dtype <dtype>", "inputs of the Linear layers (kvl chat --act-dtype)").choices(["f32", "bf16"]).default("f32"))
+    .option("--drop-caches", "echo 3 > /proc/sys/vm/drop_caches before each engine open (root)")
+    .option("--limits <file>", "JSON lines from bench/membw.c (dram/ssd/fma); without it the limits are measured here: with membw " +
+      "(--membw, else bench/membw.c built with the C compiler), else in Node")
+    .option("--membw <binary>", "bench/membw.c binary: re-measure DRAM and direct-read bandwidth right before and after each decode, so its " +
+      "ratio uses the machine's bandwidth of that moment (shared machines drift by 30% and more)")
+    .option("--json", "print one JSON object")
+    .option("--out <file>", "also write the JSON to this file")
+    .action(runBenchCommand);
+}

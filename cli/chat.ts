@@ -1,0 +1,342 @@
+/**
+ * chat.ts — `kvl chat MODEL ["prompt"]`: one-shot (a prompt, or '-' for stdin) and interactive
+ * chat (/reset, /stats, /image PATH, /quit; Ctrl-C stops the reply and keeps the conversation,
+ * Ctrl-D quits). Replaces kvl/chat.py with the same options and --json fields.
+ *
+ * Owns: the command's options, the terminal side — streamed text with control characters made
+ * visible (never in --json), a load line with progress, the plan's table only where it helps
+ * (--verbose, or a refusal), --show-tokens diagnostics — and the interactive loop. Generation
+ * runs in the engine worker, so the main thread takes Ctrl-C at any time, also during a long
+ * prefill. Does not own: prompts, images, sampling or stop strings (host/chat-model.ts).
+ */
+import { readFileSync } from "node:fs";
+import { createInterface } from "node:readline";
+
+import { type Command, InvalidArgumentError, Option } from "commander";
+
+import { chooseBackend } from "../host/backend.js";
+import { type ChatImage, ChatModel, type Conversation, type ReplyReport } from "../host/chat-model.js";
+import type { Message } from "../host/conversation.js";
+import type { EngineStats, KernelChoice, NumericDtype } from "../host/engine-api.js";
+import { MIB } from "../host/planner.js";
+import { DEFAULT_MAX_NEW_TOKENS, DEFAULT_TEMPERATURE, type ReplyParams } from "../host/reply-params.js";
+import { UserError } from "../host/user-error.js";
+import { silentProgress, stderrProgress } from "../packer/progress.js";
+import { peakRssBytes } from "../host/process-memory.js";
+import { backendOption, instancesOption, nonNegativeInt, positiveInt } from "./options.js";
+
+const HELP_LINE = "commands: /reset  /stats  /image PATH  /quit   (Ctrl-C stops a reply, Ctrl-D quits)";
+
+interface ChatOptions {
+  backend?: string;
+  ramMib: number;
+  cacheMib: number;
+  trunkCacheMib?: number;
+  maxNew: number;
+  temperature: number;
+  topP: number;
+  topK: number;
+  seed?: number;
+  stop: string[];
+  system?: string;
+  image: string[];
+  threads: number;
+  maxContext: number;
+  kernels: KernelChoice;
+  actDtype: NumericDtype;
+  vision: boolean;
+  instances?: number;
+  showTokens?: boolean;
+  json?: boolean;
+  quiet?: boolean;
+  verbose?: boolean;
+}
+
+function finiteNumber(value: string): number {
+  const n = Number(value);
+  if (value.trim() === "" || !Number.isFinite(n)) throw new InvalidArgumentError("expected a number");
+  return n;
+}
+
+function collect(value: string, previous: string[]): string[] {
+  return [...previous, value];
+}
+
+/** Text for a terminal: control characters other than newline and tab shown as \xNN / \u{...},
+ * so a reply cannot move the cursor, clear the screen or retitle the window. */
+export function escapeControls(text: string): string {
+  return text.replace(/[\u0000-\u0008\u000b-\u001f\u007f-\u009f\u2028\u2029]/g, (c) => {
+    const code = c.codePointAt(0)!;
+    return code <= 0xff ? `\\x${code.toString(16).padStart(2, "0")}` : `\\u${code.toString(16).padStart(4, "0")}`;
+  });
+}
+
+const SNAKE_STATS: ReadonlyArray<[keyof EngineStats, string]> = [
+  ["trunkHits", "trunk_hits"], ["trunkMisses", "trunk_misses"], ["trunkBytesRead", "trunk_bytes_read"], ["trunkStallNs", "trunk_stall_ns"],
+  ["expertHits", "expert_hits"], ["expertMisses", "expert_misses"], ["expertBytesRead", "expert_bytes_read"], ["expertStallNs", "expert_stall_ns"],
+  ["visionBytesRead", "vision_bytes_read"], ["tokensPrefilled", "tokens_prefilled"], ["tokensDecoded", "tokens_decoded"],
+];
+
+function snakeStats(stats: EngineStats, before?: EngineStats): Record<string, number> {
+  const out: Record<string, number> = {};
+  for (const [camel, snake] of SNAKE_STATS) out[snake] = stats[camel] - (before?.[camel] ?? 0);
+  return out;
+}
+
+/** One reply as --json prints it (the fields of the Python front end's report). */
+function replyJson(model: ChatModel, report: ReplyReport, stats: EngineStats, before: EngineStats): Record<string, unknown> {
+  const info = model.client.info;
+  return {
+    reply: report.reply,
+    finish_reason: report.finishReason,
+    stop_sequence: report.stopSequence,
+    prompt_token_ids: report.promptTokenIds,
+    output_token_ids: report.outputTokenIds,
+    usage: { prompt_tokens: report.usage.promptTokens, completion_tokens: report.usage.completionTokens,
+      reused_prompt_tokens: report.usage.reusedPromptTokens, images_encoded: report.usage.imagesEncoded },
+    timings: { prefill_s: report.timings.prefillS, first_token_s: report.timings.firstTokenS,
+      decode_s_per_token: report.timings.decodeSPerToken, vision_s: report.timings.visionS },
+    cache: snakeStats(stats, before),
+    io: { trunk_direct_io: info.trunkDirectIo, expert_direct_io: info.expertDirectIo, vision_direct_io: info.visionDirectIo,
+      kernels: info.kernels, act_dtype: info.actDtype, threads: info.nThreads, backend: model.backend, instances: model.client.ranges.length },
+    images: report.images.map((i) => ({ sha256: i.sha256, grid: i.grid, media_tokens: i.mediaTokens })),
+    peak_rss_bytes: peakRssBytes(),
+    plan_bytes: model.plan.total,
+  };
+}
+
+function showTokens(json: Record<string, unknown>): string {
+  const r = json as {
+    usage: Record<string, number>; prompt_token_ids: number[]; output_token_ids: number[]; finish_reason: string;
+    timings: Record<string, number>; cache: Record<string, number>; io: Record<string, string | number | boolean>;
+    peak_rss_bytes: number | null; plan_bytes: number; images: Array<{ grid: number[]; media_tokens: number }>;
+  };
+  const how = (direct: unknown): string => (direct ? "direct" : "buffered");
+  const lines = [
+    `[tokens] prompt ${r.usage.prompt_tokens} (reused ${r.usage.reused_prompt_tokens}): ${r.prompt_token_ids.join(" ")}`,
+    `[tokens] output ${r.usage.completion_tokens} (${r.finish_reason}): ${r.output_token_ids.join(" ")}`,
+    `[timing] vision ${r.timings.vision_s!.toFixed(3)} s, prefill ${r.timings.prefill_s!.toFixed(3)} s, first token ` +
+      `${r.timings.first_token_s!.toFixed(3)} s, next token ${(1000 * r.timings.decode_s_per_token!).toFixed(1)} ms avg`,
+    `[cache] trunk ${r.cache.trunk_hits} hits / ${r.cache.trunk_misses} misses / ${(r.cache.trunk_bytes_read! / MIB).toFixed(1)} MiB read; ` +
+      `experts ${r.cache.expert_hits} hits / ${r.cache.expert_misses} misses / ${(r.cache.expert_bytes_read! / MIB).toFixed(1)} MiB read`,
+    `[io] trunk ${how(r.io.trunk_direct_io)}, experts ${how(r.io.expert_direct_io)}, vision ${how(r.io.vision_direct_io)}; ` +
+      `${r.io.backend} (${r.io.instances} instance${r.io.instances === 1 ? "" : "s"}), kernels ${r.io.kernels}, Linear inputs ${r.io.act_dtype}, ${r.io.threads} threads`,
+    `[memory] peak RSS ${r.peak_rss_bytes === null ? "n/a" : `${(r.peak_rss_bytes / MIB).toFixed(1)} MiB`} (plan ${(r.plan_bytes / MIB).toFixed(1)} MiB)`,
+    ...r.images.map((image, n) => `[image] ${n + 1}: grid ${image.grid[0]}x${image.grid[1]} patches, ${image.media_tokens} media tokens`),
+  ];
+  return `${lines.join("\n")}\n`;
+}
+
+async function openModel(model: string, opts: ChatOptions): Promise<ChatModel> {
+  const record = chooseBackend({ option: opts.backend });
+  const progress = opts.quiet || opts.json ? silentProgress : stderrProgress(2000);
+  let started = false;
+  let last = 0;
+  try {
+    const chat = await ChatModel.open(model, {
+      backend: record.chosen, ramMib: opts.ramMib, cacheMib: opts.cacheMib, trunkCacheMib: opts.trunkCacheMib ?? null,
+      maxContext: opts.maxContext, threads: opts.threads, kernels: opts.kernels, actDtype: opts.actDtype, loadVision: opts.vision,
+      instances: opts.instances,
+      onLoadProgress: (read, expected) => {
+        if (read === null || expected <= 0) return;
+        if (!started) {
+          progress.start(`loading ${model}`, expected);
+          started = true;
+        }
+        const now = Math.min(read, expected);
+        if (now > last) progress.add(now - last);
+        last = now;
+      },
+    });
+    if (started) progress.stop();
+    if (!opts.quiet && !opts.json) {
+      const p = chat.plan;
+      const instances = p.instances.length;
+      const by = record.requestedBy === "default" ? "" : record.requestedBy === "option" ? " (--backend)" : " (KVL_BACKEND)";
+      process.stderr.write(`kvl chat: ${record.chosen}${by}, ${instances} ${record.chosen === "wasm" ? "instance" : "engine"}` +
+        `${instances > 1 ? "s" : ""}, kernels ${chat.client.info.kernels}; RAM plan ${(p.total / MIB).toFixed(0)} MiB of --ram-mib ${opts.ramMib}` +
+        `; loaded in ${chat.loadSeconds.toFixed(1)} s${opts.verbose ? "" : " (--verbose shows the plan)"}\n`);
+      if (opts.verbose) process.stderr.write(`${p.describe()}\n`);
+    }
+    return chat;
+  } catch (err) {
+    if (started) progress.stop();
+    throw err;
+  }
+}
+
+function replyParams(opts: ChatOptions): ReplyParams {
+  return { temperature: opts.temperature, topP: opts.topP, topK: opts.topK, seed: opts.seed ?? null, maxNewTokens: opts.maxNew, stop: opts.stop };
+}
+
+function systemMessages(opts: ChatOptions): Array<Message<ChatImage>> {
+  return opts.system !== undefined ? [{ role: "system", parts: [opts.system] }] : [];
+}
+
+/** Runs one reply, streaming text to stdout unless --json. */
+async function runReply(model: ChatModel, conversation: Conversation, messages: Array<Message<ChatImage>>, opts: ChatOptions): Promise<{ report: ReplyReport; json: Record<string, unknown> }> {
+  const before = await model.stats();
+  const report = await conversation.generate(messages, replyParams(opts), (text) => {
+    if (!opts.json) process.stdout.write(escapeControls(text));
+  });
+  const json = replyJson(model, report, await model.stats(), before);
+  return { report, json };
+}
+
+async function oneShot(model: ChatModel, prompt: string, images: ChatImage[], opts: ChatOptions): Promise<void> {
+  const text = prompt === "-" ? readFileSync(0, "utf8") : prompt;
+  const conversation = await model.newConversation();
+  // Ctrl-C in a one-shot run ends the program, as any command-line tool: the default handler
+  const { json } = await runReply(model, conversation, [...systemMessages(opts), { role: "user", parts: [...images, text] }], opts);
+  if (opts.json) {
+    process.stdout.write(`${JSON.stringify(json)}\n`);
+  } else {
+    process.stdout.write("\n");
+    if (opts.showTokens) process.stderr.write(showTokens(json));
+  }
+}
+
+function emit(opts: ChatOptions, obj: Record<string, unknown>, text: string): void {
+  if (opts.json) process.stdout.write(`${JSON.stringify(obj)}\n`);
+  else process.stderr.write(`${text}\n`);
+}
+
+async function interactive(model: ChatModel, images: ChatImage[], opts: ChatOptions): Promise<void> {
+  const tty = Boolean(process.stdin.isTTY);
+  const conversation = await model.newConversation();
+  const rl = createInterface({ input: process.stdin, output: tty ? process.stdout : undefined, terminal: tty, historySize: 200 });
+  // the iterator before any await: lines (and the end of a piped stdin) read before it exists are lost
+  const lines = rl[Symbol.asyncIterator]();
+  let history: Array<Message<ChatImage>> = systemMessages(opts);
+  let pending: ChatImage[] = [...images];
+  let replying = false;
+  const onInterrupt = (): void => {
+    if (replying) conversation.cancel();
+    else process.stderr.write("\n(use /quit or Ctrl-D to leave)\n");
+    if (tty && !replying) rl.prompt();
+  };
+  rl.on("SIGINT", onInterrupt); // a terminal: readline sees Ctrl-C as input
+  process.on("SIGINT", onInterrupt); // a pipe: the signal itself
+  if (!opts.json) process.stderr.write(`${HELP_LINE}\n`);
+  try {
+    if (tty) {
+      rl.setPrompt("> ");
+      rl.prompt();
+    }
+    for (;;) {
+      const next = await lines.next();
+      if (next.done) break;
+      const line = next.value;
+      const text = line.trim();
+      if (!text) {
+        if (tty) rl.prompt();
+        continue;
+      }
+      if (text.startsWith("/")) {
+        const space = text.indexOf(" ");
+        const command = space < 0 ? text : text.slice(0, space);
+        const rest = space < 0 ? "" : text.slice(space + 1).trim();
+        if (command === "/quit" || command === "/exit") break;
+        if (command === "/reset") {
+          await conversation.reset();
+          history = systemMessages(opts);
+          pending = [];
+          emit(opts, { event: "reset" }, "(conversation cleared)");
+        } else if (command === "/stats") {
+          const stats = { ...snakeStats(await model.stats()), session_tokens: conversation.position, peak_rss_bytes: peakRssBytes() };
+          emit(opts, { event: "stats", stats }, Object.entries(stats).map(([k, v]) => `${k}=${v}`).join("  "));
+        } else if (command === "/image") {
+          if (!rest) {
+            process.stderr.write("usage: /image PATH\n");
+          } else {
+            try {
+              pending.push(await model.loadImage(rest));
+              emit(opts, { event: "image", pending_images: pending.length }, `(image attached to your next message; ${pending.length} pending)`);
+            } catch (err) {
+              if (!(err instanceof UserError)) throw err;
+              emit(opts, { event: "error", error: err.message }, `error: ${err.message}`);
+            }
+          }
+        } else {
+          process.stderr.write(`unknown command ${command}; ${HELP_LINE}\n`);
+        }
+        if (tty) rl.prompt();
+        continue;
+      }
+      const message: Message<ChatImage> = { role: "user", parts: [...pending, line] };
+      replying = true;
+      let result: { report: ReplyReport; json: Record<string, unknown> };
+      try {
+        result = await runReply(model, conversation, [...history, message], opts);
+      } catch (err) {
+        if (!(err instanceof UserError)) throw err;
+        // the turn is not taken; an image that failed to decode is dropped so the next turn can run
+        if (pending.length) {
+          pending = [];
+          emit(opts, { event: "error", error: err.message, dropped_images: true }, `error: ${err.message} (pending images dropped)`);
+        } else {
+          emit(opts, { event: "error", error: err.message }, `error: ${err.message}`);
+        }
+        if (tty) rl.prompt();
+        continue;
+      } finally {
+        replying = false;
+      }
+      pending = [];
+      history = [...history, message, { role: "assistant", parts: [result.report.reply] }];
+      if (opts.json) {
+        process.stdout.write(`${JSON.stringify({ event: "reply", ...result.json })}\n`);
+      } else {
+        process.stdout.write(result.report.finishReason === "cancelled" ? " [stopped]\n" : "\n");
+        if (opts.showTokens) process.stderr.write(showTokens(result.json));
+      }
+      if (tty) rl.prompt();
+    }
+  } finally {
+    process.off("SIGINT", onInterrupt);
+    rl.close();
+  }
+}
+
+export function addChatCommand(program: Command): void {
+  program
+    .command("chat")
+    .description("chat with a packed model: one-shot with a prompt, else interactive")
+    .argument("<model>", "packed model directory (from kvl pack / kvl prepare)")
+    .argument("[prompt]", "one-shot prompt ('-' reads stdin); omit for an interactive chat")
+    .addOption(backendOption())
+    .option("--ram-mib <mib>", "total RAM budget", positiveInt, 4096)
+    .option("--cache-mib <mib>", "expert cache", nonNegativeInt, 512)
+    .option("--trunk-cache-mib <mib>", "trunk cache (default: what the RAM budget leaves)", nonNegativeInt)
+    .option("--max-new <n>", "max new tokens", positiveInt, DEFAULT_MAX_NEW_TOKENS)
+    .option("--temperature <t>", "sampling temperature, 0 = greedy", finiteNumber, DEFAULT_TEMPERATURE)
+    .option("--top-p <p>", "nucleus sampling (0 or 1 = off)", finiteNumber, 1)
+    .option("--top-k <k>", "top-k sampling (0 = off)", nonNegativeInt, 0)
+    .option("--seed <n>", "sampler seed (default: random)", nonNegativeInt)
+    .option("--stop <text>", "stop string (repeatable)", collect, [])
+    .option("--system <text>", "system prompt (default: the template's)")
+    .option("--image <path>", "attach an image to the (first) user message (repeatable)", collect, [])
+    .option("--threads <n>", "compute threads (0 = all cores)", nonNegativeInt, 0)
+    .option("--max-context <n>", "context length in tokens", positiveInt, 4096)
+    .addOption(new Option("--kernels <set>", "kernel set").choices(["auto", "scalar", "avx2", "avx512", "simd128"]).default("auto"))
+    .addOption(new Option("--act-dtype <dtype>", "inputs of the Linear layers: f32 (exact) or bf16 (as the checkpoint's own " +
+      "BF16 inference: faster prefill on CPUs with AVX512_BF16, logits move by BF16 rounding)").choices(["f32", "bf16"]).default("f32"))
+    .option("--no-vision", "do not load the vision tower")
+    .addOption(instancesOption())
+    .option("--show-tokens", "print token ids, timings, cache/I-O statistics and peak RSS")
+    .option("--json", "print one JSON object per reply instead of streaming text")
+    .option("--quiet", "print nothing but the reply (no load line)")
+    .option("--verbose", "also print the RAM plan's table")
+    .action(async (model: string, prompt: string | undefined, opts: ChatOptions) => {
+      if (opts.image.length && !opts.vision) throw new UserError("--image needs the vision tower; drop --no-vision");
+      const chat = await openModel(model, opts);
+      try {
+        const images: ChatImage[] = [];
+        for (const path of opts.image) images.push(await chat.loadImage(path));
+        if (prompt !== undefined) await oneShot(chat, prompt, images, opts);
+        else await interactive(chat, images, opts);
+      } finally {
+        await chat.close();
+      }
+    });
+}

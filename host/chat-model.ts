@@ -1,0 +1,334 @@
+/**
+ * chat-model.ts — a packed model opened for conversations, on the main thread: the RAM plan, the
+ * engine worker (engine-client.ts), the tokenizer, the chat template and the image preprocessing
+ * config; and Conversation, one KV timeline with its images. What `kvl chat` and `kvl serve` use.
+ *
+ * Owns: refusing a pack that cannot run (pack-check.ts) before anything is loaded; the plan the
+ * engine is opened from; images as the prompt sees them (ChatImage: the file's bytes, its size
+ * from the header, grid and media tokens — pixels are decoded only when the image is encoded);
+ * encoding each image once per conversation (embeddings kept by digest while the conversation
+ * still shows the image, rounded to BF16 as the official model feeds them); the reply's text
+ * (UTF-8-safe deltas, stop strings held back and never emitted), its token budget
+ * (max_new_tokens within the context), and its report (finish reason, usage, timings).
+ * Does not own: the token loop and prefix reuse (generation.ts, in the worker), pixels
+ * (image-decode.ts, image-preprocess.ts), rendering (chat-template.ts), the plan's arithmetic
+ * (planner.ts).
+ */
+import { readFileSync } from "node:fs";
+import { readFile, stat } from "node:fs/promises";
+import { join } from "node:path";
+
+import type { BackendName } from "./core-api.js";
+import { ChatTemplate } from "./chat-template.js";
+import { type Message, type Prompt, ImageInput, buildPrompt, mediaKeyStrings, sha256Hex } from "./conversation.js";
+import { EngineClient, type ClientSession } from "./engine-client.js";
+import { type EngineStats, type KernelChoice, type NumericDtype, roundToBf16 } from "./engine-api.js";
+import { DEFAULT_DECODE_LIMITS, decodeImage, imageSize } from "./image-decode.js";
+import { type PreprocessorConfig, gridForSize, loadPreprocessorConfig, mediaTokens, preprocessImage } from "./image-preprocess.js";
+import { openRunnablePack } from "./pack-check.js";
+import { type RamPlan, plan } from "./planner.js";
+import { type ReplyParams, seedOrRandom, validateReplyParams } from "./reply-params.js";
+import { StopMatcher } from "./stop-matcher.js";
+import { StreamDecoder, Tokenizer } from "./tokenizer.js";
+import { UserError } from "./user-error.js";
+
+export interface ChatModelOptions {
+  backend: BackendName;
+  ramMib: number;
+  cacheMib: number;
+  /** null = what the budget leaves. */
+  trunkCacheMib: number | null;
+  maxContext: number;
+  /** 0 = every core. */
+  threads: number;
+  kernels: KernelChoice;
+  actDtype: NumericDtype;
+  loadVision: boolean;
+  /** Instances to split over at least; absent: KVL_INSTANCES, else 1. */
+  instances?: number | undefined;
+  /** Called while the engine loads with the bytes this process has read so far (Linux) and
+   * the bytes the plan expects it to read before it can run. */
+  onLoadProgress?: (readBytes: number | null, expectedBytes: number) => void;
+}
+
+/** An image as a conversation holds it: its encoded bytes (the digest is theirs), its size from
+ * the file header, and the patch grid and media tokens that size gives. */
+export class ChatImage extends ImageInput {
+  constructor(readonly bytes: Uint8Array, readonly name: string, readonly width: number, readonly height: number,
+    readonly grid: [number, number], nTokens: number) {
+    super(nTokens, sha256Hex(bytes));
+  }
+}
+
+export type FinishReason = "stop" | "length" | "cancelled";
+
+/** What one reply did. */
+export interface ReplyReport {
+  reply: string;
+  finishReason: FinishReason;
+  /** The stop string that ended the reply, if one did. */
+  stopSequence: string | null;
+  promptTokenIds: number[];
+  outputTokenIds: number[];
+  usage: { promptTokens: number; completionTokens: number; reusedPromptTokens: number; imagesEncoded: number };
+  timings: { prefillS: number; firstTokenS: number; decodeSPerToken: number; visionS: number };
+  images: Array<{ sha256: string; grid: [number, number]; mediaTokens: number }>;
+}
+
+/** Linux: bytes this process has read through read(2)/pread(2) so far (rchar), else null. */
+function processReadBytes(): number | null {
+  if (process.platform !== "linux") return null;
+  try {
+    const line = readFileSync("/proc/self/io", "latin1").split("\n").find((l) => l.startsWith("rchar:"));
+    return line ? Number(line.slice(6).trim()) : null;
+  } catch {
+    return null;
+  }
+}
+
+export class ChatModel {
+  private constructor(readonly packDir: string, readonly plan: RamPlan, readonly client: EngineClient, readonly tokenizer: Tokenizer,
+    readonly template: ChatTemplate, readonly preprocess: PreprocessorConfig | null, readonly loadSeconds: number) {}
+
+  /** Checks the pack, plans (refusing a budget that does not fit, saying what to lower) and opens
+   * the engine in its worker. */
+  static async open(packDir: string, options: ChatModelOptions): Promise<ChatModel> {
+    await openRunnablePack(packDir);
+    const ramPlan = await plan(packDir, {
+      backend: options.backend, ramMib: options.ramMib, cacheMib: options.cacheMib, trunkCacheMib: options.trunkCacheMib,
+      maxContext: options.maxContext, loadVision: options.loadVision, threads: options.threads, check: true,
+      ...(options.instances !== undefined ? { instances: options.instances } : {}),
+    });
+    const tokenizer = new Tokenizer(packDir);
+    let client: EngineClient | undefined;
+    try {
+      const template = new ChatTemplate(packDir);
+      const config = JSON.parse(readFileSync(join(packDir, "config.json"), "utf8")) as { vision_config?: { merge_kernel_size?: unknown } };
+      const merge = config.vision_config?.merge_kernel_size;
+      const preprocess = options.loadVision
+        ? loadPreprocessorConfig(packDir, Array.isArray(merge) && merge.length === 2 ? [Number(merge[0]), Number(merge[1])] : undefined)
+        : null;
+      const expected = ramPlan.instances.reduce((n, i) => n + i.globals + i.trunkCache, 0);
+      const readAtStart = processReadBytes();
+      const started = performance.now();
+      const timer = options.onLoadProgress
+        ? setInterval(() => {
+          const now = processReadBytes();
+          options.onLoadProgress!(now === null || readAtStart === null ? null : now - readAtStart, expected);
+        }, 250)
+        : undefined;
+      try {
+        client = await EngineClient.open(options.backend, packDir, {
+          nThreads: ramPlan.nThreads, planned: ramPlan.instances, kernels: options.kernels, actDtype: options.actDtype,
+        });
+      } finally {
+        if (timer) clearInterval(timer);
+      }
+      return new ChatModel(packDir, ramPlan, client, tokenizer, template, preprocess, (performance.now() - started) / 1000);
+    } catch (err) {
+      tokenizer.close();
+      await client?.close().catch(() => undefined);
+      throw err;
+    }
+  }
+
+  get backend(): BackendName {
+    return this.plan.backend;
+  }
+
+  /** Reads an image file (or takes encoded bytes) and sizes it from its header; pixels are
+   * decoded when a conversation first encodes it. UserError for anything that is not a usable
+   * image. */
+  async loadImage(source: string | Uint8Array, name = typeof source === "string" ? source : "image data"): Promise<ChatImage> {
+    if (!this.preprocess) throw new UserError("this model was opened without vision (--no-vision); images are not accepted");
+    let bytes: Uint8Array;
+    if (typeof source === "string") {
+      let size: number;
+      try {
+        const st = await stat(source);
+        if (st.isDirectory()) throw new UserError(`image file '${source}' is a directory; give the path of an image file`);
+        size = st.size;
+      } catch (err) {
+        if (err instanceof UserError) throw err;
+        const code = (err as NodeJS.ErrnoException).code;
+        throw new UserError(code === "ENOENT" ? `image file '${source}' not found` : `cannot read image file '${source}' (${(err as Error).message})`);
+      }
+      if (size > DEFAULT_DECODE_LIMITS.maxFileBytes) {
+        throw new UserError(`image file '${source}' is ${size} bytes, over the ${DEFAULT_DECODE_LIMITS.maxFileBytes}-byte limit for images; downscale or recompress it`);
+      }
+      bytes = await readFile(source);
+    } else {
+      bytes = source;
+    }
+    const { width, height } = await imageSize(bytes);
+    let grid: [number, number];
+    try {
+      grid = gridForSize(width, height, this.preprocess);
+    } catch (err) {
+      if (err instanceof UserError) throw new UserError(`${name}: ${err.message}`);
+      throw err;
+    }
+    return new ChatImage(bytes, name, width, height, grid, mediaTokens(grid, this.preprocess.mergeKernel));
+  }
+
+  async newConversation(): Promise<Conversation> {
+    return new Conversation(this, await this.client.newSession(this.plan.sessionOptions));
+  }
+
+  stats(): Promise<EngineStats> {
+    return this.client.stats();
+  }
+
+  async close(): Promise<void> {
+    try {
+      await this.client.close();
+    } finally {
+      this.tokenizer.close();
+    }
+  }
+}
+
+/** One conversation: a session's KV and the embeddings of the images it shows. */
+export class Conversation {
+  readonly #embeddings = new Map<string, Float32Array>();
+  #running = false;
+  #cancelled = false;
+  #position = 0;
+
+  constructor(readonly model: ChatModel, readonly session: ClientSession) {}
+
+  /** Tokens the session's KV holds after the last reply. */
+  get position(): number {
+    return this.#position;
+  }
+
+  /** Renders, tokenizes and media-expands messages (the generation prompt included). */
+  prompt(messages: ReadonlyArray<Message<ChatImage>>): Prompt<ChatImage> {
+    return buildPrompt(messages, this.model.template, this.model.tokenizer);
+  }
+
+  /** Stops the running reply at once (Ctrl-C, a client that left): it ends "cancelled", the KV
+   * keeps what was complete. No-op when nothing runs. */
+  cancel(): void {
+    if (!this.#running) return;
+    this.#cancelled = true;
+    this.session.cancel();
+  }
+
+  /** Forgets the conversation: KV, keys and image embeddings. */
+  async reset(): Promise<void> {
+    await this.session.reset();
+    this.#embeddings.clear();
+    this.#position = 0;
+  }
+
+  async close(): Promise<void> {
+    await this.session.close();
+  }
+
+  async #encodeImages(prompt: Prompt<ChatImage>): Promise<number> {
+    const shown = new Set(prompt.images.map((i) => i.digest));
+    for (const digest of [...this.#embeddings.keys()]) if (!shown.has(digest)) this.#embeddings.delete(digest);
+    const config = this.model.preprocess;
+    let encoded = 0;
+    for (const { image } of prompt.images) {
+      if (this.#embeddings.has(image.digest)) continue;
+      if (this.#cancelled) break;
+      if (!config) throw new UserError("this model was opened without vision (--no-vision); images are not accepted");
+      const decoded = await decodeImage(image.bytes);
+      const { pixelValues, grid } = preprocessImage(decoded, config);
+      if (grid[0] !== image.grid[0] || grid[1] !== image.grid[1]) {
+        throw new UserError(`${image.name}: the decoded image gives a ${grid[0]}x${grid[1]} patch grid, its header promised ` +
+          `${image.grid[0]}x${image.grid[1]}; the file is inconsistent, re-export it`);
+      }
+      const rows = await this.model.client.encodeImages(pixelValues, Int32Array.from(grid));
+      const hidden = this.model.client.info.hiddenSize;
+      if (rows.length !== image.nTokens * hidden) {
+        throw new Error(`vision produced ${rows.length / hidden} rows for ${image.nTokens} media tokens (grid ${grid.join("x")})`);
+      }
+      this.#embeddings.set(image.digest, roundToBf16(rows));
+      encoded++;
+    }
+    return encoded;
+  }
+
+  /**
+   * Streams the assistant's reply to `messages` (the whole conversation so far; the KV of what
+   * the session already holds is reused): onText gets each piece of text as soon as it is
+   * certain (never part of a stop string, never half a UTF-8 character).
+   */
+  async generate(messages: ReadonlyArray<Message<ChatImage>>, params: ReplyParams, onText: (text: string) => void): Promise<ReplyReport> {
+    validateReplyParams(params);
+    if (this.#running) throw new UserError("this conversation is already generating a reply");
+    const started = performance.now();
+    const prompt = this.prompt(messages);
+    const maxContext = this.model.plan.maxContext;
+    if (prompt.tokens.length >= maxContext) {
+      throw new UserError(`the conversation is ${prompt.tokens.length} tokens, the context holds ${maxContext}; shorten it or raise --max-context`);
+    }
+    this.#running = true;
+    this.#cancelled = false;
+    const timings = { prefillS: 0, firstTokenS: 0, decodeSPerToken: 0, visionS: 0 };
+    const images = prompt.images.map((i) => ({ sha256: i.digest, grid: [...i.image.grid] as [number, number], mediaTokens: i.nTokens }));
+    try {
+      const visionStart = performance.now();
+      const imagesEncoded = await this.#encodeImages(prompt);
+      timings.visionS = (performance.now() - visionStart) / 1000;
+      const base = { promptTokenIds: prompt.tokens, images, stopSequence: null };
+      if (this.#cancelled) {
+        return { ...base, reply: "", finishReason: "cancelled", outputTokenIds: [], timings,
+          usage: { promptTokens: prompt.tokens.length, completionTokens: 0, reusedPromptTokens: 0, imagesEncoded } };
+      }
+      const hidden = this.model.client.info.hiddenSize;
+      const mediaKeys = mediaKeyStrings(prompt);
+      let media: Float32Array | null = null;
+      if (mediaKeys.length) {
+        media = new Float32Array(mediaKeys.length * hidden);
+        let row = 0;
+        for (const { digest, nTokens } of prompt.images) {
+          media.set(this.#embeddings.get(digest)!.subarray(0, nTokens * hidden), row * hidden);
+          row += nTokens;
+        }
+      }
+      const tokenizer = this.model.tokenizer;
+      const decoder = new StreamDecoder(tokenizer);
+      const matcher = new StopMatcher(params.stop);
+      const pieces: string[] = [];
+      const output: number[] = [];
+      let stopSequence: string | null = null;
+      const emit = (text: string): void => {
+        if (!text) return;
+        pieces.push(text);
+        onText(text);
+      };
+      const result = await this.session.generate({
+        prompt: Int32Array.from(prompt.tokens), mediaKeys, media,
+        sampler: { temperature: params.temperature, topK: params.topK, topP: params.topP },
+        seed: seedOrRandom(params.seed), maxNewTokens: Math.min(params.maxNewTokens, maxContext - prompt.tokens.length),
+        stopIds: Int32Array.from(tokenizer.stopIds), bannedIds: tokenizer.unsampleableIds(),
+      }, (token) => {
+        if (stopSequence !== null) return; // stepped past a stop string before the worker saw the flag
+        output.push(token);
+        if (output.length === 1) timings.firstTokenS = (performance.now() - started) / 1000;
+        const { text, stop } = matcher.push(decoder.push(token));
+        emit(text);
+        if (stop !== null) {
+          stopSequence = stop;
+          this.session.stop();
+        }
+      });
+      if (stopSequence === null) emit(matcher.push(decoder.flush()).text + matcher.flush());
+      timings.prefillS = result.timings.prefillS;
+      timings.decodeSPerToken = result.timings.decodeSPerToken;
+      const finishReason: FinishReason = stopSequence !== null ? "stop"
+        : result.finishReason === "stopped" || result.finishReason === "cancelled" ? "cancelled" : result.finishReason;
+      this.#position = await this.session.position();
+      return {
+        ...base, reply: pieces.join(""), finishReason, stopSequence, outputTokenIds: output, timings,
+        usage: { promptTokens: prompt.tokens.length, completionTokens: output.length, reusedPromptTokens: result.reusedPromptTokens, imagesEncoded },
+      };
+    } finally {
+      this.#running = false;
+    }
+  }
+}

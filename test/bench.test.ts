@@ -1,0 +1,270 @@
+/**
+ * `kvl bench` (cli/bench.ts over host/bench-*.ts) on a tiny synthesized pack, on both backends:
+ * the byte accounting the bounds rest on, checked against the pack's own index and against what
+ * the engine read (ported from tests/test_bench.py); the --membw probes around each decode (a
+ * stand-in membw script); `--backend both` and its native/wasm ratios; clear errors for bad
+ * options; the prompts are the Python bench's; the Node fallback of the limits. Timing is never
+ * asserted, only structure and bytes. The command runs as a user runs it, in a child process over
+ * the compiled dist/ (dist/cli/kvl.js).
+ */
+import { spawnSync } from "node:child_process";
+import { chmodSync, readFileSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
+
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+
+import { markdownReport } from "../cli/bench.js";
+import { measureLimits, membwBinary, runMembw } from "../host/bench-limits.js";
+import { PAGE, packBytes } from "../host/bench-model.js";
+import { randomPrompt } from "../host/bench-prompt.js";
+import { PackReader } from "../host/pack-format.js";
+import { packageRoot } from "../host/paths.js";
+import { nativeBuilt } from "./helpers.js";
+import { tempDir, tinyPack } from "./support/pack-fixtures.js";
+
+const KVL = join(packageRoot, "dist", "cli", "kvl.js");
+const BACKENDS: Array<{ backend: "native" | "wasm"; instances: number }> = [
+  ...(nativeBuilt ? [{ backend: "native" as const, instances: 1 }] : []),
+  { backend: "wasm", instances: 1 },
+  { backend: "wasm", instances: 2 },
+];
+
+let tmp: { dir: string; cleanup: () => void };
+let pack: string;
+let limitsFile: string;
+let outs = 0;
+
+/** A parsed --json record (its shape is what these tests check). */
+type Json = any;
+
+function bench(args: string[]) {
+  const env = { ...process.env };
+  delete env.KVL_BACKEND;
+  delete env.KVL_INSTANCES;
+  const r = spawnSync(process.execPath, [KVL, "bench", ...args], { encoding: "utf8", env, timeout: 300_000 });
+  return { status: r.status, stdout: r.stdout, stderr: r.stderr };
+}
+
+/** `kvl bench PACK ARGS --json --out F`: the record (the file and stdout must agree). */
+function benchJson(args: string[]): Json {
+  const out = join(tmp.dir, `bench-${outs++}.json`);
+  const r = bench([pack, ...args, "--json", "--out", out]);
+  expect(r.status, r.stderr).toBe(0);
+  const result = JSON.parse(readFileSync(out, "utf8"));
+  expect(JSON.parse(r.stdout)).toEqual(result);
+  return result;
+}
+
+beforeAll(async () => {
+  tmp = tempDir("bench");
+  pack = (await tinyPack(tmp.dir)).pack;
+  // fixed limits: these tests check bytes, never speed
+  limitsFile = join(tmp.dir, "limits.jsonl");
+  writeFileSync(limitsFile, `${JSON.stringify({ mode: "dram", best_bytes_per_s: 10e9 })}\n${JSON.stringify({ mode: "ssd", bytes_per_s: 1e9 })}\n`);
+}, 300_000);
+
+afterAll(() => tmp?.cleanup());
+
+describe("byte accounting", () => {
+  it("pack bytes match the index", async () => {
+    const reader = await PackReader.open(pack);
+    const trunk = reader.stores.get("trunk")!.records;
+    const experts = reader.stores.get("experts")!.records;
+    const pb = await packBytes(pack);
+    const embed = trunk.find((r) => r.name.endsWith("embed_tokens.weight"))!;
+    expect(pb.trunk_used).toBe(trunk.reduce((t, r) => t + r.nbytes, 0) - embed.nbytes);
+    expect(pb.n_extents).toBe(experts.length);
+    // every extent starts 4 KiB-aligned, so one padded extent is what a cache miss reads
+    expect(experts.every((r) => r.offset % PAGE === 0)).toBe(true);
+    expect(pb.extent_padded % PAGE).toBe(0);
+    expect(pb.extent_padded - PAGE < pb.extent_data && pb.extent_data <= pb.extent_padded).toBe(true);
+    expect(pb.n_moe_layers * reader.hparams.get("text.n_routed_experts")!).toBe(experts.length);
+    expect(pb.embed_row * pb.vocab).toBe(embed.nbytes);
+  });
+
+  it("draws the Python bench's prompts (numpy default_rng(seed).integers)", () => {
+    // kvl.bench.random_prompt(vocab, n, seed, avoid), recorded with numpy 2.4
+    expect([...randomPrompt(163840, 12, 16, [88240])]).toEqual([88241, 92883, 134973, 70573, 125642, 15413, 86668, 57029, 2199, 101828, 76106, 3547]);
+    expect([...randomPrompt(1000, 10, 0)]).toEqual([850, 636, 511, 269, 307, 40, 75, 16, 175, 813]);
+    expect([...randomPrompt(163840, 5, 10000)]).toEqual([27266, 84654, 65697, 69418, 97829]);
+    expect([...randomPrompt(7, 10, 2 ** 40 + 3)]).toEqual([5, 5, 3, 6, 2, 3, 2, 0, 5, 1]);
+    expect([...randomPrompt(2 ** 31, 4, 5)]).toEqual([1440510676, 1728730615, 48647418, 1735039634]);
+  });
+});
+
+describe.each(BACKENDS)("on $backend, $instances instance(s)", ({ backend, instances }) => {
+  const common = ["--backend", backend, "--instances", String(instances), "--threads", "2"];
+
+  it("a cold prompt reads each distinct expert once", async () => {
+    // one chunk and a cache that holds every expert: nothing is evicted, so the bytes read must
+    // be exactly (distinct experts) x (padded extent)
+    const result = benchJson([...common, "--prompt-lens", "24", "--decode-tokens", "3", "--cache-mib", "64", "--ram-mib", "1024",
+      "--limits", limitsFile]);
+    const pb = await packBytes(pack);
+    expect(result.backend).toBe(backend);
+    expect(result.pack_bytes).toEqual(pb);
+    expect(result.limits.source).toBe(limitsFile);
+    expect(result.runs).toHaveLength(1);
+    const run = result.runs[0];
+    expect(run.backend).toBe(backend);
+    expect(run.instances).toBeGreaterThanOrEqual(instances);
+    const cold = run.cold_prompt;
+    expect(cold.tokens).toBe(24);
+    expect(cold.distinct_experts).toBeGreaterThan(0);
+    expect(cold.distinct_experts).toBeLessThanOrEqual(pb.n_extents);
+    expect(cold.expert_bytes_read).toBe(cold.distinct_experts * pb.extent_padded);
+    expect(cold.bound_ssd_bytes).toBe(run.streamed_trunk_bytes + cold.distinct_experts * pb.extent_padded);
+    const decode = run.decode_after_cold;
+    expect(decode.tokens).toBe(3);
+    expect(decode.context_start).toBe(24);
+    // the bound uses the fixed limits given above
+    expect(decode.bound_ram_s).toBe(decode.ram_bytes_per_token / 10e9);
+    expect(decode.bound_ssd_s).toBe(decode.ssd_bytes_per_token / 1e9);
+    expect(decode.ratio).toBe(decode.s_per_token_mean / decode.bound_s);
+    expect(decode).not.toHaveProperty("adjacent");
+    expect(run.peak_rss_bytes).toBeGreaterThan(0);
+    expect(run.peak_rss_over_plan).toBe(run.peak_rss_bytes / run.plan_total_bytes);
+    expect(result.peak_rss_bytes).toBeGreaterThan(0);
+    expect(result).not.toHaveProperty("native_over_wasm");
+  });
+
+  it("adjacent --membw probes bracket each decode", () => {
+    // a stand-in for bench/membw.c: each call reports figures of its own and logs its arguments
+    const dir = join(tmp.dir, `membw-${backend}-${instances}`);
+    spawnSync("mkdir", ["-p", dir]);
+    const membw = join(dir, "membw");
+    writeFileSync(membw, `#!/bin/sh
+n=$(( $(cat "${dir}/count" 2>/dev/null || echo 0) + 1 ))
+echo "$n" > "${dir}/count"
+echo "$*" >> "${dir}/calls.log"
+case "$1" in
+  dram) echo '{"mode": "dram", "note": "a line before the last"}'; echo "{\\"mode\\": \\"dram\\", \\"best_bytes_per_s\\": $((n * 1000000000))}" ;;
+  ssd) echo "{\\"mode\\": \\"ssd\\", \\"bytes_per_s\\": $((n * 100000000))}" ;;
+  *) echo "stand-in membw: unexpected $1" >&2; exit 2 ;;
+esac
+`);
+    chmodSync(membw, 0o755);
+    const result = benchJson([...common, "--prompt-lens", "8", "--decode-tokens", "2", "--warm", "--warmup-tokens", "16",
+      "--limits", limitsFile, "--membw", membw]);
+    const calls = readFileSync(join(dir, "calls.log"), "utf8").trim().split("\n");
+    // two decodes (after the cold prompt, warm), each with a probe before and after: dram then ssd
+    expect(calls.map((c) => c.split(" ")[0])).toEqual(["dram", "ssd", "dram", "ssd", "dram", "ssd", "dram", "ssd"]);
+    expect(calls[1]!.split(" ")[1]).toBe(join(pack, "experts.bin"));
+    const run = result.runs[0];
+    const probe = (k: number) => ({ dram_bytes_per_s: (2 * k + 1) * 1e9, ssd_bytes_per_s: (2 * k + 2) * 1e8 });
+    for (const [key, first] of [["decode_after_cold", 0], ["decode_warm", 2]] as const) {
+      const decode = run[key];
+      const adj = decode.adjacent;
+      expect(adj.before).toEqual(probe(first));
+      expect(adj.after).toEqual(probe(first + 1));
+      expect(adj.dram_bytes_per_s).toBe((adj.before.dram_bytes_per_s + adj.after.dram_bytes_per_s) / 2);
+      expect(adj.ssd_bytes_per_s).toBe((adj.before.ssd_bytes_per_s + adj.after.ssd_bytes_per_s) / 2);
+      expect(adj.bound_s).toBeGreaterThanOrEqual(decode.ram_bytes_per_token / adj.dram_bytes_per_s);
+      expect(adj.ratio).toBe(decode.s_per_token_mean / adj.bound_s);
+      expect(adj.ratio_median).toBe(decode.s_per_token_median / adj.bound_s);
+    }
+    // warm: the warm-up prompt filled the cache, so the same prompt reads nothing new
+    expect(run.warm_prompt.expert_misses).toBe(0);
+    expect(run.warm_prompt.distinct_experts).toBe(run.cold_prompt.distinct_experts);
+  });
+});
+
+describe.skipIf(!nativeBuilt)("--backend both", () => {
+  const args = ["--backend", "both", "--threads", "2", "--prompt-lens", "8", "--decode-tokens", "2", "--limits"];
+
+  it("runs native then WebAssembly and reports native/wasm ratios of the runs' figures", () => {
+    const result = benchJson([...args, limitsFile, "--warm", "--warmup-tokens", "16"]);
+    expect(result.backend).toBe("both");
+    expect(result.settings.backend).toBe("both");
+    expect(result.runs.map((r: Json) => r.backend)).toEqual(["native", "wasm"]);
+    const [n, w] = result.runs;
+    expect(n.cold_prompt.tokens).toBe(w.cold_prompt.tokens);
+    expect(n.decode_after_cold.bound_s).toBeGreaterThan(0);
+    const cmp = result.native_over_wasm;
+    expect(cmp.prompts).toHaveLength(1);
+    const c = cmp.prompts[0];
+    expect(c.prompt_tokens).toBe(8);
+    for (const phase of ["cold_prompt", "warm_prompt"]) {
+      for (const f of ["first_token_s", "prefill_tokens_per_s", "ratio"]) expect(c[phase][f]).toBe(n[phase][f] / w[phase][f]);
+    }
+    for (const phase of ["decode_after_cold", "decode_warm"]) {
+      for (const f of ["tokens_per_s", "s_per_token_mean", "s_per_token_median", "ratio"]) expect(c[phase][f]).toBe(n[phase][f] / w[phase][f]);
+      expect(n[phase].tokens_per_s).toBe(1 / n[phase].s_per_token_mean);
+    }
+    expect(c.peak_rss_bytes).toBe(n.peak_rss_bytes / w.peak_rss_bytes);
+    // bench/RESULTS.md's tables from --out records: one row per run and phase, the backend in the label
+    const md = markdownReport([["A", result]]).split("\n");
+    expect(md.filter((l) => /^\| A, (native|wasm) \((cold|warm)\) \| 8 \|/.test(l))).toHaveLength(4);
+    expect(md.filter((l) => /^\| A, (native|wasm) \((after cold prompt|warm)\) \| 8\+2 \|/.test(l))).toHaveLength(4);
+  });
+
+  it("prints each run and the side-by-side table", () => {
+    const r = bench([pack, ...args, limitsFile]);
+    expect(r.status, r.stderr).toBe(0);
+    expect(r.stdout).toMatch(/^== prompt 8 tokens \[native, 1 engine\]: engine open /m);
+    expect(r.stdout).toMatch(/^== prompt 8 tokens \[wasm, \d+ instances?\]: engine open /m);
+    expect(r.stdout).toMatch(/^ {2}decode: .* -> ratio \d/m);
+    expect(r.stdout).toContain(`limits (${limitsFile}): DRAM 10.000 GB/s, direct read 1.000 GB/s`);
+    expect(r.stdout).toMatch(/^native \/ WebAssembly, one run, the same limits/m);
+    expect(r.stdout).toMatch(/^ +8 {2}first token, cold +\S+ s \(\S+\) +\S+ s \(\S+\) +\d+\.\d\d$/m);
+    expect(r.stdout).toMatch(/^ +8 {2}decode after cold +\S+ tok\/s \(\S+\) +\S+ tok\/s \(\S+\) +\d+\.\d\d$/m);
+  });
+});
+
+describe("bad options", () => {
+  it.each([
+    [["--prompt-lens", "a,b"], /^kvl bench: error: --prompt-lens "a,b": give comma-separated integers/],
+    [["--prompt-lens", "0,8"], /^kvl bench: error: --prompt-lens needs positive lengths and --decode-tokens >= 1/],
+    [["--decode-tokens", "0"], /^kvl bench: error: --prompt-lens needs positive lengths and --decode-tokens >= 1/],
+    [["--trunk-cache-mib", "lots"], /^kvl bench: error: --trunk-cache-mib "lots": use auto or a MiB number/],
+    [["--limits", "/nonexistent/limits.jsonl"], /^kvl bench: error: --limits \/nonexistent\/limits.jsonl: unreadable \(ENOENT/],
+    [["--membw", "/nonexistent/membw", "--limits", "LIMITS"], /^kvl bench: error: --membw \/nonexistent\/membw: not an executable file/],
+    [["--ram-mib", "64", "--limits", "LIMITS"], /^kvl bench: error: the RAM plan needs .* over --ram-mib 64/],
+  ])("%j is a clear error", (args, message) => {
+    const r = bench([pack, ...args.map((a) => (a === "LIMITS" ? limitsFile : a))]);
+    expect(r.status).toBe(1);
+    expect(r.stderr).toMatch(message);
+    expect(r.stderr).not.toMatch(/internal error|\n {4}at /);
+    expect(r.stdout).toBe("");
+  });
+
+  it("a --limits file without dram and ssd lines is refused", () => {
+    const path = join(tmp.dir, "dram-only.jsonl");
+    writeFileSync(path, `${JSON.stringify({ mode: "dram", best_bytes_per_s: 1e10 })}\n`);
+    const r = bench([pack, "--limits", path]);
+    expect(r.status).toBe(1);
+    expect(r.stderr).toBe(`kvl bench: error: --limits ${path} needs at least one dram and one ssd line (membw output)\n`);
+  });
+
+  it("a directory that is no pack is refused", () => {
+    const r = bench([tmp.dir, "--limits", limitsFile]);
+    expect(r.status).toBe(1);
+    expect(r.stderr).toMatch(/^kvl bench: error: .*PACK_COMPLETE\.json is missing/);
+  });
+});
+
+describe("limits measured here", () => {
+  it("the Node fallback measures DRAM with worker threads and reads experts.bin", async () => {
+    const pb = await packBytes(pack);
+    const lim = await measureLimits({ model: pack, extent: pb.extent_data, threads: 2, dropCaches: false, nodeOnly: true, dramBytes: 32 << 20, reads: 8 });
+    expect(lim.source).toMatch(/^measured here: DRAM by Node worker threads .*, direct reads by Node fs reads.*, no FMA peak$/);
+    expect(lim.fma_flops_per_s).toBeNull();
+    expect(lim.detail.map((r) => [r.mode, r.impl, r.threads ?? r.qd])).toEqual([["dram", "node", 1], ["dram", "node", 2], ["ssd", "node", 1], ["ssd", "node", 2]]);
+    expect(lim.dram_bytes_per_s).toBe(Math.max(...lim.detail.filter((r) => r.mode === "dram").map((r) => r.best_bytes_per_s as number)));
+    expect(lim.ssd_bytes_per_s).toBeGreaterThan(0);
+  });
+
+  const built = process.platform === "linux" && process.arch === "x64" ? membwBinary() : { error: "not Linux x86-64" };
+  it.skipIf("error" in built)("bench/membw.c is built once and cached, and reads experts.bin directly", () => {
+    if (!("path" in built)) return;
+    const again = membwBinary();
+    expect(again).toEqual(built);
+    const r = runMembw(built.path, ["ssd", join(pack, "experts.bin"), "4096", "1", "4", "1"]);
+    if ("error" in r) {
+      // a filesystem without O_DIRECT: membw says so, and kvl bench falls back to Node
+      expect(r.error).toMatch(/O_DIRECT/);
+    } else {
+      expect(r.rows[0]).toMatchObject({ mode: "ssd", block: 4096, qd: 1, reads: 4, bytes: 4 * 4096 });
+    }
+  });
+});

@@ -1,0 +1,302 @@
+/**
+ * `kvl chat` as a user runs it (the compiled CLI in a child process) on a tiny synthesized pack,
+ * on both backends and on forced splits, against independent expectations:
+ *   - prompt ids: the official tokenizer + template's ids for the same messages (the committed
+ *     goldens of test/fixtures/goldens/tokenizer.json, made by Python from the official code);
+ *   - reply ids: the float64 reference decoder's greedy continuation (test/reference/text.ts,
+ *     which reads the checkpoint, never the pack or the core), cut at the first stop id;
+ *   - interactive: /stats, /reset, prefix reuse across turns, a stop string, Ctrl-C stopping a
+ *     reply while the chat goes on, bad images that do not end the chat;
+ *   - refusals: a source checkpoint, a broken config.json, a missing image.
+ */
+import { type ChildProcessWithoutNullStreams, spawn, spawnSync } from "node:child_process";
+import { cpSync, mkdirSync, readFileSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
+
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+
+import sharp from "sharp";
+
+import { escapeControls } from "../cli/chat.js";
+import { roundToBf16 } from "../host/engine-api.js";
+import { packageRoot } from "../host/paths.js";
+import { type RgbImage, loadPreprocessorConfig, preprocess } from "./reference/preprocess.js";
+import { TextReference } from "./reference/text.js";
+import { VisionReference } from "./reference/vision.js";
+import { tempDir, tinyPack } from "./support/pack-fixtures.js";
+
+const KVL = join(packageRoot, "dist", "cli", "kvl.js");
+const N_NEW = 8;
+const COMMON = ["--temperature", "0", "--max-new", String(N_NEW), "--ram-mib", "1024", "--threads", "2", "--max-context", "512"];
+
+interface GoldenConversation {
+  name: string;
+  add_generation_prompt: boolean;
+  messages: Array<{ role: string; parts: unknown[] }>;
+  tokens: number[];
+}
+const GOLDENS = JSON.parse(readFileSync(join(packageRoot, "test", "fixtures", "goldens", "tokenizer.json"), "utf8")) as {
+  conversations: GoldenConversation[];
+  stop_ids: number[];
+};
+function golden(name: string): number[] {
+  const c = GOLDENS.conversations.find((g) => g.name === name && g.add_generation_prompt);
+  if (!c) throw new Error(`no golden conversation ${name}`);
+  return c.tokens;
+}
+
+/** Backends and splits every engine-level test runs on. */
+const RUNS: Array<{ label: string; env: Record<string, string> }> = [
+  { label: "native", env: { KVL_BACKEND: "native" } },
+  { label: "wasm", env: { KVL_BACKEND: "wasm" } },
+  { label: "native, 2 instances", env: { KVL_BACKEND: "native", KVL_INSTANCES: "2" } },
+  { label: "wasm, 3 instances", env: { KVL_BACKEND: "wasm", KVL_INSTANCES: "3" } },
+];
+
+let tmp: { dir: string; cleanup: () => void };
+let pack: string;
+let ckpt: string;
+let reference: TextReference;
+let vision: VisionReference;
+/** Two RGB images written as PNG files: A gives a 4x6 patch grid (the goldens' image-a), B 2x2. */
+const images: Array<{ path: string; rgb: RgbImage }> = [];
+
+function env(extra: Record<string, string>): NodeJS.ProcessEnv {
+  const base = { ...process.env };
+  delete base.KVL_BACKEND;
+  delete base.KVL_INSTANCES;
+  return { ...base, ...extra };
+}
+
+function chat(args: string[], extra: Record<string, string>, input?: string) {
+  const r = spawnSync(process.execPath, [KVL, "chat", ...args], { encoding: "utf8", env: env(extra), input, timeout: 300_000 });
+  return { status: r.status, stdout: r.stdout, stderr: r.stderr };
+}
+
+/** The reference's greedy continuation of ids, cut at the first stop id (which is not emitted). */
+function referenceReply(ids: number[], n = N_NEW, media?: Float64Array): number[] {
+  const out = reference.greedy(ids, n, media);
+  const stop = out.findIndex((t) => GOLDENS.stop_ids.includes(t));
+  return stop < 0 ? out : out.slice(0, stop);
+}
+
+interface Reply {
+  event?: string;
+  reply: string;
+  finish_reason: string;
+  stop_sequence: string | null;
+  prompt_token_ids: number[];
+  output_token_ids: number[];
+  usage: { prompt_tokens: number; completion_tokens: number; reused_prompt_tokens: number; images_encoded: number };
+  timings: Record<string, number>;
+  cache: Record<string, number>;
+  io: Record<string, unknown>;
+  peak_rss_bytes: number | null;
+  plan_bytes: number;
+}
+
+beforeAll(async () => {
+  tmp = tempDir("chat");
+  ({ ckpt, pack } = await tinyPack(tmp.dir, 0));
+  reference = TextReference.load(ckpt, { q8Experts: true });
+  vision = VisionReference.load(ckpt);
+  for (const [name, width, height] of [["a", 84, 56], ["b", 28, 28]] as const) {
+    const data = new Uint8Array(width * height * 3);
+    for (let i = 0; i < data.length; i++) data[i] = (i * 37 + ((i / 3) | 0) * 11 + (name === "a" ? 0 : 91)) & 0xff;
+    const path = join(tmp.dir, `${name}.png`);
+    await sharp(data, { raw: { width, height, channels: 3 } }).png().toFile(path);
+    images.push({ path, rgb: { width, height, data } });
+  }
+}, 300_000);
+
+/** The reference's media rows for these images (float64 preprocessing and encoder, rounded to
+ * BF16 as the official model feeds the text decoder), concatenated in order. */
+function referenceMedia(list: RgbImage[]): Float64Array {
+  const { pixelValues, grids } = preprocess(list, loadPreprocessorConfig(ckpt));
+  return Float64Array.from(roundToBf16(Float32Array.from(vision.encode(pixelValues, grids))));
+}
+
+afterAll(() => tmp?.cleanup());
+
+describe.each(RUNS)("kvl chat on $label", ({ label, env: runEnv }) => {
+  it("one-shot --json: the official prompt ids and the reference's greedy reply", () => {
+    const r = chat([pack, "What is 2+2?", "--json", ...COMMON], runEnv);
+    expect(r.stderr).toBe("");
+    expect(r.status).toBe(0);
+    const report = JSON.parse(r.stdout) as Reply;
+    const ids = golden("text");
+    expect(report.prompt_token_ids).toEqual(ids);
+    const want = referenceReply(ids);
+    expect(report.output_token_ids).toEqual(want);
+    expect(report.finish_reason).toBe(want.length < N_NEW ? "stop" : "length");
+    expect(report.usage).toEqual({ prompt_tokens: ids.length, completion_tokens: want.length, reused_prompt_tokens: 0, images_encoded: 0 });
+    expect(report.cache.tokens_prefilled).toBe(ids.length);
+    expect(Object.keys(report.timings).sort()).toEqual(["decode_s_per_token", "first_token_s", "prefill_s", "vision_s"]);
+    expect(report.io.backend).toBe(runEnv.KVL_BACKEND);
+    expect(report.io.instances).toBe(Number(runEnv.KVL_INSTANCES ?? 1));
+    expect(report.peak_rss_bytes).toBeGreaterThan(0);
+    expect(report.plan_bytes).toBeGreaterThan(0);
+    console.log(`[chat ${label}] reply ${JSON.stringify(report.reply)} ids ${report.output_token_ids.join(" ")}`);
+  });
+
+  it("interactive --json: /stats, prefix reuse on the next turn, /reset repeats the first turn", () => {
+    const script = "What is 2+2?\n/stats\nTell me more\n/reset\nWhat is 2+2?\n/quit\n";
+    const r = chat([pack, "--json", ...COMMON], runEnv, script);
+    expect(r.status).toBe(0);
+    const events = r.stdout.split("\n").filter((l) => l.trim()).map((l) => JSON.parse(l) as Reply & { stats: Record<string, number> });
+    expect(events.map((e) => e.event)).toEqual(["reply", "stats", "reply", "reset", "reply"]);
+    const [first, stats, second, , third] = events as [Reply, { stats: Record<string, number> }, Reply, unknown, Reply];
+    expect(first.output_token_ids).toEqual(referenceReply(golden("text")));
+    expect(stats.stats.session_tokens).toBeGreaterThan(first.usage.prompt_tokens);
+    expect(stats.stats.tokens_prefilled).toBe(first.usage.prompt_tokens);
+    // the second turn reuses the first turn's KV and prefills only the rest
+    expect(second.usage.reused_prompt_tokens).toBeGreaterThanOrEqual(first.usage.prompt_tokens);
+    expect(second.cache.tokens_prefilled).toBe(second.usage.prompt_tokens - second.usage.reused_prompt_tokens);
+    // ... and continues exactly as the reference does on the whole conversation
+    expect(second.prompt_token_ids.slice(0, first.usage.prompt_tokens)).toEqual(first.prompt_token_ids);
+    expect(second.output_token_ids).toEqual(referenceReply(second.prompt_token_ids));
+    expect(third.usage.reused_prompt_tokens).toBe(0);
+    expect(third.output_token_ids).toEqual(first.output_token_ids);
+  });
+
+  it("an image prompt: the official ids and the reference's greedy reply over the reference's image embeddings", () => {
+    const r = chat([pack, "Describe this.", "--image", images[0]!.path, "--json", ...COMMON], runEnv);
+    expect(r.status).toBe(0);
+    const report = JSON.parse(r.stdout) as Reply & { images: Array<{ grid: number[]; media_tokens: number }> };
+    expect(report.prompt_token_ids).toEqual(golden("image_text"));
+    expect(report.images.map((i) => [i.grid, i.media_tokens])).toEqual([[[4, 6], 6]]);
+    expect(report.usage.images_encoded).toBe(1);
+    expect(report.output_token_ids).toEqual(referenceReply(report.prompt_token_ids, N_NEW, referenceMedia([images[0]!.rgb])));
+  });
+
+  it("images in two turns: each encoded once, the second turn's reply is the reference's on both images", () => {
+    const script = `/image ${images[0]!.path}\nDescribe this.\n/image ${images[1]!.path}\nWhat is in it?\n/quit\n`;
+    const r = chat([pack, "--json", ...COMMON], runEnv, script);
+    expect(r.status).toBe(0);
+    const events = r.stdout.split("\n").filter((l) => l.trim()).map((l) => JSON.parse(l) as Reply);
+    expect(events.map((e) => e.event)).toEqual(["image", "reply", "image", "reply"]);
+    const [, first, , second] = events as [unknown, Reply, unknown, Reply];
+    expect(first.usage.images_encoded).toBe(1);
+    expect(second.usage.images_encoded).toBe(1); // the first image's embeddings are kept
+    expect(second.usage.reused_prompt_tokens).toBeGreaterThanOrEqual(first.usage.prompt_tokens);
+    const media = referenceMedia([images[0]!.rgb, images[1]!.rgb]);
+    expect(second.output_token_ids).toEqual(referenceReply(second.prompt_token_ids, N_NEW, media));
+  });
+});
+
+describe("kvl chat, the terminal side", () => {
+  it("streams the reply text, prints one load line (no plan table), and --show-tokens diagnostics", () => {
+    const json = JSON.parse(chat([pack, "What is 2+2?", "--json", ...COMMON], {}).stdout) as Reply;
+    const r = chat([pack, "What is 2+2?", "--show-tokens", ...COMMON], {});
+    expect(r.status).toBe(0);
+    expect(r.stdout).toBe(`${escapeControls(json.reply)}\n`);
+    expect(r.stderr).toMatch(/^kvl chat: (native|wasm)\b.*RAM plan \d+ MiB of --ram-mib 1024; loaded in/m);
+    expect(r.stderr).not.toContain("component");
+    expect(r.stderr).toContain(`[tokens] prompt ${json.usage.prompt_tokens} (reused 0): ${json.prompt_token_ids.join(" ")}`);
+    expect(r.stderr).toMatch(/\[memory\] peak RSS [\d.]+ MiB \(plan [\d.]+ MiB\)/);
+  });
+
+  it("--quiet prints only the reply; --verbose adds the plan's table", () => {
+    const quiet = chat([pack, "What is 2+2?", "--quiet", ...COMMON], {});
+    expect(quiet.status).toBe(0);
+    expect(quiet.stderr).toBe("");
+    const verbose = chat([pack, "What is 2+2?", "--verbose", ...COMMON], {});
+    expect(verbose.status).toBe(0);
+    expect(verbose.stderr).toMatch(/component\s+MiB/);
+  });
+
+  it("reads the prompt from stdin with '-', and --system takes the system turn", () => {
+    const r = chat([pack, "-", "--json", "--system", "Be terse.", ...COMMON], {}, "Hi");
+    expect(r.status).toBe(0);
+    const report = JSON.parse(r.stdout) as Reply;
+    expect(report.prompt_token_ids).toEqual(golden("system"));
+    expect(report.output_token_ids).toEqual(referenceReply(golden("system")));
+  });
+
+  it("a stop string ends the reply before it and is never printed", () => {
+    const full = JSON.parse(chat([pack, "What is 2+2?", "--json", ...COMMON, "--max-new", "16"], {}).stdout) as Reply;
+    // a stop string that starts inside the reply (not at its start), so text before it exists
+    const at = Math.max(1, Math.floor(full.reply.length / 2));
+    const stop = full.reply.slice(at, at + 2);
+    expect(stop.length).toBe(2);
+    const r = chat([pack, "What is 2+2?", "--json", ...COMMON, "--max-new", "16", "--stop", stop], {});
+    expect(r.status).toBe(0);
+    const report = JSON.parse(r.stdout) as Reply;
+    expect(report.finish_reason).toBe("stop");
+    expect(report.stop_sequence).toBe(stop);
+    expect(report.reply).toBe(full.reply.slice(0, full.reply.indexOf(stop)));
+    expect(report.output_token_ids).toEqual(full.output_token_ids.slice(0, report.output_token_ids.length));
+    expect(report.output_token_ids.length).toBeLessThan(full.output_token_ids.length);
+  });
+
+  it("makes control characters visible on a terminal (not in --json)", () => {
+    expect(escapeControls("a\u001b[2Jb\r\u0007c\n\td\u009be\u2028")).toBe("a\\x1b[2Jb\\x0d\\x07c\n\td\\x9be\\u2028");
+    expect(escapeControls("plain ünïcödé 中文 😀")).toBe("plain ünïcödé 中文 😀");
+  });
+
+  it("Ctrl-C stops the reply, keeps the conversation, and the chat goes on", async () => {
+    const limit = (JSON.parse(readFileSync(join(pack, "config.json"), "utf8")) as { text_config: { max_position_embeddings: number } })
+      .text_config.max_position_embeddings;
+    const child = spawn(process.execPath, [KVL, "chat", pack, "--temperature", "0", "--max-new", String(limit), "--max-context",
+      String(limit), "--ram-mib", "2048", "--threads", "2"], { env: env({}) }) as ChildProcessWithoutNullStreams;
+    let out = "";
+    let err = "";
+    child.stdout.on("data", (d: Buffer) => (out += d.toString()));
+    child.stderr.on("data", (d: Buffer) => (err += d.toString()));
+    const exited = new Promise<number | null>((resolve) => child.on("exit", (code) => resolve(code)));
+    child.stdin.write("Count forever\n");
+    const deadline = Date.now() + 120_000;
+    while (out.length < 8 && Date.now() < deadline) await new Promise((r) => setTimeout(r, 50));
+    expect(out.length).toBeGreaterThanOrEqual(8);
+    child.kill("SIGINT");
+    child.stdin.end("/stats\n/quit\n");
+    expect(await exited).toBe(0);
+    expect(out).toContain(" [stopped]\n");
+    expect(err).toMatch(/session_tokens=\d+/);
+    expect(err).not.toContain("internal error");
+  }, 180_000);
+});
+
+describe("kvl chat refuses what it cannot run, saying what to do", () => {
+  it("a source checkpoint is told to run kvl pack", () => {
+    const r = chat([ckpt, "hi"], {});
+    expect(r.status).toBe(1);
+    expect(r.stderr).toContain("it is a source checkpoint, not a pack");
+    expect(r.stderr).toContain(`run kvl pack ${ckpt} DST`);
+  });
+
+  it("a pack whose config.json disagrees with its tensors does not start", () => {
+    const broken = join(tmp.dir, "broken-config");
+    cpSync(pack, broken, { recursive: true });
+    const config = JSON.parse(readFileSync(join(broken, "config.json"), "utf8")) as { text_config: { hidden_size: number } };
+    config.text_config.hidden_size *= 2;
+    writeFileSync(join(broken, "config.json"), JSON.stringify(config));
+    const r = chat([broken, "hi", ...COMMON], {});
+    expect(r.status).toBe(1);
+    expect(r.stderr).toMatch(/the pack does not match its config\.json: .*hidden_size/);
+    expect(r.stderr).toContain("kvl chat: error:");
+    expect(r.stderr).not.toContain("internal error");
+  });
+
+  it("a missing image file is a clear error", () => {
+    const r = chat([pack, "hi", "--image", "/nonexistent/cat.png", ...COMMON], {});
+    expect(r.status).toBe(1);
+    expect(r.stderr).toContain("image file '/nonexistent/cat.png' not found");
+  });
+
+  it("bad images in an interactive chat are errors and the chat continues", () => {
+    const dir = join(tmp.dir, "bad-images");
+    mkdirSync(dir, { recursive: true });
+    writeFileSync(join(dir, "notes.png"), "this is text, not a PNG");
+    writeFileSync(join(dir, "empty.jpg"), "");
+    const script = `/image ${join(dir, "notes.png")}\n/image ${dir}\n/image ${join(dir, "empty.jpg")}\nWhat is 2+2?\n/quit\n`;
+    const r = chat([pack, "--json", ...COMMON], {}, script);
+    expect(r.status).toBe(0);
+    const events = r.stdout.split("\n").filter((l) => l.trim()).map((l) => JSON.parse(l) as { event: string; error?: string } & Reply);
+    expect(events.map((e) => e.event)).toEqual(["error", "error", "error", "reply"]);
+    expect(events[0]!.error).toMatch(/is not a supported image/);
+    expect(events[1]!.error).toMatch(/is a directory/);
+    expect(events[2]!.error).toMatch(/empty/);
+    expect(events[3]!.output_token_ids).toEqual(referenceReply(golden("text")));
+  });
+});
