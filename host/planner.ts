@@ -57,9 +57,9 @@
  *   workers, 4 expert readers, the trunk stream thread) takes a 2 MiB stack from the heap
  *   (emscripten's DEFAULT_PTHREAD_STACK_SIZE, not TOTAL_STACK) plus about 1.3 KiB: measured
  *   2.0 MiB per thread, so PTHREAD_STACK_BYTES + PTHREAD_EXTRA_BYTES. Beyond its threads an engine
- *   took 29 KiB (indexes, tables). Its large blocks (globals, trunk cache, expert slab) are
- *   posix_memalign'ed to 4 KiB on WebAssembly (store.c kvl_large_alloc: no huge pages there):
- *   up to that much each can be left in fragments (LARGE_ALIGN_BYTES each).
+ *   took 29 KiB (indexes, tables). Its large blocks (globals, trunk cache, the expert cache's
+ *   blocks of at most 1 GiB) are aligned to 4 KiB on WebAssembly (store.c kvl_large_alloc: no
+ *   huge pages there): up to that much each can be left in fragments (LARGE_ALIGN_BYTES each).
  * - MARGIN_BYTES: allocator fragmentation, page tables, transient copies (as in Python).
  */
 import { availableParallelism } from "node:os";
@@ -90,6 +90,8 @@ export const WASM_STATIC_BYTES = 1152 * KIB;
 export const PTHREAD_STACK_BYTES = 2 * MIB;
 export const PTHREAD_EXTRA_BYTES = 16 * KIB;
 export const LARGE_ALIGN_BYTES = 4 * KIB;
+/** wasm-core/src/expert_cache.c KVL_CACHE_BLOCK_BYTES: the expert cache's largest block. */
+export const EXPERT_BLOCK_BYTES = 2 ** 30;
 /**
  * The smallest memory an instance links with: build-wasm.sh's -sINITIAL_MEMORY=64MB is the
  * module's declared initial size, and an imported memory below it fails to instantiate
@@ -771,7 +773,10 @@ function evaluate(facts: PackFacts, s: PlanSettings, m: Model, ranges: ReadonlyA
     let runtime = bookkeeping;
     let scratch = 0;
     if (wasm) {
-      const large = 1 + (resident > 0 ? 1 : 0) + (expertCache > 0 ? 1 : 0);
+      // expert_cache.c allocates its slots in blocks of at most EXPERT_BLOCK_BYTES (whole slots)
+      const slotsPerBlock = hasMoe ? Math.max(1, Math.floor(EXPERT_BLOCK_BYTES / m.extent)) : 1;
+      const expertBlocks = expertCache > 0 ? Math.ceil(Math.round(expertCache / m.extent) / slotsPerBlock) : 0;
+      const large = 1 + (resident > 0 ? 1 : 0) + expertBlocks;
       runtime += WASM_STATIC_BYTES + threads * (PTHREAD_STACK_BYTES + PTHREAD_EXTRA_BYTES) + large * LARGE_ALIGN_BYTES +
         (maxStreamed > 0 ? 2 * PAGE : 0);
       // wasm-engine.ts: the session's step logits (last range) and cancel flag stay allocated;
@@ -852,6 +857,10 @@ function build(facts: PackFacts, s: PlanSettings): RamPlan {
   const wasm = s.backend === "wasm";
   const lastN = wasm ? m.nLayers : s.instances;
   let smallest: Evaluated | undefined;
+  // WebAssembly: the fewest instances that hold a plan, unless more instances keep more of the
+  // trunk resident within the budget (instances full of expert cache would otherwise stream the
+  // trunk on every token): the longest resident prefix wins, then the fewest instances.
+  let best: Evaluated | undefined;
   for (let n = s.instances; n <= lastN; n++) {
     const ranges = layerRanges(m.nLayers, n);
     const slots = expertSlots(m, ranges, cacheBytes, s.cacheMib);
@@ -868,10 +877,12 @@ function build(facts: PackFacts, s: PlanSettings): RamPlan {
       if (e.total <= ramBytes) chosen = e;
     }
     const pick = chosen ?? cheapest;
-    if (pick) {
-      return new RamPlan(facts, s, pick.components, pick.instances, cacheable, s.trunkCacheMib === null, visionHost, grid);
-    }
+    if (!pick) continue; // no split into n instances holds it: try more
+    if (best && !(chosen && chosen.prefix > best.prefix)) break; // one more instance gains nothing
+    best = pick;
+    if (!wasm || explicitPrefix >= 0 || !chosen || pick.prefix === order.length) break;
   }
+  if (best) return new RamPlan(facts, s, best.components, best.instances, cacheable, s.trunkCacheMib === null, visionHost, grid);
   throw new InstanceLimitError(smallest!.largest, s.maxInstanceBytes, lastN);
 }
 

@@ -15,7 +15,6 @@ from kvl.errors import UserError
 
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("kvl.server.app", "serve OpenAI- and Anthropic-compatible HTTP APIs"),
-    "bench": ("kvl.bench", "measure speed against this machine's bandwidth limits"),
 }
 
 

@@ -7,7 +7,9 @@
  *     which reads the checkpoint, never the pack or the core), cut at the first stop id;
  *   - interactive: /stats, /reset, prefix reuse across turns, a stop string, Ctrl-C stopping a
  *     reply while the chat goes on, bad images that do not end the chat;
- *   - refusals: a source checkpoint, a broken config.json, a missing image.
+ *   - refusals: a source checkpoint, a broken config.json, a missing image;
+ *   - memory: a chat turn with an 8000x8000 PNG or a 12 MP JPEG peaks (VmHWM, as the OS counts
+ *     it) within the RAM plan + 256 MiB on both backends.
  */
 import { type ChildProcessWithoutNullStreams, spawn, spawnSync } from "node:child_process";
 import { cpSync, mkdirSync, readFileSync, writeFileSync } from "node:fs";
@@ -134,8 +136,9 @@ describe.each(RUNS)("kvl chat on $label", ({ label, env: runEnv }) => {
     expect(Object.keys(report.timings).sort()).toEqual(["decode_s_per_token", "first_token_s", "prefill_s", "vision_s"]);
     expect(report.io.backend).toBe(runEnv.KVL_BACKEND);
     expect(report.io.instances).toBe(Number(runEnv.KVL_INSTANCES ?? 1));
+    // the RAM plan is a contract: a real chat process (VmHWM, as the OS counts it) stays inside it
     expect(report.peak_rss_bytes).toBeGreaterThan(0);
-    expect(report.plan_bytes).toBeGreaterThan(0);
+    expect(report.peak_rss_bytes!).toBeLessThanOrEqual(report.plan_bytes);
     console.log(`[chat ${label}] reply ${JSON.stringify(report.reply)} ids ${report.output_token_ids.join(" ")}`);
   });
 
@@ -255,6 +258,32 @@ describe("kvl chat, the terminal side", () => {
     expect(err).toMatch(/session_tokens=\d+/);
     expect(err).not.toContain("internal error");
   }, 180_000);
+});
+
+describe("kvl chat keeps its memory contract with large images", () => {
+  const MIB = 2 ** 20;
+  const large: Record<string, string> = {};
+  beforeAll(async () => {
+    for (const [name, width, height, format] of [["8000x8000.png", 8000, 8000, "png"], ["12mp.jpg", 4000, 3000, "jpeg"]] as const) {
+      const data = Buffer.alloc(width * height * 3);
+      for (let i = 0; i < data.length; i++) data[i] = ((i * 2654435761) >>> 24) ^ ((i / 3000) | 0);
+      const path = join(tmp.dir, name);
+      const image = sharp(data, { raw: { width, height, channels: 3 } });
+      await (format === "png" ? image.png({ compressionLevel: 1 }) : image.jpeg({ quality: 90 })).toFile(path);
+      large[name] = path;
+    }
+  }, 120_000);
+
+  it.each([
+    ["8000x8000.png", "native"], ["8000x8000.png", "wasm"], ["12mp.jpg", "native"], ["12mp.jpg", "wasm"],
+  ])("%s on %s: peak RSS within the plan + 256 MiB", (name, backend) => {
+    const r = chat([pack, "Describe this.", "--image", large[name]!, "--json", ...COMMON, "--max-new", "1", "--max-context", "4096"], { KVL_BACKEND: backend });
+    expect(r.stderr).toBe("");
+    const report = JSON.parse(r.stdout) as Reply & { images: Array<{ grid: number[] }> };
+    expect(report.usage.images_encoded).toBe(1);
+    console.log(`[chat memory] ${name} on ${backend}: peak ${(report.peak_rss_bytes! / MIB).toFixed(0)} MiB, plan ${(report.plan_bytes / MIB).toFixed(0)} MiB`);
+    expect(report.peak_rss_bytes!).toBeLessThanOrEqual(report.plan_bytes + 256 * MIB);
+  }, 120_000);
 });
 
 describe("kvl chat refuses what it cannot run, saying what to do", () => {

@@ -354,6 +354,21 @@ describe("the instance split", () => {
     expect(p.describe()).toMatch(new RegExp(`layers \\[0, ${p.ranges[0]![1]}\\)`));
   });
 
+  it("splits WebAssembly instances full of expert cache so that the trunk stays resident", () => {
+    // (the full-size case this guards: 14000 MiB of expert cache in a 20000 MiB budget, where the
+    // fewest instances left 1 GB of trunk streamed per token — bench/RESULTS.md)
+    const all: PlanOptions = { ...base, cacheMib: 64 }; // every expert extent of the tiny model
+    const resident = planOf({ ...all, trunkCacheMib: 1000 });
+    expect(resident.instances.length).toBe(1);
+    // a limit one page under that instance: a single instance cannot hold the whole trunk
+    const limit = resident.instances[0]!.memoryBytes - 65536;
+    const p = planOf({ ...all, maxInstanceBytes: limit });
+    expect(p.instances.length).toBeGreaterThan(1);
+    expect(p.components.trunkCache).toBe(p.trunkCacheable);
+    expect(p.components.expertCache).toBe(resident.components.expertCache);
+    for (const inst of p.instances) expect(inst.memoryBytes).toBeLessThanOrEqual(limit);
+  });
+
   it("never splits a native run unless asked", () => {
     const p = planOf({ ...base, backend: "native", maxInstanceBytes: WASM_MIN_INSTANCE_BYTES });
     expect(p.instances.length).toBe(1);

@@ -1,6 +1,6 @@
 /* expert_cache.c — bounded cache of routed-expert extents (see expert_cache.h).
  *
- * Owns: one slab of equal slots (each one 4 KiB-padded extent), the (layer, expert) -> slot map,
+ * Owns: equal slots (each one 4 KiB-padded extent, in blocks of at most 1 GiB), the (layer, expert) -> slot map,
  * pin counts, the eviction policy (pick_victim, the only place that decides), a fixed request
  * ring serviced by background reader threads, and the counters.
  * Does not own: the store or its file handles (store.c), routing or any math (model.c).
@@ -32,6 +32,10 @@
 #include "platform.h"
 
 #define MAX_IO_THREADS 16
+/* Largest block of slots (see struct kvl_expert_cache); a test build sets a few slots' worth. */
+#ifndef KVL_CACHE_BLOCK_BYTES
+#define KVL_CACHE_BLOCK_BYTES ((uint64_t)1 << 30)
+#endif
 /* layers x experts above this cannot be a real MoE and would make the map tables absurd */
 #define MAX_KEYS (1 << 24)
 
@@ -56,7 +60,11 @@ struct kvl_expert_cache {
     int32_t *slot_of;              /* [n_keys]; -1 when not resident */
     cache_slot *slots;
     int n_slots;
-    unsigned char *slab;
+    /* The slots live in blocks of at most KVL_CACHE_BLOCK_BYTES (whole slots each): one block
+     * of several GiB is refused by emscripten's allocator (a 2.2e9-byte malloc fails in a
+     * 3.8 GiB memory where three 1e9-byte ones succeed), so no platform asks for one. */
+    unsigned char **blocks;
+    int n_blocks, slots_per_block;
     uint64_t extent_bytes;         /* slot stride: align4096(nbytes) */
     kvl_q8_layout layout;
 
@@ -187,8 +195,13 @@ static void finish_read(kvl_expert_cache *c, int i, kvl_status st) {
 
 /* ------------------------------------------------------------------ readers */
 
+/* Start of slot i. */
+static unsigned char *slot_base(const kvl_expert_cache *c, int i) {
+    return c->blocks[i / c->slots_per_block] + (size_t)(i % c->slots_per_block) * c->extent_bytes;
+}
+
 static kvl_status read_slot(kvl_expert_cache *c, int i, const kvl_tensor_rec *rec) {
-    return kvl_store_read(c->store, rec->offset, rec->nbytes, c->slab + (size_t)i * c->extent_bytes);
+    return kvl_store_read(c->store, rec->offset, rec->nbytes, slot_base(c, i));
 }
 
 /* Reads piece `chunk` of the extent `rec` into slot i. */
@@ -196,7 +209,7 @@ static kvl_status read_chunk(kvl_expert_cache *c, int i, const kvl_tensor_rec *r
     uint64_t begin = (uint64_t)chunk * c->chunk_bytes;
     uint64_t len = rec->nbytes - begin < c->chunk_bytes ? rec->nbytes - begin : c->chunk_bytes;
     return kvl_store_read(c->store, rec->offset + begin, len,
-                          c->slab + (size_t)i * c->extent_bytes + (size_t)begin);
+                          slot_base(c, i) + (size_t)begin);
 }
 
 /* Queues every piece of slot i (lock held). */
@@ -358,9 +371,17 @@ kvl_status kvl_expert_cache_create(kvl_store *experts, int n_layers_total, int n
     c->ring_cap = c->n_slots * c->n_chunks;
     c->ring = (int32_t *)calloc((size_t)c->ring_cap, sizeof *c->ring);
     c->pending = (int32_t *)calloc((size_t)n_experts, sizeof *c->pending);
-    if ((uint64_t)c->n_slots * c->extent_bytes <= (uint64_t)SIZE_MAX)
-        c->slab = (unsigned char *)kvl_large_alloc((size_t)((uint64_t)c->n_slots * c->extent_bytes));
-    if (!c->slots || !c->ring || !c->pending || !c->slab) {
+    c->slots_per_block = (int)(KVL_CACHE_BLOCK_BYTES / c->extent_bytes);
+    if (c->slots_per_block < 1) c->slots_per_block = 1;
+    c->n_blocks = (c->n_slots + c->slots_per_block - 1) / c->slots_per_block;
+    c->blocks = (unsigned char **)calloc((size_t)c->n_blocks, sizeof *c->blocks);
+    for (i = 0; c->blocks && i < c->n_blocks; i++) {
+        int in_block = c->n_slots - i * c->slots_per_block;
+        uint64_t bytes = (uint64_t)(in_block < c->slots_per_block ? in_block : c->slots_per_block) * c->extent_bytes;
+        c->blocks[i] = bytes <= (uint64_t)SIZE_MAX ? (unsigned char *)kvl_large_alloc((size_t)bytes) : NULL;
+        if (!c->blocks[i]) break;
+    }
+    if (!c->slots || !c->ring || !c->pending || !c->blocks || i < c->n_blocks) {
         set_err(err, err_len, "expert cache: cannot allocate %d slots of %llu bytes", c->n_slots,
                 (unsigned long long)c->extent_bytes);
         kvl_expert_cache_free(c);
@@ -398,7 +419,9 @@ void kvl_expert_cache_free(kvl_expert_cache *c) {
         kvl_os_cond_destroy(&c->work_cv);
         kvl_os_mutex_destroy(&c->lock);
     }
-    kvl_aligned_free(c->slab);
+    if (c->blocks)
+        for (i = 0; i < c->n_blocks; i++) kvl_aligned_free(c->blocks[i]);
+    free(c->blocks);
     free(c->ring);
     free(c->pending);
     free(c->slots);
@@ -472,7 +495,7 @@ static int has_unpinned_loading(const kvl_expert_cache *c) {
 }
 
 static void fill_view(const kvl_expert_cache *c, int slot, kvl_expert_view *v) {
-    const unsigned char *base = c->slab + (size_t)slot * c->extent_bytes;
+    const unsigned char *base = slot_base(c, slot);
     v->gate_q = (const int8_t *)(base + c->layout.gate_q);
     v->up_q = (const int8_t *)(base + c->layout.up_q);
     v->down_q = (const int8_t *)(base + c->layout.down_q);
