@@ -113,7 +113,7 @@ export async function openHostedEngine(backend: BackendName, packDir: string, op
     for (const o of owners) o.close();
     throw err;
   }
-  const engine = new SplitEngine(parts);
+  const engine = new SplitEngine(parts, rangeOptions(engineOptions, specs[0]!).loadVision === true);
   return {
     engine, backend, ranges, sampler: owners.at(-1)!,
     close() {

@@ -11,11 +11,8 @@
  * (one WebAssembly instance each, or one native process: engine-host.ts) or how much memory
  * each gets (the planner).
  */
-import { CoreError, type CoreEngine, type CoreSession, type EngineInfo, type EngineStats, type LogitsMode, type SessionOptions } from "./engine-api.js";
+import type { CoreEngine, CoreSession, EngineInfo, EngineStats, LogitsMode, SessionOptions } from "./engine-api.js";
 import { UserError } from "./user-error.js";
-
-/** kvl_status KVL_ERR_INVALID_ARG: what kvl_vision_bytes of no images says without vision. */
-const KVL_ERR_INVALID_ARG = 5;
 
 export const NO_VISION_MESSAGE = "this model was opened without vision; images are not accepted";
 
@@ -41,8 +38,13 @@ export class SplitEngine implements CoreEngine {
   readonly #info: EngineInfo;
 
   /** Takes ownership of the engines (closed with this one); they must cover the model in order. */
-  constructor(parts: CoreEngine[]) {
+  /** The part that loaded the vision tower (the first range, when any did). */
+  readonly #visionPart: CoreEngine | null;
+
+  /** @param visionLoaded whether the first part was opened with loadVision */
+  constructor(parts: CoreEngine[], visionLoaded = false) {
     if (parts.length === 0) throw new RangeError("a split engine needs at least one engine");
+    this.#visionPart = visionLoaded ? parts[0]! : null;
     const infos = parts.map((p) => p.info());
     let expected = 0;
     for (const info of infos) {
@@ -97,25 +99,7 @@ export class SplitEngine implements CoreEngine {
     return this.#parts.reduce((total, p) => total + p.sessionBytes(options), 0);
   }
 
-  /** The part with the vision tower loaded (the first range), found once by asking each part
-   * for the working memory of no images (which only an engine without vision refuses). */
-  #visionPart: CoreEngine | null | undefined;
-
   #vision(): CoreEngine {
-    if (this.#visionPart === undefined) {
-      this.#visionPart = null;
-      for (const p of this.#parts) {
-        try {
-          p.visionBytes(new Int32Array(0));
-        } catch (err) {
-          if (err instanceof CoreError && err.status === KVL_ERR_INVALID_ARG) continue;
-          this.#visionPart = undefined; // not a "no vision" answer: ask again next time
-          throw err;
-        }
-        this.#visionPart = p;
-        break;
-      }
-    }
     if (this.#visionPart === null) throw new UserError(NO_VISION_MESSAGE);
     return this.#visionPart;
   }
