@@ -4,9 +4,8 @@
  *
  * Owns: the command tree, its help, and exit statuses, and how errors reach the user: an error
  * the user can fix (UserError, BackendError) is one line `kvl CMD: error: ...` and exit status 1;
- * anything else is a bug and keeps its stack. `chat`, `bench`, `synth`, `pack`, `prepare` and
- * `doctor` (with or without a model) are TypeScript; the commands listed in python-front-end.ts still run on the
- * Python front end and are replaced one by one.
+ * anything else is a bug and keeps its stack. Every command is TypeScript: `chat`, `serve`,
+ * `bench`, `doctor` (with or without a model), `synth`, `pack`, `prepare`.
  */
 import { Command } from "commander";
 
@@ -20,7 +19,7 @@ import { renderDoctor, runDoctor } from "./doctor.js";
 import { backendOption, instancesOption, positiveInt } from "./options.js";
 import { addPackCommand } from "./pack.js";
 import { addPrepareCommand } from "./prepare.js";
-import { PYTHON_COMMANDS, pythonCommandHelp, runPythonCommand } from "./python-front-end.js";
+import { addServeCommand } from "./serve.js";
 import { addSynthCommand } from "./synth.js";
 
 interface DoctorOptions {
@@ -68,34 +67,11 @@ export function buildProgram(): Command {
 
   addChatCommand(program);
   addBenchCommand(program);
+  addServeCommand(program);
   addSynthCommand(program);
   addPackCommand(program);
   addPrepareCommand(program);
 
-  for (const [name, description] of Object.entries(PYTHON_COMMANDS)) {
-    const sub = program
-      .command(name)
-      .description(description)
-      .argument("[args...]", "arguments and options of the command (below)")
-      .allowUnknownOption(true)
-      .helpOption(false)
-      .option("-h, --help", "show this help")
-      .addHelpText("after", () => pythonCommandHelp(name));
-    sub.addOption(backendOption());
-    sub.action((_args: string[], opts: { backend?: string; help?: boolean }, cmd: Command) => {
-      if (opts.help) {
-        cmd.help();
-      }
-      const requested = opts.backend ?? process.env.KVL_BACKEND;
-      if (requested === "wasm") {
-        process.stderr.write(`kvl ${name}: the WebAssembly backend does not run this command yet; ` +
-          "it runs on the native core (use --backend native or auto)\n");
-        process.exitCode = 2;
-        return;
-      }
-      process.exitCode = runPythonCommand(name, cmd.args);
-    });
-  }
   return program;
 }
 

@@ -109,11 +109,3 @@ describe("kvl synth and kvl pack", () => {
     }
   });
 });
-
-describe("commands still on the Python front end", () => {
-  it("refuse --backend wasm with a clear message", () => {
-    const r = kvl(["serve", "/tmp/no-model", "--backend", "wasm"]);
-    expect(r.status).toBe(2);
-    expect(r.stderr).toMatch(/WebAssembly backend does not run this command yet/);
-  });
-});

@@ -1,0 +1,76 @@
+/**
+ * serve.ts — `kvl serve MODEL`: the local OpenAI-, Anthropic- and Ollama-compatible server
+ * (docs/SERVER.md). Replaces the Python front end's `kvl serve` with the same options, plus
+ * --backend and --instances as `kvl chat`.
+ *
+ * Owns: the command's options and their defaults. Does not own: anything the server does
+ * (server/serve.ts and the rest of server/).
+ */
+import { type Command, InvalidArgumentError, Option } from "commander";
+
+import type { KernelChoice, NumericDtype } from "../host/engine-api.js";
+import { DEFAULT_MAX_BODY_MIB, DEFAULT_MODEL_ID } from "../server/app.js";
+import { DEFAULT_HOST } from "../server/auth.js";
+import { runServer } from "../server/serve.js";
+import { backendOption, instancesOption, nonNegativeInt, positiveInt } from "./options.js";
+
+interface ServeCommandOptions {
+  host: string;
+  port: number;
+  apiKey?: string;
+  modelId: string;
+  backend?: string;
+  instances?: number;
+  ramMib: number;
+  cacheMib: number;
+  trunkCacheMib?: number;
+  maxQueue: number;
+  maxContext: number;
+  threads: number;
+  maxBodyMib: number;
+  kernels: KernelChoice;
+  actDtype: NumericDtype;
+  vision: boolean;
+  verbose?: boolean;
+}
+
+function port(value: string): number {
+  const n = nonNegativeInt(value);
+  if (n > 65535) throw new InvalidArgumentError("expected a port number (0 to 65535)");
+  return n;
+}
+
+export function addServeCommand(program: Command): void {
+  program
+    .command("serve")
+    .description("serve a packed model over OpenAI-, Anthropic- and Ollama-compatible HTTP APIs (docs/SERVER.md)")
+    .argument("<model>", "packed model directory (from kvl pack / kvl prepare)")
+    .option("--host <address>", "address to bind (127.0.0.1: this machine only; another address also needs --api-key)", DEFAULT_HOST)
+    .option("--port <n>", "TCP port (0: any free port, printed at start)", port, 8000)
+    .option("--api-key <key>", "require this key (x-api-key or Authorization: Bearer) on every endpoint except /healthz " +
+      "(default: $KVL_API_KEY, which keeps the key out of the process list)")
+    .option("--model-id <id>", "the model id clients must send", DEFAULT_MODEL_ID)
+    .addOption(backendOption())
+    .addOption(instancesOption())
+    .option("--ram-mib <mib>", "total RAM budget", positiveInt, 4096)
+    .option("--cache-mib <mib>", "expert cache", nonNegativeInt, 512)
+    .option("--trunk-cache-mib <mib>", "trunk cache (default: what the RAM budget leaves)", nonNegativeInt)
+    .option("--max-queue <n>", "requests that may wait while one generates; more get HTTP 429", positiveInt, 8)
+    .option("--max-context <n>", "context length in tokens", positiveInt, 4096)
+    .option("--threads <n>", "compute threads (0 = all cores)", nonNegativeInt, 0)
+    .option("--max-body-mib <mib>", "largest accepted request body; larger ones get HTTP 413", positiveInt, DEFAULT_MAX_BODY_MIB)
+    .addOption(new Option("--kernels <set>", "kernel set").choices(["auto", "scalar", "avx2", "avx512", "simd128"]).default("auto"))
+    .addOption(new Option("--act-dtype <dtype>", "inputs of the Linear layers: f32 (exact) or bf16 (as the checkpoint's own " +
+      "BF16 inference: faster prefill on CPUs with AVX512_BF16, logits move by BF16 rounding)").choices(["f32", "bf16"]).default("f32"))
+    .option("--no-vision", "do not load the vision tower")
+    .option("--verbose", "also print the RAM plan's table")
+    .action(async (model: string, opts: ServeCommandOptions) => {
+      const envKey = process.env.KVL_API_KEY;
+      process.exitCode = await runServer({
+        model, host: opts.host, port: opts.port, apiKey: opts.apiKey ?? (envKey ? envKey : null), modelId: opts.modelId,
+        backend: opts.backend, instances: opts.instances, ramMib: opts.ramMib, cacheMib: opts.cacheMib,
+        trunkCacheMib: opts.trunkCacheMib ?? null, maxQueue: opts.maxQueue, maxContext: opts.maxContext, threads: opts.threads,
+        maxBodyMib: opts.maxBodyMib, kernels: opts.kernels, actDtype: opts.actDtype, vision: opts.vision, verbose: opts.verbose ?? false,
+      });
+    });
+}

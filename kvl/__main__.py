@@ -1,5 +1,0 @@
-import sys
-
-from kvl.cli import main
-
-sys.exit(main())

@@ -1,0 +1,176 @@
+/**
+ * body.ts — a request's JSON body, read safely: the size limit (413, checked against
+ * Content-Length before reading and while reading), UTF-8, a nesting-depth limit (a deeply
+ * nested body is a 400, never a stack overflow later), and JSON.parse with messages a person can
+ * act on (NaN and Infinity, which some clients write for floats, named with their field).
+ *
+ * Owns: reading the body with raw-body under the limit, draining what a refused body still sends
+ * before the 413 goes out (so a client that reads nothing until it has sent everything gets the
+ * answer, not a broken pipe; one that sends far more than the limit is cut off), telling a client that went away mid-body (ClientGone) from bad input,
+ * and the scan that finds the depth and bare NaN/Infinity tokens outside strings.
+ * Does not own: what the JSON must contain (the dialect modules), the error shapes (errors.ts).
+ */
+import type { IncomingMessage } from "node:http";
+
+import getRawBody from "raw-body";
+
+import { ApiError, invalid } from "./errors.js";
+
+/** Deeper nesting than this is refused (the APIs' own bodies nest about 10 levels, tool schemas a few more). */
+export const MAX_JSON_DEPTH = 128;
+
+/** The client closed the connection before its request or reply was complete. */
+export class ClientGone extends Error {
+  constructor() {
+    super("the client disconnected");
+    this.name = "ClientGone";
+  }
+}
+
+function tooLarge(size: number | null, limit: number): ApiError {
+  const what = size === null ? "over the" : `${size} bytes, over the`;
+  return new ApiError("too_large", `the request body is ${what} ${limit}-byte limit (--max-body-mib); send smaller images`);
+}
+
+/** Reads and discards the rest of a refused body, so the client, which may read nothing until it
+ * has sent everything, gets the answer instead of a broken pipe. Resolves when the body has ended;
+ * past `cap` more bytes or `timeoutMs` the connection is destroyed instead. */
+export function drain(req: IncomingMessage, cap: number, timeoutMs = 30_000): Promise<void> {
+  return new Promise((resolve) => {
+    if (req.complete || req.destroyed) {
+      resolve();
+      return;
+    }
+    let seen = 0;
+    const done = (): void => {
+      clearTimeout(timer);
+      req.off("data", onData);
+      resolve();
+    };
+    const cut = (): void => {
+      req.socket.destroy();
+      done();
+    };
+    const onData = (chunk: Buffer): void => {
+      seen += chunk.length;
+      if (seen > cap) cut();
+    };
+    const timer = setTimeout(cut, timeoutMs);
+    req.on("data", onData);
+    req.once("end", done);
+    req.once("close", done);
+    req.once("error", done);
+    req.resume();
+  });
+}
+
+/** How much more of a refused body is read and discarded before the connection is cut. */
+function drainCap(maxBytes: number): number {
+  return Math.max(maxBytes * 4, 64 << 20);
+}
+
+interface Scan {
+  depth: number;
+  /** The first bare NaN / Infinity / -Infinity outside strings, and the key it follows (if any). */
+  nonFinite: { token: string; key: string | null } | null;
+}
+
+/** One pass over JSON text outside its strings: the deepest nesting (stopping early past
+ * `maxDepth`) and the first non-JSON number token. Strings are skipped with indexOf. */
+export function scanJson(text: string, maxDepth: number): Scan {
+  let depth = 0;
+  let deepest = 0;
+  let lastString: [number, number] | null = null;
+  let key: string | null = null;
+  let nonFinite: Scan["nonFinite"] = null;
+  const n = text.length;
+  for (let i = 0; i < n; i++) {
+    const c = text.charCodeAt(i);
+    if (c === 0x22) { // "
+      let j = i + 1;
+      for (;;) {
+        j = text.indexOf('"', j);
+        if (j < 0) return { depth: deepest, nonFinite }; // unterminated: JSON.parse says so
+        let backslashes = 0;
+        for (let k = j - 1; k > i && text.charCodeAt(k) === 0x5c; k--) backslashes++;
+        if (backslashes % 2 === 0) break;
+        j++;
+      }
+      lastString = [i, j + 1];
+      i = j;
+    } else if (c === 0x3a) { // :
+      if (lastString) {
+        try {
+          key = JSON.parse(text.slice(lastString[0], lastString[1])) as string;
+        } catch {
+          key = null;
+        }
+      }
+    } else if (c === 0x5b || c === 0x7b) { // [ {
+      depth++;
+      if (depth > deepest) {
+        deepest = depth;
+        if (deepest > maxDepth) return { depth: deepest, nonFinite };
+      }
+    } else if (c === 0x5d || c === 0x7d) { // ] }
+      depth--;
+    } else if (nonFinite === null && (c === 0x4e || c === 0x49 || c === 0x2d)) { // N I -
+      for (const token of ["NaN", "Infinity", "-Infinity"]) {
+        if (text.startsWith(token, i)) {
+          nonFinite = { token, key };
+          break;
+        }
+      }
+    }
+  }
+  return { depth: deepest, nonFinite };
+}
+
+/** The body's bytes → JSON, or the 400 that says what is wrong with it. */
+export function parseJsonText(raw: Buffer, maxDepth = MAX_JSON_DEPTH): unknown {
+  let text: string;
+  try {
+    text = new TextDecoder("utf-8", { fatal: true, ignoreBOM: false }).decode(raw);
+  } catch {
+    throw invalid("the request body is not UTF-8 JSON");
+  }
+  if (!text.trim()) throw invalid("the request body is empty; send a JSON object");
+  const scan = scanJson(text, maxDepth);
+  if (scan.depth > maxDepth) {
+    throw invalid(`the request body nests JSON more than ${maxDepth} levels deep; this server accepts at most ${maxDepth}`);
+  }
+  try {
+    return JSON.parse(text);
+  } catch (err) {
+    if (scan.nonFinite) {
+      const { token, key } = scan.nonFinite;
+      const field = key !== null ? `'${key}' is ${token}` : `the body contains ${token}`;
+      throw invalid(`the request body is not valid JSON: ${field}, which JSON does not allow; send a finite number (e.g. 0.7)`, key);
+    }
+    throw invalid(`the request body is not valid JSON (${(err as Error).message})`);
+  }
+}
+
+/** Reads the request's JSON body under `maxBytes`. Throws ApiError (413, 400) or ClientGone. */
+export async function readJsonBody(req: IncomingMessage, maxBytes: number): Promise<unknown> {
+  const declared = req.headers["content-length"];
+  const length = declared !== undefined && /^\d+$/.test(declared) ? Number(declared) : null;
+  if (length !== null && length > maxBytes) {
+    await drain(req, drainCap(maxBytes));
+    throw tooLarge(length, maxBytes);
+  }
+  let raw: Buffer;
+  try {
+    raw = await getRawBody(req, { limit: maxBytes, ...(length !== null ? { length } : {}) });
+  } catch (err) {
+    const type = (err as { type?: string }).type;
+    if (type === "entity.too.large") {
+      await drain(req, drainCap(maxBytes));
+      throw tooLarge(null, maxBytes);
+    }
+    if (type === "request.aborted" || req.destroyed) throw new ClientGone();
+    if (type === "request.size.invalid") throw invalid("the request body is shorter or longer than its Content-Length");
+    throw invalid(`cannot read the request body (${(err as Error).message})`);
+  }
+  return parseJsonText(raw);
+}

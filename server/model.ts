@@ -1,0 +1,80 @@
+/**
+ * model.ts — what the server needs of a model (ServedModel), and that interface over a real
+ * ChatModel with its one Conversation.
+ *
+ * Owns: the ServedModel contract (images, exact prompt size, one reply at a time with
+ * cancellation, close) that the queue and the routes use, so they can be tested over a stand-in;
+ * and opening the real one: ChatModel.open + one persistent Conversation (one KV timeline: each
+ * request reuses the longest prefix it shares with what the previous one left).
+ * Does not own: anything of the model itself (host/chat-model.ts): prompts, sampling, stop
+ * strings, image encoding and prefix reuse all happen there.
+ */
+import { ChatImage, ChatModel, type ChatModelOptions, type Conversation, type ReplyReport } from "../host/chat-model.js";
+import type { ImageInput, Message } from "../host/conversation.js";
+import type { ReplyParams } from "../host/reply-params.js";
+import type { ImageLoader } from "./images.js";
+
+export interface ServedModel extends ImageLoader {
+  readonly maxContext: number;
+  readonly vision: boolean;
+  /** Exact prompt tokens of messages (images included, generation prompt included); UserError for bad messages. */
+  countTokens(messages: readonly Message[]): number;
+  /** One reply; the model runs one at a time (the queue makes sure). */
+  generate(messages: readonly Message[], params: ReplyParams, onText: (text: string) => void): Promise<ReplyReport>;
+  /** Stops the running reply (it ends "cancelled"); no-op when none runs. */
+  cancel(): void;
+  close(): Promise<void>;
+}
+
+function chatMessages(messages: readonly Message[]): Array<Message<ChatImage>> {
+  for (const m of messages) {
+    for (const p of m.parts) if (typeof p !== "string" && !(p instanceof ChatImage)) throw new Error("an image not loaded by this model reached it");
+  }
+  return messages as Array<Message<ChatImage>>;
+}
+
+export class ChatServedModel implements ServedModel {
+  constructor(readonly chat: ChatModel, readonly conversation: Conversation) {}
+
+  static async open(packDir: string, options: ChatModelOptions): Promise<ChatServedModel> {
+    const chat = await ChatModel.open(packDir, options);
+    try {
+      return new ChatServedModel(chat, await chat.newConversation());
+    } catch (err) {
+      await chat.close().catch(() => undefined);
+      throw err;
+    }
+  }
+
+  get maxContext(): number {
+    return this.chat.plan.maxContext;
+  }
+
+  get vision(): boolean {
+    return this.chat.preprocess !== null;
+  }
+
+  loadImage(bytes: Uint8Array, name: string): Promise<ImageInput> {
+    return this.chat.loadImage(bytes, name);
+  }
+
+  countTokens(messages: readonly Message[]): number {
+    return this.conversation.prompt(chatMessages(messages)).tokens.length;
+  }
+
+  generate(messages: readonly Message[], params: ReplyParams, onText: (text: string) => void): Promise<ReplyReport> {
+    return this.conversation.generate(chatMessages(messages), params, onText);
+  }
+
+  cancel(): void {
+    this.conversation.cancel();
+  }
+
+  async close(): Promise<void> {
+    try {
+      await this.conversation.close();
+    } finally {
+      await this.chat.close();
+    }
+  }
+}

@@ -1,0 +1,225 @@
+/**
+ * ollama.ts — the Ollama dialect: /api/chat and /api/generate request JSON → messages and
+ * ReplyParams, a ReplyReport → Ollama's JSON or NDJSON lines; /api/tags, /api/show and
+ * /api/version bodies.
+ *
+ * Owns: validating Ollama bodies (messages with base64 `images`, `options` — num_predict,
+ * temperature, top_p, top_k, seed, stop; other options are ignored as Ollama ignores unknown
+ * ones), Ollama's defaults (stream true; num_predict -1 or -2 = until the context is full), what is
+ * refused with 400 as Ollama does for a model without the feature (tools, format, think, raw
+ * prompts, templates, suffixes, the old `context` array), the "load" answer to an empty request
+ * (Ollama's way to preload a model), model names with or without the ":latest" tag, and the
+ * shapes: streamed lines {model, created_at, message|response, done:false}, the final line with
+ * done_reason and durations in nanoseconds, errors as {"error": "..."}.
+ * Does not own: HTTP, auth, queueing (app.ts, queue.ts) or generation (host/chat-model.ts).
+ */
+import type { ReplyReport } from "../host/chat-model.js";
+import { type ReplyParams, defaultReplyParams } from "../host/reply-params.js";
+import { type ApiError, invalid, ollamaErrorBody } from "./errors.js";
+import { type JsonObject, getBool, getInt, getNumber, getStr, isObject, jsonType, requireObject, stopList } from "./fields.js";
+import { type ImageData, type RequestMessage, decodeDataUrl, decodeImageBase64 } from "./images.js";
+import type { ModelFacts } from "./openai.js";
+
+const ROLES = ["system", "user", "assistant", "tool"];
+export const OLLAMA_VERSION = "0.6.0";
+
+export interface OllamaRequest {
+  model: string;
+  messages: RequestMessage[];
+  params: ReplyParams;
+  stream: boolean;
+  /** An empty request: Ollama loads (or with keep_alive 0 unloads) the model and answers at once. */
+  load: "load" | "unload" | null;
+}
+
+/** Whether a requested name is the served model (Ollama names carry a tag; ":latest" is the default one). */
+export function isServedModel(name: string, modelId: string): boolean {
+  return name === modelId || name === `${modelId}:latest`;
+}
+
+export function ollamaName(modelId: string): string {
+  return modelId.includes(":") ? modelId : `${modelId}:latest`;
+}
+
+function refuseFeatures(obj: JsonObject): void {
+  const nonEmpty = (v: unknown): boolean => v !== undefined && v !== null && v !== false && v !== "" && !(Array.isArray(v) && v.length === 0)
+    && !(isObject(v) && Object.keys(v).length === 0);
+  if (nonEmpty(obj.tools)) throw invalid("this model does not support tools; send the conversation as text", "tools");
+  if (nonEmpty(obj.format)) throw invalid("'format' (structured output) is not supported by this server", "format");
+  if (obj.think !== undefined && obj.think !== null && obj.think !== false) throw invalid("this model does not support thinking ('think')", "think");
+}
+
+function parseImages(raw: unknown, where: string): ImageData[] {
+  if (raw === undefined || raw === null) return [];
+  if (!Array.isArray(raw)) throw invalid(`'${where}' must be an array of base64 strings, got ${jsonType(raw)}`, where);
+  return raw.map((item, n) => {
+    const at = `${where}[${n}]`;
+    if (typeof item !== "string") throw invalid(`'${at}' must be a base64 string, got ${jsonType(item)}`, at);
+    return item.startsWith("data:") ? decodeDataUrl(item, at) : decodeImageBase64(item, at);
+  });
+}
+
+/** `options` → ReplyParams; unknown options are ignored (as Ollama does). */
+function parseOptions(raw: unknown, maxContext: number): ReplyParams {
+  const params = defaultReplyParams();
+  params.maxNewTokens = maxContext;
+  if (raw === undefined || raw === null) return params;
+  const options = requireObject(raw, "options");
+  const numPredict = getInt(options, "num_predict", "options.num_predict", -2, maxContext,
+    ` (-1 or -2: until the context is full; the server's context is ${maxContext} tokens)`);
+  if (numPredict === 0) throw invalid("'options.num_predict' must be at least 1 (or -1 / -2: until the context is full)", "options.num_predict");
+  if (numPredict !== null && numPredict > 0) params.maxNewTokens = numPredict;
+  params.temperature = getNumber(options, "temperature", "options.temperature", 0, 2) ?? params.temperature;
+  params.topP = getNumber(options, "top_p", "options.top_p", 0, 1) ?? params.topP;
+  params.topK = getInt(options, "top_k", "options.top_k", 0, 2 ** 30) ?? params.topK;
+  const seed = getInt(options, "seed", "options.seed", -(2 ** 63), 2 ** 64 - 1);
+  params.seed = seed === null || seed < 0 ? null : BigInt.asUintN(64, BigInt(seed)); // Ollama: -1 = random
+  params.stop = stopList(options.stop, "options.stop");
+  return params;
+}
+
+function loadAnswer(obj: JsonObject): "load" | "unload" {
+  const keep = obj.keep_alive;
+  return keep === 0 || keep === "0" || keep === "0s" ? "unload" : "load";
+}
+
+function parseModel(obj: JsonObject): string {
+  const model = obj.model ?? obj.name; // "name" is the older spelling
+  if (model === undefined || model === null || model === "") throw invalid("model is required", "model");
+  if (typeof model !== "string") throw invalid(`'model' must be a string, got ${jsonType(model)}`, "model");
+  return model;
+}
+
+export function parseChatRequest(body: unknown, maxContext: number): OllamaRequest {
+  const obj = requireObject(body, "request body");
+  const model = parseModel(obj);
+  refuseFeatures(obj);
+  const raw = obj.messages ?? [];
+  if (!Array.isArray(raw)) throw invalid(`'messages' must be an array, got ${jsonType(raw)}`, "messages");
+  const messages = raw.map((item, n): RequestMessage => {
+    const where = `messages[${n}]`;
+    const message = requireObject(item, where);
+    const role = message.role;
+    if (typeof role !== "string" || !ROLES.includes(role)) {
+      throw invalid(`${where}.role is ${JSON.stringify(role ?? null)}; use one of ${ROLES.join(", ")}`, `${where}.role`);
+    }
+    const calls = message.tool_calls;
+    if (Array.isArray(calls) ? calls.length > 0 : calls !== undefined && calls !== null) {
+      throw invalid(`${where}: tool calls are not supported by this server`, `${where}.tool_calls`);
+    }
+    const content = getStr(message, "content", `${where}.content`) ?? "";
+    const images = parseImages(message.images, `${where}.images`);
+    if (images.length && role !== "user" && role !== "system") throw invalid(`${where}: images are only accepted in user messages`, `${where}.images`);
+    return { role, parts: images.length ? [...images, content] : [content] };
+  });
+  const params = parseOptions(obj.options, maxContext);
+  const stream = getBool(obj, "stream", "stream", true);
+  return { model, messages, params, stream, load: messages.length === 0 ? loadAnswer(obj) : null };
+}
+
+export function parseGenerateRequest(body: unknown, maxContext: number): OllamaRequest {
+  const obj = requireObject(body, "request body");
+  const model = parseModel(obj);
+  refuseFeatures(obj);
+  if (obj.raw === true) throw invalid("'raw' prompts are not supported; send the prompt without raw (the chat template is applied)", "raw");
+  if (getStr(obj, "template", "template")) throw invalid("'template' is not supported: the model's own chat template is used", "template");
+  if (getStr(obj, "suffix", "suffix")) throw invalid("'suffix' (fill-in-the-middle) is not supported by this model", "suffix");
+  if (Array.isArray(obj.context) ? obj.context.length > 0 : obj.context !== undefined && obj.context !== null) {
+    throw invalid("'context' is not supported; use /api/chat and send the conversation's messages", "context");
+  }
+  const prompt = getStr(obj, "prompt", "prompt") ?? "";
+  const system = getStr(obj, "system", "system");
+  const images = parseImages(obj.images, "images");
+  const params = parseOptions(obj.options, maxContext);
+  const stream = getBool(obj, "stream", "stream", true);
+  if (!prompt && images.length === 0) return { model, messages: [], params, stream, load: loadAnswer(obj) };
+  const messages: RequestMessage[] = [];
+  if (system) messages.push({ role: "system", parts: [system] });
+  messages.push({ role: "user", parts: images.length ? [...images, prompt] : [prompt] });
+  return { model, messages, params, stream, load: null };
+}
+
+// -- responses ------------------------------------------------------------------------------
+
+export type OllamaEndpoint = "chat" | "generate";
+
+function head(model: string): JsonObject {
+  return { model, created_at: new Date().toISOString() };
+}
+
+function textField(endpoint: OllamaEndpoint, text: string): JsonObject {
+  return endpoint === "chat" ? { message: { role: "assistant", content: text } } : { response: text };
+}
+
+export function doneReason(report: ReplyReport): "stop" | "length" {
+  return report.finishReason === "length" ? "length" : "stop";
+}
+
+/** Durations in nanoseconds, counts in tokens (prompt_eval_count: the whole prompt). */
+function stats(report: ReplyReport, totalS: number): JsonObject {
+  const ns = (s: number): number => Math.max(0, Math.round(s * 1e9));
+  const t = report.timings;
+  return {
+    total_duration: ns(totalS), load_duration: 0,
+    prompt_eval_count: report.usage.promptTokens, prompt_eval_duration: ns(t.visionS + t.prefillS),
+    eval_count: report.usage.completionTokens, eval_duration: ns(t.decodeSPerToken * report.usage.completionTokens),
+  };
+}
+
+/** The whole reply as one object (stream: false). */
+export function replyBody(endpoint: OllamaEndpoint, model: string, report: ReplyReport, totalS: number): JsonObject {
+  return { ...head(model), ...textField(endpoint, report.reply), done: true, done_reason: doneReason(report), ...stats(report, totalS) };
+}
+
+/** The answer to an empty request. */
+export function loadBody(endpoint: OllamaEndpoint, model: string, reason: "load" | "unload"): JsonObject {
+  return { ...head(model), ...textField(endpoint, ""), done: true, done_reason: reason };
+}
+
+export function line(obj: unknown): string {
+  return `${JSON.stringify(obj)}\n`;
+}
+
+/** The NDJSON lines of one streamed reply. */
+export class LineStream {
+  constructor(readonly endpoint: OllamaEndpoint, readonly model: string) {}
+
+  delta(text: string): string {
+    return text ? line({ ...head(this.model), ...textField(this.endpoint, text), done: false }) : "";
+  }
+
+  finish(report: ReplyReport, totalS: number): string {
+    return line({ ...head(this.model), ...textField(this.endpoint, ""), done: true, done_reason: doneReason(report), ...stats(report, totalS) });
+  }
+
+  error(error: ApiError): string {
+    return line(ollamaErrorBody(error));
+  }
+}
+
+export interface OllamaModelFacts extends ModelFacts {
+  /** Bytes of the pack on disk. */
+  sizeBytes: number;
+  /** sha256 (hex) identifying the pack. */
+  digest: string;
+  /** When the pack was completed (ISO 8601). */
+  modifiedAt: string;
+}
+
+function details(): JsonObject {
+  return { parent_model: "", format: "kvl", family: "kimi-vl", families: ["kimi-vl", "deepseek2"], parameter_size: "", quantization_level: "Q8_0" };
+}
+
+export function tagsBody(m: OllamaModelFacts): JsonObject {
+  const name = ollamaName(m.modelId);
+  return { models: [{ name, model: name, modified_at: m.modifiedAt, size: m.sizeBytes, digest: m.digest, details: details() }] };
+}
+
+export function showBody(m: OllamaModelFacts): JsonObject {
+  return {
+    modelfile: "", parameters: "", template: "", details: details(),
+    model_info: { "general.architecture": "kimi-vl", "kimi-vl.context_length": m.maxContext },
+    capabilities: m.vision ? ["completion", "vision"] : ["completion"],
+    modified_at: m.modifiedAt,
+  };
+}

@@ -1,0 +1,183 @@
+/**
+ * serve.ts — `kvl serve` as a process: checks the options, binds the port first (a busy port
+ * fails in a second, not after the load), loads the model in the background (GET /healthz says
+ * loading, then ready), serves until SIGINT/SIGTERM, then shuts down cleanly. Port of run() and
+ * bind() in the former Python server (app.py).
+ *
+ * Owns: option checks (UserErrors), the listen socket, the startup and ready lines on stderr, a
+ * failed load stopping the server with exit status 1 (the reason on stderr), and shutdown (the
+ * running reply stops, open streams end with an error event, waiting requests get 503, then
+ * connections close and the engine closes; a second signal exits at once).
+ * Does not own: the routes (app.ts), the queue (queue.ts), the model (model.ts).
+ */
+import { createHash } from "node:crypto";
+import { readFileSync, readdirSync, statSync } from "node:fs";
+import { type Server, createServer } from "node:http";
+import type { AddressInfo } from "node:net";
+import { join } from "node:path";
+
+import { chooseBackend } from "../host/backend.js";
+import type { KernelChoice, NumericDtype } from "../host/engine-api.js";
+import { MIB } from "../host/planner.js";
+import { UserError } from "../host/user-error.js";
+import { type ServerConfig, createApp } from "./app.js";
+import { isLoopbackHost } from "./auth.js";
+import { ChatServedModel } from "./model.js";
+import { EngineQueue } from "./queue.js";
+
+export interface ServeOptions {
+  model: string;
+  host: string;
+  port: number;
+  apiKey: string | null;
+  modelId: string;
+  backend?: string | undefined;
+  instances?: number | undefined;
+  ramMib: number;
+  cacheMib: number;
+  trunkCacheMib: number | null;
+  maxQueue: number;
+  maxContext: number;
+  threads: number;
+  maxBodyMib: number;
+  kernels: KernelChoice;
+  actDtype: NumericDtype;
+  vision: boolean;
+  verbose?: boolean;
+}
+
+/** How long open connections get to finish after a signal before they are closed. */
+const GRACE_MS = 5000;
+
+function say(line: string): void {
+  process.stderr.write(`${line}\n`);
+}
+
+/** What /api/tags reports of the pack: its size on disk, a digest of its completion record, when it was made. */
+function packFacts(dir: string): ServerConfig["pack"] {
+  let sizeBytes = 0;
+  for (const entry of readdirSync(dir, { withFileTypes: true })) if (entry.isFile()) sizeBytes += statSync(join(dir, entry.name)).size;
+  const marker = join(dir, "PACK_COMPLETE.json");
+  try {
+    return {
+      sizeBytes,
+      digest: createHash("sha256").update(readFileSync(marker)).digest("hex"),
+      modifiedAt: statSync(marker).mtime.toISOString(),
+    };
+  } catch {
+    return { sizeBytes, digest: "", modifiedAt: new Date(0).toISOString() };
+  }
+}
+
+export function checkServeOptions(o: ServeOptions): void {
+  let isDir = false;
+  try {
+    isDir = statSync(o.model).isDirectory();
+  } catch {
+    isDir = false;
+  }
+  if (!isDir) throw new UserError(`model directory '${o.model}' not found; pack one with \`kvl pack\` or \`kvl prepare\``);
+  const ranges: Array<[string, number, number, number]> = [
+    ["--port", o.port, 0, 65535], ["--max-queue", o.maxQueue, 1, 1 << 20], ["--max-context", o.maxContext, 2, 1 << 24],
+    ["--max-body-mib", o.maxBodyMib, 1, 1 << 16],
+  ];
+  for (const [name, value, low, high] of ranges) {
+    if (!Number.isSafeInteger(value) || value < low || value > high) throw new UserError(`${name} ${value} is out of range (${low} to ${high})`);
+  }
+  if (o.apiKey !== null && o.apiKey.length === 0) throw new UserError("--api-key must not be empty");
+  if (!o.modelId) throw new UserError("--model-id must not be empty");
+}
+
+function listen(server: Server, host: string, port: number): Promise<AddressInfo> {
+  return new Promise((resolve, reject) => {
+    const onError = (err: NodeJS.ErrnoException): void => {
+      server.off("listening", onListening);
+      const why = err.code === "EADDRINUSE" ? "the address is in use" : err.code === "EADDRNOTAVAIL" || err.code === "ENOTFOUND"
+        ? "no such address on this machine" : err.message;
+      reject(new UserError(`cannot listen on ${host}:${port} (${why}); is another server using the port? choose another with --port`));
+    };
+    const onListening = (): void => {
+      server.off("error", onError);
+      resolve(server.address() as AddressInfo);
+    };
+    server.once("error", onError);
+    server.once("listening", onListening);
+    server.listen({ host, port, exclusive: true });
+  });
+}
+
+/** Runs the server until a signal (exit status 0) or a failed load (1). */
+export async function runServer(o: ServeOptions): Promise<number> {
+  checkServeOptions(o);
+  if (!isLoopbackHost(o.host) && !o.apiKey) {
+    say(`kvl serve: warning: listening on ${o.host} without --api-key; anyone who can reach this port can use the model`);
+  }
+  const record = chooseBackend({ option: o.backend });
+  const queue = new EngineQueue(o.maxQueue);
+  const config: ServerConfig = {
+    modelId: o.modelId, apiKey: o.apiKey, maxContext: o.maxContext, maxBodyBytes: o.maxBodyMib * MIB, vision: o.vision,
+    pack: packFacts(o.model),
+  };
+  const app = createApp(queue, config);
+  const server = createServer(app.callback());
+  server.keepAliveTimeout = 5000;
+  const address = await listen(server, o.host, o.port);
+  const shown = address.family === "IPv6" ? `[${address.address}]` : address.address;
+  say(`kvl serve: loading ${o.model}; listening on http://${shown}:${address.port} (GET /healthz says when the model is ready)`);
+
+  let stopping = false;
+  let exitCode = 0;
+  const closed = new Promise<void>((resolve) => server.once("close", () => resolve()));
+  const stop = (): void => {
+    if (stopping) return;
+    stopping = true;
+    queue.beginShutdown(); // open streams end now with an error event, waiting requests get 503
+    server.close();
+    // a connection whose reply just ended (an open stream ends with an error event) goes idle:
+    // close idle ones as they appear, all of them after the grace period
+    const sweep = setInterval(() => server.closeIdleConnections(), 100);
+    const force = setTimeout(() => server.closeAllConnections(), GRACE_MS);
+    server.once("close", () => {
+      clearInterval(sweep);
+      clearTimeout(force);
+    });
+    server.closeIdleConnections();
+  };
+  const onSignal = (signal: NodeJS.Signals): void => {
+    if (stopping) {
+      say(`kvl serve: ${signal} again; exiting now`);
+      process.exit(130);
+    }
+    say(`kvl serve: ${signal}: stopping`);
+    stop();
+  };
+  process.on("SIGINT", onSignal);
+  process.on("SIGTERM", onSignal);
+
+  try {
+    const failure = await queue.start(() => ChatServedModel.open(o.model, {
+      backend: record.chosen, ramMib: o.ramMib, cacheMib: o.cacheMib, trunkCacheMib: o.trunkCacheMib, maxContext: o.maxContext,
+      threads: o.threads, kernels: o.kernels, actDtype: o.actDtype, loadVision: o.vision, instances: o.instances,
+    }));
+    if (failure) {
+      say(`kvl serve: error: cannot load the model: ${failure.message}`);
+      if (!(failure instanceof UserError) && failure.stack) say(failure.stack);
+      exitCode = 1;
+      stop();
+    } else if (!stopping) {
+      const model = (queue.requireReady() as ChatServedModel).chat;
+      const p = model.plan;
+      const by = record.requestedBy === "default" ? "" : record.requestedBy === "option" ? " (--backend)" : " (KVL_BACKEND)";
+      say(`kvl serve: ${record.chosen}${by}, ${p.instances.length} ${record.chosen === "wasm" ? "instance" : "engine"}${p.instances.length > 1 ? "s" : ""}, ` +
+        `kernels ${model.client.info.kernels}; RAM plan ${(p.total / MIB).toFixed(0)} MiB of --ram-mib ${o.ramMib}; loaded in ${model.loadSeconds.toFixed(1)} s`);
+      if (o.verbose) say(p.describe());
+      say(`kvl serve: model ready as '${o.modelId}'`);
+    }
+    await closed;
+  } finally {
+    process.off("SIGINT", onSignal);
+    process.off("SIGTERM", onSignal);
+    await queue.close().catch((err: Error) => say(`kvl serve: closing the engine failed: ${err.message}`));
+  }
+  return exitCode;
+}

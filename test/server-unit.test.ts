@@ -1,0 +1,776 @@
+/**
+ * kvl serve without a model (port of tests/test_server_api.py): request JSON → messages and
+ * ReplyParams, reports → the exact OpenAI, Anthropic and Ollama JSON/SSE/NDJSON shapes,
+ * validation, body limits, auth and queueing.
+ *
+ * A stand-in model (FakeModel below, allowed only in this file) sits behind the real EngineQueue
+ * and the real koa app, served on 127.0.0.1 in this process; the official openai and
+ * @anthropic-ai/sdk clients talk to it over HTTP.
+ */
+import { createServer, type Server } from "node:http";
+import type { AddressInfo } from "node:net";
+
+import Anthropic from "@anthropic-ai/sdk";
+import OpenAI from "openai";
+import sharp from "sharp";
+import { afterEach, describe, expect, it } from "vitest";
+
+import type { ReplyReport } from "../host/chat-model.js";
+import { ImageInput, type Message, sha256Hex } from "../host/conversation.js";
+import { DEFAULT_TEMPERATURE, type ReplyParams } from "../host/reply-params.js";
+import { UserError } from "../host/user-error.js";
+import * as anthropic from "../server/anthropic.js";
+import { createApp } from "../server/app.js";
+import { KeyCheck, presentedKey } from "../server/auth.js";
+import { MAX_JSON_DEPTH, parseJsonText, scanJson } from "../server/body.js";
+import { ApiError, anthropicErrorBody, openaiErrorBody } from "../server/errors.js";
+import { ImageData, decodeImageBase64, loadImages, sniffImage } from "../server/images.js";
+import type { ServedModel } from "../server/model.js";
+import * as ollama from "../server/ollama.js";
+import * as openai from "../server/openai.js";
+import { EngineQueue } from "../server/queue.js";
+
+const MODEL = "kimi-vl-a3b-instruct-q8";
+const CTX = 256;
+const KEY = "sekret";
+
+const PNG = await sharp({ create: { width: 8, height: 6, channels: 3, background: "red" } }).png().toBuffer();
+
+function dataUrl(data: Uint8Array, mediaType = "image/png"): string {
+  return `data:${mediaType};base64,${Buffer.from(data).toString("base64")}`;
+}
+
+function user(content: unknown): Record<string, unknown> {
+  return { role: "user", content };
+}
+
+// -- OpenAI request translation ---------------------------------------------------------------
+describe("OpenAI requests", () => {
+  it("turns text and image parts into messages", () => {
+    const req = openai.parseChatRequest({
+      model: MODEL,
+      messages: [{ role: "developer", content: "be brief" },
+        user([{ type: "text", text: "what is" }, { type: "image_url", image_url: { url: dataUrl(PNG) } }, { type: "text", text: "this?" }]),
+        { role: "assistant", content: "a square" }, user("sure?")],
+    }, CTX);
+    expect(req.model).toBe(MODEL);
+    expect(req.messages.map((m) => m.role)).toEqual(["system", "user", "assistant", "user"]);
+    expect(req.messages[0]!.parts).toEqual(["be brief"]);
+    const parts = req.messages[1]!.parts;
+    expect(parts[0]).toBe("what is");
+    expect(parts[2]).toBe("this?");
+    expect(parts[1]).toBeInstanceOf(ImageData);
+    expect(Buffer.from((parts[1] as ImageData).bytes).equals(PNG)).toBe(true);
+    expect(req.stream).toBe(false);
+    expect(req.includeUsage).toBe(false);
+  });
+
+  it("reads the sampling fields", () => {
+    const req = openai.parseChatRequest({
+      model: MODEL, messages: [user("hi")], temperature: 0, top_p: 0.5, seed: 7, max_tokens: 9, max_completion_tokens: 5, stop: "END",
+      stream: true, stream_options: { include_usage: true },
+    }, CTX);
+    const p = req.params;
+    expect([p.temperature, p.topP, p.seed, p.stop]).toEqual([0, 0.5, 7n, ["END"]]);
+    expect(p.maxNewTokens).toBe(5); // max_completion_tokens wins over the legacy max_tokens
+    expect(req.stream && req.includeUsage).toBe(true);
+    const listed = openai.parseChatRequest({ model: MODEL, messages: [user("hi")], stop: ["a", "b"], max_tokens: 3 }, CTX);
+    expect(listed.params.stop).toEqual(["a", "b"]);
+    expect(listed.params.maxNewTokens).toBe(3);
+    const defaults = openai.parseChatRequest({ model: MODEL, messages: [user("hi")] }, CTX);
+    expect(defaults.params.maxNewTokens).toBe(CTX);
+    expect(defaults.params.temperature).toBe(DEFAULT_TEMPERATURE);
+    expect(openai.parseChatRequest({ model: MODEL, messages: [user("hi")], seed: -1 }, CTX).params.seed).toBe(2n ** 64n - 1n);
+  });
+
+  const bad: Array<[unknown, string]> = [
+    [{ messages: [user("hi")] }, "model"],
+    [{ model: MODEL }, "messages"],
+    [{ model: MODEL, messages: [] }, "messages"],
+    [{ model: MODEL, messages: "hi" }, "messages"],
+    [{ model: 5, messages: [user("hi")] }, "model"],
+    [{ model: MODEL, messages: [{ role: "wizard", content: "x" }] }, "role"],
+    [{ model: MODEL, messages: [{ role: "user" }] }, "content"],
+    [{ model: MODEL, messages: [user(42)] }, "content"],
+    [{ model: MODEL, messages: [user([{ type: "input_audio", input_audio: {} }])] }, "audio"],
+    [{ model: MODEL, messages: [user([{ type: "file", file: {} }])] }, "file"],
+    [{ model: MODEL, messages: [user([{ type: "video" }])] }, "video"],
+    [{ model: MODEL, messages: [user([{ type: "text" }])] }, "text"],
+    [{ model: MODEL, messages: [user([{ type: "image_url", image_url: { url: "https://e.com/a.png" } }])] }, "never fetches"],
+    [{ model: MODEL, messages: [user([{ type: "image_url", image_url: { url: "data:image/png;base64,!!!" } }])] }, "base64"],
+    [{ model: MODEL, messages: [user([{ type: "image_url", image_url: { url: dataUrl(Buffer.from("hello, not an image")) } }])] }, "not a JPEG"],
+    [{ model: MODEL, messages: [user([{ type: "image_url", image_url: { url: "data:audio/wav;base64,AAAA" } }])] }, "media type"],
+    [{ model: MODEL, messages: [user("hi")], max_tokens: 0 }, "max_tokens"],
+    [{ model: MODEL, messages: [user("hi")], max_tokens: -3 }, "max_tokens"],
+    [{ model: MODEL, messages: [user("hi")], max_tokens: CTX + 1 }, "max_tokens"],
+    [{ model: MODEL, messages: [user("hi")], max_tokens: "10" }, "max_tokens"],
+    [{ model: MODEL, messages: [user("hi")], max_completion_tokens: 2.5 }, "max_completion_tokens"],
+    [{ model: MODEL, messages: [user("hi")], temperature: "hot" }, "temperature"],
+    [{ model: MODEL, messages: [user("hi")], temperature: 3 }, "temperature"],
+    [{ model: MODEL, messages: [user("hi")], temperature: Infinity }, "finite"],
+    [{ model: MODEL, messages: [user("hi")], temperature: NaN }, "finite"],
+    [{ model: MODEL, messages: [user("hi")], top_p: 0 }, "top_p"],
+    [{ model: MODEL, messages: [user("hi")], stop: [""] }, "stop"],
+    [{ model: MODEL, messages: [user("hi")], stop: 3 }, "stop"],
+    [{ model: MODEL, messages: [user("hi")], stream: "yes" }, "stream"],
+    [{ model: MODEL, messages: [user("hi")], seed: true }, "seed"],
+    [{ model: MODEL, messages: [user("hi")], n: 2 }, "'n'"],
+    [{ model: MODEL, messages: [user("hi")], tools: [{ type: "function" }] }, "tools"],
+    [{ model: MODEL, messages: [{ role: "assistant", content: null, tool_calls: [{ id: "x" }] }] }, "tool"],
+    [{ model: MODEL, messages: [{ role: "assistant", content: [{ type: "image_url", image_url: { url: "data:image/png;base64,AAAA" } }] }] }, "user messages"],
+    [[1, 2], "JSON object"],
+  ];
+  it.each(bad)("refuses %j (mentions %s)", (body, mention) => {
+    let caught: unknown;
+    try {
+      openai.parseChatRequest(body, CTX);
+    } catch (err) {
+      caught = err;
+    }
+    expect(caught).toBeInstanceOf(ApiError);
+    expect((caught as ApiError).status).toBe(400);
+    expect((caught as ApiError).message.toLowerCase()).toContain(mention.toLowerCase());
+  });
+});
+
+// -- Anthropic request translation -------------------------------------------------------------
+describe("Anthropic requests", () => {
+  it("reads system blocks, images and sampling fields", () => {
+    const req = anthropic.parseMessagesRequest({
+      model: MODEL, max_tokens: 12, temperature: 0.3, top_p: 0.9, top_k: 4, stop_sequences: ["\n\nHuman:"], stream: true,
+      system: [{ type: "text", text: "rule one", cache_control: { type: "ephemeral" } }, { type: "text", text: "rule two" }],
+      tools: [{ name: "ignored", input_schema: { type: "object" } }], metadata: { user_id: "u" },
+      messages: [
+        user([{ type: "image", source: { type: "base64", media_type: "image/png", data: PNG.toString("base64") } }, { type: "text", text: "describe" }]),
+        { role: "assistant", content: [{ type: "text", text: "a bar" }] }, user("and?")],
+    }, CTX);
+    expect(req.messages.map((m) => m.role)).toEqual(["system", "user", "assistant", "user"]);
+    expect(req.messages[0]!.parts).toEqual(["rule one", "rule two"]);
+    expect(req.messages[1]!.parts[0]).toBeInstanceOf(ImageData);
+    expect(req.messages[1]!.parts[1]).toBe("describe");
+    expect(req.messages[2]!.parts).toEqual(["a bar"]);
+    const p = req.params;
+    expect([p.maxNewTokens, p.temperature, p.topP, p.topK, p.stop]).toEqual([12, 0.3, 0.9, 4, ["\n\nHuman:"]]);
+    expect(req.stream).toBe(true);
+    const plain = anthropic.parseMessagesRequest({ model: MODEL, max_tokens: 1, system: "be kind", messages: [user("x")] }, CTX);
+    expect(plain.messages[0]).toEqual({ role: "system", parts: ["be kind"] });
+  });
+
+  const image = (source: Record<string, unknown>): Record<string, unknown> => ({ type: "image", source });
+  const bad: Array<[unknown, string]> = [
+    [{ model: MODEL, messages: [user("hi")] }, "max_tokens"],
+    [{ model: MODEL, max_tokens: 0, messages: [user("hi")] }, "max_tokens"],
+    [{ model: MODEL, max_tokens: CTX + 1, messages: [user("hi")] }, "max_tokens"],
+    [{ model: MODEL, max_tokens: 5 }, "messages"],
+    [{ model: MODEL, max_tokens: 5, messages: [] }, "messages"],
+    [{ max_tokens: 5, messages: [user("hi")] }, "model"],
+    [{ model: MODEL, max_tokens: 5, messages: [{ role: "system", content: "x" }] }, "system"],
+    [{ model: MODEL, max_tokens: 5, messages: [{ role: "user" }] }, "content"],
+    [{ model: MODEL, max_tokens: 5, messages: [user([{ type: "tool_use", id: "t", name: "f", input: {} }])] }, "tool"],
+    [{ model: MODEL, max_tokens: 5, messages: [user([{ type: "document" }])] }, "document"],
+    [{ model: MODEL, max_tokens: 5, messages: [user([{ type: "audio" }])] }, "audio"],
+    [{ model: MODEL, max_tokens: 5, messages: [user([image({ type: "url", url: "https://e.com/x.png" })])] }, "never fetches"],
+    [{ model: MODEL, max_tokens: 5, messages: [user([image({ type: "base64", media_type: "image/png", data: "***" })])] }, "base64"],
+    [{ model: MODEL, max_tokens: 5, messages: [user([image({ type: "base64", media_type: "image/png", data: Buffer.from("plain text").toString("base64") })])] }, "not a JPEG"],
+    [{ model: MODEL, max_tokens: 5, messages: [user([image({ type: "base64", media_type: "application/pdf", data: "AAAA" })])] }, "media_type"],
+    [{ model: MODEL, max_tokens: 5, temperature: 1.5, messages: [user("hi")] }, "temperature"],
+    [{ model: MODEL, max_tokens: 5, stop_sequences: "x", messages: [user("hi")] }, "stop_sequences"],
+    [{ model: MODEL, max_tokens: 5, top_k: -1, messages: [user("hi")] }, "top_k"],
+    [{ model: MODEL, max_tokens: 5, system: 7, messages: [user("hi")] }, "system"],
+  ];
+  it.each(bad)("refuses %j (mentions %s)", (body, mention) => {
+    expect(() => anthropic.parseMessagesRequest(body, CTX)).toThrowError(new RegExp(mention.replace(/[.*+?^${}()|[\]\\]/g, "\\$&"), "i"));
+  });
+});
+
+// -- Ollama request translation -------------------------------------------------------------
+describe("Ollama requests", () => {
+  it("reads chat messages with images and options; defaults to streaming", () => {
+    const req = ollama.parseChatRequest({
+      model: `${MODEL}:latest`, keep_alive: "5m",
+      messages: [{ role: "system", content: "sys" }, { role: "user", content: "look", images: [PNG.toString("base64")] }],
+      options: { temperature: 0, top_p: 0.5, top_k: 3, seed: 9, num_predict: 7, stop: ["x"], num_ctx: 99999, mirostat: 1 },
+    }, CTX);
+    expect(req.stream).toBe(true);
+    expect(req.load).toBeNull();
+    expect(req.messages[0]).toEqual({ role: "system", parts: ["sys"] });
+    expect(req.messages[1]!.parts[0]).toBeInstanceOf(ImageData);
+    expect(req.messages[1]!.parts[1]).toBe("look");
+    const p = req.params;
+    expect([p.temperature, p.topP, p.topK, p.seed, p.maxNewTokens, p.stop]).toEqual([0, 0.5, 3, 9n, 7, ["x"]]);
+    const unlimited = ollama.parseChatRequest({ model: MODEL, messages: [user("x")], options: { num_predict: -1, seed: -1 }, stream: false }, CTX);
+    expect(unlimited.params.maxNewTokens).toBe(CTX);
+    expect(unlimited.params.seed).toBeNull();
+    expect(unlimited.stream).toBe(false);
+  });
+
+  it("reads generate requests; an empty one is a load request", () => {
+    const req = ollama.parseGenerateRequest({ model: MODEL, prompt: "why?", system: "be brief", images: [dataUrl(PNG)] }, CTX);
+    expect(req.messages.map((m) => m.role)).toEqual(["system", "user"]);
+    expect(req.messages[1]!.parts[0]).toBeInstanceOf(ImageData);
+    expect(req.messages[1]!.parts[1]).toBe("why?");
+    expect(ollama.parseGenerateRequest({ model: MODEL }, CTX).load).toBe("load");
+    expect(ollama.parseChatRequest({ model: MODEL, messages: [], keep_alive: 0 }, CTX).load).toBe("unload");
+    expect(ollama.isServedModel(`${MODEL}:latest`, MODEL)).toBe(true);
+    expect(ollama.isServedModel(`${MODEL}:q4`, MODEL)).toBe(false);
+  });
+
+  const bad: Array<[unknown, string]> = [
+    [{ messages: [user("hi")] }, "model is required"],
+    [{ model: MODEL, messages: "hi" }, "messages"],
+    [{ model: MODEL, messages: [{ role: "wizard", content: "x" }] }, "role"],
+    [{ model: MODEL, messages: [{ role: "user", content: 5 }] }, "content"],
+    [{ model: MODEL, messages: [{ role: "user", content: "x", images: "abc" }] }, "images"],
+    [{ model: MODEL, messages: [{ role: "user", content: "x", images: ["***"] }] }, "base64"],
+    [{ model: MODEL, messages: [{ role: "assistant", content: "x", images: [PNG.toString("base64")] }] }, "user messages"],
+    [{ model: MODEL, messages: [user("hi")], tools: [{ type: "function" }] }, "tools"],
+    [{ model: MODEL, messages: [user("hi")], format: "json" }, "format"],
+    [{ model: MODEL, messages: [user("hi")], think: true }, "thinking"],
+    [{ model: MODEL, messages: [user("hi")], options: { num_predict: 0 } }, "num_predict"],
+    [{ model: MODEL, messages: [user("hi")], options: { num_predict: CTX + 1 } }, "num_predict"],
+    [{ model: MODEL, messages: [user("hi")], options: { temperature: "warm" } }, "temperature"],
+    [{ model: MODEL, messages: [user("hi")], options: "fast" }, "options"],
+    [{ model: MODEL, messages: [user("hi")], stream: "no" }, "stream"],
+  ];
+  it.each(bad)("refuses chat %j (mentions %s)", (body, mention) => {
+    expect(() => ollama.parseChatRequest(body, CTX)).toThrowError(new RegExp(mention, "i"));
+  });
+
+  it.each([
+    [{ model: MODEL, prompt: "x", raw: true }, "raw"],
+    [{ model: MODEL, prompt: "x", suffix: "y" }, "suffix"],
+    [{ model: MODEL, prompt: "x", template: "{{ .Prompt }}" }, "template"],
+    [{ model: MODEL, prompt: "x", context: [1, 2] }, "context"],
+    [{ model: MODEL, prompt: 5 }, "prompt"],
+  ] as Array<[unknown, string]>)("refuses generate %j (mentions %s)", (body, mention) => {
+    expect(() => ollama.parseGenerateRequest(body, CTX)).toThrowError(new RegExp(mention, "i"));
+  });
+});
+
+// -- bodies, images, auth ------------------------------------------------------------------
+describe("body, images and keys", () => {
+  it("measures nesting outside strings and finds non-JSON numbers with their key", () => {
+    expect(scanJson('{"a":[1,{"b":"[[[{{{"}]}', 10).depth).toBe(3);
+    expect(scanJson('{"a":"\\"[[[["}', 10).depth).toBe(1);
+    expect(scanJson('{"temperature": NaN}', 10).nonFinite).toEqual({ token: "NaN", key: "temperature" });
+    expect(scanJson('{"x": [1, -Infinity]}', 10).nonFinite).toEqual({ token: "-Infinity", key: "x" });
+    expect(scanJson('{"x": "NaN"}', 10).nonFinite).toBeNull();
+    const deep = `${"[".repeat(MAX_JSON_DEPTH + 1)}${"]".repeat(MAX_JSON_DEPTH + 1)}`;
+    expect(() => parseJsonText(Buffer.from(deep))).toThrowError(/levels deep/);
+    expect(parseJsonText(Buffer.from(`${"[".repeat(MAX_JSON_DEPTH)}${"]".repeat(MAX_JSON_DEPTH)}`))).toBeInstanceOf(Array);
+    expect(() => parseJsonText(Buffer.from('{"temperature": NaN}'))).toThrowError(/'temperature' is NaN/);
+    expect(() => parseJsonText(Buffer.from([0x7b, 0xff, 0x7d]))).toThrowError(/UTF-8/);
+    expect(() => parseJsonText(Buffer.from("  \n"))).toThrowError(/empty/);
+    expect(() => parseJsonText(Buffer.from("{nope"))).toThrowError(/not valid JSON/);
+  });
+
+  it("checks base64 and image signatures strictly", () => {
+    expect(sniffImage(PNG)).toBe("image/png");
+    expect(decodeImageBase64(PNG.toString("base64").replace(/(.{20})/g, "$1\n"), "x").bytes.length).toBe(PNG.length);
+    expect(() => decodeImageBase64(PNG.toString("base64").slice(0, -1), "x")).toThrowError(/base64/);
+    expect(() => decodeImageBase64("", "x")).toThrowError(/empty/);
+  });
+
+  it("takes the key from x-api-key or a bearer token and compares it whole", () => {
+    expect(presentedKey({ "x-api-key": "a" })).toBe("a");
+    expect(presentedKey({ authorization: "Bearer  b " })).toBe("b");
+    expect(presentedKey({ authorization: "Basic b" })).toBeNull();
+    const keys = new KeyCheck(KEY);
+    expect(() => keys.check({ "x-api-key": KEY })).not.toThrow();
+    for (const wrong of ["", KEY.slice(0, -1), `${KEY}x`, KEY.toUpperCase()]) {
+      expect(() => keys.check({ "x-api-key": wrong })).toThrowError(/invalid API key/);
+    }
+    expect(() => keys.check({})).toThrowError(/missing API key/);
+    expect(() => new KeyCheck(null).check({})).not.toThrow();
+  });
+});
+
+// -- response shapes --------------------------------------------------------------------------
+function report(reason: ReplyReport["finishReason"] = "stop", prompt = 30, completion = 4, reused = 11, stop: string | null = null, reply = "hi"): ReplyReport {
+  return {
+    reply, finishReason: reason, stopSequence: stop, promptTokenIds: [], outputTokenIds: [],
+    usage: { promptTokens: prompt, completionTokens: completion, reusedPromptTokens: reused, imagesEncoded: 0 },
+    timings: { prefillS: 0.5, firstTokenS: 0.6, decodeSPerToken: 0.25, visionS: 0 }, images: [],
+  };
+}
+
+/** data: lines → JSON objects, with the literal [DONE] kept as a string. */
+function parseOpenAiSse(raw: string): unknown[] {
+  expect(raw.endsWith("\n\n")).toBe(true);
+  return raw.split("\n\n").slice(0, -1).map((record) => {
+    expect(record.startsWith("data: ")).toBe(true);
+    const payload = record.slice(6);
+    return payload === "[DONE]" ? payload : JSON.parse(payload);
+  });
+}
+
+function parseAnthropicSse(raw: string): Array<[string, Record<string, unknown>]> {
+  return raw.split("\n\n").slice(0, -1).map((record) => {
+    const [eventLine, dataLine] = record.split("\n") as [string, string];
+    expect(eventLine.startsWith("event: ") && dataLine.startsWith("data: ")).toBe(true);
+    return [eventLine.slice(7), JSON.parse(dataLine.slice(6)) as Record<string, unknown>];
+  });
+}
+
+describe("response shapes", () => {
+  it("chat.completion", () => {
+    const body = openai.completionBody("chatcmpl-1", 100, MODEL, report("length", 30, 4, 11, null, "hello")) as Record<string, any>;
+    expect(body.object).toBe("chat.completion");
+    expect(body.model).toBe(MODEL);
+    expect(body.choices[0].message).toEqual({ role: "assistant", content: "hello", refusal: null });
+    expect(body.choices[0].finish_reason).toBe("length");
+    expect(body.usage).toEqual({
+      prompt_tokens: 30, completion_tokens: 4, total_tokens: 34, prompt_tokens_details: { cached_tokens: 11 }, completion_tokens_details: { reasoning_tokens: 0 },
+    });
+    expect(openai.finishReason(report("stop", 1, 1, 0, "X"))).toBe("stop");
+  });
+
+  it.each([false, true])("chat.completion.chunk stream (include_usage %s)", (includeUsage) => {
+    const stream = new openai.ChunkStream(MODEL, includeUsage, "chatcmpl-9", 5);
+    const raw = stream.start() + stream.delta("he") + stream.delta("") + stream.delta("llo") + stream.finish(report("stop"));
+    const items = parseOpenAiSse(raw);
+    expect(items.at(-1)).toBe("[DONE]");
+    const chunks = items.slice(0, -1) as Array<Record<string, any>>;
+    for (const c of chunks) expect([c.object, c.id, c.model]).toEqual(["chat.completion.chunk", "chatcmpl-9", MODEL]);
+    expect(chunks[0]!.choices[0].delta).toEqual({ role: "assistant", content: "" });
+    expect(chunks.slice(1, 3).map((c) => c.choices[0].delta.content)).toEqual(["he", "llo"]);
+    expect(chunks[3]!.choices[0]).toMatchObject({ delta: {}, finish_reason: "stop" });
+    if (includeUsage) {
+      expect(chunks).toHaveLength(5);
+      for (const c of chunks.slice(0, 4)) expect(c.usage).toBeNull();
+      expect(chunks[4]!.choices).toEqual([]);
+      expect(chunks[4]!.usage.prompt_tokens_details.cached_tokens).toBe(11);
+    } else {
+      expect(chunks).toHaveLength(4);
+      for (const c of chunks) expect("usage" in c).toBe(false);
+    }
+  });
+
+  it("Anthropic message and stop reasons", () => {
+    const body = anthropic.messageBody("msg_1", MODEL, report("stop", 30, 4, 11, "###")) as Record<string, any>;
+    expect([body.type, body.role]).toEqual(["message", "assistant"]);
+    expect(body.content).toEqual([{ type: "text", text: "hi" }]);
+    expect([body.stop_reason, body.stop_sequence]).toEqual(["stop_sequence", "###"]);
+    expect(body.usage).toEqual({ input_tokens: 19, output_tokens: 4, cache_creation_input_tokens: 0, cache_read_input_tokens: 11 });
+    expect(anthropic.stopReason(report("stop"))).toBe("end_turn");
+    expect(anthropic.stopReason(report("length"))).toBe("max_tokens");
+  });
+
+  it("Anthropic event sequence", () => {
+    const stream = new anthropic.MessageStream(MODEL, "msg_7");
+    const raw = stream.start(30) + stream.delta("a") + stream.delta("") + anthropic.PING + stream.delta("b") + stream.finish(report("length", 30, 2));
+    const events = parseAnthropicSse(raw);
+    expect(events.map(([n]) => n)).toEqual(["message_start", "content_block_start", "ping", "content_block_delta", "ping", "content_block_delta",
+      "content_block_stop", "message_delta", "message_stop"]);
+    for (const [name, data] of events) expect(data.type).toBe(name);
+    const start = events[0]![1].message as Record<string, any>;
+    expect([start.id, start.content, start.stop_reason, start.usage.input_tokens]).toEqual(["msg_7", [], null, 30]);
+    expect(events[1]![1].content_block).toEqual({ type: "text", text: "" });
+    expect(events.filter(([n]) => n === "content_block_delta").map(([, d]) => d.delta)).toEqual([{ type: "text_delta", text: "a" }, { type: "text_delta", text: "b" }]);
+    const delta = events[7]![1] as Record<string, any>;
+    expect(delta.delta).toEqual({ stop_reason: "max_tokens", stop_sequence: null });
+    expect(delta.usage.output_tokens).toBe(2);
+    expect(delta.usage.input_tokens + delta.usage.cache_read_input_tokens).toBe(30);
+  });
+
+  it("Ollama lines and bodies", () => {
+    const lines = new ollama.LineStream("chat", MODEL);
+    const raw = lines.delta("a") + lines.delta("") + lines.finish(report("length", 30, 4), 2);
+    const objs = raw.trim().split("\n").map((l) => JSON.parse(l) as Record<string, any>);
+    expect(objs).toHaveLength(2);
+    expect(objs[0]).toMatchObject({ model: MODEL, message: { role: "assistant", content: "a" }, done: false });
+    expect(objs[1]).toMatchObject({ done: true, done_reason: "length", prompt_eval_count: 30, eval_count: 4, total_duration: 2e9, eval_duration: 1e9 });
+    expect(Number.isNaN(Date.parse(objs[0]!.created_at))).toBe(false);
+    const gen = ollama.replyBody("generate", MODEL, report("stop", 3, 1, 0, null, "full"), 1) as Record<string, any>;
+    expect([gen.response, gen.done, gen.done_reason]).toEqual(["full", true, "stop"]);
+  });
+
+  it("error bodies", () => {
+    const error = new ApiError("model_not_found", "no such model", "model");
+    expect(error.status).toBe(404);
+    expect(openaiErrorBody(error)).toEqual({ error: { message: "no such model", type: "invalid_request_error", param: "model", code: "model_not_found" } });
+    expect(anthropicErrorBody(error)).toEqual({ type: "error", error: { type: "not_found_error", message: "no such model" } });
+    const busy = new ApiError("rate_limit", "busy", null, 3);
+    expect(busy.status).toBe(429);
+    expect(busy.headers()).toEqual({ "retry-after": "3" });
+    expect((anthropicErrorBody(new ApiError("too_large", "big")).error as Record<string, string>).type).toBe("request_too_large");
+  });
+});
+
+// -- the app over a stand-in model --------------------------------------------------------------
+/** Stands in for the model: one token per character (an image: 4, and it must be a PNG), replies
+ * with fixed words, reuses the previous prompt's length as the fake KV prefix. */
+class FakeModel implements ServedModel {
+  static readonly WORDS = ["alpha ", "beta ", "gamma ", "delta"];
+  readonly maxContext = CTX;
+  readonly vision = true;
+  calls: Array<{ messages: readonly Message[]; params: ReplyParams }> = [];
+  closed = false;
+  previous = 0;
+  #cancel = false;
+  #running = false;
+  #wake: (() => void) | null = null;
+  /** When set, each word waits for it (tests hold a reply in the middle). */
+  gate: Promise<void> | null = null;
+
+  async loadImage(bytes: Uint8Array): Promise<ImageInput> {
+    return new FakeImage(sniffImage(bytes) === "image/png", sha256Hex(bytes));
+  }
+
+  countTokens(messages: readonly Message[]): number {
+    let total = 2;
+    for (const m of messages) {
+      for (const p of m.parts) {
+        if (typeof p === "string") total += p.length;
+        else {
+          if (!(p instanceof FakeImage) || !p.png) throw new UserError("the image is not a PNG");
+          total += 4;
+        }
+      }
+    }
+    return total;
+  }
+
+  async generate(messages: readonly Message[], params: ReplyParams, onText: (text: string) => void): Promise<ReplyReport> {
+    this.calls.push({ messages, params });
+    this.#running = true;
+    this.#cancel = false;
+    const prompt = this.countTokens(messages);
+    const reused = Math.min(this.previous, prompt - 1);
+    this.previous = prompt;
+    const pieces: string[] = [];
+    try {
+      for (const word of FakeModel.WORDS.slice(0, params.maxNewTokens)) {
+        // each word waits for the gate (or the next turn of the event loop); a cancel wakes it
+        const woken = new Promise<void>((r) => {
+          this.#wake = r;
+        });
+        await Promise.race([this.gate ?? new Promise<void>((r) => setImmediate(r)), woken]);
+        if (this.#cancel) return report("cancelled", prompt, pieces.length, reused, null, pieces.join(""));
+        pieces.push(word);
+        onText(word);
+      }
+      return report(params.maxNewTokens < FakeModel.WORDS.length ? "length" : "stop", prompt, pieces.length, reused, null, pieces.join(""));
+    } finally {
+      this.#running = false;
+    }
+  }
+
+  cancel(): void {
+    if (!this.#running) return;
+    this.#cancel = true;
+    this.#wake?.();
+  }
+
+  async close(): Promise<void> {
+    this.closed = true;
+  }
+}
+class FakeImage extends ImageInput {
+  constructor(readonly png: boolean, digest: string) {
+    super(4, digest);
+  }
+}
+
+interface Served {
+  url: string;
+  model: FakeModel;
+  queue: EngineQueue;
+  server: Server;
+  lines: string[];
+}
+
+const opened: Served[] = [];
+afterEach(async () => {
+  for (const s of opened.splice(0)) {
+    s.queue.beginShutdown();
+    s.server.closeAllConnections();
+    await new Promise((r) => s.server.close(r));
+    await s.queue.close();
+  }
+});
+
+async function serve(options: { maxQueue?: number; apiKey?: string | null; open?: () => Promise<ServedModel>; maxBodyBytes?: number } = {}): Promise<Served> {
+  const model = new FakeModel();
+  const queue = new EngineQueue(options.maxQueue ?? 2, (line) => lines.push(line));
+  const lines: string[] = [];
+  const app = createApp(queue, {
+    modelId: MODEL, apiKey: options.apiKey === undefined ? KEY : options.apiKey, maxContext: CTX, maxBodyBytes: options.maxBodyBytes ?? 64 * 1024,
+    vision: true, pack: { sizeBytes: 1, digest: "d", modifiedAt: new Date(0).toISOString() }, log: (line) => lines.push(line),
+  });
+  const server = createServer(app.callback());
+  await new Promise<void>((r) => server.listen(0, "127.0.0.1", r));
+  const served = { url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`, model, queue, server, lines };
+  opened.push(served);
+  const started = queue.start(options.open ?? (async () => model));
+  if (!options.open) await started;
+  return served;
+}
+
+function oai(s: Served, key = KEY): OpenAI {
+  return new OpenAI({ baseURL: `${s.url}/v1`, apiKey: key, maxRetries: 0 });
+}
+
+function ant(s: Served, key = KEY): Anthropic {
+  return new Anthropic({ baseURL: s.url, apiKey: key, maxRetries: 0 });
+}
+
+async function post(s: Served, path: string, body: unknown, headers: Record<string, string> = { "x-api-key": KEY }): Promise<{ status: number; json: any; headers: Headers }> {
+  const response = await fetch(`${s.url}${path}`, {
+    method: "POST", headers: { "content-type": "application/json", ...headers }, body: typeof body === "string" ? body : JSON.stringify(body),
+  });
+  const text = await response.text();
+  return { status: response.status, json: text ? JSON.parse(text) : null, headers: response.headers };
+}
+
+describe("the app over a stand-in model", () => {
+  it("OpenAI SDK round trip", async () => {
+    const s = await serve();
+    const api = oai(s);
+    expect((await api.models.list()).data.map((m) => m.id)).toEqual([MODEL]);
+    const reply = await api.chat.completions.create({
+      model: MODEL, max_tokens: 3, temperature: 0, seed: 1, stop: ["zz"],
+      messages: [{ role: "user", content: [{ type: "text", text: "look" }, { type: "image_url", image_url: { url: dataUrl(PNG) } }] }],
+    });
+    expect(reply.choices[0]!.message.content).toBe("alpha beta gamma ");
+    expect(reply.choices[0]!.finish_reason).toBe("length");
+    expect(reply.usage!.prompt_tokens).toBe(4 + 4 + 2);
+    expect(reply.usage!.completion_tokens).toBe(3);
+    const call = s.model.calls.at(-1)!;
+    expect(call.messages[0]!.parts[1]).toBeInstanceOf(ImageInput);
+    expect([call.params.maxNewTokens, call.params.temperature, call.params.seed, call.params.stop]).toEqual([3, 0, 1n, ["zz"]]);
+    const pieces: string[] = [];
+    const reasons: Array<string | null> = [];
+    let usage: OpenAI.CompletionUsage | undefined;
+    const stream = await api.chat.completions.create({ model: MODEL, messages: [{ role: "user", content: "look" }], stream: true, stream_options: { include_usage: true } });
+    for await (const chunk of stream) {
+      if (chunk.choices.length) {
+        pieces.push(chunk.choices[0]!.delta.content ?? "");
+        reasons.push(chunk.choices[0]!.finish_reason);
+      } else {
+        usage = chunk.usage ?? undefined;
+      }
+    }
+    expect(pieces.join("")).toBe(FakeModel.WORDS.join(""));
+    expect(reasons.at(-1)).toBe("stop");
+    expect(usage!.prompt_tokens).toBe(6);
+    expect(usage!.prompt_tokens_details!.cached_tokens).toBe(5); // the stand-in reuses the previous prompt
+    expect(s.lines.filter((l) => l.startsWith("kvl serve: POST /v1/chat/completions 200"))).toHaveLength(2);
+  });
+
+  it("Anthropic SDK round trip", async () => {
+    const s = await serve();
+    const api = ant(s);
+    const reply = await api.messages.create({ model: MODEL, max_tokens: 2, system: "sys", messages: [{ role: "user", content: "hello" }] });
+    expect(reply.content[0]).toMatchObject({ type: "text", text: "alpha beta " });
+    expect(reply.stop_reason).toBe("max_tokens");
+    expect(reply.usage.input_tokens + (reply.usage.cache_read_input_tokens ?? 0)).toBe(3 + 5 + 2);
+    const stream = api.messages.stream({ model: MODEL, max_tokens: 10, messages: [{ role: "user", content: "hello" }] });
+    let text = "";
+    stream.on("text", (t) => {
+      text += t;
+    });
+    const final = await stream.finalMessage();
+    expect(text).toBe(FakeModel.WORDS.join(""));
+    expect(final.stop_reason).toBe("end_turn");
+    expect(final.usage.output_tokens).toBe(4);
+    const counted = await api.messages.countTokens({ model: MODEL, messages: [{ role: "user", content: "hello" }] });
+    expect(counted.input_tokens).toBe(5 + 2);
+  });
+
+  it("Ollama chat and generate over raw fetch", async () => {
+    const s = await serve();
+    const chat = await post(s, "/api/chat", { model: MODEL, stream: false, messages: [{ role: "user", content: "hey" }], options: { num_predict: 2 } });
+    expect(chat.status).toBe(200);
+    expect(chat.json).toMatchObject({ model: MODEL, message: { role: "assistant", content: "alpha beta " }, done: true, done_reason: "length", eval_count: 2 });
+    const response = await fetch(`${s.url}/api/generate`, { method: "POST", headers: { "x-api-key": KEY }, body: JSON.stringify({ model: `${MODEL}:latest`, prompt: "hey" }) });
+    expect(response.headers.get("content-type")).toContain("application/x-ndjson");
+    const lines = (await response.text()).trim().split("\n").map((l) => JSON.parse(l) as Record<string, any>);
+    expect(lines.filter((l) => !l.done).map((l) => l.response).join("")).toBe(FakeModel.WORDS.join(""));
+    expect(lines.at(-1)).toMatchObject({ done: true, done_reason: "stop", model: `${MODEL}:latest` });
+    const tags = await fetch(`${s.url}/api/tags`, { headers: { "x-api-key": KEY } }).then((r) => r.json() as Promise<any>);
+    expect(tags.models[0].name).toBe(`${MODEL}:latest`);
+    const show = await post(s, "/api/show", { model: MODEL });
+    expect(show.json.capabilities).toContain("vision");
+    const unknown = await post(s, "/api/chat", { model: "llama3", messages: [user("x")] });
+    expect(unknown.status).toBe(404);
+    expect(unknown.json).toEqual({ error: expect.stringContaining("llama3") });
+    const unauthorized = await post(s, "/api/chat", { model: MODEL, messages: [user("x")] }, {});
+    expect(unauthorized.status).toBe(401);
+    expect(typeof unauthorized.json.error).toBe("string");
+  });
+
+  it("auth, limits and errors, each in its API's shape; the server keeps serving", async () => {
+    const s = await serve();
+    const health = await fetch(`${s.url}/healthz`); // no key needed
+    expect(await health.json()).toEqual({ status: "ready" });
+    await expect(oai(s, "wrong").models.list()).rejects.toBeInstanceOf(OpenAI.AuthenticationError);
+    await expect(ant(s, "wrong").messages.create({ model: MODEL, max_tokens: 1, messages: [{ role: "user", content: "x" }] }))
+      .rejects.toBeInstanceOf(Anthropic.AuthenticationError);
+    expect((await fetch(`${s.url}/v1/models`)).status).toBe(401);
+    expect((await fetch(`${s.url}/v1/models`, { headers: { authorization: `Bearer ${KEY}` } })).status).toBe(200);
+    const big = await post(s, "/v1/messages", `{${" ".repeat(70000)}}`);
+    expect(big.status).toBe(413);
+    expect(big.json.error.type).toBe("request_too_large");
+    // no Content-Length (chunked): refused while reading
+    const chunks = new ReadableStream<Uint8Array>({
+      start(controller) {
+        for (let i = 0; i < 20; i++) controller.enqueue(new Uint8Array(8192).fill(0x20));
+        controller.close();
+      },
+    });
+    const chunked = await fetch(`${s.url}/v1/chat/completions`, { method: "POST", headers: { "x-api-key": KEY }, body: chunks, duplex: "half" } as RequestInit);
+    expect(chunked.status).toBe(413);
+    expect((await chunked.json() as any).error.code).toBe("request_too_large");
+    const bad = await post(s, "/v1/chat/completions", "{nope");
+    expect(bad.status).toBe(400);
+    expect(bad.json.error.type).toBe("invalid_request_error");
+    const unknown = await post(s, "/v1/messages", { model: "claude-x", max_tokens: 1, messages: [user("x")] });
+    expect(unknown.status).toBe(404);
+    expect(unknown.json.error.type).toBe("not_found_error");
+    await expect(oai(s).chat.completions.create({ model: "gpt-x", messages: [{ role: "user", content: "x" }] })).rejects.toBeInstanceOf(OpenAI.NotFoundError);
+    // a content error found while counting (the stand-in's word for an undecodable image)
+    const gif = Buffer.concat([Buffer.from("GIF89a"), Buffer.alloc(20)]).toString("base64");
+    const decoded = await post(s, "/v1/messages", { model: MODEL, max_tokens: 1, messages: [user([{ type: "image", source: { type: "base64", media_type: "image/gif", data: gif } }])] });
+    expect(decoded.status).toBe(400);
+    expect(decoded.json.error.message).toContain("PNG");
+    const tooLong = await post(s, "/v1/chat/completions", { model: MODEL, messages: [user("x".repeat(CTX))] });
+    expect(tooLong.status).toBe(400);
+    expect(tooLong.json.error.message).toContain("context");
+    const nan = await post(s, "/v1/messages", `{"model": "${MODEL}", "max_tokens": 1, "temperature": NaN, "messages": [{"role": "user", "content": "x"}]}`);
+    expect(nan.status).toBe(400);
+    expect(nan.json.error.message).toMatch(/'temperature' is NaN/);
+    const deep = await post(s, "/api/chat", `{"model": "${MODEL}", "x": ${"[".repeat(1000)}${"]".repeat(1000)}}`);
+    expect(deep.status).toBe(400);
+    expect(deep.json.error).toMatch(/levels deep/);
+    const route = await fetch(`${s.url}/v1/nowhere`, { headers: { "x-api-key": KEY } });
+    expect(route.status).toBe(404);
+    expect((await route.json() as any).error).toBeDefined();
+    const method = await fetch(`${s.url}/v1/chat/completions`, { headers: { "x-api-key": KEY } });
+    expect(method.status).toBe(405);
+    const ok = await post(s, "/v1/chat/completions", { model: MODEL, messages: [user("x")], max_tokens: 1 });
+    expect(ok.status).toBe(200);
+    expect(ok.json.choices[0].message.content).toBe("alpha ");
+  });
+
+  it("a full queue answers 429 with Retry-After; a client that leaves is skipped or cancelled", async () => {
+    const s = await serve({ maxQueue: 1 });
+    let open!: () => void;
+    s.model.gate = new Promise((r) => {
+      open = r;
+    });
+    const running = new AbortController();
+    const first = fetch(`${s.url}/v1/chat/completions`, {
+      method: "POST", headers: { "x-api-key": KEY }, signal: running.signal,
+      body: JSON.stringify({ model: MODEL, messages: [user("a")], stream: true }),
+    });
+    await expect.poll(() => s.model.calls.length).toBe(1);
+    const waiting = new AbortController();
+    const second = fetch(`${s.url}/v1/messages`, {
+      method: "POST", headers: { "x-api-key": KEY }, signal: waiting.signal, body: JSON.stringify({ model: MODEL, max_tokens: 2, messages: [user("b")] }),
+    });
+    await expect.poll(() => s.queue.waiting).toBe(1);
+    const full = await post(s, "/v1/chat/completions", { model: MODEL, messages: [user("c")] });
+    expect(full.status).toBe(429);
+    expect(full.json.error.type).toBe("rate_limit_error");
+    expect(Number(full.headers.get("retry-after"))).toBeGreaterThan(0);
+    await expect(oai(s).chat.completions.create({ model: MODEL, messages: [{ role: "user", content: "c" }] })).rejects.toBeInstanceOf(OpenAI.RateLimitError);
+    waiting.abort();
+    await second.catch(() => undefined);
+    await expect.poll(() => s.queue.waiting).toBe(0);
+    expect(s.lines).toContain("kvl serve: skipped a queued request whose client disconnected");
+    (await first).body?.cancel().catch(() => undefined);
+    running.abort();
+    await expect.poll(() => s.lines.some((l) => l.startsWith("kvl serve: generation cancelled after 0 token(s): the client disconnected"))).toBe(true);
+    s.model.gate = null;
+    open();
+    const after = await post(s, "/v1/chat/completions", { model: MODEL, messages: [user("d")], max_tokens: 2 });
+    expect(after.status).toBe(200);
+    expect(s.model.calls).toHaveLength(2); // the skipped request never ran
+    await expect.poll(() => s.lines.filter((l) => / 499 /.test(l))).toHaveLength(2);
+  });
+
+  it("a non-streaming client that leaves cancels its reply", async () => {
+    const s = await serve();
+    let open!: () => void;
+    s.model.gate = new Promise((r) => {
+      open = r;
+    });
+    const leaving = new AbortController();
+    const request = fetch(`${s.url}/v1/chat/completions`, {
+      method: "POST", headers: { "x-api-key": KEY }, signal: leaving.signal, body: JSON.stringify({ model: MODEL, messages: [user("a")] }),
+    });
+    await expect.poll(() => s.model.calls.length).toBe(1);
+    leaving.abort();
+    await request.catch(() => undefined);
+    await expect.poll(() => s.lines.some((l) => l.includes("generation cancelled after 0 token(s)"))).toBe(true);
+    open();
+    s.model.gate = null;
+    const after = await post(s, "/v1/chat/completions", { model: MODEL, messages: [user("b")], max_tokens: 1 });
+    expect(after.json.choices[0].message.content).toBe("alpha ");
+  });
+
+  it("reports loading, then ready", async () => {
+    let release!: () => void;
+    const gate = new Promise<void>((r) => {
+      release = r;
+    });
+    const model = new FakeModel();
+    const s = await serve({ apiKey: null, open: async () => {
+      await gate;
+      return model;
+    } });
+    expect(await (await fetch(`${s.url}/healthz`)).json()).toEqual({ status: "loading" });
+    const early = await post(s, "/v1/messages", { model: MODEL, max_tokens: 1, messages: [user("x")] }, {});
+    expect(early.status).toBe(503);
+    expect(early.json.error.type).toBe("overloaded_error");
+    expect(early.json.error.message).toContain("loading");
+    expect(early.headers.get("retry-after")).toBeTruthy();
+    release();
+    await expect.poll(async () => (await (await fetch(`${s.url}/healthz`)).json() as any).status).toBe("ready");
+    const late = await post(s, "/v1/messages", { model: MODEL, max_tokens: 1, messages: [user("x")] }, {});
+    expect(late.status).toBe(200);
+    expect(late.json.content[0].text).toBe("alpha ");
+  });
+
+  it("reports a failed load", async () => {
+    const s = await serve({ open: async () => {
+      throw new UserError("PACK_COMPLETE.json is missing");
+    } });
+    await expect.poll(() => s.queue.status).toBe("failed");
+    const health = await fetch(`${s.url}/healthz`);
+    expect(health.status).toBe(503);
+    expect(await health.json()).toEqual({ status: "failed", error: "PACK_COMPLETE.json is missing" });
+    const chat = await post(s, "/v1/chat/completions", { model: MODEL, messages: [user("x")] });
+    expect(chat.status).toBe(503);
+    expect(chat.json.error.message).toContain("PACK_COMPLETE");
+  });
+
+  it("shutdown ends a running stream with an error event and refuses waiting requests", async () => {
+    const s = await serve();
+    let open!: () => void;
+    s.model.gate = new Promise((r) => {
+      open = r;
+    });
+    const streaming = await fetch(`${s.url}/v1/messages`, {
+      method: "POST", headers: { "x-api-key": KEY }, body: JSON.stringify({ model: MODEL, max_tokens: 4, stream: true, messages: [user("a")] }),
+    });
+    const waiting = post(s, "/v1/chat/completions", { model: MODEL, messages: [user("b")] });
+    await expect.poll(() => s.queue.waiting).toBe(1);
+    s.queue.beginShutdown();
+    open();
+    const text = await streaming.text();
+    expect(text).toContain("event: error");
+    expect(text).toContain("overloaded_error");
+    const refused = await waiting;
+    expect(refused.status).toBe(503);
+  });
+
+  it("images go through the model's loader; its UserErrors are 400s naming the field", async () => {
+    const loader = { loadImage: async () => {
+      throw new UserError("an image of 9000x9000 pixels is too large");
+    } };
+    await expect(loadImages([{ role: "user", parts: [new ImageData(PNG, "messages[0].content[1]")] }], loader))
+      .rejects.toMatchObject({ status: 400, param: "messages[0].content[1]", message: "messages[0].content[1]: an image of 9000x9000 pixels is too large" });
+  });
+});
