@@ -8,65 +8,14 @@
  * TypeScript run and a Python run of the same settings read the same bytes: the A/B comparison of
  * the two front ends compares time only. Does not own: what the prompt is used for (bench-run.ts).
  */
+import { seedSequenceState } from "../packer/seed-sequence.js";
 
 const MASK32 = 0xffffffffn;
 const MASK64 = (1n << 64n) - 1n;
 const MASK128 = (1n << 128n) - 1n;
 
-// numpy/random/bit_generator.pyx: SeedSequence constants
-const INIT_A = 0x43b0d7e5;
-const MULT_A = 0x931e8875;
-const INIT_B = 0x8b51f9dd;
-const MULT_B = 0x58f38ded;
-const MIX_MULT_L = 0xca01f9dd;
-const MIX_MULT_R = 0x4973f715;
-const POOL_SIZE = 4;
-
 // PCG_DEFAULT_MULTIPLIER_128 (numpy/random/src/pcg64/pcg64.h)
 const PCG_MULT = (2549297995355413924n << 64n) + 4865540595714422341n;
-
-const mul32 = (a: number, b: number): number => Math.imul(a, b) >>> 0;
-
-function hashmix(value: number, hash: { c: number }): number {
-  let v = (value ^ hash.c) >>> 0;
-  hash.c = mul32(hash.c, MULT_A);
-  v = mul32(v, hash.c);
-  return (v ^ (v >>> 16)) >>> 0;
-}
-
-function mix(x: number, y: number): number {
-  const r = (mul32(MIX_MULT_L, x) - mul32(MIX_MULT_R, y)) >>> 0;
-  return (r ^ (r >>> 16)) >>> 0;
-}
-
-/** SeedSequence(seed).generate_state(4, uint64) — the words PCG64 is seeded with. */
-function seedSequenceState(seed: bigint): bigint[] {
-  if (seed < 0n) throw new RangeError(`seed must be non-negative, got ${seed}`);
-  const entropy: number[] = [];
-  if (seed === 0n) entropy.push(0);
-  for (let n = seed; n > 0n; n >>= 32n) entropy.push(Number(n & MASK32));
-  const hash = { c: INIT_A };
-  const pool: number[] = [];
-  for (let i = 0; i < POOL_SIZE; i++) pool.push(hashmix(i < entropy.length ? entropy[i]! : 0, hash));
-  for (let src = 0; src < POOL_SIZE; src++) {
-    for (let dst = 0; dst < POOL_SIZE; dst++) {
-      if (src !== dst) pool[dst] = mix(pool[dst]!, hashmix(pool[src]!, hash));
-    }
-  }
-  for (let src = POOL_SIZE; src < entropy.length; src++) {
-    for (let dst = 0; dst < POOL_SIZE; dst++) pool[dst] = mix(pool[dst]!, hashmix(entropy[src]!, hash));
-  }
-  let c = INIT_B;
-  const words: number[] = [];
-  for (let i = 0; i < 8; i++) {
-    let v = (pool[i % POOL_SIZE]! ^ c) >>> 0;
-    c = mul32(c, MULT_B);
-    v = mul32(v, c);
-    words.push((v ^ (v >>> 16)) >>> 0);
-  }
-  // little-endian pairs of 32-bit words -> 64-bit words
-  return [0, 1, 2, 3].map((k) => (BigInt(words[2 * k + 1]!) << 32n) | BigInt(words[2 * k]!));
-}
 
 /** numpy's PCG64 bit generator with its next_uint32 buffering (low half first). */
 class Pcg64 {
@@ -75,7 +24,8 @@ class Pcg64 {
   #half: number | null = null;
 
   constructor(seed: bigint) {
-    const [s0, s1, i0, i1] = seedSequenceState(seed) as [bigint, bigint, bigint, bigint];
+    const words = seedSequenceState(seed); // generate_state(4, uint64)
+    const [s0, s1, i0, i1] = [words[0]!, words[1]!, words[2]!, words[3]!];
     const initState = (s0 << 64n) | s1;
     const initSeq = (i0 << 64n) | i1;
     this.#inc = ((initSeq << 1n) | 1n) & MASK128;
