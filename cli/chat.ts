@@ -12,7 +12,7 @@
 import { readFileSync } from "node:fs";
 import { createInterface } from "node:readline";
 
-import { type Command, InvalidArgumentError, Option } from "commander";
+import { type Command, InvalidArgumentError } from "commander";
 
 import { chooseBackend } from "../host/backend.js";
 import { type ChatImage, ChatModel, type Conversation, type ReplyReport } from "../host/chat-model.js";
@@ -23,7 +23,7 @@ import { DEFAULT_MAX_NEW_TOKENS, DEFAULT_TEMPERATURE, type ReplyParams } from ".
 import { UserError } from "../host/user-error.js";
 import { silentProgress, stderrProgress } from "../packer/progress.js";
 import { peakRssBytes } from "../host/process-memory.js";
-import { backendOption, instancesOption, nonNegativeInt, positiveInt } from "./options.js";
+import { actDtypeOption, backendOption, instancesOption, kernelsOption, nonNegativeInt, positiveInt } from "./options.js";
 
 const HELP_LINE = "commands: /reset  /stats  /image PATH  /quit   (Ctrl-C stops a reply, Ctrl-D quits)";
 
@@ -318,9 +318,8 @@ export function addChatCommand(program: Command): void {
     .option("--image <path>", "attach an image to the (first) user message (repeatable)", collect, [])
     .option("--threads <n>", "compute threads (0 = all cores)", nonNegativeInt, 0)
     .option("--max-context <n>", "context length in tokens", positiveInt, 4096)
-    .addOption(new Option("--kernels <set>", "kernel set").choices(["auto", "scalar", "avx2", "avx512", "simd128"]).default("auto"))
-    .addOption(new Option("--act-dtype <dtype>", "inputs of the Linear layers: f32 (exact) or bf16 (as the checkpoint's own " +
-      "BF16 inference: faster prefill on CPUs with AVX512_BF16, logits move by BF16 rounding)").choices(["f32", "bf16"]).default("f32"))
+    .addOption(kernelsOption())
+    .addOption(actDtypeOption())
     .option("--no-vision", "do not load the vision tower")
     .addOption(instancesOption())
     .option("--show-tokens", "print token ids, timings, cache/I-O statistics and peak RSS")

@@ -31,3 +31,14 @@ export function backendOption(): Option {
   return new Option("--backend <name>", "core build to run: auto picks the native addon where it loads, else WebAssembly (env KVL_BACKEND)")
     .choices(BACKEND_REQUESTS);
 }
+
+/** --kernels: the kernel set the engine runs (auto: the fastest this CPU and backend have). */
+export function kernelsOption(): Option {
+  return new Option("--kernels <set>", "kernel set").choices(["auto", "scalar", "avx2", "avx512", "simd128"]).default("auto");
+}
+
+/** --act-dtype: the inputs of the Linear layers (README "Numerics"). */
+export function actDtypeOption(): Option {
+  return new Option("--act-dtype <dtype>", "inputs of the Linear layers: f32 (exact) or bf16 (as the checkpoint's own " +
+    "BF16 inference: faster prefill on CPUs with AVX512_BF16, logits move by BF16 rounding)").choices(["f32", "bf16"]).default("f32");
+}

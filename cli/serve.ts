@@ -6,13 +6,13 @@
  * Owns: the command's options and their defaults. Does not own: anything the server does
  * (server/serve.ts and the rest of server/).
  */
-import { type Command, InvalidArgumentError, Option } from "commander";
+import { type Command, InvalidArgumentError } from "commander";
 
 import type { KernelChoice, NumericDtype } from "../host/engine-api.js";
 import { DEFAULT_MAX_BODY_MIB, DEFAULT_MODEL_ID } from "../server/app.js";
 import { DEFAULT_HOST } from "../server/auth.js";
 import { runServer } from "../server/serve.js";
-import { backendOption, instancesOption, nonNegativeInt, positiveInt } from "./options.js";
+import { actDtypeOption, backendOption, instancesOption, kernelsOption, nonNegativeInt, positiveInt } from "./options.js";
 
 interface ServeCommandOptions {
   host: string;
@@ -59,9 +59,8 @@ export function addServeCommand(program: Command): void {
     .option("--max-context <n>", "context length in tokens", positiveInt, 4096)
     .option("--threads <n>", "compute threads (0 = all cores)", nonNegativeInt, 0)
     .option("--max-body-mib <mib>", "largest accepted request body; larger ones get HTTP 413", positiveInt, DEFAULT_MAX_BODY_MIB)
-    .addOption(new Option("--kernels <set>", "kernel set").choices(["auto", "scalar", "avx2", "avx512", "simd128"]).default("auto"))
-    .addOption(new Option("--act-dtype <dtype>", "inputs of the Linear layers: f32 (exact) or bf16 (as the checkpoint's own " +
-      "BF16 inference: faster prefill on CPUs with AVX512_BF16, logits move by BF16 rounding)").choices(["f32", "bf16"]).default("f32"))
+    .addOption(kernelsOption())
+    .addOption(actDtypeOption())
     .option("--no-vision", "do not load the vision tower")
     .option("--verbose", "also print the RAM plan's table")
     .action(async (model: string, opts: ServeCommandOptions) => {
