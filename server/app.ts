@@ -2,7 +2,7 @@
  * app.ts — the koa app: routes, per-route API dialect, auth, and one log line per request.
  * Port of create_app in the former Python server (app.py), plus the Ollama routes.
  *
- * Owns: the routing table (/healthz; OpenAI /v1/models, /v1/models/{id}, /v1/chat/completions;
+ * Owns: the routing table (/ and its assets: the web chat page, web.ts; /healthz; OpenAI /v1/models, /v1/models/{id}, /v1/chat/completions;
  * Anthropic /v1/messages, /v1/messages/count_tokens; Ollama /api/chat, /api/generate, /api/tags,
  * /api/show, /api/version), the order every request goes through (key → body → the dialect's
  * parse → model id → ready → images → prompt size → queue → answer), rendering any error in the
@@ -28,6 +28,7 @@ import * as ollama from "./ollama.js";
 import * as openai from "./openai.js";
 import type { EngineQueue } from "./queue.js";
 import { NDJSON_CONTENT_TYPE, RequestLog, SSE_CONTENT_TYPE, type StreamShape, collectReply, streamReply } from "./reply.js";
+import { WebPage } from "./web.js";
 
 export const DEFAULT_MODEL_ID = "kimi-vl-a3b-instruct-q8";
 export const MIB = 1 << 20;
@@ -156,6 +157,13 @@ export function createApp(queue: EngineQueue, config: ServerConfig): Koa {
   };
 
   const router = new Router();
+
+  // -- the web chat page: public (it holds no secret; it asks for the key the API needs); not
+  // logged, the log is of API requests -------------------------------------------------------
+  const page = new WebPage();
+  for (const path of page.paths()) {
+    router.get(path, async (ctx) => page.serve(ctx));
+  }
 
   router.get("/healthz", endpoint("openai", async (ctx) => {
     const body: Record<string, unknown> = { status: queue.status };

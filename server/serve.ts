@@ -171,7 +171,7 @@ export async function runServer(o: ServeOptions): Promise<number> {
       say(`kvl serve: ${record.chosen}${by}, ${p.instances.length} ${record.chosen === "wasm" ? "instance" : "engine"}${p.instances.length > 1 ? "s" : ""}, ` +
         `kernels ${model.client.info.kernels}; RAM plan ${(p.total / MIB).toFixed(0)} MiB of --ram-mib ${o.ramMib}; loaded in ${model.loadSeconds.toFixed(1)} s`);
       if (o.verbose) say(p.describe());
-      say(`kvl serve: model ready as '${o.modelId}'`);
+      say(`kvl serve: model ready as '${o.modelId}'; chat in a browser at http://${shown}:${address.port}/`);
     }
     await closed;
   } finally {
