@@ -1,8 +1,8 @@
 /**
  * chat-template.ts — the pack's chat_template.jinja rendered with @huggingface/jinja, as
- * kvl/chat_template.py renders it with jinja2 (test/fixtures/goldens/tokenizer.json holds that
- * module's prompts and those of the independent tests/reference/template.py), and the media
- * expansion of spec §7.2 on token ids.
+ * transformers' apply_chat_template renders it with jinja2 (test/fixtures/goldens/tokenizer.json
+ * holds those prompts, equal there to the independent test/fixtures/reference/template.py's), and
+ * the media expansion of spec §7.2 on token ids.
  *
  * Owns: loading the template (read as Python's read_text does: strict UTF-8, universal newlines;
  * trim_blocks and lstrip_blocks, which @huggingface/jinja always applies), the variables a render

@@ -1,8 +1,9 @@
 /**
  * tokenizer.ts — the model's tokenizer: tiktoken (the npm `tiktoken` package, its Rust core as
  * WebAssembly) over a pack's `tiktoken.model`, special tokens from its `tokenizer_config.json`.
- * Port of kvl/tokenizer.py; test/fixtures/goldens/tokenizer.json holds that module's ids and
- * those of the independent Python reference (tests/reference/tokenizer.py).
+ * test/fixtures/goldens/tokenizer.json holds the official tokenizer's ids (tiktoken, as
+ * tokenization_moonshot.py builds it), equal there to those of the independent Python reference
+ * (test/fixtures/reference/tokenizer.py).
  *
  * Owns: reading and validating the two files (UserErrors that name the file and say to rerun
  * kvl pack), the special-id rule of spec §8 (the 256 + 2 ids after the base vocabulary, named

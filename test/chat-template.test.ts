@@ -1,8 +1,9 @@
 /**
  * host/chat-template.ts and host/conversation.ts against the Python goldens
  * (test/fixtures/goldens/tokenizer.json, made by test/fixtures/make-tokenizer-goldens.py): prompts
- * that kvl/chat_template.py (jinja2) AND the hand-written tests/reference/template.py render
- * identically, their ids (reference tokenizer AND kvl.conversation.build_prompt) and position
+ * that the official rendering (transformers' jinja2 environment) AND the hand-written
+ * test/fixtures/reference/template.py render identically, their ids (reference tokenizer AND the
+ * official processor's expansion + tokenizer) and position
  * keys, jinja2-only renders (no messages, custom templates: whitespace control, special-token
  * variables, loop controls, tojson, raise_exception, CRLF files), on a tiny pack synthesized and
  * packed here. Also: media expansion and the UserErrors for bad messages and broken templates.
@@ -80,7 +81,7 @@ it("the pack's template and tokenizer files are the ones the goldens were made f
   }
 });
 
-describe("conversations (prompt, ids and keys of the Python reference and kvl.conversation)", () => {
+describe("conversations (prompt, ids and keys of the official code and the Python reference)", () => {
   it("digests and token counts of the images are the Python ones", () => {
     for (const [key, g] of Object.entries(G.images)) {
       const image = imageOf(key);

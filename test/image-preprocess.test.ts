@@ -1,7 +1,7 @@
 /**
  * The production image path (host/image-decode.ts, host/image-preprocess.ts) against what the
  * official pipeline — Pillow 13 resize in the image's own mode, torchvision-style pad,
- * convert("RGB"), float32 normalise, patchify; kvl/image.py reproduces it — makes of small image
+ * convert("RGB"), float32 normalise, patchify; make-image-goldens.py writes it out — makes of small image
  * files in every mode and format (test/fixtures/images/, goldens in
  * test/fixtures/goldens/images.json, both made by test/fixtures/make-image-goldens.py; no Python
  * at test time).

@@ -1,7 +1,7 @@
 /**
  * The float64 TypeScript reference (test/reference/) against golden outputs of the official-side
  * implementations (test/fixtures/goldens/, made by test/fixtures/make-goldens.py): the FP32
- * PyTorch reference in tests/reference (text decoder, MoonViT + projector, preprocessing) and
+ * PyTorch reference in test/fixtures/reference (text decoder, MoonViT + projector, preprocessing) and
  * transformers' DeepseekV3ForCausalLM (text decoder), on the tiny synthesized checkpoints.
  *
  * The checkpoints are made here by the TypeScript synthesizer (packer/synth.ts) and checked to be
@@ -14,8 +14,8 @@
  * (n <= 256 in the tiny model: ~1.5e-5, a worst case rarely approached), compounded over 4 decoder
  * layers / 3 vision blocks with normalisation in between; measured differences are smaller (see
  * the logged maxima: logits <= 5e-6 relative, hidden states <= 2e-6, vision <= 1.1e-6).
- *   - logits: |d| <= 1e-4 * max(1, |logit|) — the relative 1e-4 of tests/test_reference.py's
- *     LOGIT_TOLERANCE, which also bounds reference-vs-transformers there;
+ *   - logits: |d| <= 1e-4 * max(1, |logit|) — the 1e-4 of make-goldens.py's LOGIT_TOLERANCE,
+ *     which bounds reference-vs-transformers there;
  *   - final-norm hidden states and media embeddings (O(1) values): 2e-5 absolute;
  *   - greedy ids: exact. Valid because every golden greedy step has a top-1 / top-2 margin far
  *     above the logit tolerance (asserted below, from the fixture), so FP32 rounding cannot flip it;
@@ -169,7 +169,7 @@ afterAll(() => {
 
 // -- preprocessing -------------------------------------------------------------------------------
 
-describe("image preprocessing vs tests/reference/preprocess.py (Pillow)", () => {
+describe("image preprocessing vs test/fixtures/reference/preprocess.py (Pillow)", () => {
   const pre = golden<PreprocessGolden>("preprocess.json");
   const config = pre.preprocessor_config;
 
@@ -407,14 +407,14 @@ describe.each(["tiny-seed0", "tiny-seed1-grouped"])("%s vs the PyTorch reference
   describe("text decoder", () => {
     for (const key of Object.keys(g.prompts)) {
       for (const source of ["reference", "transformers"] as const) {
-        it(`prompt "${key}" vs ${source === "reference" ? "tests/reference (PyTorch FP32)" : "transformers DeepseekV3ForCausalLM"}`, () => {
+        it(`prompt "${key}" vs ${source === "reference" ? "test/fixtures/reference (PyTorch FP32)" : "transformers DeepseekV3ForCausalLM"}`, () => {
           const p = g.prompts[key]!;
           compareText(`${name} ${key} vs ${source}`, run(key), p[source], p.ids.length);
         });
       }
     }
 
-    it("with routed experts as their Q8 round trip vs tests/reference q8_experts=True", () => {
+    it("with routed experts as their Q8 round trip vs test/fixtures/reference q8_experts=True", () => {
       const p = g.prompts.random!;
       const want = p.reference_q8_experts!;
       const q8 = text.withQ8Experts();

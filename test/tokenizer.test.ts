@@ -1,10 +1,10 @@
 /**
  * host/tokenizer.ts against the Python tokenizers' goldens (test/fixtures/goldens/tokenizer.json,
- * made by test/fixtures/make-tokenizer-goldens.py: the ids of kvl/tokenizer.py AND of the
- * independent tests/reference/tokenizer.py, which agree there), on a tiny pack synthesized and
+ * made by test/fixtures/make-tokenizer-goldens.py: the ids of the official tokenizer on tiktoken
+ * AND of the independent test/fixtures/reference/tokenizer.py, which agree there), on a tiny pack synthesized and
  * packed here (its tokenizer files are checked to be the goldens' by sha256).
  *
- * What is compared: ids of every golden text id for id (CORPUS of tests/test_tokenizer.py, CJK,
+ * What is compared: ids of every golden text id for id (the script's CORPUS, CJK,
  * emoji, whitespace kinds, every special in running text, the pre-split limits in code points and
  * Python whitespace); encodeOrdinary; decode round trips and Python's U+FFFD replacement; the
  * stream decoder (never half a character, U+FFFD on flush); specials by name, stop ids and the

@@ -19,9 +19,15 @@
  *       giving the same bits as before;
  *   (d) visionBytes grows with the patch count;
  *   (e) through the engine worker, encodeImages gives the direct call's bits; errors come back as
- *       the same classes; a model opened without vision refuses images with one clear UserError.
+ *       the same classes; a model opened without vision refuses images with one clear UserError;
+ *   (f) on one engine: grids at the position table's own size (bicubic = identity), with fewer
+ *       rows and more columns, and with many more rows, within 1e-3 of the reference; an image's
+ *       rows are bit-identical whatever image precedes or follows it in the call; 4x3, 2x0,
+ *       512x2 and 2x512 grids are refused naming the grid; every vision tensor is read from the
+ *       store exactly once per call (the bytes of vision.idx's records); a vision index that
+ *       lacks a tensor is refused naming it.
  */
-import { existsSync, readFileSync } from "node:fs";
+import { cpSync, existsSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -30,6 +36,7 @@ import { ENGINE_WORKER_PATH, EngineClient } from "../host/engine-client.js";
 import { type CoreEngine, CoreError, engineOptionCodes, roundToBf16 } from "../host/engine-api.js";
 import { type HostedEngine, openHostedEngine } from "../host/engine-host.js";
 import { NativeBackend, loadNativeAddon } from "../host/native-backend.js";
+import { crc32, decodeIndex, encodeIndex } from "../host/pack-format.js";
 import { NO_VISION_MESSAGE, SplitEngine } from "../host/split-engine.js";
 import { UserError } from "../host/user-error.js";
 import { WasmBackend } from "../host/wasm-backend.js";
@@ -151,7 +158,7 @@ afterAll(() => {
 });
 
 describe("roundToBf16", () => {
-  it("rounds FP32 to the nearest BF16, ties to even, as kvl/engine.py round_to_bf16", () => {
+  it("rounds FP32 to the nearest BF16, ties to even", () => {
     const bits = Uint32Array.of(
       0x3f800000, // 1: exact
       0x3f808000, // 1 + 2^-8 (a tie, kept bit 0): down to 1
@@ -428,6 +435,111 @@ describe.each(BACKENDS)("images through the engine worker on %s", (backend) => {
       expect((await plain.stats()).tokensPrefilled).toBe(0);
     } finally {
       await plain.close();
+    }
+  });
+});
+
+describe.each(BACKENDS)("more of the vision encoder's contract on %s", (backend) => {
+  /** Seeded patches for one image of this grid, and the grid array. */
+  const image = (rows: number, cols: number, seed: number): { px: Float32Array; grid: Int32Array } =>
+    ({ px: seededPixels(seed, rows * cols * patchValues), grid: Int32Array.of(rows, cols) });
+
+  it("matches the reference where the position table is used as is, shrunk and stretched", () => {
+    const { init_pos_emb_height: th, init_pos_emb_width: tw } = vision.cfg;
+    const [mh, mw] = vision.cfg.merge_kernel_size;
+    // bicubic at the table's own size is the identity; fewer rows and more columns; many more rows
+    const grids: Array<[number, number]> = [[th, tw], [Math.max(mh, Math.floor(th / 2 / mh) * mh), tw + 2 * mw], [th + 4 * mh, mw]];
+    const engine = openEngine(backend);
+    try {
+      grids.forEach(([rows, cols], k) => {
+        const { px, grid } = image(rows, cols, 40 + k);
+        const want = referenceRows(px, grid);
+        const err = maxAbsDiff(engine.encodeImages(px, grid), want) / maxAbs(want);
+        console.log(`[vision ${backend}] ${rows}x${cols} patches (table ${th}x${tw}): max |diff| / max |ref| ${err.toExponential(2)}`);
+        expect(err, `${rows}x${cols}`).toBeLessThanOrEqual(TOLERANCE);
+      });
+    } finally {
+      engine.close();
+    }
+  });
+
+  it("gives an image's rows bit for bit whatever images share the call, before or after it", () => {
+    const a = image(4, 6, 50);
+    const b = image(4, 4, 51);
+    const engine = openEngine(backend);
+    try {
+      const H = engine.info().hiddenSize;
+      const aRows = 6 * H;
+      const alone = engine.encodeImages(a.px, a.grid);
+      const cat = (x: Float32Array, y: Float32Array): Float32Array => { const o = new Float32Array(x.length + y.length); o.set(x); o.set(y, x.length); return o; };
+      const before = engine.encodeImages(cat(a.px, b.px), Int32Array.of(4, 6, 4, 4));
+      const after = engine.encodeImages(cat(b.px, a.px), Int32Array.of(4, 4, 4, 6));
+      expect(alone.length).toBe(aRows);
+      expect(differingValues(before.subarray(0, aRows), alone)).toBe(0);
+      expect(differingValues(after.subarray(after.length - aRows), alone)).toBe(0);
+      // the neighbour is really another image (the checks above are not vacuous)
+      expect(differingValues(after.subarray(0, H), alone.subarray(0, H))).toBeGreaterThan(0);
+    } finally {
+      engine.close();
+    }
+  });
+
+  it.each([[4, 3], [2, 0], [512, 2], [2, 512]])("refuses a %ix%i grid, naming the grid", (rows, cols) => {
+    const engine = openEngine(backend);
+    try {
+      const px = new Float32Array(rows * cols * patchValues);
+      const error = errorOf(() => engine.encodeImages(px, Int32Array.of(rows, cols)));
+      expect(error).toBeInstanceOf(CoreError);
+      expect(String(error)).toMatch(/grid/);
+    } finally {
+      engine.close();
+    }
+  });
+
+  it("reads every vision tensor from the store exactly once per call", () => {
+    const index = decodeIndex(readFileSync(join(pack, "vision.idx")), "vision.idx");
+    const stored = index.records.reduce((sum, r) => sum + r.nbytes, 0);
+    const engine = openEngine(backend);
+    try {
+      const { px, grid } = image(4, 4, 60);
+      for (let call = 0; call < 2; call++) {
+        const before = engine.stats().visionBytesRead;
+        engine.encodeImages(px, grid);
+        expect(engine.stats().visionBytesRead - before, `call ${call}`).toBe(stored);
+      }
+    } finally {
+      engine.close();
+    }
+  });
+
+  it("refuses a pack whose vision index lacks a tensor, naming it", () => {
+    const broken = join(tmp.dir, `no-vision-tensor-${backend}`);
+    cpSync(pack, broken, { recursive: true });
+    try {
+      const index = decodeIndex(readFileSync(join(pack, "vision.idx")), "vision.idx");
+      const victim = "multi_modal_projector.linear_2.bias";
+      expect(index.byName.has(victim)).toBe(true);
+      const records = index.records.map((r) => (r.name === victim ? { ...r, name: r.name.replace("bias", "bixs") } : r));
+      const idx = encodeIndex(index.kind, index.binSize, index.hparams, records, index.configText, index.revision, index.version);
+      writeFileSync(join(broken, "vision.idx"), idx);
+      // a consistent pack otherwise: the completion record names the new index
+      const completePath = join(broken, "PACK_COMPLETE.json");
+      const complete = JSON.parse(readFileSync(completePath, "utf8")) as { files: Record<string, { size: number; crc32?: number }> };
+      complete.files["vision.idx"] = { size: idx.length, crc32: crc32(idx) };
+      writeFileSync(completePath, JSON.stringify(complete));
+      const error = errorOf(() => {
+        const engine = (backend === "wasm" ? wasm : native).openEngine(broken, { nThreads: THREADS, loadVision: true });
+        try {
+          const { px, grid } = image(2, 2, 61);
+          engine.encodeImages(px, grid);
+        } finally {
+          engine.close();
+        }
+      });
+      expect(error).toBeInstanceOf(CoreError);
+      expect(String(error)).toMatch(/linear_2\.bias/);
+    } finally {
+      rmSync(broken, { recursive: true, force: true });
     }
   });
 });

@@ -7,7 +7,7 @@
  * engine->vision one phase at a time (patch embedding, each block, projector halves) into one
  * working buffer, so the working set is one block's weights plus the activations of the call.
  * Does not own: opening the vision store or reading its hparams (engine.c), kernels (kernels*.c),
- * threads (threadpool.c), file I/O (store.c), preprocessing (kvl/image.py).
+ * threads (threadpool.c), file I/O (store.c), preprocessing (host/image-preprocess.ts).
  *
  * All arithmetic is FP32 with BF16 weights; every dimension comes from engine->vhp.
  */
@@ -34,7 +34,7 @@ enum {
     ATTN_QUERIES = 32,
     /* tokens per matmul call: keeps the activation chunk cache-resident while each thread
      * streams its rows of the weight (the kernels compute every output element on its own,
-     * so the chunking does not change results; tests/test_vision.py checks batch invariance) */
+     * so the chunking does not change results; test/vision-engine.test.ts checks batch invariance) */
     MATMUL_TOKENS = 64,
     /* gathered keys/queries are zero-padded to this many floats so the score product's short
      * contraction (the head size) has no scalar tail in any kernel (the zeros add exactly 0) */
