@@ -32,6 +32,9 @@
  *     simd128, avx2, avx512, avx512-bf16); "all": every table this build and CPU support.
  *     "decode": only the decode products, plus one "RESULT table kind shape threads GB/s" line
  *     each (wall clock) for scripts (bench/kernels_ab.sh).
+ *   kernels_bench LEVEL decode i16x2: the integer products take 2 vectors per token in decode,
+ *     as the engine's --act-dtype i16 does (each input and its remainder, model.c mm_quantize);
+ *     without it 1, the kernel alone. (An argument: emscripten's getenv does not see Node's.)
  * In WebAssembly the "cpu" figures are wall clock too (no per-process CPU clock there).
  */
 #if !defined(_WIN32) && !defined(_POSIX_C_SOURCE)
@@ -79,6 +82,7 @@ static double now_s(void)
 
 static const char *const kind_names[] = {"bf16", "q8", "q8i16", "bf16xb", "q8xb", "i16i16"};
 static int g_results; /* print RESULT lines */
+static size_t g_i16_terms = 1; /* "i16x2": vectors per decode token, integer kinds */
 
 /* Weight bytes per element of each kind. */
 static size_t kind_esz(int kind)
@@ -174,8 +178,9 @@ static void bench_decode(kvl_pool *pool, const kvl_kernels *K, int kind, size_t 
     size_t mbytes = rows * cols * esz;
     unsigned char *W = (unsigned char *)malloc(mbytes * nmat);
     float *scale = (float *)malloc(rows * sizeof(float));
-    float *X = (float *)malloc(cols * sizeof(float));
-    float *Y = (float *)malloc(rows * sizeof(float));
+    const size_t nv = kind == 2 || kind == 5 ? g_i16_terms : 1; /* vectors per token */
+    float *X = (float *)malloc(nv * cols * sizeof(float));
+    float *Y = (float *)malloc(nv * rows * sizeof(float));
     if (!W || !scale || !X || !Y) {
         printf("out of memory\n");
         exit(1);
@@ -183,12 +188,12 @@ static void bench_decode(kvl_pool *pool, const kvl_kernels *K, int kind, size_t 
     fill_weights(W, kind, mbytes * nmat);
     for (size_t r = 0; r < rows; r++)
         scale[r] = 0.01f;
-    for (size_t c = 0; c < cols; c++)
+    for (size_t c = 0; c < nv * cols; c++)
         X[c] = 0.001f * (float)(c % 17);
-    int16_t *Xq = (int16_t *)malloc(cols * sizeof(int16_t));
-    float *xs = (float *)malloc(sizeof(float));
-    K->quantize_i16_act(Xq, xs, X, cols, 1, cols, cols);
-    mm_ctx ctx = {K, kind, Xq, xs, NULL, scale, rows, cols, 1, X, Y};
+    int16_t *Xq = (int16_t *)malloc(nv * cols * sizeof(int16_t));
+    float *xs = (float *)malloc(nv * sizeof(float));
+    K->quantize_i16_act(Xq, xs, X, cols, nv, cols, cols);
+    mm_ctx ctx = {K, kind, Xq, xs, NULL, scale, rows, cols, nv, X, Y};
     double best = 1e30, bestc = 1e30;
     for (int rep = 0; rep < 4; rep++) {
         double t0 = now_s(), c0 = cpu_s();
@@ -367,6 +372,8 @@ int main(int argc, char **argv)
     const char *which = argc > 1 ? argv[1] : "0";
     int decode_only = argc > 2 && strcmp(argv[2], "decode") == 0;
     g_results = decode_only;
+    if (argc > 3 && strcmp(argv[3], "i16x2") == 0)
+        g_i16_terms = 2;
     if (strcmp(which, "all") == 0) {
         const char *const *names = kvl_kernels_compiled_names();
         for (size_t i = 0; names[i]; i++) {

@@ -22,7 +22,7 @@ import { type Limits, loadLimits, measureLimits } from "../host/bench-limits.js"
 import { type DecodeRecord, type PromptRecord, packBytes } from "../host/bench-model.js";
 import { type BenchResult, type RunRecord, runBench } from "../host/bench-run.js";
 import type { BackendName } from "../host/core-api.js";
-import type { NumericDtype } from "../host/engine-api.js";
+import type { ActDtype } from "../host/engine-api.js";
 import { UserError } from "../host/user-error.js";
 import { instancesOption, nonNegativeInt, positiveInt } from "./options.js";
 
@@ -42,7 +42,7 @@ interface BenchCliOptions {
   warmupTokens: number;
   maxBatch: number;
   seed: number;
-  actDtype: NumericDtype;
+  actDtype: ActDtype;
   dropCaches?: boolean;
   limits?: string;
   membw?: string;
@@ -290,7 +290,7 @@ export function addBenchCommand(program: Command): void {
     .option("--max-batch <n>", "prefill chunk in tokens (0 = the longest prompt, so each prompt is one chunk and reads each routed expert at most once)",
       nonNegativeInt, 0)
     .option("--seed <n>", "seed of the random prompts (the Python bench's prompts for the same seed)", nonNegativeInt, 0)
-    .addOption(new Option("--act-dtype <dtype>", "inputs of the Linear layers (kvl chat --act-dtype)").choices(["f32", "bf16"]).default("f32"))
+    .addOption(new Option("--act-dtype <dtype>", "inputs of the Linear layers (kvl chat --act-dtype)").choices(["f32", "bf16", "i16"]).default("f32"))
     .option("--drop-caches", "echo 3 > /proc/sys/vm/drop_caches before each engine open (root)")
     .option("--limits <file>", "JSON lines from bench/membw.c (dram/ssd/fma); without it the limits are measured here: with membw " +
       "(--membw, else bench/membw.c built with the C compiler), else in Node")

@@ -17,13 +17,13 @@ import { type Command, InvalidArgumentError } from "commander";
 import { chooseBackend } from "../host/backend.js";
 import { type ChatImage, ChatModel, type Conversation, type ReplyReport } from "../host/chat-model.js";
 import type { Message } from "../host/conversation.js";
-import type { EngineStats, KernelChoice, NumericDtype } from "../host/engine-api.js";
+import type { EngineStats, KernelChoice, ActDtype } from "../host/engine-api.js";
 import { MIB } from "../host/planner.js";
 import { DEFAULT_MAX_NEW_TOKENS, DEFAULT_TEMPERATURE, type ReplyParams } from "../host/reply-params.js";
 import { UserError } from "../host/user-error.js";
 import { silentProgress, stderrProgress } from "../packer/progress.js";
 import { peakRssBytes } from "../host/process-memory.js";
-import { actDtypeOption, backendOption, instancesOption, kernelsOption, nonNegativeInt, positiveInt } from "./options.js";
+import { actDtypeOption, backendOption, instancesOption, kernelsOption, maxImageMpOption, megapixelsToPixels, nonNegativeInt, positiveInt } from "./options.js";
 
 const HELP_LINE = "commands: /reset  /stats  /image PATH  /quit   (Ctrl-C stops a reply, Ctrl-D quits)";
 
@@ -43,8 +43,9 @@ interface ChatOptions {
   threads: number;
   maxContext: number;
   kernels: KernelChoice;
-  actDtype: NumericDtype;
+  actDtype: ActDtype;
   vision: boolean;
+  maxImageMp?: number;
   instances?: number;
   showTokens?: boolean;
   json?: boolean;
@@ -102,6 +103,9 @@ function replyJson(model: ChatModel, report: ReplyReport, stats: EngineStats, be
     images: report.images.map((i) => ({ sha256: i.sha256, grid: i.grid, media_tokens: i.mediaTokens })),
     peak_rss_bytes: peakRssBytes(),
     plan_bytes: model.plan.total,
+    // the plan's image decode line and the largest image (JPEG/PNG) it admits; null without vision
+    plan_image_decode_bytes: model.plan.imageBudget?.bytes ?? null,
+    plan_image_max_pixels: model.plan.imageBudget?.pixels ?? null,
   };
 }
 
@@ -136,7 +140,7 @@ async function openModel(model: string, opts: ChatOptions): Promise<ChatModel> {
     const chat = await ChatModel.open(model, {
       backend: record.chosen, ramMib: opts.ramMib, cacheMib: opts.cacheMib, trunkCacheMib: opts.trunkCacheMib ?? null,
       maxContext: opts.maxContext, threads: opts.threads, kernels: opts.kernels, actDtype: opts.actDtype, loadVision: opts.vision,
-      instances: opts.instances,
+      instances: opts.instances, imageMaxPixels: megapixelsToPixels(opts.maxImageMp),
       onLoadProgress: (read, expected) => {
         if (read === null || expected <= 0) return;
         if (!started) {
@@ -321,6 +325,7 @@ export function addChatCommand(program: Command): void {
     .addOption(kernelsOption())
     .addOption(actDtypeOption())
     .option("--no-vision", "do not load the vision tower")
+    .addOption(maxImageMpOption())
     .addOption(instancesOption())
     .option("--show-tokens", "print token ids, timings, cache/I-O statistics and peak RSS")
     .option("--json", "print one JSON object per reply instead of streaming text")

@@ -89,7 +89,9 @@ async function checkPack(model: string): Promise<{ check: Check; reader: PackRea
     return { check: { status: "FAIL", name: "pack", detail, fix: detail }, reader: null };
   }
   const stores = [...reader.stores].map(([name, index]) => `${name} ${index.records.length} tensors`).join(", ");
-  return { check: { status: "OK", name: "pack", detail: `${stores}; structure and index CRCs checked` }, reader };
+  // which trunk `kvl pack --trunk-dtype` made (README "Numerics"): q8 halves its bytes per token
+  const trunk = `format version ${reader.stores.get("trunk")!.version}, ${reader.trunkDtype} trunk Linear weights`;
+  return { check: { status: "OK", name: "pack", detail: `${stores}; ${trunk}; structure and index CRCs checked` }, reader };
 }
 
 async function checkData(reader: PackReader, quick: boolean, progress: Progress): Promise<Check> {

@@ -37,8 +37,25 @@ export function kernelsOption(): Option {
   return new Option("--kernels <set>", "kernel set").choices(["auto", "scalar", "avx2", "avx512", "simd128"]).default("auto");
 }
 
+/** --max-image-mp: the largest image (megapixels) the RAM plan reserves decode memory for. */
+export function maxImageMpOption(): Option {
+  return new Option("--max-image-mp <mp>", "reserve decode memory in the RAM plan for images of up to about this many " +
+    "megapixels (default: the most that fits, 12 to 64; lower it to leave more of --ram-mib to the caches)")
+    .argParser((value: string): number => {
+      const n = Number(value);
+      if (!/^\d+(\.\d+)?$/.test(value) || !(n > 0)) throw new InvalidArgumentError("expected a positive number of megapixels");
+      return n;
+    });
+}
+
+/** Megapixels (--max-image-mp) → the planner's pixel limit. */
+export function megapixelsToPixels(mp: number | undefined): number | undefined {
+  return mp === undefined ? undefined : Math.round(mp * 1e6);
+}
+
 /** --act-dtype: the inputs of the Linear layers (README "Numerics"). */
 export function actDtypeOption(): Option {
-  return new Option("--act-dtype <dtype>", "inputs of the Linear layers: f32 (exact) or bf16 (as the checkpoint's own " +
-    "BF16 inference: faster prefill on CPUs with AVX512_BF16, logits move by BF16 rounding)").choices(["f32", "bf16"]).default("f32");
+  return new Option("--act-dtype <dtype>", "inputs of the Linear layers: f32 (exact), bf16 (as the checkpoint's own " +
+    "BF16 inference: faster prefill on CPUs with AVX512_BF16, logits move by BF16 rounding) or i16 (inputs as two " +
+    "15-bit integer terms, integer products: the fast mode on WebAssembly, logits within 1e-3)").choices(["f32", "bf16", "i16"]).default("f32");
 }

@@ -9,6 +9,7 @@
 import { type Command, Option } from "commander";
 
 import { chooseBackend, openBackend } from "../host/backend.js";
+import { TRUNK_DTYPES, type TrunkDtype } from "../host/pack-format.js";
 import { UserError } from "../host/user-error.js";
 import { PINNED_REVISION } from "../packer/hub.js";
 import { packCheckpoint } from "../packer/pack.js";
@@ -21,6 +22,7 @@ interface PackCommandOptions {
   deleteConsumedShards?: boolean;
   synthPreset?: Preset;
   seed: number;
+  trunkDtype: TrunkDtype;
   quiet?: boolean;
   backend?: string;
 }
@@ -35,6 +37,9 @@ export function addPackCommand(program: Command): void {
     .option("--delete-consumed-shards", "delete each source shard once everything taken from it is durably packed")
     .addOption(new Option("--synth-preset <name>", "pack a synthesized random model directly (no shards written)").choices(PRESETS))
     .option("--seed <n>", "seed for --synth-preset", nonNegativeInt, 0)
+    .addOption(new Option("--trunk-dtype <dtype>", "the trunk's Linear weights (attention, dense and shared MLPs, lm_head): " +
+      "bf16 as the checkpoint, or q8 row-wise like the experts (half the bytes per token; accuracy: README Numerics)")
+      .choices(TRUNK_DTYPES).default("bf16"))
     .option("--quiet", "no progress bar and no status lines")
     .addOption(backendOption())
     .action(async (src: string | undefined, dst: string | undefined, opts: PackCommandOptions) => {
@@ -49,6 +54,7 @@ export function addPackCommand(program: Command): void {
       const core = await openBackend(record.chosen, record);
       const common = {
         core,
+        trunkDtype: opts.trunkDtype,
         deleteConsumedShards: opts.deleteConsumedShards === true,
         progress: opts.quiet ? silentProgress : stderrProgress(),
         ...(opts.quiet ? {} : { log: (line: string) => process.stderr.write(`${line}\n`) }),

@@ -8,11 +8,11 @@
  */
 import { type Command, InvalidArgumentError } from "commander";
 
-import type { KernelChoice, NumericDtype } from "../host/engine-api.js";
-import { DEFAULT_MAX_BODY_MIB, DEFAULT_MODEL_ID } from "../server/app.js";
+import type { KernelChoice, ActDtype } from "../host/engine-api.js";
+import { DEFAULT_MODEL_ID } from "../server/app.js";
 import { DEFAULT_HOST } from "../server/auth.js";
 import { runServer } from "../server/serve.js";
-import { actDtypeOption, backendOption, instancesOption, kernelsOption, nonNegativeInt, positiveInt } from "./options.js";
+import { actDtypeOption, backendOption, instancesOption, kernelsOption, maxImageMpOption, megapixelsToPixels, nonNegativeInt, positiveInt } from "./options.js";
 
 interface ServeCommandOptions {
   host: string;
@@ -27,10 +27,11 @@ interface ServeCommandOptions {
   maxQueue: number;
   maxContext: number;
   threads: number;
-  maxBodyMib: number;
+  maxBodyMib?: number;
   kernels: KernelChoice;
-  actDtype: NumericDtype;
+  actDtype: ActDtype;
   vision: boolean;
+  maxImageMp?: number;
   verbose?: boolean;
 }
 
@@ -58,10 +59,12 @@ export function addServeCommand(program: Command): void {
     .option("--max-queue <n>", "requests that may wait while one generates; more get HTTP 429", positiveInt, 8)
     .option("--max-context <n>", "context length in tokens", positiveInt, 4096)
     .option("--threads <n>", "compute threads (0 = all cores)", nonNegativeInt, 0)
-    .option("--max-body-mib <mib>", "largest accepted request body; larger ones get HTTP 413", positiveInt, DEFAULT_MAX_BODY_MIB)
+    .option("--max-body-mib <mib>", "largest accepted request body; larger ones get HTTP 413 (default: the most the RAM plan holds, " +
+      "up to 20)", positiveInt)
     .addOption(kernelsOption())
     .addOption(actDtypeOption())
     .option("--no-vision", "do not load the vision tower")
+    .addOption(maxImageMpOption())
     .option("--verbose", "also print the RAM plan's table")
     .action(async (model: string, opts: ServeCommandOptions) => {
       const envKey = process.env.KVL_API_KEY;
@@ -69,7 +72,8 @@ export function addServeCommand(program: Command): void {
         model, host: opts.host, port: opts.port, apiKey: opts.apiKey ?? (envKey ? envKey : null), modelId: opts.modelId,
         backend: opts.backend, instances: opts.instances, ramMib: opts.ramMib, cacheMib: opts.cacheMib,
         trunkCacheMib: opts.trunkCacheMib ?? null, maxQueue: opts.maxQueue, maxContext: opts.maxContext, threads: opts.threads,
-        maxBodyMib: opts.maxBodyMib, kernels: opts.kernels, actDtype: opts.actDtype, vision: opts.vision, verbose: opts.verbose ?? false,
+        maxBodyMib: opts.maxBodyMib ?? null, kernels: opts.kernels, actDtype: opts.actDtype, vision: opts.vision,
+        imageMaxPixels: megapixelsToPixels(opts.maxImageMp), verbose: opts.verbose ?? false,
       });
     });
 }

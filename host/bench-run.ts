@@ -22,7 +22,7 @@ import { type Limits, dropPageCache, probeLimits } from "./bench-limits.js";
 import { type DecodeRecord, KV_BYTES, type PackBytes, type PromptRecord, adjacentBounds, decodeBounds, promptBounds } from "./bench-model.js";
 import { randomPrompt } from "./bench-prompt.js";
 import type { BackendName } from "./core-api.js";
-import { CoreError, type CoreSession, type EngineStats, type NumericDtype } from "./engine-api.js";
+import { CoreError, type CoreSession, type EngineStats, type ActDtype } from "./engine-api.js";
 import { type HostedEngine, openHostedEngine } from "./engine-host.js";
 import { plan } from "./planner.js";
 import { peakRssBytes } from "./process-memory.js";
@@ -48,7 +48,7 @@ export interface BenchOptions {
   /** 0 = the longest prompt */
   maxBatch: number;
   seed: number;
-  actDtype: NumericDtype;
+  actDtype: ActDtype;
   dropCaches: boolean;
   membw?: string | undefined;
   instances?: number | undefined;
@@ -224,7 +224,7 @@ async function benchOne(o: BenchOptions, backend: BackendName, n: number, pb: Pa
   if (o.dropCaches) dropPageCache();
   const ramPlan = await plan(o.model, {
     backend, ramMib: o.ramMib, cacheMib: o.cacheMib, trunkCacheMib: o.trunkCacheMib === "auto" ? null : Number(o.trunkCacheMib),
-    maxContext, maxBatch, loadVision: false, threads: o.threads, check: true, ...(o.instances !== undefined ? { instances: o.instances } : {}),
+    maxContext, maxBatch, loadVision: false, threads: o.threads, actDtype: o.actDtype, check: true, ...(o.instances !== undefined ? { instances: o.instances } : {}),
   });
   await collectGarbage();
   if (rssReset) resetPeakRss();

@@ -5,7 +5,8 @@
  *
  * Owns: refusing a pack that cannot run (pack-check.ts) before anything is loaded; the plan the
  * engine is opened from; images as the prompt sees them (ChatImage: the file's bytes, its size
- * from the header, grid and media tokens — pixels are decoded only when the image is encoded);
+ * from the header, grid and media tokens — pixels are decoded only when the image is encoded;
+ * an image over the plan's image decode line is refused from its header, when it is attached);
  * encoding each image once per conversation (embeddings kept by digest while the conversation
  * still shows the image, rounded to BF16 as the official model feeds them); the reply's text
  * (UTF-8-safe deltas, stop strings held back and never emitted), its token budget
@@ -22,11 +23,11 @@ import type { BackendName } from "./core-api.js";
 import { ChatTemplate } from "./chat-template.js";
 import { type Message, type Prompt, ImageInput, buildPrompt, mediaKeyStrings, sha256Hex } from "./conversation.js";
 import { EngineClient, type ClientSession } from "./engine-client.js";
-import { type EngineStats, type KernelChoice, type NumericDtype, roundToBf16 } from "./engine-api.js";
-import { DEFAULT_DECODE_LIMITS, decodeImage, imageSize } from "./image-decode.js";
+import { type EngineStats, type KernelChoice, type ActDtype, roundToBf16 } from "./engine-api.js";
+import { DEFAULT_DECODE_LIMITS, type DecodeLimits, decodeImage, imageHeader } from "./image-decode.js";
 import { type PreprocessorConfig, gridForSize, loadPreprocessorConfig, mediaTokens, preprocessImage } from "./image-preprocess.js";
 import { openRunnablePack } from "./pack-check.js";
-import { type RamPlan, plan } from "./planner.js";
+import { type RamPlan, type RequestPlanOptions, plan } from "./planner.js";
 import { type ReplyParams, seedOrRandom, validateReplyParams } from "./reply-params.js";
 import { StopMatcher } from "./stop-matcher.js";
 import { StreamDecoder, Tokenizer } from "./tokenizer.js";
@@ -42,10 +43,14 @@ export interface ChatModelOptions {
   /** 0 = every core. */
   threads: number;
   kernels: KernelChoice;
-  actDtype: NumericDtype;
+  actDtype: ActDtype;
   loadVision: boolean;
   /** Instances to split over at least; absent: KVL_INSTANCES, else 1. */
   instances?: number | undefined;
+  /** kvl serve: the request bodies the plan must hold (planner.ts RequestPlanOptions). */
+  requests?: RequestPlanOptions | undefined;
+  /** The largest image (pixels) the plan reserves decode memory for; absent: the most that fits. */
+  imageMaxPixels?: number | undefined;
   /** Called while the engine loads with the bytes this process has read so far (Linux) and
    * the bytes the plan expects it to read before it can run. */
   onLoadProgress?: (readBytes: number | null, expectedBytes: number) => void;
@@ -96,8 +101,10 @@ export class ChatModel {
     await openRunnablePack(packDir);
     const ramPlan = await plan(packDir, {
       backend: options.backend, ramMib: options.ramMib, cacheMib: options.cacheMib, trunkCacheMib: options.trunkCacheMib,
-      maxContext: options.maxContext, loadVision: options.loadVision, threads: options.threads, check: true,
+      maxContext: options.maxContext, loadVision: options.loadVision, threads: options.threads, actDtype: options.actDtype, check: true,
       ...(options.instances !== undefined ? { instances: options.instances } : {}),
+      ...(options.requests !== undefined ? { requests: options.requests } : {}),
+      ...(options.imageMaxPixels !== undefined ? { imageMaxPixels: options.imageMaxPixels } : {}),
     });
     const tokenizer = new Tokenizer(packDir);
     let client: EngineClient | undefined;
@@ -160,7 +167,15 @@ export class ChatModel {
     } else {
       bytes = source;
     }
-    const { width, height } = await imageSize(bytes);
+    // over the plan's image decode line: refused here, from the header, before it joins a message
+    let width: number;
+    let height: number;
+    try {
+      ({ width, height } = await imageHeader(bytes, this.decodeLimits(), typeof source === "string" ? `image file '${source}'` : undefined));
+    } catch (err) {
+      if (err instanceof UserError && typeof source !== "string" && !err.message.startsWith(`${name}:`)) throw new UserError(`${name}: ${err.message}`);
+      throw err;
+    }
     let grid: [number, number];
     try {
       grid = gridForSize(width, height, this.preprocess);
@@ -169,6 +184,12 @@ export class ChatModel {
       throw err;
     }
     return new ChatImage(bytes, name, width, height, grid, mediaTokens(grid, this.preprocess.mergeKernel));
+  }
+
+  /** The decoder's limits: the hard ones, and the RAM plan's image decode budget (image-budget.ts). */
+  decodeLimits(): DecodeLimits {
+    const budget = this.plan.imageBudget;
+    return budget ? { ...DEFAULT_DECODE_LIMITS, budget: { bytes: budget.bytes, shape: budget.shape } } : DEFAULT_DECODE_LIMITS;
   }
 
   async newConversation(): Promise<Conversation> {
@@ -235,7 +256,7 @@ export class Conversation {
       if (this.#embeddings.has(image.digest)) continue;
       if (this.#cancelled) break;
       if (!config) throw new UserError("this model was opened without vision (--no-vision); images are not accepted");
-      const decoded = await decodeImage(image.bytes);
+      const decoded = await decodeImage(image.bytes, this.model.decodeLimits());
       const { pixelValues, grid } = preprocessImage(decoded, config);
       if (grid[0] !== image.grid[0] || grid[1] !== image.grid[1]) {
         throw new UserError(`${image.name}: the decoded image gives a ${grid[0]}x${grid[1]} patch grid, its header promised ` +

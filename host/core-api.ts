@@ -53,6 +53,10 @@ export interface PackingCore {
   /** One Q8_EXPERT extent from the BF16 bits of gate [I, H], up [I, H], down [H, I]; throws
    * when a weight is NaN or infinite. */
   packExpert(gate: Uint16Array, up: Uint16Array, down: Uint16Array, intermediate: number, hidden: number): Uint8Array;
+  /** One Q8_ROWS record (docs/FORMAT.md; q8RowsLayout(rows, cols).nbytes bytes) from the BF16
+   * bits of a [rows, cols] matrix, quantised as the experts are; throws when a weight is NaN or
+   * infinite. */
+  packQ8Rows(w: Uint16Array, rows: number, cols: number): Uint8Array;
   /** A generator state from the 4 seed words numpy's SeedSequence gives. */
   pcg64Seed(seedWords: BigUint64Array): Pcg64State;
   /** Fills out[0, count) with uniform values (kvl_synth_uniform), advancing state: BF16 bits
@@ -111,6 +115,20 @@ export function checkPackExpertArgs(gate: Uint16Array, up: Uint16Array, down: Ui
   if (!Number.isInteger(n) || n <= 0 || gate.length !== n || up.length !== n || down.length !== n) {
     throw new RangeError(`packExpert: gate, up and down must each hold I x H = ${intermediate} x ${hidden} BF16 values`);
   }
+}
+
+/** Validates packQ8Rows's arguments the same way on both backends. */
+export function checkPackQ8RowsArgs(w: Uint16Array, rows: number, cols: number): void {
+  const n = rows * cols;
+  if (!Number.isInteger(n) || n <= 0 || w.length !== n) {
+    throw new RangeError(`packQ8Rows: the matrix must hold rows x cols = ${rows} x ${cols} BF16 values`);
+  }
+}
+
+/** Throws for a failed kvl_pack_q8_rows. */
+export function packQ8RowsStatus(status: number): void {
+  if (status === KVL_ERR_FORMAT) throw new Error("a weight is NaN or infinite: the checkpoint is corrupt; re-download it");
+  if (status !== 0) throw new Error(`kvl_pack_q8_rows failed: ${KVL_STATUS_NAMES[status] ?? `status ${status}`}`);
 }
 
 /** Throws for a failed kvl_pack_expert. */

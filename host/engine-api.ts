@@ -14,6 +14,8 @@ import { KVL_STATUS_NAMES } from "./core-api.js";
 export type IoMode = "auto" | "direct" | "buffered";
 export type KernelChoice = "auto" | "scalar" | "avx2" | "avx512" | "simd128";
 export type NumericDtype = "f32" | "bf16";
+/** Inputs of the Linear layers (kvl_core.h KVL_ACT_*): f32 exact, bf16 rounded, i16 the integer mode. */
+export type ActDtype = NumericDtype | "i16";
 
 export interface EngineOptions {
   /** Worker threads of the engine's pool; 0 or absent = every core. */
@@ -26,7 +28,7 @@ export interface EngineOptions {
   kernels?: KernelChoice;
   kvDtype?: NumericDtype;
   loadVision?: boolean;
-  actDtype?: NumericDtype;
+  actDtype?: ActDtype;
   /** Decoder layers this engine runs, [layerBegin, layerEnd); absent = every layer. */
   layerBegin?: number;
   layerEnd?: number;
@@ -171,7 +173,7 @@ export interface EngineOptionCodes {
 const IO_MODES: Record<IoMode, number> = { auto: 0, direct: 1, buffered: 2 };
 const KERNELS: Record<KernelChoice, number> = { auto: 0, scalar: 1, avx2: 2, avx512: 3, simd128: 4 };
 const KV_DTYPES: Record<NumericDtype, number> = { f32: 1, bf16: 2 };
-const ACT_DTYPES: Record<NumericDtype, number> = { f32: 1, bf16: 2 };
+const ACT_DTYPES: Record<ActDtype, number> = { f32: 1, bf16: 2, i16: 3 };
 
 function nonNegativeInteger(name: string, value: number | undefined, min = 0): number {
   const v = value ?? 0;

@@ -51,17 +51,23 @@
  *   - Animated WebP whose first frame does not cover the canvas: not verified.
  *   - Which damaged files are refused differs in details: Pillow refuses a PNG with a bad CRC in
  *     an ancillary chunk before IDAT (e.g. tEXt), libpng drops that chunk and decodes the image.
- * Memory: see decodeBufferBytes.
+ * Memory: see decodeBufferBytes, and image-budget.ts for the bytes the RAM plan reserves: an image
+ * whose decode would need more than DecodeLimits.budget is refused from its header, before any
+ * pixel is decoded (with its size, the limit and what to do).
  */
 import { open, stat } from "node:fs/promises";
 
 import sharp, { type OutputInfo, type SharpOptions } from "sharp";
 
+import { DECODE_BYTES_PER_PIXEL, DECODE_FIXED_BYTES, type DecodeKind, type ResizeShape, decodeNeedBytes, overBudgetMessage } from "./image-budget.js";
 import { UserError } from "./user-error.js";
 
 export interface DecodeLimits {
   maxPixels: number;
   maxFileBytes: number;
+  /** The RAM plan's image decode line (planner.ts): an image whose decode + preprocessing would
+   * need more (image-budget.ts decodeNeedBytes) is refused from its header. Absent: no such check. */
+  budget?: { bytes: number; shape: ResizeShape };
 }
 
 /** As kvl/image.py: 64 megapixels (~256 MB as RGBA), files up to 256 MiB (compressed data). */
@@ -111,6 +117,20 @@ interface Header {
   mode: PillowMode;
   padColour?: [number, number, number];
   gif?: GifFrame;
+  /** PNG: Adam7 interlacing (libpng then holds every pass: a full frame) */
+  interlaced?: boolean;
+  /** PNG: 16-bit samples */
+  deep?: boolean;
+}
+
+/** How the decoder of this file holds its picture (image-budget.ts). */
+function decodeKind(header: Header): DecodeKind {
+  switch (header.format) {
+    case "WebP": return "webp";
+    case "GIF": return "gif";
+    case "PNG": return header.interlaced ? (header.deep ? "interlaced-png-16" : "interlaced-png") : "strips";
+    case "JPEG": return "strips";
+  }
 }
 
 // -- sharp set-up ------------------------------------------------------------------------------
@@ -146,7 +166,7 @@ function configureSharp(): void {
  */
 export function decodeBufferBytes(width: number, height: number): number {
   const pixels = Math.max(0, width) * Math.max(0, height);
-  return pixels * 12 + 32 * 1024 * 1024;
+  return pixels * DECODE_BYTES_PER_PIXEL["interlaced-png-16"] + DECODE_FIXED_BYTES;
 }
 
 // -- reading the source ------------------------------------------------------------------------
@@ -158,6 +178,8 @@ interface Source {
   complete: boolean;
   /** when incomplete, how to get the rest */
   readAll?: () => Promise<Uint8Array>;
+  /** the whole file's (or buffer's) length */
+  size: number;
 }
 
 function describe(source: string | Uint8Array): string {
@@ -188,7 +210,7 @@ async function readSource(source: string | Uint8Array, limits: DecodeLimits, pre
       throw new UserError(`${what} is over the ${limits.maxFileBytes}-byte limit for images; downscale or recompress it`);
     }
     if (source.length === 0) throw new UserError(`${what} is empty; send a JPEG, PNG, WebP or GIF image`);
-    return { what, bytes: source, complete: true };
+    return { what, bytes: source, complete: true, size: source.length };
   }
   const path = source;
   let size: number;
@@ -237,11 +259,11 @@ async function readSource(source: string | Uint8Array, limits: DecodeLimits, pre
     if (prefix !== undefined && prefix < size) {
       // imageSize: the header is at the start; the rest is read only if the header parser needs
       // it (a JPEG with large APP segments before its SOF)
-      return { what, bytes: await readBytes(prefix), complete: false, readAll: () => readSource(path, limits).then((s) => s.bytes) };
+      return { what, bytes: await readBytes(prefix), complete: false, readAll: () => readSource(path, limits).then((s) => s.bytes), size };
     }
     const bytes = await readBytes(size);
     if (bytes.length === 0) throw new UserError(`${what} is empty; send a JPEG, PNG, WebP or GIF image`);
-    return { what, bytes, complete: true };
+    return { what, bytes, complete: true, size: bytes.length };
   } finally {
     await handle.close();
   }
@@ -343,7 +365,7 @@ function parsePng(r: Bytes, sizeOnly: boolean): Header {
   const mode = PNG_MODES[`${depth},${colourType}`];
   if (!mode) throw new HeaderError(`unsupported bit depth ${depth} with colour type ${colourType}`);
   if (r.u8(26) !== 0 || r.u8(27) !== 0 || r.u8(28) > 1) throw new HeaderError("unknown compression, filter or interlace method");
-  const header: Header = { format: "PNG", width, height, mode };
+  const header: Header = { format: "PNG", width, height, mode, interlaced: r.u8(28) === 1, deep: depth === 16 };
   if (mode === "1") header.padColour = [0, 0, 0];
   if (mode !== "P" || sizeOnly) return header;
   // the palette: chunks until PLTE (it must come before IDAT)
@@ -549,26 +571,33 @@ function parseHeader(src: { what: string; bytes: Uint8Array; complete: boolean }
   }
 }
 
-function checkDimensions(header: Header, what: string, limits: DecodeLimits): void {
+function checkDimensions(header: Header, what: string, limits: DecodeLimits, fileBytes: number): void {
   const { width, height } = header;
   if (width <= 0 || height <= 0) throw new UserError(`${what} has zero size (${width}x${height}); send a non-empty image`);
   if (width * height > limits.maxPixels) {
     throw new UserError(`${what} is ${width}x${height} = ${width * height} pixels, over the ${limits.maxPixels}-pixel limit ` +
       "(possible decompression bomb); downscale it first");
   }
+  const budget = limits.budget;
+  const kind = decodeKind(header);
+  if (budget && decodeNeedBytes(width * height, kind, fileBytes, budget.shape) > budget.bytes) {
+    throw new UserError(overBudgetMessage(what, width, height, kind, fileBytes, budget.bytes, budget.shape));
+  }
 }
 
-async function readHeader(source: string | Uint8Array, limits: DecodeLimits, sizeOnly: boolean): Promise<{ src: Source; header: Header }> {
+async function readHeader(source: string | Uint8Array, limits: DecodeLimits, sizeOnly: boolean, what?: string): Promise<{ src: Source; header: Header }> {
   let src = await readSource(source, limits, sizeOnly ? 256 * 1024 : undefined);
+  if (what !== undefined) src = { ...src, what };
   let header: Header;
   try {
     header = parseHeader(src, sizeOnly);
   } catch (err) {
     if (!(err instanceof NeedMore) || !src.readAll) throw err;
-    src = { what: src.what, bytes: await src.readAll(), complete: true };
+    const bytes = await src.readAll();
+    src = { what: src.what, bytes, complete: true, size: bytes.length };
     header = parseHeader(src, sizeOnly);
   }
-  checkDimensions(header, src.what, limits);
+  checkDimensions(header, src.what, limits, src.size);
   return { src, header };
 }
 
@@ -578,6 +607,14 @@ async function readHeader(source: string | Uint8Array, limits: DecodeLimits, siz
 export async function imageSize(source: string | Uint8Array, limits: DecodeLimits = DEFAULT_DECODE_LIMITS): Promise<{ width: number; height: number }> {
   const { header } = await readHeader(source, limits, true);
   return { width: header.width, height: header.height };
+}
+
+/** imageSize plus what the decode will hold (format, decode kind), the limits checked the same way;
+ * `what` names the image in errors (default: the path, or "image data (N bytes)"). */
+export async function imageHeader(source: string | Uint8Array, limits: DecodeLimits = DEFAULT_DECODE_LIMITS, what?: string):
+  Promise<{ width: number; height: number; format: ImageFormat; kind: DecodeKind; fileBytes: number }> {
+  const { src, header } = await readHeader(source, limits, true, what);
+  return { width: header.width, height: header.height, format: header.format, kind: decodeKind(header), fileBytes: src.size };
 }
 
 /** Keeps channels `pick` of each `from`-channel pixel, in place; returns the shortened view. */

@@ -29,6 +29,16 @@ export const ROUTER_BIAS_DTYPES: readonly string[] = ["BF16", "F32"];
 
 export const TEXT_PREFIX = "language_model.model.";
 export const LM_HEAD = "language_model.lm_head.weight";
+/** The trunk's Linear weights that `kvl pack --trunk-dtype q8` stores as row-wise Q8 (Q8_ROWS):
+ * attention projections, the dense layer-0 MLP, the shared experts and lm_head. Not the
+ * embedding (read row by row), the norms, nor the MoE router and its bias (the checkpoint's code
+ * runs the router in FP32; it decides which experts run). */
+export const TRUNK_LINEAR_RE =
+  /^language_model\.(?:lm_head\.weight|model\.layers\.\d+\.(?:self_attn\.(?:q_proj|kv_a_proj_with_mqa|kv_b_proj|o_proj)|mlp\.(?:shared_experts\.)?(?:gate_proj|up_proj|down_proj))\.weight)$/;
+
+export function isTrunkLinear(name: string): boolean {
+  return TRUNK_LINEAR_RE.test(name);
+}
 export const VISION_PREFIX = "vision_tower.";
 export const PROJECTOR_PREFIX = "multi_modal_projector.";
 

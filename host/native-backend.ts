@@ -10,7 +10,7 @@
 import { createRequire } from "node:module";
 
 import {
-  type ConformanceReport, type CoreBackend, type KernelSet, type Pcg64State, type SamplerParams, checkPackExpertArgs, packExpertStatus,
+  type ConformanceReport, type CoreBackend, type KernelSet, type Pcg64State, type SamplerParams, checkPackExpertArgs, checkPackQ8RowsArgs, packExpertStatus, packQ8RowsStatus,
   parseConformanceReport,
 } from "./core-api.js";
 import {
@@ -18,6 +18,7 @@ import {
   type EngineStats, logitsModeCode, wholeRows, type LogitsMode, type SessionOptions, engineOptionCodes, sessionOptionCodes,
   checkGridsLength, visionShape,
 } from "./engine-api.js";
+import { q8RowsLayout } from "./pack-format.js";
 import { nativeAddonPath } from "./paths.js";
 
 /** An engine handle of the addon (an opaque external; see addon.c). */
@@ -87,6 +88,7 @@ export interface NativeAddon {
   conformance(set: string): { failed: number; report: string };
   expertExtentBytes(intermediate: number, hidden: number): number;
   packExpert(gate: Uint16Array, up: Uint16Array, down: Uint16Array, intermediate: number, hidden: number, out: Uint8Array): number;
+  packQ8Rows(w: Uint16Array, rows: number, cols: number, out: Uint8Array): number;
   pcg64Seed(words: BigUint64Array, state: BigUint64Array): void;
   synthUniform(state: BigUint64Array, count: number, center: number, halfWidth: number, out: Uint16Array | Float32Array): void;
   sampleToken(logits: Float32Array, temperature: number, topK: number, topP: number, rng: BigUint64Array, workspace: Int32Array): number;
@@ -163,6 +165,13 @@ export class NativeBackend implements CoreBackend {
     checkPackExpertArgs(gate, up, down, intermediate, hidden);
     const out = new Uint8Array(this.expertExtentBytes(intermediate, hidden));
     packExpertStatus(this.#addon.packExpert(gate, up, down, intermediate, hidden, out));
+    return out;
+  }
+
+  packQ8Rows(w: Uint16Array, rows: number, cols: number): Uint8Array {
+    checkPackQ8RowsArgs(w, rows, cols);
+    const out = new Uint8Array(q8RowsLayout(rows, cols).nbytes);
+    packQ8RowsStatus(this.#addon.packQ8Rows(w, rows, cols, out));
     return out;
   }
 

@@ -12,8 +12,8 @@ import { join } from "node:path";
 import { isDeepStrictEqual } from "node:util";
 
 import { isFile } from "./file-kind.js";
-import { expectedTensors, hparams, textDims } from "./model-spec.js";
-import { COMPLETE_FILE, DTYPE_BF16, DTYPE_F32, DTYPE_NAMES, PackReader } from "./pack-format.js";
+import { expectedTensors, hparams, isTrunkLinear, textDims } from "./model-spec.js";
+import { COMPLETE_FILE, DTYPE_BF16, DTYPE_F32, DTYPE_NAMES, DTYPE_Q8_ROWS, PackReader } from "./pack-format.js";
 import { loadsPy } from "./py-json.js";
 import { UserError } from "./user-error.js";
 
@@ -86,7 +86,9 @@ export function configProblems(model: string, reader: PackReader): { problems: s
       problems.push(`missing tensor ${tensor}`);
       continue;
     }
-    const want = tensor.endsWith("e_score_correction_bias") ? DTYPE_F32 : DTYPE_BF16;
+    // a trunk Linear weight may be row-wise Q8 (kvl pack --trunk-dtype q8); the rest is as packed
+    const want = tensor.endsWith("e_score_correction_bias") ? DTYPE_F32
+      : isTrunkLinear(tensor) && rec.dtype === DTYPE_Q8_ROWS ? DTYPE_Q8_ROWS : DTYPE_BF16;
     if (rec.dtype !== want || rec.shape.join() !== info.shape.join()) {
       problems.push(`${tensor}: dtype ${DTYPE_NAMES[rec.dtype]} shape [${rec.shape.join(", ")}], expected ${DTYPE_NAMES[want]} [${info.shape.join(", ")}]`);
     }

@@ -20,7 +20,13 @@ import {
 } from "./py-json.js";
 import { UserError } from "./user-error.js";
 
+/** The version a pack with a BF16 trunk is written with (every pack before Q8_ROWS existed). */
 export const FORMAT_VERSION = 1;
+/** The version of a pack holding Q8_ROWS records (`kvl pack --trunk-dtype q8`): a reader that
+ * predates the dtype stops at the version ("repack with this kvl version") instead of calling
+ * the index corrupt. This reader reads both. */
+export const FORMAT_VERSION_Q8_ROWS = 2;
+export const FORMAT_VERSIONS: readonly number[] = [FORMAT_VERSION, FORMAT_VERSION_Q8_ROWS];
 export const IDX_MAGIC = "KVLIDX01";
 export const HEADER_BYTES = 128;
 export const HPARAM_RECORD_BYTES = 64;
@@ -30,6 +36,8 @@ export const TENSOR_NAME_BYTES = 128;
 export const BIN_ALIGN = 4096;
 export const SUBBLOCK_ALIGN = 64;
 export const MAX_NDIM = 4;
+/** Largest dimension of a Q8_ROWS record (as store.c's MAX_EXPERT_DIM for extents). */
+export const MAX_Q8_ROWS_DIM = 2n ** 24n;
 
 export type StoreName = "trunk" | "experts" | "vision";
 export const STORE_TRUNK = 1;
@@ -43,7 +51,12 @@ export const STORES: readonly StoreName[] = ["trunk", "experts", "vision"];
 export const DTYPE_BF16 = 1;
 export const DTYPE_F32 = 2;
 export const DTYPE_Q8_EXPERT = 3;
-export const DTYPE_NAMES: Readonly<Record<number, string>> = { 1: "BF16", 2: "F32", 3: "Q8_EXPERT" };
+/** One row-wise Q8 matrix [rows, cols] (a trunk Linear weight; format version 2): see q8RowsLayout. */
+export const DTYPE_Q8_ROWS = 4;
+export const DTYPE_NAMES: Readonly<Record<number, string>> = { 1: "BF16", 2: "F32", 3: "Q8_EXPERT", 4: "Q8_ROWS" };
+/** What `kvl pack --trunk-dtype` stores the trunk's Linear weights as. */
+export type TrunkDtype = "bf16" | "q8";
+export const TRUNK_DTYPES: readonly TrunkDtype[] = ["bf16", "q8"];
 export const DTYPE_ITEMSIZE: Readonly<Record<number, number>> = { 1: 2, 2: 4 };
 
 /** Files copied verbatim from the source checkpoint (those that exist), in this order. */
@@ -104,6 +117,18 @@ export function expertLayout(intermediate: number, hidden: number): ExpertLayout
   return Object.fromEntries(Object.entries(big).map(([k, v]) => [k, Number(v)])) as unknown as ExpertLayout;
 }
 
+/** docs/FORMAT.md "Q8_ROWS": int8 q [rows, cols] at 0, f32 scale [rows] at align64(rows*cols) —
+ * the sub-block rule of the expert extents, with the same row quantisation. */
+export function q8RowsLayoutBig(rows: bigint, cols: bigint): { scale: bigint; nbytes: bigint } {
+  const scale = ((rows * cols + 63n) / 64n) * 64n;
+  return { scale, nbytes: scale + 4n * rows };
+}
+
+export function q8RowsLayout(rows: number, cols: number): { scale: number; nbytes: number } {
+  const big = q8RowsLayoutBig(BigInt(rows), BigInt(cols));
+  return { scale: Number(big.scale), nbytes: Number(big.nbytes) };
+}
+
 export function expertRecordName(layer: number, expert: number): string {
   return `language_model.model.layers.${layer}.mlp.experts.${expert}`;
 }
@@ -153,6 +178,8 @@ export interface TensorRecord {
 
 export interface StoreIndex {
   readonly kind: number;
+  /** format_version of the header (FORMAT_VERSIONS) */
+  readonly version: number;
   readonly binSize: number;
   /** key -> value, in index order */
   readonly hparams: ReadonlyMap<string, number>;
@@ -166,6 +193,7 @@ export interface StoreIndex {
 
 function recordNbytesBig(dtype: number, shape: readonly bigint[]): bigint {
   if (dtype === DTYPE_Q8_EXPERT) return expertLayoutBig(shape[2]!, shape[3]!).nbytes;
+  if (dtype === DTYPE_Q8_ROWS) return q8RowsLayoutBig(shape[0]!, shape[1]!).nbytes;
   return BigInt(DTYPE_ITEMSIZE[dtype]!) * shape.reduce((a, d) => a * d, 1n);
 }
 
@@ -180,8 +208,16 @@ function asciiBytes(text: string, what: string): Uint8Array {
 }
 
 /** The complete .idx file bytes, CRC included. */
+/** The format version of a pack holding these records: 2 as soon as one is Q8_ROWS, else 1 (so
+ * a BF16-trunk pack stays byte-identical to one written before Q8_ROWS existed). */
+export function formatVersionOf(records: Iterable<{ readonly dtype: number }>): number {
+  for (const rec of records) if (rec.dtype === DTYPE_Q8_ROWS) return FORMAT_VERSION_Q8_ROWS;
+  return FORMAT_VERSION;
+}
+
+/** The complete .idx file bytes, CRC included (format_version as given: the pack's, formatVersionOf). */
 export function encodeIndex(kind: number, binSize: number, hparams: Iterable<readonly [string, number]>,
-  records: readonly TensorRecord[], configText: string, revision: string | null): Uint8Array {
+  records: readonly TensorRecord[], configText: string, revision: string | null, version = FORMAT_VERSION): Uint8Array {
   const config = Buffer.from(configText, "utf8");
   const rev = asciiBytes(revision ?? "", "source revision");
   if (rev.length && rev.length !== 40) throw new Error(`source revision must be 40 hex characters, got ${pyRepr(revision)}`);
@@ -189,7 +225,7 @@ export function encodeIndex(kind: number, binSize: number, hparams: Iterable<rea
   const data = new Uint8Array(HEADER_BYTES + HPARAM_RECORD_BYTES * hp.length + TENSOR_RECORD_BYTES * records.length + config.length);
   const view = new DataView(data.buffer);
   data.set(Buffer.from(IDX_MAGIC, "latin1"), 0);
-  view.setUint32(8, FORMAT_VERSION, true);
+  view.setUint32(8, version, true);
   view.setUint32(12, kind, true);
   view.setBigUint64(16, BigInt(binSize), true);
   view.setUint32(24, hp.length, true);
@@ -252,8 +288,8 @@ export function decodeIndex(data: Uint8Array, where: string, expectedKind?: numb
     throw new UserError(`${where}: bad magic ${pyBytesRepr(magic)} (expected ${pyBytesRepr(Buffer.from(IDX_MAGIC))}) — ` +
       "not a kvl index; rerun kvl pack");
   }
-  if (version !== FORMAT_VERSION) {
-    throw new UserError(`${where}: format version ${version}, this kvl reads version ${FORMAT_VERSION}; repack with this kvl version`);
+  if (!FORMAT_VERSIONS.includes(version)) {
+    throw new UserError(`${where}: format version ${version}, this kvl reads versions ${FORMAT_VERSIONS.join(" and ")}; repack with this kvl version`);
   }
   const kindName = STORE_NAMES[kind];
   if (kindName === undefined) throw new UserError(`${where}: unknown store kind ${kind} — ${corrupt}`);
@@ -313,6 +349,9 @@ export function decodeIndex(data: Uint8Array, where: string, expectedKind?: numb
     const label = `${where}: tensor ${pyRepr(name)}`;
     if (byName.has(name)) throw new UserError(`${label} appears twice — ${corrupt}`);
     if (DTYPE_NAMES[dtype] === undefined) throw new UserError(`${label} has unknown dtype ${dtype} — ${corrupt}`);
+    if (dtype === DTYPE_Q8_ROWS && version < FORMAT_VERSION_Q8_ROWS) {
+      throw new UserError(`${label} is Q8_ROWS, which needs format version ${FORMAT_VERSION_Q8_ROWS} (the index says ${version}) — ${corrupt}`);
+    }
     if (!(ndim >= 1 && ndim <= MAX_NDIM) || dims.slice(ndim).some((d) => d !== 0n)) {
       throw new UserError(`${label} has an invalid shape (ndim ${ndim}, dims [${dims.join(", ")}]) — ${corrupt}`);
     }
@@ -322,6 +361,10 @@ export function decodeIndex(data: Uint8Array, where: string, expectedKind?: numb
     }
     if (dtype === DTYPE_Q8_EXPERT && (ndim !== 4 || shape[2] === 0n || shape[3] === 0n)) {
       throw new UserError(`${label}: Q8 expert records need shape [layer, expert, I, H] with I, H > 0, found [${shape.join(", ")}] — ${corrupt}`);
+    }
+    // store.c's bound: keeps rows * cols far from u64 overflow in both readers
+    if (dtype === DTYPE_Q8_ROWS && (ndim !== 2 || shape[0]! > MAX_Q8_ROWS_DIM || shape[1]! > MAX_Q8_ROWS_DIM)) {
+      throw new UserError(`${label}: Q8_ROWS records need shape [rows, cols] with 1 <= rows, cols <= ${MAX_Q8_ROWS_DIM}, found [${shape.join(", ")}] — ${corrupt}`);
     }
     if (flags !== 0) throw new UserError(`${label} has nonzero flags ${flags} — ${corrupt}`);
     if (offset % BigInt(BIN_ALIGN)) throw new UserError(`${label} offset ${offset} is not a multiple of ${BIN_ALIGN} — ${corrupt}`);
@@ -346,7 +389,7 @@ export function decodeIndex(data: Uint8Array, where: string, expectedKind?: numb
   } catch {
     throw new UserError(`${where}: embedded config.json is not UTF-8 — ${corrupt}`);
   }
-  return { kind, binSize: Number(binSize), hparams, records, byName, configText, revision };
+  return { kind, version, binSize: Number(binSize), hparams, records, byName, configText, revision };
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -471,9 +514,10 @@ export class PackReader {
     if (!isJsonObject(files) || !Object.values(files).every(isJsonObject)) {
       throw new UserError(`${completePath}: 'files' is not a table of file entries — ${INCOMPLETE_HINT}`);
     }
-    if (!pyEqualsNumber(complete.format_version, FORMAT_VERSION)) {
+    const version = FORMAT_VERSIONS.find((v) => pyEqualsNumber(complete.format_version, v));
+    if (version === undefined) {
       throw new UserError(`${completePath}: format version ${pyStr(complete.format_version)}, this kvl reads ` +
-        `version ${FORMAT_VERSION}; repack with this kvl version`);
+        `versions ${FORMAT_VERSIONS.join(" and ")}; repack with this kvl version`);
     }
     const entry = (name: string): JsonObject => (files[name] as JsonObject | undefined) ?? {};
     const stores = new Map<StoreName, StoreIndex>();
@@ -488,6 +532,10 @@ export class PackReader {
         throw new UserError(`${idxName}: does not match ${COMPLETE_FILE} (size/CRC differ) — the pack was modified or is corrupt; rerun kvl pack`);
       }
       const index = decodeIndex(data, idxName, STORE_KINDS[name]);
+      if (index.version !== version) {
+        throw new UserError(`${idxName}: format version ${index.version} differs from ${COMPLETE_FILE}'s ${version} — ` +
+          "the stores come from different packs; rerun kvl pack");
+      }
       const binPath = join(dir, binName);
       if (!isFile(binPath)) throw new UserError(`${binName}: missing from ${dir} — ${INCOMPLETE_HINT}`);
       const found = statSync(binPath).size;
@@ -507,6 +555,12 @@ export class PackReader {
       }
     }
     return new PackReader(dir, complete, stores);
+  }
+
+  /** What the trunk's Linear weights are stored as: "q8" when any trunk record is Q8_ROWS
+   * (`kvl pack --trunk-dtype q8`), else "bf16". */
+  get trunkDtype(): TrunkDtype {
+    return this.stores.get("trunk")!.records.some((r) => r.dtype === DTYPE_Q8_ROWS) ? "q8" : "bf16";
   }
 
   /** The embedded config.json, parsed. */
@@ -539,15 +593,34 @@ export class PackReader {
   async tensor(name: string): Promise<PackTensor> {
     const [store, rec] = this.#find(name);
     if (rec.dtype === DTYPE_Q8_EXPERT) throw new Error(`${name} is an expert extent; use expert()`);
+    if (rec.dtype === DTYPE_Q8_ROWS) throw new Error(`${name} is a Q8_ROWS matrix; use q8Rows() or tensorF32()`);
     const bytes = await this.raw(store, rec);
     return rec.dtype === DTYPE_BF16
       ? { dtype: "BF16", shape: rec.shape, data: new Uint16Array(bytes.buffer, bytes.byteOffset, bytes.length / 2) }
       : { dtype: "F32", shape: rec.shape, data: new Float32Array(bytes.buffer, bytes.byteOffset, bytes.length / 4) };
   }
 
+  /** A trunk/vision tensor as float32 values (a Q8_ROWS matrix dequantized: q * scale[row]). */
   async tensorF32(name: string): Promise<Float32Array> {
+    if (this.record(name).dtype === DTYPE_Q8_ROWS) {
+      const m = await this.q8Rows(name);
+      return dequantizeRowsQ8(m.q, m.scale, m.rows, m.cols);
+    }
     const t = await this.tensor(name);
     return t.data instanceof Uint16Array ? bf16BitsToF32(t.data) : t.data;
+  }
+
+  /** The int8 rows and float32 row scales of one Q8_ROWS record. */
+  async q8Rows(name: string): Promise<{ rows: number; cols: number; q: Int8Array; scale: Float32Array }> {
+    const [store, rec] = this.#find(name);
+    if (rec.dtype !== DTYPE_Q8_ROWS) throw new Error(`${name} is ${DTYPE_NAMES[rec.dtype]}, not Q8_ROWS`);
+    const [rows, cols] = rec.shape as [number, number];
+    const buf = await this.raw(store, rec);
+    const lay = q8RowsLayout(rows, cols);
+    return {
+      rows, cols, q: new Int8Array(buf.buffer, buf.byteOffset, rows * cols),
+      scale: new Float32Array(buf.buffer, buf.byteOffset + lay.scale, rows),
+    };
   }
 
   /** The int8 matrices and float32 row scales of one routed expert's extent. */

@@ -9,14 +9,17 @@
  * maxInstanceBytes; native: the requested count); how the expert cache and the trunk cache are
  * shared between the ranges; the automatic trunk cache (whatever the budget leaves, capped at
  * what the trunk can use); refusing a plan over --ram-mib with advice whose every figure was
- * checked by planning again with it; reconciling the plan with what the engines report.
+ * checked by planning again with it; reconciling the plan with what the engines report; the
+ * input lines — decoding the largest admitted image, and kvl serve's request bodies — with their
+ * limits chosen to fit (section "Image decode and request bodies").
  * Does not own: allocation or opening engines (engine-host.ts), the layer ranges' rule
  * (split-engine.ts layerRanges, used as is), the pack format (pack-format.ts).
  *
  * The byte rules mirrored here are wasm-core/src/engine.c's (load_text: the global block, the
  * forward-order trunk walk with its double-buffered stream, the expert cache) and model.c's
- * (kvl_session_layout_compute), per layer range; test/planner.test.ts proves the mirror exact
- * against what engines report on both backends for 1, 2 and 3 ranges.
+ * (kvl_session_layout_compute), per layer range and activation mode (--act-dtype i16: int16
+ * trunk rows with per-row scales, the quantised-input workspace); test/planner.test.ts proves
+ * the mirror exact against what engines report on both backends for 1, 2 and 3 ranges.
  *
  * Sharing between ranges: the trunk cache keeps the model's forward-order prefix under the
  * budget (the same tensors a single engine would keep), so each range gets the part of that
@@ -67,12 +70,13 @@ import { readFileSync, statSync } from "node:fs";
 import { join } from "node:path";
 
 import type { BackendName } from "./core-api.js";
-import type { EngineInfo, NumericDtype } from "./engine-api.js";
+import type { ActDtype, EngineInfo, NumericDtype } from "./engine-api.js";
 import { requestedInstances } from "./engine-host.js";
-import { PackReader } from "./pack-format.js";
+import { DTYPE_BF16, PackReader } from "./pack-format.js";
 import { layerRanges } from "./split-engine.js";
 import { UserError } from "./user-error.js";
 import { MAX_INSTANCE_BYTES, WasmBackend } from "./wasm-backend.js";
+import { IMAGE_PIXELS_FLOOR, IMAGE_PIXELS_MAX, type ResizeShape, admittedPixels, imageDecodeBudget, megapixels } from "./image-budget.js";
 
 export const MIB = 2 ** 20;
 const KIB = 1024;
@@ -107,7 +111,7 @@ const EXPERT_READER_THREADS = 4;
  * wasm32 has 4-byte pointers and size_t, x86-64 (Linux and Windows) 8-byte ones. The tests
  * compare these with sessionBytes on both backends.
  */
-export const SESSION_STRUCT_BYTES: Readonly<Record<BackendName, number>> = { wasm: 136, native: 232 };
+export const SESSION_STRUCT_BYTES: Readonly<Record<BackendName, number>> = { wasm: 144, native: 256 };
 
 export const KV_DTYPE_BYTES: Readonly<Record<NumericDtype, number>> = { f32: 4, bf16: 2 };
 export const DEFAULT_MAX_BATCH = 256;
@@ -120,6 +124,13 @@ const MLP = ["gate_proj.weight", "up_proj.weight", "down_proj.weight"];
 
 const alignTo = (n: number, a: number): number => Math.ceil(n / a) * a;
 const alignPage = (n: number): number => alignTo(n, PAGE);
+/** engine.c i16_slot_bytes: a resident Linear weight with --act-dtype i16 (int16 rows, then a
+ * 4-byte scale per row, in one page-aligned slot). */
+const i16Slot = (nbytes: number, rows: number): number => alignPage(alignTo(nbytes, 64) + 4 * rows);
+/** model.c MM_MAX_SEGS * XQ_ALIGN: the act_i16 workspace's alignment allowance. */
+const I16_WORKSPACE_SLACK = 50 * 32;
+/** model.c I16_SUB: rows per integer kernel call. */
+const I16_SUB_ROWS = 64;
 
 /** MiB with one decimal and thousands separators, as Python's f"{n / MIB:,.1f}". */
 export function mib(n: number): string {
@@ -133,8 +144,8 @@ export function mib(n: number): string {
 export interface PackFacts {
   readonly packDir: string;
   readonly hparams: ReadonlyMap<string, number>;
-  /** Trunk records by name (only nbytes is read). */
-  readonly trunk: ReadonlyMap<string, { readonly nbytes: number }>;
+  /** Trunk records by name (nbytes; for --act-dtype i16 the dtype and rows shape[0] too). */
+  readonly trunk: ReadonlyMap<string, { readonly nbytes: number; readonly shape: readonly number[]; readonly dtype: number }>;
   readonly expertRecords: number;
   /** nbytes of the first expert record (all have one size; the engine checks). */
   readonly expertNbytes: number;
@@ -195,10 +206,13 @@ interface Model {
   /** intermediate (dense) or n_shared * moe_intermediate (MoE): engine.c's mlp_rows. */
   mlpRows: number[];
   lmHeadPadded: number;
+  /** lm_head's slot with --act-dtype i16 (int16 rows and their scales). */
+  lmHeadI16: number;
   /** Global bytes of layer l (norms, and on MoE layers the router and its bias). */
   layerGlobals: number[];
-  /** Padded trunk tensors in forward order. */
-  order: Array<{ padded: number }>;
+  /** Trunk tensors in forward order: padded (a read, a BF16 residency slot) and, with
+   * --act-dtype i16, the residency slot (int16 rows and scales; kv_b_proj stays BF16). */
+  order: Array<{ padded: number; i16: number }>;
   /** Index into order of each layer's first tensor; firstOf[nLayers] = order.length. */
   firstOf: number[];
   extent: number;
@@ -215,18 +229,27 @@ function modelOf(facts: PackFacts): Model {
     vocab: g("vocab_size"), hidden: g("hidden_size"), nLayers: g("num_hidden_layers"), heads: g("num_attention_heads"),
     kvLora: g("kv_lora_rank"), rope: g("qk_rope_head_dim"), nope: g("qk_nope_head_dim"), vDim: g("v_head_dim"),
     nRouted: g("n_routed_experts"), topK: g("num_experts_per_tok"), nGroup: g("n_group"), moeInter: g("moe_intermediate_size"),
-    maxPositions: g("max_position_embeddings"), moe: [], mlpRows: [], lmHeadPadded: 0, layerGlobals: [], order: [], firstOf: [], extent: 0,
+    maxPositions: g("max_position_embeddings"), moe: [], mlpRows: [], lmHeadPadded: 0, lmHeadI16: 0, layerGlobals: [], order: [], firstOf: [],
+    extent: 0,
   };
   const firstDense = g("first_k_dense_replace");
   const freq = g("moe_layer_freq");
   const nShared = g("n_shared_experts");
   const inter = g("intermediate_size");
-  const need = (name: string): { nbytes: number } => {
+  const need = (name: string): { nbytes: number; shape: readonly number[]; dtype: number } => {
     const rec = facts.trunk.get(name);
     if (rec === undefined) throw new UserError(`trunk.idx lacks ${name}; rerun kvl pack`);
     return rec;
   };
-  m.lmHeadPadded = alignPage(need("language_model.lm_head.weight").nbytes);
+  const head = need("language_model.lm_head.weight");
+  m.lmHeadPadded = alignPage(head.nbytes);
+  // engine.c converts BF16 weights only (a Q8 weight runs on the integer product as packed)
+  m.lmHeadI16 = head.dtype === DTYPE_BF16 ? i16Slot(head.nbytes, head.shape[0]!) : m.lmHeadPadded;
+  const entry = (name: string, linear: boolean): { padded: number; i16: number } => {
+    const rec = need(name);
+    const padded = alignPage(rec.nbytes);
+    return { padded, i16: linear && rec.dtype === DTYPE_BF16 ? i16Slot(rec.nbytes, rec.shape[0]!) : padded };
+  };
   const norm = alignTo(m.hidden * 4, 64);
   for (let l = 0; l < m.nLayers; l++) {
     const moe = m.nRouted > 0 && l >= firstDense && l % freq === 0;
@@ -237,9 +260,9 @@ function modelOf(facts: PackFacts): Model {
     if (moe) globals += alignPage(need(`${LAYER(l)}mlp.gate.weight`).nbytes) + alignTo(m.nRouted * 4, 64);
     m.layerGlobals.push(globals);
     m.firstOf.push(m.order.length);
-    for (const suffix of ATTENTION) m.order.push({ padded: alignPage(need(LAYER(l) + suffix).nbytes) });
+    for (const suffix of ATTENTION) m.order.push(entry(LAYER(l) + suffix, suffix !== "self_attn.kv_b_proj.weight"));
     // engine.c reads the MLP tensors only when the layer has MLP rows
-    if (rows > 0) for (const s of MLP) m.order.push({ padded: alignPage(need(`${LAYER(l)}${moe ? "mlp.shared_experts." : "mlp."}${s}`).nbytes) });
+    if (rows > 0) for (const s of MLP) m.order.push(entry(`${LAYER(l)}${moe ? "mlp.shared_experts." : "mlp."}${s}`, true));
   }
   m.firstOf.push(m.order.length);
   if (m.moe.some(Boolean)) {
@@ -250,14 +273,17 @@ function modelOf(facts: PackFacts): Model {
   return m;
 }
 
-/** The cacheable trunk tensors' padded sizes in the engine's forward order (engine.c's walk). */
-export function trunkTensorBytes(facts: PackFacts): number[] {
-  return modelOf(facts).order.map((t) => t.padded);
+/** What a resident trunk tensor takes with this activation mode (engine.c's tt->slot). */
+const slotOf = (t: { padded: number; i16: number }, actDtype: ActDtype): number => (actDtype === "i16" ? t.i16 : t.padded);
+
+/** The cacheable trunk tensors' resident sizes in the engine's forward order (engine.c's walk). */
+export function trunkTensorBytes(facts: PackFacts, actDtype: ActDtype = "f32"): number[] {
+  return modelOf(facts).order.map((t) => slotOf(t, actDtype));
 }
 
 /** The session arena of a range as model.c's kvl_session_layout_compute lays it out (KV first). */
 function sessionLayoutBytes(m: Model, range: readonly [number, number], maxContext: number, maxBatch: number, kvDtype: NumericDtype,
-  nThreads: number): { total: number; kv: number } {
+  nThreads: number, actDtype: ActDtype): { total: number; kv: number } {
   const [begin, end] = range;
   const B = Math.min(maxBatch, maxContext);
   const C = maxContext;
@@ -283,6 +309,11 @@ function sessionLayoutBytes(m: Model, range: readonly [number, number], maxConte
     B * m.topK * 4, (m.nRouted + 1) * 4, B * m.topK * 4, m.nRouted * 4, // expert lists
     H * 2, // one embedding row
     lat * C * 4, // latents transposed
+    // --act-dtype i16 (model.c act_workspace): one pool run's quantised inputs, two int16 terms
+    // per vector, their scales, and per thread both terms' products of I16_SUB rows
+    actDtype === "i16" ? 2 * (2 * B * Math.max(2 * H, nh * m.vDim, width) + I16_WORKSPACE_SLACK) : 0,
+    actDtype === "i16" ? 4 * 4 * B : 0,
+    actDtype === "i16" ? nThreads * 4 * 2 * B * I16_SUB_ROWS : 0,
   ];
   return { total: sizes.reduce((t, s) => t + alignTo(s || 1, ARENA_ALIGN), 0), kv };
 }
@@ -399,6 +430,9 @@ export interface PlanOptions {
   /** Prefill chunk in tokens; default 256. */
   maxBatch?: number;
   kvDtype?: NumericDtype;
+  /** Inputs of the Linear layers (README "Numerics"); i16 changes the resident trunk's and the
+   * session's bytes. Default f32. */
+  actDtype?: ActDtype;
   /** Compute threads per engine; 0 or absent = every core. */
   threads?: number;
   /** At least this many instances; absent: KVL_INSTANCES, else 1 (engine-host's rule). */
@@ -407,6 +441,12 @@ export interface PlanOptions {
   maxInstanceBytes?: number;
   /** Refuse (UserError) a plan over ramMib; default true. */
   check?: boolean;
+  /** Vision: the largest image (pixels, decoded in strips) the plan reserves decode memory for;
+   * absent = auto: the most that fits, in IMAGE_PIXELS_FLOOR..IMAGE_PIXELS_MAX (see "Image decode
+   * and request bodies" below). */
+  imageMaxPixels?: number;
+  /** kvl serve: request bodies the plan holds (absent: no server, no line). */
+  requests?: RequestPlanOptions;
 }
 
 /** The options with their defaults applied and checked. */
@@ -419,9 +459,13 @@ export interface PlanSettings {
   loadVision: boolean;
   maxBatch: number;
   kvDtype: NumericDtype;
+  actDtype: ActDtype;
   threads: number;
   instances: number;
   maxInstanceBytes: number;
+  /** null = auto (resolved by resolveAutoLimits before the plan is built). */
+  imagePixels: number | null;
+  requests: { maxQueue: number; bodyBytes: number | null } | null;
 }
 
 /** What engine-host should open one range's engine with. */
@@ -435,6 +479,7 @@ export interface RangeEngineOptions {
   loadVision: boolean;
   nThreads: number;
   kvDtype: NumericDtype;
+  actDtype: ActDtype;
 }
 
 /** One instance: a layer range, its engine's bytes, and (WebAssembly) its memory. */
@@ -467,7 +512,7 @@ export interface InstancePlan {
 }
 
 export const COMPONENTS = ["node", "tokenizer", "globals", "trunkCache", "expertCache", "kv", "sessionArena", "engineWorkspace",
-  "runtime", "scratch", "vision", "mediaCache", "logits", "margin"] as const;
+  "runtime", "scratch", "vision", "mediaCache", "imageDecode", "requests", "logits", "margin"] as const;
 export type Component = (typeof COMPONENTS)[number];
 
 const LABELS: Record<Component, string> = {
@@ -485,6 +530,8 @@ const LABELS: Record<Component, string> = {
   mediaCache: "image embeddings of the conversation",
   logits: "logits, sampler and hidden-state buffers",
   margin: "margin (fragmentation, transient copies)",
+  imageDecode: "image decode (file, pixels, resize passes)",
+  requests: "request bodies (raw and parsed)",
 };
 
 interface Evaluated {
@@ -554,6 +601,14 @@ export class RamPlan {
     return this.instances.map((i) => [...i.range] as [number, number]);
   }
   /** pthread workers all instances start (WebAssembly), 0 on native. */
+  /** Vision: the decode budget images are checked against (image-decode.ts DecodeLimits.budget). */
+  get imageBudget(): ImageBudget | null {
+    return imageBudgetOf(this.facts, this.settings);
+  }
+  /** kvl serve: the body limit and how many bodies the server may hold at once. */
+  get requestBodies(): RequestBodies | null {
+    return requestBodiesOf(this.settings);
+  }
   get pthreadWorkers(): number {
     return this.backend === "wasm" ? this.instances.length * WasmBackend.pthreadsForEngine(this.nThreads) : 0;
   }
@@ -562,6 +617,7 @@ export class RamPlan {
     const rows: Array<[string, string, string]> = [["component", "MiB", ""]];
     const expertSlots = this.instances.reduce((n, i) => n + (i.expertExtent ? i.expertCache / i.expertExtent : 0), 0);
     for (const c of COMPONENTS) {
+      if (c === "requests" && !this.requestBodies) continue; // not a server
       let note = "";
       if (c === "node") {
         note = this.backend === "wasm"
@@ -577,6 +633,10 @@ export class RamPlan {
         note = "tiktoken";
       } else if (c === "vision" && this.visionGrid) {
         note = `${this.visionGrid[0]}x${this.visionGrid[1]} patches`;
+      } else if (c === "imageDecode" && this.imageBudget) {
+        note = imageDecodeNote(this.imageBudget);
+      } else if (c === "requests" && this.requestBodies) {
+        note = requestBodiesNote(this.requestBodies);
       } else if (c === "scratch" && this.components.scratch) {
         note = `one ${Math.min(this.maxBatch, this.maxContext)}-token chunk`;
       }
@@ -683,14 +743,18 @@ function settingsOf(facts: PackFacts, options: PlanOptions): PlanSettings {
     loadVision: options.loadVision ?? true,
     maxBatch: options.maxBatch ?? DEFAULT_MAX_BATCH,
     kvDtype: options.kvDtype ?? "f32",
+    actDtype: options.actDtype ?? "f32",
     threads: options.threads === undefined || options.threads === 0 ? availableParallelism() : options.threads,
     instances: requestedInstances(options.instances),
     maxInstanceBytes: options.maxInstanceBytes ?? MAX_INSTANCE_BYTES,
+    imagePixels: imagePixelsSetting(options.imageMaxPixels),
+    requests: requestSettings(options.requests),
   };
   if (s.backend !== "wasm" && s.backend !== "native") throw new UserError(`backend must be wasm or native, got ${JSON.stringify(s.backend)}`);
   if (!(KV_DTYPE_BYTES[s.kvDtype] > 0)) {
     throw new UserError(`kv dtype '${s.kvDtype}' unknown; use one of ${Object.keys(KV_DTYPE_BYTES).join(", ")}`);
   }
+  if (!["f32", "bf16", "i16"].includes(s.actDtype)) throw new UserError(`act dtype '${s.actDtype}' unknown; use one of f32, bf16, i16`);
   if (!Number.isInteger(s.maxContext) || s.maxContext < 1 || s.maxContext > m.maxPositions) {
     throw new UserError(`--max-context ${s.maxContext} is outside 1..${m.maxPositions} (the model's max_position_embeddings)`);
   }
@@ -748,7 +812,7 @@ function evaluate(facts: PackFacts, s: PlanSettings, m: Model, ranges: ReadonlyA
   const instances: InstancePlan[] = ranges.map(([begin, end], index) => {
     const first = index === 0;
     const last = end === m.nLayers;
-    let globals = last ? m.lmHeadPadded + alignTo(H * 4, 64) : 0;
+    let globals = last ? (s.actDtype === "i16" ? m.lmHeadI16 : m.lmHeadPadded) + alignTo(H * 4, 64) : 0;
     for (let l = begin; l < end; l++) globals += m.layerGlobals[l]!;
     const lo = m.firstOf[begin]!;
     const hi = m.firstOf[end]!;
@@ -756,10 +820,11 @@ function evaluate(facts: PackFacts, s: PlanSettings, m: Model, ranges: ReadonlyA
     let cacheable = 0;
     let maxStreamed = 0;
     for (let i = lo; i < hi; i++) {
-      const p = m.order[i]!.padded;
-      cacheable += p;
-      if (i < prefix) resident += p;
-      else maxStreamed = Math.max(maxStreamed, p);
+      const t = m.order[i]!;
+      const slot = slotOf(t, s.actDtype);
+      cacheable += slot;
+      if (i < prefix) resident += slot;
+      else maxStreamed = Math.max(maxStreamed, t.padded); // streamed as read: BF16
     }
     const workspace = 2 * maxStreamed;
     const expertCache = slots[index]! * m.extent;
@@ -795,7 +860,7 @@ function evaluate(facts: PackFacts, s: PlanSettings, m: Model, ranges: ReadonlyA
     runtime += padding;
     const engineOptions: RangeEngineOptions = {
       layerBegin: begin, layerEnd: end, trunkCacheBytes: resident > 0 ? resident : -1, loadVision: first && s.loadVision, nThreads: s.threads,
-      kvDtype: s.kvDtype,
+      kvDtype: s.kvDtype, actDtype: s.actDtype,
       ...(expertCache > 0 ? { expertCacheBytes: expertCache } : {}),
     };
     return {
@@ -816,6 +881,7 @@ function evaluate(facts: PackFacts, s: PlanSettings, m: Model, ranges: ReadonlyA
     globals: sum((i) => i.globals), trunkCache: sum((i) => i.trunkCache), expertCache: sum((i) => i.expertCache), kv: sum((i) => i.kv),
     sessionArena: sum((i) => i.sessionArena), engineWorkspace: sum((i) => i.engineWorkspace), runtime: sum((i) => i.runtime),
     scratch: sum((i) => i.scratch), vision: sum((i) => i.vision) + visionHost, mediaCache, logits, margin: MARGIN_BYTES,
+    imageDecode: imageDecodeLine(facts, s), requests: requestBodiesLine(s),
   };
   const total = COMPONENTS.reduce((t, c) => t + components[c], 0);
   return { instances, components, total, largest: Math.max(...instances.map((i) => i.memoryBytes)), prefix };
@@ -846,7 +912,7 @@ function build(facts: PackFacts, s: PlanSettings): RamPlan {
   const ramBytes = Math.floor(s.ramMib * MIB);
   const order = m.order;
   const cumulative = [0];
-  for (const t of order) cumulative.push(cumulative.at(-1)! + t.padded);
+  for (const t of order) cumulative.push(cumulative.at(-1)! + slotOf(t, s.actDtype));
   const cacheable = cumulative.at(-1)!;
   let explicitPrefix = -1;
   if (s.trunkCacheMib !== null) {
@@ -864,7 +930,7 @@ function build(facts: PackFacts, s: PlanSettings): RamPlan {
   for (let n = s.instances; n <= lastN; n++) {
     const ranges = layerRanges(m.nLayers, n);
     const slots = expertSlots(m, ranges, cacheBytes, s.cacheMib);
-    const layouts = ranges.map((r) => sessionLayoutBytes(m, r, s.maxContext, s.maxBatch, s.kvDtype, s.threads));
+    const layouts = ranges.map((r) => sessionLayoutBytes(m, r, s.maxContext, s.maxBatch, s.kvDtype, s.threads, s.actDtype));
     const candidates = explicitPrefix >= 0 ? [explicitPrefix] : Array.from({ length: order.length + 1 }, (_, i) => i);
     let chosen: Evaluated | undefined;
     let cheapest: Evaluated | undefined;
@@ -940,7 +1006,7 @@ function adviceFor(facts: PackFacts, s: PlanSettings): string[] {
     const candidates = new Set<number>([0]);
     let sum = 0;
     for (const t of m.order) {
-      sum += t.padded;
+      sum += slotOf(t, s.actDtype);
       candidates.add(Math.ceil(sum / MIB));
     }
     const below = [...candidates].filter((t) => t < s.trunkCacheMib!).sort((a, b) => b - a);
@@ -964,6 +1030,7 @@ function adviceFor(facts: PackFacts, s: PlanSettings): string[] {
     }
     hints.push(`raise --ram-mib to ${hi}`);
   }
+  hints.push(...requestAdvice(s, (t) => fits(facts, t)));
   if (s.backend === "wasm" && hints.length === 0 && fits(facts, { ...s, backend: "native", instances: 1 })) {
     hints.push("use the native backend (--backend native)");
   }
@@ -972,7 +1039,7 @@ function adviceFor(facts: PackFacts, s: PlanSettings): string[] {
 
 /** Plans a run of a pack already read (no I/O); refuses (UserError) a plan over the budget when check is set. */
 export function planFromFacts(facts: PackFacts, options: PlanOptions): RamPlan {
-  const s = settingsOf(facts, options);
+  const s = resolveAutoLimits(settingsOf(facts, options), (t) => fits(facts, t));
   let result: RamPlan;
   try {
     result = build(facts, s);
@@ -990,4 +1057,145 @@ export function planFromFacts(facts: PackFacts, options: PlanOptions): RamPlan {
 /** Plans a run of the pack in packDir (read with pack-format.ts); see planFromFacts. */
 export async function plan(packDir: string, options: PlanOptions): Promise<RamPlan> {
   return planFromFacts(await readPackFacts(packDir), options);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Image decode and request bodies
+//
+// Two lines of the plan that depend on input rather than on the model: decoding the largest
+// image the plan admits (chat and serve), and the request bodies a server holds at once (serve).
+// Their limits are chosen to fit: when --max-body-mib is not given the body limit is the largest
+// whole MiB up to DEFAULT_BODY_BYTES that fits, then the image limit the largest 0.1 MP step up to
+// IMAGE_PIXELS_MAX; each takes its floor when nothing fits, and the plan then refuses with advice.
+// The limits come before the auto trunk cache, which takes what is left (inputs work; a smaller
+// trunk cache only costs speed).
+
+/** kvl serve's request options that size the bodies line. */
+export interface RequestPlanOptions {
+  /** --max-queue: requests that may wait while one runs. */
+  maxQueue: number;
+  /** --max-body-mib in bytes; absent or null = auto (the most that fits, up to DEFAULT_BODY_BYTES). */
+  maxBodyBytes?: number | null;
+}
+
+/** The auto body limit's ceiling (the former fixed --max-body-mib default) and floor. */
+export const DEFAULT_BODY_BYTES = 20 * MIB;
+export const BODY_BYTES_FLOOR = 1 * MIB;
+/** Bodies being read or parsed besides the queue's (server/body.ts BodyGate admits this many more). */
+export const IN_FLIGHT_BODIES = 1;
+/**
+ * Resident bytes per body byte while a request holds its body: the raw bytes, the decoded text
+ * and the parsed object (strings copied once more by JSON.parse; base64 image data decoded to
+ * bytes), and the V8 garbage of those copies until the next major GC. Measured by
+ * test/server-api.test.ts "request bodies" on a real server (see docs/SERVER.md).
+ */
+export const REQUEST_BODY_FACTOR = 2.5;
+
+/** Bodies a server may hold at once: every waiting request, the running one, and those in flight. */
+export function bodySlots(maxQueue: number): number {
+  return maxQueue + 1 + IN_FLIGHT_BODIES;
+}
+
+export interface ImageBudget {
+  /** Pixels of the largest image decoded in strips (JPEG, PNG) that the plan admits. */
+  pixels: number;
+  /** Bytes reserved (the imageDecode line). */
+  bytes: number;
+  /** The preprocessing's patch side and token limit (resize working memory). */
+  shape: ResizeShape;
+}
+
+export interface RequestBodies {
+  /** The largest accepted body (413 above). */
+  bodyBytes: number;
+  /** Bodies held at once at most (server/body.ts BodyGate's capacity). */
+  slots: number;
+  /** Bytes reserved (the requests line). */
+  bytes: number;
+}
+
+function requestSettings(options: RequestPlanOptions | undefined): PlanSettings["requests"] {
+  if (!options) return null;
+  const { maxQueue } = options;
+  const bodyBytes = options.maxBodyBytes ?? null;
+  if (!Number.isSafeInteger(maxQueue) || maxQueue < 1) throw new UserError(`--max-queue must be a positive integer, got ${maxQueue}`);
+  if (bodyBytes !== null && (!Number.isSafeInteger(bodyBytes) || bodyBytes < 1)) {
+    throw new UserError(`the body limit must be a positive number of bytes, got ${bodyBytes}`);
+  }
+  return { maxQueue, bodyBytes };
+}
+
+function imagePixelsSetting(pixels: number | undefined): number | null {
+  if (pixels === undefined) return null;
+  if (!Number.isSafeInteger(pixels) || pixels < 1 || pixels > IMAGE_PIXELS_MAX) {
+    throw new UserError(`the image limit must be a whole number of pixels in 1..${IMAGE_PIXELS_MAX}, got ${pixels}`);
+  }
+  return pixels;
+}
+
+function resizeShapeOf(facts: PackFacts): ResizeShape {
+  if (!facts.preprocessorConfig.ok) throw new UserError(facts.preprocessorConfig.error);
+  const config = facts.preprocessorConfig.value as Record<string, unknown>;
+  return { patchSize: configInt(config, "patch_size"), inTokenLimit: configInt(config, "in_token_limit") };
+}
+
+function imageBudgetOf(facts: PackFacts, s: PlanSettings): ImageBudget | null {
+  if (!s.loadVision) return null;
+  const pixels = s.imagePixels ?? IMAGE_PIXELS_FLOOR;
+  const shape = resizeShapeOf(facts);
+  return { pixels, bytes: imageDecodeBudget(pixels, shape), shape };
+}
+
+function requestBodiesOf(s: PlanSettings): RequestBodies | null {
+  if (!s.requests) return null;
+  const bodyBytes = s.requests.bodyBytes ?? BODY_BYTES_FLOOR;
+  const slots = bodySlots(s.requests.maxQueue);
+  return { bodyBytes, slots, bytes: slots * Math.ceil(REQUEST_BODY_FACTOR * bodyBytes) };
+}
+
+function imageDecodeLine(facts: PackFacts, s: PlanSettings): number {
+  return imageBudgetOf(facts, s)?.bytes ?? 0;
+}
+
+function requestBodiesLine(s: PlanSettings): number {
+  return requestBodiesOf(s)?.bytes ?? 0;
+}
+
+function imageDecodeNote(b: ImageBudget): string {
+  const webp = admittedPixels(b.bytes, "webp", 1, b.shape);
+  return `images up to ${megapixels(b.pixels)} MP (JPEG, PNG), ${megapixels(webp)} MP WebP`;
+}
+
+function requestBodiesNote(r: RequestBodies): string {
+  return `${r.slots} bodies of up to ${mib(r.bodyBytes)} MiB`;
+}
+
+/** Settings with the auto limits (null) replaced by the largest that fit (their floors when none do). */
+function resolveAutoLimits(s: PlanSettings, fits: (t: PlanSettings) => boolean): PlanSettings {
+  let t = s;
+  if (t.requests && t.requests.bodyBytes === null) {
+    const requests = t.requests;
+    const best = largestTrue(BODY_BYTES_FLOOR / MIB, DEFAULT_BODY_BYTES / MIB,
+      (k) => fits({ ...t, requests: { ...requests, bodyBytes: k * MIB } }));
+    t = { ...t, requests: { ...requests, bodyBytes: (best ?? BODY_BYTES_FLOOR / MIB) * MIB } };
+  }
+  if (t.loadVision && t.imagePixels === null) {
+    const step = 100_000;
+    const best = largestTrue(IMAGE_PIXELS_FLOOR / step, IMAGE_PIXELS_MAX / step, (k) => fits({ ...t, imagePixels: k * step }));
+    t = { ...t, imagePixels: (best ?? IMAGE_PIXELS_FLOOR / step) * step };
+  }
+  return t;
+}
+
+/** Lower body limit or queue that makes the plan fit (each checked by planning again with it). */
+function requestAdvice(s: PlanSettings, fits: (t: PlanSettings) => boolean): string[] {
+  const r = s.requests;
+  if (!r) return [];
+  const hints: string[] = [];
+  const bodyMib = Math.ceil((r.bodyBytes ?? BODY_BYTES_FLOOR) / MIB);
+  const body = largestTrue(1, bodyMib - 1, (k) => fits({ ...s, requests: { ...r, bodyBytes: k * MIB } }));
+  if (body !== null) hints.push(`lower --max-body-mib to ${body}`);
+  const queue = largestTrue(1, r.maxQueue - 1, (q) => fits({ ...s, requests: { ...r, maxQueue: q } }));
+  if (queue !== null) hints.push(`lower --max-queue to ${queue}`);
+  return hints;
 }

@@ -10,10 +10,11 @@ import { createRequire } from "node:module";
 import { join } from "node:path";
 
 import {
-  type ConformanceReport, type CoreBackend, type KernelSet, type Pcg64State, type SamplerParams, checkPackExpertArgs, packExpertStatus,
+  type ConformanceReport, type CoreBackend, type KernelSet, type Pcg64State, type SamplerParams, checkPackExpertArgs, checkPackQ8RowsArgs, packExpertStatus, packQ8RowsStatus,
   parseConformanceReport,
 } from "./core-api.js";
 import type { CoreEngine, EngineOptions } from "./engine-api.js";
+import { q8RowsLayout } from "./pack-format.js";
 import { wasmDistDir } from "./paths.js";
 import { type EmscriptenEngineExports, WasmEngine } from "./wasm-engine.js";
 
@@ -29,6 +30,7 @@ interface EmscriptenCore extends EmscriptenEngineExports {
   _kvl_kernels_conformance(namePtr: number, out: number, outLen: number): number;
   _kvl_expert_extent_bytes(intermediate: number, hidden: number): number;
   _kvl_pack_expert(gate: number, up: number, down: number, intermediate: number, hidden: number, out: number, outBytes: number): number;
+  _kvl_pack_q8_rows(w: number, rows: number, cols: number, out: number, outBytes: number): number;
   _kvl_pcg64_seed(rng: number, words: number): void;
   _kvl_synth_uniform(rng: number, count: number, center: number, halfWidth: number, bf16: number, out: number): void;
   _kvl_sample(sampler: number, logits: number, vocab: number, workspace: number): number;
@@ -205,6 +207,18 @@ export class WasmBackend implements CoreBackend {
       const out = base + outOffset;
       packExpertStatus(this.#live._kvl_pack_expert(base, base + matrix, base + 2 * matrix, intermediate, hidden, out, extent));
       return this.#bytes(out, extent).slice();
+    });
+  }
+
+  packQ8Rows(w: Uint16Array, rows: number, cols: number): Uint8Array {
+    checkPackQ8RowsArgs(w, rows, cols);
+    const matrix = w.byteLength;
+    const nbytes = q8RowsLayout(rows, cols).nbytes;
+    const outOffset = Math.ceil(matrix / 8) * 8; // the record's FP32 scales stay aligned
+    return this.#withBuffer(outOffset + nbytes, (base) => {
+      this.#copyIn(base, w);
+      packQ8RowsStatus(this.#live._kvl_pack_q8_rows(base, rows, cols, base + outOffset, nbytes));
+      return this.#bytes(base + outOffset, nbytes).slice();
     });
   }
 

@@ -7,7 +7,7 @@
  * fsync-then-journal), shard release after durable consumption, and the final atomic
  * index/asset/completion writes.
  * Does not own: the byte format (host/pack-format.ts), the expected inventory and hparams
- * (host/model-spec.ts), Q8 quantisation (the core's packExpert, on either backend), reading
+ * (host/model-spec.ts), Q8 quantisation (the core's packExpert and packQ8Rows, on either backend), reading
  * checkpoints (tensor-source.ts, safetensors.ts), downloads (prepare.ts).
  *
  * Crash safety: the full layout (every record's offset) is computed from the source inventory
@@ -26,11 +26,11 @@ import { type FileHandle, mkdir, open, rm, unlink } from "node:fs/promises";
 import { join } from "node:path";
 
 import type { PackingCore } from "../host/core-api.js";
-import { type TensorInfo, checkSource, checkSupported, formatShape, hparams as configHparams } from "../host/model-spec.js";
+import { type TensorInfo, checkSource, checkSupported, formatShape, hparams as configHparams, isTrunkLinear } from "../host/model-spec.js";
 import {
-  ASSET_FILES, BIN_ALIGN, COMPLETE_FILE, DTYPE_BF16, DTYPE_F32, DTYPE_Q8_EXPERT, FORMAT_VERSION, JOURNAL_DIR,
-  SOURCE_REVISION_FILE, STORES, STORE_KINDS, type StoreName, type TensorRecord, alignUp, bf16BitsToF32, crc32,
-  encodeIndex, expertRecordName, recordNbytes,
+  ASSET_FILES, BIN_ALIGN, COMPLETE_FILE, DTYPE_BF16, DTYPE_F32, DTYPE_Q8_EXPERT, DTYPE_Q8_ROWS, JOURNAL_DIR,
+  SOURCE_REVISION_FILE, STORES, STORE_KINDS, type StoreName, type TensorRecord, type TrunkDtype, alignUp, bf16BitsToF32,
+  crc32, encodeIndex, expertRecordName, formatVersionOf, q8RowsLayout, recordNbytes,
 } from "../host/pack-format.js";
 import { decodeUtf8Strict, dumpsPy } from "../host/py-json.js";
 import { UserError } from "../host/user-error.js";
@@ -53,6 +53,8 @@ export const FLUSH_BYTES = 256 << 20;
 /** The largest item read ahead while the previous one is processed, or written behind while the
  * next one is (so memory stays at about one large tensor plus one small item). */
 const PREFETCH_BYTES = 256 << 20;
+/** BF16 input bytes per kvl_pack_q8_rows call (buildItem). */
+const Q8_ROWS_CHUNK_BYTES = 8 << 20;
 /** Names in DST that are not ours but may legitimately exist before packing (kvl prepare's scratch). */
 const FOREIGN_OK = new Set([".download"]);
 
@@ -61,6 +63,10 @@ export interface PackOptions {
   core: PackingCore;
   /** Pack a source whose revision is not the pinned one (or is unknown). */
   allowRevision?: boolean;
+  /** What the trunk's Linear weights (model-spec.ts isTrunkLinear) are stored as: "bf16" (the
+   * default; byte-identical to packs made before the option existed) or "q8" (row-wise Q8 as the
+   * experts, format version 2: half the bytes a token reads from the trunk). */
+  trunkDtype?: TrunkDtype;
   /** Delete each source shard once everything taken from it is durably packed (directory sources only). */
   deleteConsumedShards?: boolean;
   /** Byte progress of the item loop. Default: none. */
@@ -97,6 +103,9 @@ export interface Layout {
   readonly hparams: ReadonlyMap<string, number>;
   readonly configText: string;
   readonly revision: string | null;
+  /** format_version of every index and of PACK_COMPLETE.json (formatVersionOf the records) */
+  readonly formatVersion: number;
+  readonly trunkDtype: TrunkDtype;
   /** source tensor -> shard */
   readonly shards: ReadonlyMap<string, string | null>;
 }
@@ -140,7 +149,7 @@ interface Entry {
   inputs: readonly string[];
 }
 
-export async function computeLayout(source: TensorSource): Promise<Layout> {
+export async function computeLayout(source: TensorSource, trunkDtype: TrunkDtype = "bf16"): Promise<Layout> {
   const config = source.config();
   const assets = await source.assetFiles();
   const configText = decodeUtf8Strict(assets.get("config.json")!);
@@ -158,7 +167,8 @@ export async function computeLayout(source: TensorSource): Promise<Layout> {
       experts.get(id)!.parts.set(m[3]!, name);
       continue;
     }
-    const dtype = name.endsWith(ROUTER_BIAS_SUFFIX) ? DTYPE_F32 : DTYPE_BF16;
+    const dtype = name.endsWith(ROUTER_BIAS_SUFFIX) ? DTYPE_F32
+      : trunkDtype === "q8" && isTrunkLinear(name) ? DTYPE_Q8_ROWS : DTYPE_BF16;
     perStore.get(storeOf(name)!)!.push({ key: name, dtype, shape: infos.get(name)!.shape, inputs: [name] });
   }
   const ordered = [...experts.values()].sort((a, b) => a.layer - b.layer || a.expert - b.expert);
@@ -192,14 +202,16 @@ export async function computeLayout(source: TensorSource): Promise<Layout> {
   work.sort((a, b) => a.k[0] - b.k[0] || a.k[1] - b.k[1] || a.k[2] - b.k[2]);
   return {
     items: work.map((w) => w.it), binSizes, records, hparams: configHparams(config), configText,
-    revision: source.revision(), shards,
+    revision: source.revision(), shards, formatVersion: formatVersionOf([...records.values()].flat()), trunkDtype,
   };
 }
 
 /** The journal's record of what is being packed: a rerun must match it exactly to resume. */
 function fingerprint(layout: Layout, inventory: ReadonlyMap<string, TensorInfo>): string {
   return JSON.stringify({
-    format_version: FORMAT_VERSION,
+    format_version: layout.formatVersion,
+    // only when not the default, so a BF16 pack's journal is what it was before the option
+    ...(layout.trunkDtype !== "bf16" ? { trunk_dtype: layout.trunkDtype } : {}),
     revision: layout.revision,
     config_sha256: createHash("sha256").update(layout.configText, "utf8").digest("hex"),
     bin_sizes: Object.fromEntries(layout.binSizes),
@@ -244,6 +256,29 @@ function buildItem(source: TensorSource, item: Item, inputs: readonly Uint8Array
     }
   }
   const data = inputs[0]!;
+  if (item.dtype === DTYPE_Q8_ROWS) {
+    // Row blocks of at most Q8_ROWS_CHUNK_BYTES of input: a WebAssembly core packs in its own
+    // small memory (64 MiB unless told otherwise), and lm_head alone is 640 MiB of BF16. Rows
+    // are quantised independently, so the blocks give the bytes of one call.
+    const [rows, cols] = [item.shape[0]!, item.shape[1]!];
+    const w = u16(data);
+    const whole = q8RowsLayout(rows, cols);
+    const out = new Uint8Array(whole.nbytes);
+    const step = Math.max(1, Math.floor(Q8_ROWS_CHUNK_BYTES / (2 * cols)));
+    for (let r = 0; r < rows; r += step) {
+      const n = Math.min(step, rows - r);
+      let part: Uint8Array;
+      try {
+        part = core.packQ8Rows(w.subarray(r * cols, (r + n) * cols), n, cols);
+      } catch (err) {
+        throw new UserError(`${item.inputs[0]}: ${(err as Error).message}`);
+      }
+      const scale = q8RowsLayout(n, cols).scale;
+      out.set(part.subarray(0, n * cols), r * cols);
+      out.set(part.subarray(scale, scale + 4 * n), whole.scale + 4 * r);
+    }
+    return out;
+  }
   if (item.dtype === DTYPE_F32 && source.tensorInfo(item.inputs[0]!).dtype === "BF16") {
     const f32 = bf16BitsToF32(u16(data));
     return new Uint8Array(f32.buffer, f32.byteOffset, f32.byteLength);
@@ -359,7 +394,22 @@ async function prepareDst(dst: string, print: string, digests: ReadonlyMap<strin
   if (isFile(layoutPath)) {
     const different = new UserError(`${dst}: holds an unfinished pack of a different source or kvl version; ` +
       "delete the directory or choose another destination");
-    if (readFileSync(layoutPath, "utf8") !== print) throw different;
+    const recordedLayout = readFileSync(layoutPath, "utf8");
+    if (recordedLayout !== print) {
+      const trunkOf = (text: string): string => {
+        try {
+          return String((JSON.parse(text) as { trunk_dtype?: unknown }).trunk_dtype ?? "bf16");
+        } catch {
+          return "?";
+        }
+      };
+      const [was, now] = [trunkOf(recordedLayout), trunkOf(print)];
+      if (was !== now && was !== "?") {
+        throw new UserError(`${dst}: holds an unfinished pack made with --trunk-dtype ${was}, not ${now}; ` +
+          `rerun with --trunk-dtype ${was} to finish it, or delete the directory`);
+      }
+      throw different;
+    }
     // Same layout; the same data? Compare the shards still present with their digests at the start.
     const recorded = isFile(shardsPath) ? (JSON.parse(readFileSync(shardsPath, "utf8")) as Array<[string, string]>) : [];
     for (const [shard, digest] of recorded) {
@@ -429,7 +479,7 @@ async function pack(source: TensorSource, dst: string, options: PackOptions, hoo
   if (problems.length > 0) {
     throw new UserError(`cannot pack this source (${problems.length} problem(s)):\n  - ${problems.join("\n  - ")}`);
   }
-  const layout = await computeLayout(source);
+  const layout = await computeLayout(source, options.trunkDtype ?? "bf16");
   const inventory = new Map(source.tensorNames().map((n) => [n, source.tensorInfo(n)]));
   const digests = new Map<string, string>();
   for (const shard of new Set(layout.shards.values())) {
@@ -475,7 +525,8 @@ async function pack(source: TensorSource, dst: string, options: PackOptions, hoo
       if (crc === undefined) throw new Error(`internal: ${it.key} was not journaled`);
       return { name: it.key, dtype: it.dtype, shape: it.shape, offset: it.offset, nbytes: it.nbytes, crc32: crc };
     });
-    const data = encodeIndex(STORE_KINDS[store], layout.binSizes.get(store)!, layout.hparams, records, layout.configText, layout.revision);
+    const data = encodeIndex(STORE_KINDS[store], layout.binSizes.get(store)!, layout.hparams, records, layout.configText,
+      layout.revision, layout.formatVersion);
     await writeAtomic(join(dst, `${store}.idx`), data);
     files.set(`${store}.bin`, new Map([["size", layout.binSizes.get(store)!]]));
     files.set(`${store}.idx`, new Map([["size", data.length], ["crc32", crc32(data)]]));
@@ -487,8 +538,10 @@ async function pack(source: TensorSource, dst: string, options: PackOptions, hoo
     if (name.endsWith(".tmp") && ours.has(name.slice(0, -4))) await unlink(join(dst, name));
   }
   const complete = new Map<string, unknown>([
-    ["format_version", FORMAT_VERSION], ["source_revision", layout.revision], ["files", files],
+    ["format_version", layout.formatVersion], ["source_revision", layout.revision], ["files", files],
   ]);
+  // only a Q8 trunk says so: a BF16-trunk marker stays byte-identical to earlier packs
+  if (layout.trunkDtype !== "bf16") complete.set("trunk_dtype", layout.trunkDtype);
   await writeAtomic(join(dst, COMPLETE_FILE), Buffer.from(`${dumpsPy(complete, { indent: 1 })}\n`, "utf8"));
   testKillPoint("final:complete");
   await rm(journal, { recursive: true, force: true });

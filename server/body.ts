@@ -4,17 +4,24 @@
  * nested body is a 400, never a stack overflow later), and JSON.parse with messages a person can
  * act on (NaN and Infinity, which some clients write for floats, named with their field).
  *
- * Owns: reading the body with raw-body under the limit, draining what a refused body still sends
+ * Owns: how many bodies the server holds at once (BodyGate, gateBodies: a request with a body
+ * takes a slot before its body is read and gives it back when its answer is done; with no slot
+ * free it gets 429, and before the model is ready 503, without its body being read — so the RAM
+ * plan's "request bodies" line, slots x limit x the measured factor, bounds them, with a full GC
+ * after each large body); reading the body under the limit (one buffer of the declared length,
+ * else raw-body), draining what a refused body still sends
  * before the 413 goes out (so a client that reads nothing until it has sent everything gets the
  * answer, not a broken pipe; one that sends far more than the limit is cut off), telling a client that went away mid-body (ClientGone) from bad input,
  * and the scan that finds the depth and bare NaN/Infinity tokens outside strings.
  * Does not own: what the JSON must contain (the dialect modules), the error shapes (errors.ts).
  */
-import type { IncomingMessage } from "node:http";
+import type { IncomingMessage, RequestListener, ServerResponse } from "node:http";
+import v8 from "node:v8";
+import { runInNewContext } from "node:vm";
 
 import getRawBody from "raw-body";
 
-import { ApiError, invalid } from "./errors.js";
+import { ApiError, RETRY_AFTER_S, dialectOfPath, errorBody, invalid } from "./errors.js";
 
 /** Deeper nesting than this is refused (the APIs' own bodies nest about 10 levels, tool schemas a few more). */
 export const MAX_JSON_DEPTH = 128;
@@ -151,6 +158,55 @@ export function parseJsonText(raw: Buffer, maxDepth = MAX_JSON_DEPTH): unknown {
   }
 }
 
+/**
+ * A body of a declared length read straight into one buffer of that length: raw-body collects
+ * the chunks and concatenates them, two copies of the body at once. Errors carry raw-body's types
+ * (readJsonBody maps them).
+ */
+function readKnownLength(req: IncomingMessage, length: number): Promise<Buffer> {
+  return new Promise((resolve, reject) => {
+    const out = Buffer.allocUnsafe(length);
+    let got = 0;
+    const fail = (type: string, message: string): void => {
+      cleanup();
+      reject(Object.assign(new Error(message), { type }));
+    };
+    const onData = (chunk: Buffer): void => {
+      if (got + chunk.length > length) {
+        fail("request.size.invalid", "request size did not match content length");
+        return;
+      }
+      chunk.copy(out, got);
+      got += chunk.length;
+    };
+    const onEnd = (): void => {
+      if (got !== length) {
+        fail("request.size.invalid", "request size did not match content length");
+        return;
+      }
+      cleanup();
+      resolve(out);
+    };
+    const onAborted = (): void => fail("request.aborted", "request aborted");
+    const onError = (err: Error): void => fail(req.destroyed ? "request.aborted" : "stream.error", err.message);
+    const onClose = (): void => {
+      if (!req.complete) onAborted();
+    };
+    const cleanup = (): void => {
+      req.off("data", onData);
+      req.off("end", onEnd);
+      req.off("aborted", onAborted);
+      req.off("error", onError);
+      req.off("close", onClose);
+    };
+    req.on("data", onData);
+    req.once("end", onEnd);
+    req.once("aborted", onAborted);
+    req.once("error", onError);
+    req.once("close", onClose);
+  });
+}
+
 /** Reads the request's JSON body under `maxBytes`. Throws ApiError (413, 400) or ClientGone. */
 export async function readJsonBody(req: IncomingMessage, maxBytes: number): Promise<unknown> {
   const declared = req.headers["content-length"];
@@ -161,7 +217,7 @@ export async function readJsonBody(req: IncomingMessage, maxBytes: number): Prom
   }
   let raw: Buffer;
   try {
-    raw = await getRawBody(req, { limit: maxBytes, ...(length !== null ? { length } : {}) });
+    raw = length !== null ? await readKnownLength(req, length) : await getRawBody(req, { limit: maxBytes });
   } catch (err) {
     const type = (err as { type?: string }).type;
     if (type === "entity.too.large") {
@@ -173,4 +229,100 @@ export async function readJsonBody(req: IncomingMessage, maxBytes: number): Prom
     throw invalid(`cannot read the request body (${(err as Error).message})`);
   }
   return parseJsonText(raw);
+}
+
+/** Bodies from this size on are collected right after their answer (see collectGarbage). */
+const LARGE_BODY_BYTES = 1 << 20;
+
+let gcFunction: (() => void) | null | undefined;
+
+/**
+ * A full V8 collection. The copies of a large body (its bytes, the decoded text, the parsed
+ * strings) are garbage once its answer is out, but V8 collects them when its heap limits say so,
+ * and the next bodies then stack on top of them: with 4 concurrent bodies at the limit, peak RSS
+ * grew round by round to 2.7-3.8x slots x limit without this, and stayed at 1.9-2.1x with it
+ * (docs/SERVER.md). One full collection of the server's JS heap per large body.
+ */
+function collectGarbage(): void {
+  if (gcFunction === undefined) {
+    try {
+      v8.setFlagsFromString("--expose-gc");
+      gcFunction = runInNewContext("gc") as () => void;
+    } catch {
+      gcFunction = null;
+    }
+  }
+  gcFunction?.();
+}
+
+/** A fixed number of slots for requests that hold a body (planner.ts bodySlots). */
+export class BodyGate {
+  #held = 0;
+
+  constructor(readonly capacity: number) {
+    if (!Number.isSafeInteger(capacity) || capacity < 1) throw new RangeError(`body slots must be a positive integer, got ${capacity}`);
+  }
+
+  get held(): number {
+    return this.#held;
+  }
+
+  tryAcquire(): boolean {
+    if (this.#held >= this.capacity) return false;
+    this.#held++;
+    return true;
+  }
+
+  release(): void {
+    if (this.#held > 0) this.#held--;
+  }
+}
+
+/**
+ * Wraps the app's request listener: a POST (the only method whose routes read a body) first
+ * passes `admit` (which throws the ApiError to answer instead, e.g. 503 while loading), then takes
+ * a slot of `gate` (429 when none is free) that it keeps until its response closes. A refused
+ * request's body is drained unread, answered in its path's dialect and logged.
+ */
+export function gateBodies(listener: RequestListener, gate: BodyGate, admit: () => void, log: (line: string) => void): RequestListener {
+  return (req: IncomingMessage, res: ServerResponse) => {
+    if (req.method !== "POST") {
+      listener(req, res);
+      return;
+    }
+    let refusal: ApiError | null = null;
+    try {
+      admit();
+    } catch (err) {
+      if (!(err instanceof ApiError)) throw err;
+      refusal = err;
+    }
+    if (!refusal && !gate.tryAcquire()) {
+      refusal = new ApiError("rate_limit", `the server is busy: it already holds ${gate.capacity} requests (those waiting, ` +
+        "the running one and those being read); retry shortly (see Retry-After)", null, RETRY_AFTER_S);
+    }
+    if (refusal) {
+      const error = refusal;
+      const path = (req.url ?? "/").split("?")[0]!;
+      const started = performance.now();
+      void drain(req, drainCap(0)).then(() => {
+        if (res.writableEnded || res.destroyed) return;
+        res.writeHead(error.status, { "content-type": "application/json; charset=utf-8", connection: "close", ...error.headers() });
+        res.end(JSON.stringify(errorBody(dialectOfPath(path), error)));
+        log(`kvl serve: ${req.method} ${path} ${error.status} prompt=- reused=- images=- completion=- ` +
+          `${((performance.now() - started) / 1000).toFixed(3)}s (${error.message})`);
+      });
+      return;
+    }
+    let released = false;
+    const length = req.headers["content-length"];
+    const declared = length === undefined ? Number.POSITIVE_INFINITY : Number(length); // chunked: size unknown
+    res.once("close", () => {
+      if (released) return;
+      released = true;
+      gate.release();
+      if (!(declared < LARGE_BODY_BYTES)) collectGarbage();
+    });
+    listener(req, res);
+  };
 }

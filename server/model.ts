@@ -5,13 +5,16 @@
  * Owns: the ServedModel contract (images, exact prompt size, one reply at a time with
  * cancellation, close) that the queue and the routes use, so they can be tested over a stand-in;
  * and opening the real one: ChatModel.open + one persistent Conversation (one KV timeline: each
- * request reuses the longest prefix it shares with what the previous one left).
+ * request reuses the longest prefix it shares with what the previous one left); refusing, before
+ * tokenizing it, text too long for the context by characters alone (the tokenizer's memory would
+ * otherwise grow with any body the server accepts).
  * Does not own: anything of the model itself (host/chat-model.ts): prompts, sampling, stop
  * strings, image encoding and prefix reuse all happen there.
  */
 import { ChatImage, ChatModel, type ChatModelOptions, type Conversation, type ReplyReport } from "../host/chat-model.js";
 import type { ImageInput, Message } from "../host/conversation.js";
 import type { ReplyParams } from "../host/reply-params.js";
+import { UserError } from "../host/user-error.js";
 import type { ImageLoader } from "./images.js";
 
 export interface ServedModel extends ImageLoader {
@@ -33,8 +36,28 @@ function chatMessages(messages: readonly Message[]): Array<Message<ChatImage>> {
   return messages as Array<Message<ChatImage>>;
 }
 
+/** The longest token of the vocabulary in UTF-8 bytes (special tokens' names included). */
+function longestTokenBytes(chat: ChatModel): number {
+  const t = chat.tokenizer;
+  let longest = 1;
+  for (let id = 0; id < t.nVocab; id++) {
+    try {
+      longest = Math.max(longest, t.tokenBytes(id).length);
+    } catch {
+      // an unnamed id of the reserved range: never in a prompt
+    }
+  }
+  return longest;
+}
+
 export class ChatServedModel implements ServedModel {
-  constructor(readonly chat: ChatModel, readonly conversation: Conversation) {}
+  /** Every token covers at most this many UTF-8 bytes, so text of n UTF-16 units (each at least
+   * one UTF-8 byte) is at least n / longestToken tokens. */
+  readonly #longestToken: number;
+
+  constructor(readonly chat: ChatModel, readonly conversation: Conversation) {
+    this.#longestToken = longestTokenBytes(chat);
+  }
 
   static async open(packDir: string, options: ChatModelOptions): Promise<ChatServedModel> {
     const chat = await ChatModel.open(packDir, options);
@@ -59,6 +82,13 @@ export class ChatServedModel implements ServedModel {
   }
 
   countTokens(messages: readonly Message[]): number {
+    let units = 0;
+    for (const m of messages) for (const p of m.parts) if (typeof p === "string") units += p.length;
+    const atLeast = Math.ceil(units / this.#longestToken);
+    if (atLeast >= this.maxContext) {
+      throw new UserError(`the conversation's text is ${units} characters, at least ${atLeast} tokens, but the context holds ` +
+        `${this.maxContext}; shorten it or restart the server with a larger --max-context`);
+    }
     return this.conversation.prompt(chatMessages(messages)).tokens.length;
   }
 

@@ -17,11 +17,12 @@ import type { AddressInfo } from "node:net";
 import { join } from "node:path";
 
 import { chooseBackend } from "../host/backend.js";
-import type { KernelChoice, NumericDtype } from "../host/engine-api.js";
-import { MIB } from "../host/planner.js";
+import type { KernelChoice, ActDtype } from "../host/engine-api.js";
+import { BODY_BYTES_FLOOR, MIB, bodySlots } from "../host/planner.js";
 import { UserError } from "../host/user-error.js";
 import { type ServerConfig, createApp } from "./app.js";
 import { isLoopbackHost } from "./auth.js";
+import { BodyGate, gateBodies } from "./body.js";
 import { ChatServedModel } from "./model.js";
 import { EngineQueue } from "./queue.js";
 
@@ -39,10 +40,13 @@ export interface ServeOptions {
   maxQueue: number;
   maxContext: number;
   threads: number;
-  maxBodyMib: number;
+  /** null = auto: the RAM plan's body limit (planner.ts "Image decode and request bodies"). */
+  maxBodyMib: number | null;
   kernels: KernelChoice;
-  actDtype: NumericDtype;
+  actDtype: ActDtype;
   vision: boolean;
+  /** The largest image (pixels) the plan reserves decode memory for; undefined: the most that fits. */
+  imageMaxPixels?: number | undefined;
   verbose?: boolean;
 }
 
@@ -79,8 +83,8 @@ export function checkServeOptions(o: ServeOptions): void {
   if (!isDir) throw new UserError(`model directory '${o.model}' not found; pack one with \`kvl pack\` or \`kvl prepare\``);
   const ranges: Array<[string, number, number, number]> = [
     ["--port", o.port, 0, 65535], ["--max-queue", o.maxQueue, 1, 1 << 20], ["--max-context", o.maxContext, 2, 1 << 24],
-    ["--max-body-mib", o.maxBodyMib, 1, 1 << 16],
   ];
+  if (o.maxBodyMib !== null) ranges.push(["--max-body-mib", o.maxBodyMib, 1, 1 << 16]);
   for (const [name, value, low, high] of ranges) {
     if (!Number.isSafeInteger(value) || value < low || value > high) throw new UserError(`${name} ${value} is out of range (${low} to ${high})`);
   }
@@ -114,12 +118,15 @@ export async function runServer(o: ServeOptions): Promise<number> {
   }
   const record = chooseBackend({ option: o.backend });
   const queue = new EngineQueue(o.maxQueue);
+  // bodies are read only once the model is ready (gateBodies answers 503 before), under the
+  // plan's limit, which replaces this placeholder then
   const config: ServerConfig = {
-    modelId: o.modelId, apiKey: o.apiKey, maxContext: o.maxContext, maxBodyBytes: o.maxBodyMib * MIB, vision: o.vision,
+    modelId: o.modelId, apiKey: o.apiKey, maxContext: o.maxContext, maxBodyBytes: BODY_BYTES_FLOOR, vision: o.vision,
     pack: packFacts(o.model),
   };
   const app = createApp(queue, config);
-  const server = createServer(app.callback());
+  const gate = new BodyGate(bodySlots(o.maxQueue));
+  const server = createServer(gateBodies(app.callback(), gate, () => queue.requireReady(), say));
   server.keepAliveTimeout = 5000;
   const address = await listen(server, o.host, o.port);
   const shown = address.family === "IPv6" ? `[${address.address}]` : address.address;
@@ -157,7 +164,8 @@ export async function runServer(o: ServeOptions): Promise<number> {
   try {
     const failure = await queue.start(() => ChatServedModel.open(o.model, {
       backend: record.chosen, ramMib: o.ramMib, cacheMib: o.cacheMib, trunkCacheMib: o.trunkCacheMib, maxContext: o.maxContext,
-      threads: o.threads, kernels: o.kernels, actDtype: o.actDtype, loadVision: o.vision, instances: o.instances,
+      threads: o.threads, kernels: o.kernels, actDtype: o.actDtype, loadVision: o.vision, instances: o.instances, imageMaxPixels: o.imageMaxPixels,
+      requests: { maxQueue: o.maxQueue, maxBodyBytes: o.maxBodyMib === null ? null : o.maxBodyMib * MIB },
     }));
     if (failure) {
       say(`kvl serve: error: cannot load the model: ${failure.message}`);
@@ -167,9 +175,12 @@ export async function runServer(o: ServeOptions): Promise<number> {
     } else if (!stopping) {
       const model = (queue.requireReady() as ChatServedModel).chat;
       const p = model.plan;
+      const bodies = p.requestBodies!;
+      config.maxBodyBytes = bodies.bodyBytes;
       const by = record.requestedBy === "default" ? "" : record.requestedBy === "option" ? " (--backend)" : " (KVL_BACKEND)";
       say(`kvl serve: ${record.chosen}${by}, ${p.instances.length} ${record.chosen === "wasm" ? "instance" : "engine"}${p.instances.length > 1 ? "s" : ""}, ` +
-        `kernels ${model.client.info.kernels}; RAM plan ${(p.total / MIB).toFixed(0)} MiB of --ram-mib ${o.ramMib}; loaded in ${model.loadSeconds.toFixed(1)} s`);
+        `kernels ${model.client.info.kernels}; RAM plan ${(p.total / MIB).toFixed(0)} MiB of --ram-mib ${o.ramMib}; bodies up to ${(bodies.bodyBytes / MIB).toFixed(0)} MiB` +
+        `${p.imageBudget ? `, images up to ${(p.imageBudget.pixels / 1e6).toFixed(1)} MP` : ""}; loaded in ${model.loadSeconds.toFixed(1)} s`);
       if (o.verbose) say(p.describe());
       say(`kvl serve: model ready as '${o.modelId}'; chat in a browser at http://${shown}:${address.port}/`);
     }

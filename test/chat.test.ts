@@ -9,7 +9,9 @@
  *     reply while the chat goes on, bad images that do not end the chat;
  *   - refusals: a source checkpoint, a broken config.json, a missing image;
  *   - memory: a chat turn with an 8000x8000 PNG or a 12 MP JPEG peaks (VmHWM, as the OS counts
- *     it) within the RAM plan + 256 MiB on both backends.
+ *     it) within the RAM plan, whose image decode line admits it, on both backends; a budget
+ *     too small for the PNG lowers the plan's image limit, the PNG is refused from its header
+ *     (its size, the limit, what to do) and the chat goes on with the JPEG.
  */
 import { type ChildProcessWithoutNullStreams, spawn, spawnSync } from "node:child_process";
 import { cpSync, mkdirSync, readFileSync, writeFileSync } from "node:fs";
@@ -95,6 +97,8 @@ interface Reply {
   io: Record<string, unknown>;
   peak_rss_bytes: number | null;
   plan_bytes: number;
+  plan_image_decode_bytes: number | null;
+  plan_image_max_pixels: number | null;
 }
 
 beforeAll(async () => {
@@ -276,14 +280,61 @@ describe("kvl chat keeps its memory contract with large images", () => {
 
   it.each([
     ["8000x8000.png", "native"], ["8000x8000.png", "wasm"], ["12mp.jpg", "native"], ["12mp.jpg", "wasm"],
-  ])("%s on %s: peak RSS within the plan + 256 MiB", (name, backend) => {
+  ])("%s on %s: peak RSS within the plan (its image decode line included)", (name, backend) => {
     const r = chat([pack, "Describe this.", "--image", large[name]!, "--json", ...COMMON, "--max-new", "1", "--max-context", "4096"], { KVL_BACKEND: backend });
     expect(r.stderr).toBe("");
     const report = JSON.parse(r.stdout) as Reply & { images: Array<{ grid: number[] }> };
     expect(report.usage.images_encoded).toBe(1);
-    console.log(`[chat memory] ${name} on ${backend}: peak ${(report.peak_rss_bytes! / MIB).toFixed(0)} MiB, plan ${(report.plan_bytes / MIB).toFixed(0)} MiB`);
-    expect(report.peak_rss_bytes!).toBeLessThanOrEqual(report.plan_bytes + 256 * MIB);
+    // --ram-mib 1024 leaves room for the decoder's whole 64 MP: the image was planned for, not refused
+    expect(report.plan_image_max_pixels).toBe(64_000_000);
+    expect(report.plan_image_decode_bytes!).toBeGreaterThan(64_000_000 * 4); // at least the largest image's RGBA pixels
+    console.log(`[chat memory] ${name} on ${backend}: peak ${(report.peak_rss_bytes! / MIB).toFixed(0)} MiB, plan ${(report.plan_bytes / MIB).toFixed(0)} MiB ` +
+      `(image decode line ${(report.plan_image_decode_bytes! / MIB).toFixed(0)} MiB)`);
+    // no margin on top: the plan's own lines (decode, margin) must hold the peak
+    expect(report.peak_rss_bytes!).toBeLessThanOrEqual(report.plan_bytes);
+    // and what the image added over the same chat without it fits its decode line plus the vision
+    // working memory (19.4 MiB in the tiny model's plan; 32 MiB allowed)
+    const text = chat([pack, "Describe this.", "--json", ...COMMON, "--max-new", "1", "--max-context", "4096"], { KVL_BACKEND: backend });
+    const textPeak = (JSON.parse(text.stdout) as Reply).peak_rss_bytes!;
+    expect(report.peak_rss_bytes! - textPeak).toBeLessThanOrEqual(report.plan_image_decode_bytes! + 32 * MIB);
   }, 120_000);
+
+  it("a budget too small for the PNG: the plan lowers its image limit, the PNG is refused, the JPEG is answered", () => {
+    const script = `/image ${large["8000x8000.png"]}\n/image ${large["12mp.jpg"]}\nDescribe this.\n/quit\n`;
+    const r = chat([pack, "--json", ...COMMON, "--max-new", "1", "--max-context", "4096", "--ram-mib", "600"], {}, script);
+    expect(r.status, r.stderr).toBe(0);
+    const events = r.stdout.split("\n").filter((l) => l.trim()).map((l) => JSON.parse(l) as { event: string; error?: string } & Reply);
+    expect(events.map((e) => e.event)).toEqual(["error", "image", "reply"]);
+    const error = events[0]!.error!;
+    expect(error).toContain(`image file '${large["8000x8000.png"]}' is 8000x8000 = 64.0 megapixels`);
+    expect(error).toMatch(/over the \d+ MiB the RAM plan reserves for decoding an image; downscale it to at most [\d.]+ megapixels, or raise --ram-mib/);
+    const reply = events[2]!;
+    expect(reply.usage.images_encoded).toBe(1);
+    // the limit shrank to fit 600 MiB, but not below a 12 MP photo
+    expect(reply.plan_image_max_pixels!).toBeLessThan(64_000_000);
+    expect(reply.plan_image_max_pixels!).toBeGreaterThanOrEqual(4000 * 3000);
+    expect(reply.plan_bytes).toBeLessThanOrEqual(600 * MIB);
+    expect(reply.peak_rss_bytes!).toBeLessThanOrEqual(reply.plan_bytes);
+  }, 120_000);
+
+  it("--max-image-mp sets the image limit: the plan shrinks by the decode memory it no longer reserves, the PNG is refused", () => {
+    const script = `/image ${large["8000x8000.png"]}\n/image ${large["12mp.jpg"]}\nDescribe this.\n/quit\n`;
+    const run = (extra: string[]) => chat([pack, "--json", ...COMMON, "--max-new", "1", "--max-context", "4096", "--ram-mib", "1024", ...extra], {}, script);
+    const auto = run([]);
+    const limited = run(["--max-image-mp", "12"]);
+    for (const r of [auto, limited]) expect(r.status, r.stderr).toBe(0);
+    const events = (r: { stdout: string }) => r.stdout.split("\n").filter((l) => l.trim()).map((l) => JSON.parse(l) as { event: string; error?: string } & Reply);
+    expect(events(auto).map((e) => e.event)).toEqual(["image", "image", "reply"]);
+    expect(events(limited).map((e) => e.event)).toEqual(["error", "image", "reply"]);
+    expect(events(limited)[0]!.error).toContain("8000x8000 = 64.0 megapixels");
+    const [a, l] = [events(auto)[2]!, events(limited)[2]!];
+    expect(a.plan_image_max_pixels).toBe(64_000_000);
+    expect(l.plan_image_max_pixels).toBe(12_000_000);
+    // 52 MP less to decode: at least 4 bytes a pixel of RGBA output less in the plan
+    expect(a.plan_bytes - l.plan_bytes).toBeGreaterThanOrEqual(4 * 52_000_000);
+    expect(l.peak_rss_bytes!).toBeLessThanOrEqual(l.plan_bytes);
+    expect(chat([pack, "hi", "--max-image-mp", "0"], {}).stderr).toContain("expected a positive number of megapixels");
+  }, 180_000);
 });
 
 describe("kvl chat refuses what it cannot run, saying what to do", () => {

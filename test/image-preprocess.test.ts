@@ -23,7 +23,8 @@ import { fileURLToPath } from "node:url";
 
 import { afterAll, describe, expect, it } from "vitest";
 
-import { decodeBufferBytes, decodeImage, DEFAULT_DECODE_LIMITS, imageSize, type DecodedImage } from "../host/image-decode.js";
+import { decodeBufferBytes, decodeImage, DEFAULT_DECODE_LIMITS, imageHeader, imageSize, type DecodedImage } from "../host/image-decode.js";
+import { imageDecodeBudget } from "../host/image-budget.js";
 import {
   gridForSize,
   loadPreprocessorConfig,
@@ -298,6 +299,26 @@ describe("bad inputs are refused with a UserError naming the problem", () => {
     const mem = process.memoryUsage().rss;
     await userError(() => decodeImage(pngHeader(20000, 20000)));
     expect(process.memoryUsage().rss - mem).toBeLessThan(64 * 1024 * 1024);
+  });
+
+  it("an image over the RAM plan's decode budget is refused from its header: its size, the budget, what to do", async () => {
+    const shape = { patchSize: 14, inTokenLimit: 4096 };
+    const limits = { ...DEFAULT_DECODE_LIMITS, budget: { bytes: imageDecodeBudget(12_000_000, shape), shape } };
+    for (const fn of [() => decodeImage(pngHeader(8000, 8000), limits), () => imageHeader(pngHeader(8000, 8000), limits)]) {
+      const err = await userError(fn);
+      expect(err.message).toMatch(/is 8000x8000 = 64\.0 megapixels: decoding it needs about \d+ MiB, over the \d+ MiB the RAM plan reserves for decoding an image; downscale it to at most 1[2-9]\.\d megapixels, or raise --ram-mib/);
+    }
+    // a 4000x3000 PNG (12 MP) passes the header check (it then fails for its missing IDAT, not for its size)
+    expect((await userError(() => decodeImage(pngHeader(4000, 3000), limits))).message).toMatch(/corrupt or truncated/);
+    // the same size interlaced: libpng holds the whole frame, so it needs more than the budget holds
+    const ihdr = Buffer.alloc(13);
+    ihdr.writeUInt32BE(4000, 0);
+    ihdr.writeUInt32BE(3000, 4);
+    ihdr.set([8, 6, 0, 0, 1], 8);
+    const interlaced = new Uint8Array([...Buffer.from("\x89PNG\r\n\x1a\n", "latin1"), ...pngChunk("IHDR", ihdr)]);
+    expect((await userError(() => imageHeader(interlaced, limits))).message).toMatch(/4000x3000 = 12\.0 megapixels.*\(interlaced PNG decodes the whole frame at once\)/);
+    // real files under the budget decode as before
+    expect((await decodeImage(join(IMAGES, "rgb.png"), limits)).width).toBe(181);
   });
 
   it("a lower maxPixels applies too", async () => {

@@ -4,6 +4,8 @@
  *     backends, with the trunk all resident, all streamed and partly streamed and a partial
  *     expert cache, each range's engine reports exactly the planned global, trunk, expert and
  *     workspace bytes and session size; reconcile() then finds nothing to change;
+ *   - the same on a pack with a Q8 trunk (--trunk-dtype q8: Q8_ROWS records resident as packed
+ *     with every activation mode);
  *   - the planned WebAssembly memories are enough: every instance is created with exactly its
  *     planned memory and runs a full prefill chunk, a sample and a step (and the memory left is
  *     small: the plan is not padded by more than its stated allowances);
@@ -41,6 +43,9 @@ let tmp: { dir: string; cleanup: () => void };
 let native: NativeBackend;
 let pack: string;
 let facts: PackFacts;
+/** The same checkpoint packed with --trunk-dtype q8 (Q8_ROWS trunk Linear weights). */
+let q8Pack: string;
+let q8Facts: PackFacts;
 
 beforeAll(async () => {
   tmp = tempDir("planner");
@@ -48,6 +53,8 @@ beforeAll(async () => {
   const ckpt = await tinyCheckpoint(join(tmp.dir, "ckpt"), native, 0);
   pack = await packCheckpoint(ckpt, join(tmp.dir, "pack"), { core: native, allowRevision: true });
   facts = await readPackFacts(pack);
+  q8Pack = await packCheckpoint(ckpt, join(tmp.dir, "pack-q8"), { core: native, allowRevision: true, trunkDtype: "q8" });
+  q8Facts = await readPackFacts(q8Pack);
 }, 300_000);
 
 afterAll(() => {
@@ -71,24 +78,27 @@ function refusal(options: PlanOptions): string {
 }
 
 /** Opens the plan as the host does (engine-host.ts): WebAssembly instances get exactly their planned memory. */
-async function openPlanned(backend: BackendName, p: RamPlan): Promise<{ parts: readonly CoreEngine[]; engine: SplitEngine; sampler: CoreBackend; close: () => void }> {
-  const hosted = await openHostedEngine(backend, pack, { nThreads: p.nThreads, planned: p.instances });
+async function openPlanned(backend: BackendName, p: RamPlan, dir = pack): Promise<{ parts: readonly CoreEngine[]; engine: SplitEngine; sampler: CoreBackend; close: () => void }> {
+  const hosted = await openHostedEngine(backend, dir, { nThreads: p.nThreads, planned: p.instances });
   return { parts: hosted.engine.parts, engine: hosted.engine, sampler: hosted.sampler, close: () => hosted.close() };
 }
 
 describe.each(BACKENDS)("the plan on %s", (backend) => {
   describe.each([1, 2, 3])("over %i instance(s)", (instances) => {
     it.each([
-      { trunk: "auto", kvDtype: "f32" }, { trunk: "stream", kvDtype: "f32" }, { trunk: "part", kvDtype: "f32" }, { trunk: "part", kvDtype: "bf16" },
-    ] as const)("equals what each range's engine reports (trunk $trunk, KV $kvDtype)", async ({ trunk, kvDtype }) => {
-      const order = trunkTensorBytes(facts);
+      { trunk: "auto", kvDtype: "f32", actDtype: "f32" }, { trunk: "stream", kvDtype: "f32", actDtype: "f32" },
+      { trunk: "part", kvDtype: "f32", actDtype: "f32" }, { trunk: "part", kvDtype: "bf16", actDtype: "f32" },
+      // --act-dtype i16: int16 trunk rows with their scales, the quantised-input workspace
+      { trunk: "auto", kvDtype: "f32", actDtype: "i16" }, { trunk: "part", kvDtype: "f32", actDtype: "i16" },
+    ] as const)("equals what each range's engine reports (trunk $trunk, KV $kvDtype, Linear inputs $actDtype)", async ({ trunk, kvDtype, actDtype }) => {
+      const order = trunkTensorBytes(facts, actDtype);
       const all = order.reduce((a, b) => a + b, 0);
       // "part": a budget between tensor boundaries, past the middle of the forward order, so a
       // range keeps a prefix of its own tensors and streams the rest
       const part = order.slice(0, Math.ceil(order.length / 2) + 1).reduce((a, b) => a + b, 0) + 4095;
       const trunkCacheMib = trunk === "auto" ? null : trunk === "stream" ? 0 : part / MIB;
       // 0.1 MiB holds 12 of the 24 extents: every range with MoE layers gets a share, none all
-      const options: PlanOptions = { backend, instances, ramMib: 4096, cacheMib: 0.1, trunkCacheMib, maxContext: 200, maxBatch: 48, loadVision: false, kvDtype };
+      const options: PlanOptions = { backend, instances, ramMib: 4096, cacheMib: 0.1, trunkCacheMib, maxContext: 200, maxBatch: 48, loadVision: false, kvDtype, actDtype };
       const p = planOf(options);
       expect(p.instances.length).toBe(instances);
       expect(p.trunkCacheable).toBe(all);
@@ -110,6 +120,7 @@ describe.each(BACKENDS)("the plan on %s", (backend) => {
           const inst = p.instances[k]!;
           expect([info.layerBegin, info.layerEnd]).toEqual(inst.range);
           expect(info.kvDtype).toBe(kvDtype);
+          expect(info.actDtype).toBe(actDtype);
           expect({
             globals: info.globalBytes, trunkCache: info.trunkCacheBytes, expertCache: info.expertCacheBytes,
             engineWorkspace: info.engineWorkspaceBytes, expertExtent: info.expertExtentBytes,
@@ -136,6 +147,50 @@ describe.each(BACKENDS)("the plan on %s", (backend) => {
         opened.close();
       }
     });
+  });
+});
+
+describe.each(BACKENDS)("the plan of a Q8-trunk pack (kvl pack --trunk-dtype q8) on %s", (backend) => {
+  it.each([
+    { instances: 1, trunk: "auto", actDtype: "f32" }, { instances: 2, trunk: "part", actDtype: "f32" },
+    { instances: 1, trunk: "auto", actDtype: "i16" }, { instances: 2, trunk: "part", actDtype: "i16" },
+    { instances: 1, trunk: "auto", actDtype: "bf16" },
+  ] as const)("equals what each range's engine reports ($instances instance(s), trunk $trunk, Linear inputs $actDtype)", async ({ instances, trunk, actDtype }) => {
+    const order = trunkTensorBytes(q8Facts, actDtype);
+    const all = order.reduce((a, b) => a + b, 0);
+    // Q8 records stay as packed with every activation mode (no int16 conversion), so the
+    // cacheable trunk is the pages of its records, well under the BF16 pack's
+    expect(all).toBe(trunkTensorBytes(q8Facts, "f32").reduce((a, b) => a + b, 0));
+    expect(all).toBeLessThan(trunkTensorBytes(facts, "f32").reduce((a, b) => a + b, 0));
+    const part = order.slice(0, Math.ceil(order.length / 2) + 1).reduce((a, b) => a + b, 0) + 4095;
+    const options: PlanOptions = {
+      backend, instances, ramMib: 4096, cacheMib: 0.1, trunkCacheMib: trunk === "auto" ? null : part / MIB,
+      maxContext: 200, maxBatch: 48, loadVision: false, kvDtype: "f32", actDtype,
+    };
+    const p = planFromFacts(q8Facts, { threads: THREADS, ...options });
+    expect(p.trunkCacheable).toBe(all);
+    if (trunk === "part") expect(p.components.engineWorkspace).toBeGreaterThan(0);
+    const opened = await openPlanned(backend, p, q8Pack);
+    try {
+      const reported = opened.parts.map((e, k) => {
+        const info = e.info();
+        const inst = p.instances[k]!;
+        expect(info.actDtype).toBe(actDtype);
+        expect({
+          globals: info.globalBytes, trunkCache: info.trunkCacheBytes, expertCache: info.expertCacheBytes,
+          engineWorkspace: info.engineWorkspaceBytes, expertExtent: info.expertExtentBytes,
+        }).toEqual({
+          globals: inst.globals, trunkCache: inst.trunkCache, expertCache: inst.expertCache,
+          engineWorkspace: inst.engineWorkspace, expertExtent: inst.expertExtent,
+        });
+        const sessionBytes = e.sessionBytes({ maxContext: 200, maxBatch: 48 });
+        expect(sessionBytes).toBe(inst.kv + inst.sessionArena);
+        return { info, sessionBytes };
+      });
+      expect(p.reconcile(reported)).toEqual([]);
+    } finally {
+      opened.close();
+    }
   });
 });
 
@@ -247,11 +302,12 @@ function followAdvice(options: PlanOptions, message: string): Array<{ hint: stri
 
 describe("refusing a plan over --ram-mib", () => {
   const configs: Array<{ name: string; options: PlanOptions }> = [
-    { name: "wasm, auto trunk, vision", options: { backend: "wasm", cacheMib: 1, maxContext: 8192 } },
+    // vision with a fixed image limit: an auto limit would shrink to fit instead of refusing (tested below)
+    { name: "wasm, auto trunk, vision", options: { backend: "wasm", cacheMib: 1, maxContext: 8192, imageMaxPixels: 12e6 } },
     { name: "wasm, explicit trunk", options: { backend: "wasm", cacheMib: 1, trunkCacheMib: 0.2, maxContext: 4096, loadVision: false } },
-    { name: "native, auto trunk, vision", options: { backend: "native", cacheMib: 1, maxContext: 8192 } },
-    { name: "native, explicit trunk, bf16 KV", options: { backend: "native", cacheMib: 1, trunkCacheMib: 0.3, maxContext: 8192, kvDtype: "bf16" } },
-    { name: "wasm over 2 instances", options: { backend: "wasm", instances: 2, cacheMib: 1, maxContext: 8192 } },
+    { name: "native, auto trunk, vision", options: { backend: "native", cacheMib: 1, maxContext: 8192, imageMaxPixels: 12e6 } },
+    { name: "native, explicit trunk, bf16 KV", options: { backend: "native", cacheMib: 1, trunkCacheMib: 0.3, maxContext: 8192, kvDtype: "bf16", imageMaxPixels: 12e6 } },
+    { name: "wasm over 2 instances", options: { backend: "wasm", instances: 2, cacheMib: 1, maxContext: 8192, imageMaxPixels: 12e6 } },
   ];
 
   it.each(configs)("gives advice that fits when followed ($name)", ({ options }) => {
@@ -272,7 +328,7 @@ describe("refusing a plan over --ram-mib", () => {
   });
 
   it("names a cache, context or vision figure when lowering it alone fits", () => {
-    const options: PlanOptions = { backend: "native", cacheMib: 1, trunkCacheMib: 0.3, maxContext: 8192 };
+    const options: PlanOptions = { backend: "native", cacheMib: 1, trunkCacheMib: 0.3, maxContext: 8192, imageMaxPixels: 12e6 };
     const fitting = planOf({ ...options, ramMib: 100_000, check: false });
     // a budget 2 MiB short: dropping vision or shrinking the context each make it fit
     const ramMib = Math.floor(fitting.total / MIB) - 2;
@@ -403,9 +459,91 @@ describe("bad inputs", () => {
     ["instances past the layers", { instances: 5 }, /only 4 decoder layers/],
     ["batch 0", { maxBatch: 0 }, /max batch/],
     ["kv dtype", { kvDtype: "f16" as never }, /kv dtype 'f16' unknown/],
+    ["act dtype", { actDtype: "i8" as never }, /act dtype 'i8' unknown/],
     ["instance limit below the module's minimum", { backend: "wasm" as const, maxInstanceBytes: 16 * MIB }, /instance memory limit/],
   ] as const)("%s is a UserError", (_name, change, pattern) => {
     expect(() => planOf({ ...ok, ...change })).toThrow(UserError);
     expect(() => planOf({ ...ok, ...change })).toThrow(pattern);
+  });
+});
+
+describe("the image decode and request body lines", () => {
+  const base: PlanOptions = { backend: "native", cacheMib: 1, maxContext: 1024 };
+  /** Bytes per pixel measured for decoding (RGBA output) plus a random-pixel PNG file (1.6 to 2.2). */
+  const RGBA_AND_FILE = 4 + 1.6;
+
+  it("admits the decoder's 64 MP when the budget allows, holding that image's pixels and file", () => {
+    const p = planOf({ ...base, ramMib: 4096 });
+    expect(p.imageBudget!.pixels).toBe(64_000_000);
+    expect(p.components.imageDecode).toBe(p.imageBudget!.bytes);
+    expect(p.components.imageDecode).toBeGreaterThan(64_000_000 * RGBA_AND_FILE);
+    expect(p.describe()).toMatch(/image decode \(file, pixels, resize passes\)\s+[\d,.]+\s+images up to 64\.0 MP \(JPEG, PNG\)/);
+    expect(p.describe()).not.toContain("request bodies"); // not a server
+  });
+
+  it("lowers the image limit to fit a smaller budget, down to a 12 MP photo, then refuses with advice that fits", () => {
+    const without = planOf({ ...base, ramMib: 100_000, loadVision: false }).total;
+    let previous = 0;
+    for (const extra of [800, 400, 250, 150]) {
+      const ramMib = Math.ceil(without / MIB) + extra;
+      const p = planOf({ ...base, ramMib });
+      expect(p.total).toBeLessThanOrEqual(p.ramBytes);
+      expect(p.imageBudget!.pixels).toBeGreaterThanOrEqual(4000 * 3000);
+      expect(p.imageBudget!.pixels).toBeLessThanOrEqual(64_000_000);
+      if (previous) expect(p.imageBudget!.pixels).toBeLessThanOrEqual(previous); // less budget, no larger image
+      previous = p.imageBudget!.pixels;
+    }
+    expect(previous).toBeLessThan(64_000_000);
+    // below what a 12 MP photo needs: refused, and the advice fits when followed
+    const ramMib = Math.ceil(without / MIB) + 20;
+    const message = refusal({ ...base, ramMib });
+    expect(message).toContain("image decode");
+    const followed = followAdvice({ ...base, ramMib }, message);
+    expect(followed.map((f) => f.hint)).toEqual(expect.arrayContaining([expect.stringMatching(/^raise --ram-mib/), "run without vision"]));
+    for (const f of followed) expect(f.plan.total).toBeLessThanOrEqual(f.plan.ramBytes);
+  });
+
+  it("keeps an explicit image limit and has no line without vision", () => {
+    const p = planOf({ ...base, ramMib: 4096, imageMaxPixels: 20_000_000 });
+    expect(p.imageBudget!.pixels).toBe(20_000_000);
+    expect(p.components.imageDecode).toBeGreaterThan(20_000_000 * RGBA_AND_FILE);
+    expect(p.components.imageDecode).toBeLessThan(planOf({ ...base, ramMib: 4096 }).components.imageDecode);
+    const off = planOf({ ...base, ramMib: 4096, loadVision: false });
+    expect(off.components.imageDecode).toBe(0);
+    expect(off.imageBudget).toBeNull();
+  });
+
+  it("holds every body slot of a server: the waiting ones, the running one and one being read", () => {
+    const p = planOf({ ...base, ramMib: 4096, requests: { maxQueue: 3, maxBodyBytes: 8 * MIB } });
+    expect(p.requestBodies).toMatchObject({ slots: 5, bodyBytes: 8 * MIB });
+    // measured on a real server (test/server-api.test.ts): 1.9 to 2.1 resident bytes per body byte
+    expect(p.components.requests).toBeGreaterThanOrEqual(5 * 8 * MIB * 2.1);
+    expect(p.describe()).toContain("5 bodies of up to 8.0 MiB");
+  });
+
+  it("derives the body limit to fit (20 MiB at most), and refuses an explicit one with advice that fits", () => {
+    const requests = { maxQueue: 8 };
+    expect(planOf({ ...base, ramMib: 4096, requests }).requestBodies!.bodyBytes).toBe(20 * MIB);
+    const without = planOf({ ...base, ramMib: 100_000, imageMaxPixels: 12_000_000 }).total;
+    const ramMib = Math.ceil(without / MIB) + 200; // room for 200 MiB of bodies: 10 slots x a few MiB, or 4 x 20 MiB
+    const derived = planOf({ ...base, ramMib, requests });
+    expect(derived.requestBodies!.bodyBytes).toBeLessThan(20 * MIB);
+    expect(derived.requestBodies!.bodyBytes).toBeGreaterThanOrEqual(MIB);
+    expect(derived.total).toBeLessThanOrEqual(derived.ramBytes);
+    const message = refusal({ ...base, ramMib, imageMaxPixels: 12_000_000, requests: { maxQueue: 8, maxBodyBytes: 20 * MIB } });
+    const body = Number(/lower --max-body-mib to (\d+)/.exec(message)![1]);
+    const queue = Number(/lower --max-queue to (\d+)/.exec(message)![1]);
+    expect(planOf({ ...base, ramMib, imageMaxPixels: 12_000_000, requests: { maxQueue: 8, maxBodyBytes: body * MIB } }).total).toBeLessThanOrEqual(ramMib * MIB);
+    expect(planOf({ ...base, ramMib, imageMaxPixels: 12_000_000, requests: { maxQueue: queue, maxBodyBytes: 20 * MIB } }).total).toBeLessThanOrEqual(ramMib * MIB);
+    expect(() => planOf({ ...base, ramMib, imageMaxPixels: 12_000_000, requests: { maxQueue: 8, maxBodyBytes: (body + 1) * MIB } })).toThrow(UserError);
+  });
+
+  it.each([
+    ["image limit 0", { imageMaxPixels: 0 }, /image limit must be a whole number of pixels/],
+    ["image limit over the decoder's", { imageMaxPixels: 64_000_001 }, /image limit/],
+    ["queue 0", { requests: { maxQueue: 0 } }, /--max-queue must be a positive integer/],
+    ["body limit 0.5", { requests: { maxQueue: 1, maxBodyBytes: 0.5 } }, /body limit/],
+  ] as const)("%s is a UserError", (_name, change, pattern) => {
+    expect(() => planOf({ ...base, ramMib: 4096, ...change })).toThrow(pattern);
   });
 });

@@ -12,10 +12,9 @@
  *     queue (429 + Retry-After), clients that disconnect (their generation is cancelled, the next
  *     request is normal), SIGTERM with an open stream, and 20 concurrent clients x 5 requests.
  */
-import { type ChildProcess, spawn, spawnSync } from "node:child_process";
+import { spawnSync } from "node:child_process";
 import { readFileSync } from "node:fs";
 import { join } from "node:path";
-import { pathToFileURL } from "node:url";
 
 import Anthropic from "@anthropic-ai/sdk";
 import OpenAI from "openai";
@@ -24,9 +23,9 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 
 import { packageRoot } from "../host/paths.js";
 import { nativeBuilt } from "./helpers.js";
+import { KVL, type LiveServer, childEnv, runKvl, startServer as startLive } from "./support/live-server.js";
 import { tempDir, tinyPack } from "./support/pack-fixtures.js";
 
-const KVL = join(packageRoot, "dist", "cli", "kvl.js");
 const MODEL = "kimi-vl-a3b-instruct-q8";
 const KEY = "live-test-key";
 const CTX = 8192;
@@ -45,110 +44,9 @@ afterAll(() => tmp?.cleanup());
 
 // -- the server process ---------------------------------------------------------------------
 
-/** `kvl serve` as the CLI runs it: through cli/program.ts once it routes serve to cli/serve.ts,
- * until then through cli/serve.ts's command on its own. */
-function serveArgv(): string[] {
-  if (readFileSync(join(packageRoot, "dist", "cli", "program.js"), "utf8").includes("addServeCommand")) return [KVL, "serve"];
-  const serveJs = pathToFileURL(join(packageRoot, "dist", "cli", "serve.js")).href;
-  const boot = `
-    import { Command } from "commander";
-    import { addServeCommand } from ${JSON.stringify(serveJs)};
-    const program = new Command("kvl").exitOverride();
-    addServeCommand(program);
-    try {
-      await program.parseAsync([process.argv[0], "kvl", ...process.argv.slice(1)]);
-    } catch (err) {
-      if (typeof err.exitCode === "number") process.exitCode = err.exitCode;
-      else { process.stderr.write("kvl serve: error: " + err.message + "\\n"); process.exitCode = 1; }
-    }`;
-  return ["--input-type=module", "-e", boot, "serve"];
-}
-
-function childEnv(extra: Record<string, string>): NodeJS.ProcessEnv {
-  const env = { ...process.env };
-  delete env.KVL_BACKEND;
-  delete env.KVL_INSTANCES;
-  delete env.KVL_API_KEY;
-  return { ...env, ...extra };
-}
-
-class LiveServer {
-  #log = "";
-  readonly exited: Promise<number | null>;
-
-  constructor(readonly child: ChildProcess) {
-    child.stdout!.on("data", (d: Buffer) => {
-      this.#log += d.toString();
-    });
-    child.stderr!.on("data", (d: Buffer) => {
-      this.#log += d.toString();
-    });
-    this.exited = new Promise((resolve) => child.on("exit", (code) => resolve(code)));
-  }
-
-  url = "";
-
-  log(): string {
-    return this.#log;
-  }
-
-  openai(key = KEY): OpenAI {
-    return new OpenAI({ baseURL: `${this.url}/v1`, apiKey: key, maxRetries: 0, timeout: 120_000 });
-  }
-
-  anthropic(key = KEY): Anthropic {
-    return new Anthropic({ baseURL: this.url, apiKey: key, maxRetries: 0, timeout: 120_000 });
-  }
-
-  async post(path: string, body: unknown, headers: Record<string, string> = { "x-api-key": KEY }): Promise<{ status: number; text: string; json: any; headers: Headers }> {
-    const response = await fetch(`${this.url}${path}`, {
-      method: "POST", headers: { "content-type": "application/json", ...headers },
-      body: (typeof body === "string" || body instanceof Uint8Array ? body : JSON.stringify(body)) as string,
-    });
-    const text = await response.text();
-    let json: unknown = null;
-    try {
-      json = JSON.parse(text);
-    } catch {
-      json = null;
-    }
-    return { status: response.status, text, json, headers: response.headers };
-  }
-
-  /** SIGTERM, and SIGKILL if it has not exited 20 s later (a test never leaves a server behind). */
-  async stop(): Promise<number | null> {
-    if (this.child.exitCode !== null) return this.exited;
-    this.child.kill("SIGTERM");
-    const kill = setTimeout(() => this.child.kill("SIGKILL"), 20_000);
-    try {
-      return await this.exited;
-    } finally {
-      clearTimeout(kill);
-    }
-  }
-}
-
-async function startServer(args: string[], env: Record<string, string>): Promise<LiveServer> {
-  const child = spawn(process.execPath, [...serveArgv(), pack, "--port", "0", "--threads", "1", ...args],
-    { cwd: packageRoot, env: childEnv(env), stdio: ["ignore", "pipe", "pipe"] });
-  const server = new LiveServer(child);
-  const deadline = Date.now() + 120_000;
-  while (Date.now() < deadline) {
-    if (child.exitCode !== null) throw new Error(`kvl serve exited with ${child.exitCode}:\n${server.log()}`);
-    const url = /listening on (http:\/\/\S+)/.exec(server.log())?.[1];
-    if (url) {
-      server.url = url;
-      try {
-        const status = ((await (await fetch(`${url}/healthz`)).json()) as { status: string }).status;
-        if (status === "ready") return server;
-      } catch {
-        // not answering yet
-      }
-    }
-    await new Promise((r) => setTimeout(r, 100));
-  }
-  child.kill("SIGKILL");
-  throw new Error(`kvl serve did not become ready:\n${server.log()}`);
+/** The real server on the tiny pack (its clients send the --api-key given in args). */
+function startServer(args: string[], env: Record<string, string>): Promise<LiveServer> {
+  return startLive(pack, args, env);
 }
 
 // -- inputs ---------------------------------------------------------------------------------
@@ -171,9 +69,9 @@ const b64 = (data: Uint8Array): string => Buffer.from(data).toString("base64");
 const dataUrl = (data: Uint8Array): string => `data:image/png;base64,${b64(data)}`;
 
 /** `kvl chat PROMPT --json --temperature 0` on the same pack and backend. */
-function chatJson(prompt: string, maxNew: number, env: Record<string, string>): { reply: string; usage: { prompt_tokens: number; completion_tokens: number } } {
-  const r = spawnSync(process.execPath, [KVL, "chat", pack, prompt, "--json", "--temperature", "0", "--max-new", String(maxNew),
-    "--max-context", String(CTX), "--threads", "1"], { encoding: "utf8", env: childEnv(env), timeout: 120_000 });
+async function chatJson(prompt: string, maxNew: number, env: Record<string, string>): Promise<{ reply: string; usage: { prompt_tokens: number; completion_tokens: number } }> {
+  const r = await runKvl(["chat", pack, prompt, "--json", "--temperature", "0", "--max-new", String(maxNew),
+    "--max-context", String(CTX), "--threads", "1"], env);
   expect(r.status, r.stderr).toBe(0);
   return JSON.parse(r.stdout.trim().split("\n").at(-1)!);
 }
@@ -362,7 +260,7 @@ describe.each(BACKENDS)("kvl serve on $label", ({ env }) => {
 
   it("greedy replies equal kvl chat --json on the same prompt, in every API", async () => {
     const prompt = "Tell me about the sea, briefly.";
-    const expected = chatJson(prompt, 12, env);
+    const expected = await chatJson(prompt, 12, env);
     const messages = [{ role: "user" as const, content: prompt }];
     const viaOpenai = await server.openai().chat.completions.create({ model: MODEL, messages, max_tokens: 12, temperature: 0 });
     expect(viaOpenai.choices[0]!.message.content).toBe(expected.reply);
@@ -637,9 +535,9 @@ describe(`kvl serve on ${MAIN.label}: 20 concurrent clients x 5 requests`, () =>
           : { model: MODEL, max_tokens: 4, temperature: 0, stream, messages: [{ role: "user", content: prompts[j] }] };
         const r = await server.post(path, body);
         statuses.push(r.status);
-        if (r.status === 429) { // only when the queue is full
+        if (r.status === 429) { // only when the queue is full, or every body slot (queue + running + one being read) is held
           expect(Number(r.headers.get("retry-after"))).toBeGreaterThan(0);
-          expect(r.text).toContain(`${maxQueue} request(s) are already waiting`);
+          expect(r.text).toMatch(new RegExp(`${maxQueue} request\\(s\\) are already waiting|it already holds ${maxQueue + 2} requests`));
           await new Promise((res) => setTimeout(res, 50 + Math.random() * 200));
           continue;
         }
@@ -695,6 +593,98 @@ describe(`kvl serve on ${MAIN.label}: 20 concurrent clients x 5 requests`, () =>
   }, 600_000);
 });
 
+describe(`kvl serve on ${MAIN.label}: request bodies within the RAM plan`, () => {
+  const MIB = 2 ** 20;
+  /** Peak resident set of a process as the OS counts it. */
+  const vmHwm = (pid: number): number => Number(/VmHWM:\s+(\d+) kB/.exec(readFileSync(`/proc/${pid}/status`, "latin1"))![1]) * 1024;
+
+  it("concurrent bodies up to the derived limit stay inside the plan; over-limit bodies get 413; the server keeps serving", async () => {
+    // 600 MiB: too little for 20 MiB bodies x 4 slots next to the tiny model, so the plan derives a smaller limit
+    const server = await startServer(["--api-key", KEY, "--max-queue", "2", "--max-context", "4096", "--ram-mib", "600", "--verbose"], MAIN.env);
+    try {
+      const log = server.log();
+      const total = Number(/^total\s+([\d,.]+)\s+budget/m.exec(log)![1]!.replace(/,/g, "")) * MIB;
+      const [, slotsText, limitText] = /request bodies \(raw and parsed\)\s+[\d,.]+\s+(\d+) bodies of up to ([\d,.]+) MiB/.exec(log)!;
+      const slots = Number(slotsText);
+      const limit = Math.floor(Number(limitText!.replace(/,/g, "")) * MIB);
+      expect(slots).toBe(2 + 1 + 1); // --max-queue, the running request, one being read
+      expect(total).toBeLessThanOrEqual(600 * MIB);
+      expect(limit).toBeLessThan(20 * MIB); // the limit was lowered to fit, not refused
+      expect(limit).toBeGreaterThanOrEqual(4 * MIB); // still room for a photo
+      const pid = server.child.pid!;
+      const idle = vmHwm(pid);
+
+      const post = async (path: string, body: string): Promise<{ status: number; json: any }> => {
+        const r = await fetch(`${server.url}${path}`, { method: "POST", headers: { "content-type": "application/json", "x-api-key": KEY }, body });
+        const text = await r.text();
+        return { status: r.status, json: JSON.parse(text) };
+      };
+      // a body of exactly n bytes: one long text of character ch (1, 2 or 3 UTF-8 bytes), padded with spaces
+      const textBody = (n: number, ch: string): string => {
+        const head = `{"model":"${MODEL}","max_tokens":1,"messages":[{"role":"user","content":"`;
+        const tail = `"}]}`;
+        const room = n - head.length - tail.length;
+        const text = ch.repeat(Math.floor(room / Buffer.byteLength(ch)));
+        return head + text + tail + " ".repeat(room - Buffer.byteLength(text));
+      };
+      // a real photo-sized PNG whose base64 body is just under the limit
+      const side = Math.floor(Math.sqrt(((limit - 4096) * 3) / 4 / 1.8 / 1.5)); // random pixels: ~1.65 PNG bytes each
+      const raw = Buffer.alloc(Math.floor(side * 1.5) * side * 3);
+      for (let i = 0; i < raw.length; i++) raw[i] = ((i * 2654435761) >>> 24) ^ ((i / 3000) | 0);
+      const photo = await sharp(raw, { raw: { width: Math.floor(side * 1.5), height: side, channels: 3 } }).png({ compressionLevel: 1 }).toBuffer();
+      const imageBody = JSON.stringify({ model: MODEL, max_tokens: 1, messages: [{ role: "user", content: [
+        { type: "image_url", image_url: { url: `data:image/png;base64,${b64(photo)}` } }, { type: "text", text: "What is this?" }] }] });
+      expect(imageBody.length).toBeLessThanOrEqual(limit);
+      expect(imageBody.length).toBeGreaterThan(limit / 2);
+
+      for (let round = 0; round < 3; round++) {
+        const bodies: Array<[string, string]> = [
+          ["/v1/chat/completions", textBody(limit, "a")], ["/v1/messages", textBody(limit, "é")],
+          ["/v1/chat/completions", imageBody], ["/v1/chat/completions", textBody(limit, "€")],
+        ];
+        const answers = await Promise.all(bodies.map(([path, body]) => post(path, body)));
+        // text that long cannot fit the context: refused before tokenizing; the image is answered
+        expect(answers.map((a) => a.status)).toEqual([400, 400, 200, 400]);
+        expect(answers[0]!.json.error.message).toMatch(/at least \d+ tokens, but the context holds 4096/);
+        expect(answers[2]!.json.usage.prompt_tokens).toBeGreaterThan(100);
+      }
+      // one byte over the limit: 413 in each API's shape, the body never parsed
+      const over = textBody(limit + 1, "a");
+      const oai = await post("/v1/chat/completions", over);
+      expect(oai.status).toBe(413);
+      expect(oai.json.error).toMatchObject({ type: "invalid_request_error", code: "request_too_large" });
+      expect(oai.json.error.message).toContain(`over the ${limit}-byte limit`);
+      const ant = await post("/v1/messages", over);
+      expect(ant.status).toBe(413);
+      expect(ant.json).toMatchObject({ type: "error", error: { type: "request_too_large" } });
+      const after = await server.openai().chat.completions.create({ model: MODEL, max_tokens: 2, messages: [{ role: "user", content: "Still there?" }] });
+      expect(after.usage!.completion_tokens).toBeGreaterThanOrEqual(1);
+
+      const peak = vmHwm(pid);
+      console.log(`[serve memory] bodies of up to ${(limit / MIB).toFixed(1)} MiB x ${slots}: idle ${(idle / MIB).toFixed(0)} MiB, ` +
+        `peak ${(peak / MIB).toFixed(0)} MiB, plan ${(total / MIB).toFixed(0)} MiB; growth ${((peak - idle) / (slots * limit)).toFixed(2)} x slots x limit`);
+      expect(peak).toBeLessThanOrEqual(total);
+      expect(server.child.exitCode).toBeNull();
+    } finally {
+      expect(await server.stop()).toBe(0);
+    }
+  }, 300_000);
+
+  it("an explicit --max-body-mib the plan cannot hold is refused with advice that fits", async () => {
+    const r = spawnSync(process.execPath, [KVL, "serve", pack, "--port", "0", "--threads", "1", "--ram-mib", "600", "--max-queue", "2",
+      "--max-body-mib", "64"], { cwd: packageRoot, env: childEnv(MAIN.env), encoding: "utf8", timeout: 120_000 });
+    expect(r.status).toBe(1);
+    const advice = /lower --max-body-mib to (\d+)/.exec(r.stderr);
+    expect(advice, r.stderr).not.toBeNull();
+    const fits = await startServer(["--ram-mib", "600", "--max-queue", "2", "--max-body-mib", advice![1]!], MAIN.env);
+    try {
+      expect(fits.log()).toContain(`bodies up to ${advice![1]} MiB`);
+    } finally {
+      expect(await fits.stop()).toBe(0);
+    }
+  }, 300_000);
+});
+
 describe(`kvl serve on ${MAIN.label}: start and stop`, () => {
   it("SIGTERM ends an open stream with an error event and exits 0", async () => {
     const server = await startServer(["--max-context", String(CTX)], MAIN.env); // no key: every request passes
@@ -726,16 +716,16 @@ describe(`kvl serve on ${MAIN.label}: start and stop`, () => {
   });
 
   it("a pack that cannot load stops the server with status 1 and the reason", async () => {
-    const r = spawnSync(process.execPath, [...serveArgv(), tmp.dir, "--port", "0"], { cwd: packageRoot, env: childEnv(MAIN.env), encoding: "utf8", timeout: 60_000 });
+    const r = spawnSync(process.execPath, [KVL, "serve", tmp.dir, "--port", "0"], { cwd: packageRoot, env: childEnv(MAIN.env), encoding: "utf8", timeout: 60_000 });
     expect(r.status).toBe(1);
     expect(r.stderr).toMatch(/kvl serve: error: cannot load the model: /);
   });
 
   it("refuses bad options before binding", () => {
-    const missing = spawnSync(process.execPath, [...serveArgv(), join(tmp.dir, "nope")], { cwd: packageRoot, env: childEnv(MAIN.env), encoding: "utf8" });
+    const missing = spawnSync(process.execPath, [KVL, "serve", join(tmp.dir, "nope")], { cwd: packageRoot, env: childEnv(MAIN.env), encoding: "utf8" });
     expect(missing.status).toBe(1);
     expect(missing.stderr).toContain("model directory");
-    const empty = spawnSync(process.execPath, [...serveArgv(), pack, "--api-key", ""], { cwd: packageRoot, env: childEnv(MAIN.env), encoding: "utf8" });
+    const empty = spawnSync(process.execPath, [KVL, "serve", pack, "--api-key", ""], { cwd: packageRoot, env: childEnv(MAIN.env), encoding: "utf8" });
     expect(empty.status).toBe(1);
     expect(empty.stderr).toContain("--api-key must not be empty");
   });

@@ -1,7 +1,8 @@
 /**
  * checkpoint.ts — a checkpoint directory (config.json + sharded safetensors) as float64 tensors,
  * read by the reference's own small safetensors parser, and the row-wise Q8 round trip of routed
- * expert weights (docs/FORMAT.md) for comparisons with a runtime that stores experts as Q8.
+ * expert weights and, optionally, the trunk's Linear weights (docs/FORMAT.md) for comparisons
+ * with a runtime that stores them as Q8.
  *
  * Owns: the safetensors layout (u64-LE header length, JSON header of name -> dtype, shape,
  * data_offsets relative to the end of the header, then little-endian data; spec §11) and
@@ -17,6 +18,19 @@ export const INDEX_NAME = "model.safetensors.index.json";
 
 /** Routed expert matrices only: shared experts and the router stay unquantized in the runtime. */
 export const ROUTED_EXPERT_WEIGHT = /\.mlp\.experts\.\d+\.(gate|up|down)_proj\.weight$/;
+
+/** The trunk Linear weights a pack made with `--trunk-dtype q8` stores as Q8 (docs/FORMAT.md
+ * "Q8_ROWS", written out here from that page, not imported from the packer): q/kv_a/kv_b/o
+ * projections, the dense MLP, the shared experts and lm_head. Not the router (mlp.gate), the
+ * routed experts (ROUTED_EXPERT_WEIGHT), norms or the embedding. */
+export function isQ8TrunkWeight(name: string): boolean {
+  if (name === "language_model.lm_head.weight") return true;
+  const m = /^language_model\.model\.layers\.\d+\.(.+)\.weight$/.exec(name);
+  if (!m) return false;
+  const attn = ["q_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"].map((p) => `self_attn.${p}`);
+  const mlp = ["gate_proj", "up_proj", "down_proj"].flatMap((p) => [`mlp.${p}`, `mlp.shared_experts.${p}`]);
+  return attn.includes(m[1]!) || mlp.includes(m[1]!);
+}
 
 export function readJson(path: string): unknown {
   return JSON.parse(readFileSync(path, "utf8"));
@@ -143,11 +157,12 @@ function roundHalfEven(x: number): number {
 }
 
 /** Every tensor whose name starts with `prefix`, from all shards, as float64. */
-export function loadTensors(dir: string, prefix = "", options: { q8Experts?: boolean } = {}): Map<string, Tensor> {
+export function loadTensors(dir: string, prefix = "", options: { q8Experts?: boolean; q8Trunk?: boolean } = {}): Map<string, Tensor> {
   const out = new Map<string, Tensor>();
   for (const shard of shardFiles(dir)) {
     for (const [name, t] of readSafetensors(shard, (n) => n.startsWith(prefix))) {
-      out.set(name, options.q8Experts && ROUTED_EXPERT_WEIGHT.test(name) ? q8RoundtripRows(t) : t);
+      const q8 = (options.q8Experts && ROUTED_EXPERT_WEIGHT.test(name)) || (options.q8Trunk && isQ8TrunkWeight(name));
+      out.set(name, q8 ? q8RoundtripRows(t) : t);
     }
   }
   if (out.size === 0) throw new Error(`no tensors with prefix ${JSON.stringify(prefix)} in ${dir}`);

@@ -44,6 +44,10 @@ export interface TextConfig {
 export interface TextOptions {
   /** Replace every routed expert matrix by its row-wise Q8 round trip (docs/FORMAT.md). */
   q8Experts?: boolean;
+  /** Replace every trunk Linear weight (attention projections, dense and shared MLPs, lm_head;
+   * not the embedding, norms or router) by its row-wise Q8 round trip, as `kvl pack
+   * --trunk-dtype q8` stores them (docs/FORMAT.md "Q8_ROWS"). */
+  q8Trunk?: boolean;
   /**
    * How RoPE angles are formed. "f32" (default): inv_freq = 1/theta^(2j/d) and angle = t*inv_freq
    * rounded to FP32 as the official code computes them (spec §4.5: the FP32 angle drifts from the
@@ -138,12 +142,12 @@ export class TextReference {
   }
 
   static load(dir: string, options: TextOptions = {}): TextReference {
-    return TextReference.fromTensors(loadConfig(dir), loadTensors(dir, PREFIX, { q8Experts: options.q8Experts === true }), options);
+    return TextReference.fromTensors(loadConfig(dir), loadTensors(dir, PREFIX, { q8Experts: options.q8Experts === true, q8Trunk: options.q8Trunk === true }), options);
   }
 
   /**
    * From a parsed config.json and checkpoint-named tensors (`language_model.` prefix; others are
-   * ignored) — for hand-built cases. q8Experts is applied by load() only.
+   * ignored) — for hand-built cases. q8Experts and q8Trunk are applied by load() only.
    */
   static fromTensors(config: Record<string, unknown>, tensors: Map<string, Tensor>, options: TextOptions = {}): TextReference {
     const cfg = parseTextConfig(config);

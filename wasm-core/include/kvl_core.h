@@ -61,8 +61,19 @@ enum { KVL_KV_DEFAULT = 0, KVL_KV_F32 = 1, KVL_KV_BF16 = 2 };
  * (products and sums stay FP32) and runs on BF16 dot products where the CPU has them
  * (AVX512_BF16; elsewhere it is slower than F32): about 2x the prefill rate. Its logits move by
  * BF16 rounding, not by 1e-3: an activation that lies near a rounding midpoint can round either
- * way under FP32 summation-order differences (tests/test_engine.py measures both). */
-enum { KVL_ACT_DEFAULT = 0, KVL_ACT_F32 = 1, KVL_ACT_BF16 = 2 };
+ * way under FP32 summation-order differences (tests/test_engine.py measures both).
+ * I16 (opt-in; WebAssembly's fast mode, where SIMD128 widens weights to FP32 slowly but runs
+ * integer dot products at native speed) quantises each input vector of those same Linear layers
+ * once per product to two 15-bit integer terms, each with one FP32 scale (kernels.h
+ * quantize_i16_act, then the same rule on what the first term left: ~29 bits; one term alone
+ * moved the test models' logits by 3e-3) and runs integer products on both: Q8 experts as they
+ * are packed, resident BF16 trunk weights (every one but kv_b_proj, which the attention uses in
+ * FP32) and lm_head converted at open to int16 rows with one FP32 scale per row
+ * (kvl_quantize_rows_i16: the same bytes plus 4 per row). Trunk tensors streamed per token (a
+ * trunk cache smaller than the trunk) keep the exact FP32 product. The vision tower stays FP32.
+ * Logits: within 7.4e-4 of the float64 reference on the test models (test/engine.test.ts; the
+ * int16 rounding of the BF16 weights is most of it). */
+enum { KVL_ACT_DEFAULT = 0, KVL_ACT_F32 = 1, KVL_ACT_BF16 = 2, KVL_ACT_I16 = 3 };
 
 typedef struct kvl_engine_options {
     int32_t n_threads;             /* 0 = every core */
@@ -99,11 +110,12 @@ typedef struct kvl_engine_info {
     char kv_dtype[8];              /* "f32" | "bf16" */
     /* resident bytes the engine allocated at open (for the RAM planner's check) */
     uint64_t global_bytes;         /* lm_head, final norm, small tensors kept resident */
-    uint64_t trunk_cache_bytes;    /* resident non-global trunk tensors */
+    uint64_t trunk_cache_bytes;    /* resident non-global trunk tensors (with act_dtype i16:
+                                      their int16 rows and per-row scales, engine.c load_text) */
     uint64_t expert_cache_bytes;   /* the expert cache slab */
     uint64_t engine_workspace_bytes;
     uint64_t expert_extent_bytes;  /* one (layer, expert) extent, padded to 4 KiB */
-    char act_dtype[8];             /* "f32" | "bf16": inputs of the Linear layers */
+    char act_dtype[8];             /* "f32" | "bf16" | "i16": inputs of the Linear layers */
     int32_t layer_begin, layer_end; /* the decoder layers this engine runs */
 } kvl_engine_info;
 
@@ -205,6 +217,12 @@ KVL_API size_t kvl_expert_extent_bytes(size_t intermediate, size_t hidden);
 KVL_API kvl_status kvl_pack_expert(const uint16_t *gate, const uint16_t *up, const uint16_t *down,
                                    size_t intermediate, size_t hidden, uint8_t *out,
                                    size_t out_bytes);
+/* kvl_pack_q8_rows writes one Q8_ROWS record (docs/FORMAT.md, `kvl pack --trunk-dtype q8`)
+ * from the BF16 bits of a [rows, cols] matrix, with kvl_pack_expert's row quantisation: int8
+ * rows at 0, f32 row scales at align64(rows * cols); out_bytes must equal
+ * align64(rows * cols) + 4 * rows. A NaN or infinite weight is KVL_ERR_FORMAT. */
+KVL_API kvl_status kvl_pack_q8_rows(const uint16_t *w, size_t rows, size_t cols, uint8_t *out,
+                                    size_t out_bytes);
 
 /* Synthetic weights: numpy's PCG64 generator (128-bit LCG, XSL-RR output), seeded from the four
  * 64-bit words numpy's SeedSequence gives (the host derives them), so a synthesized checkpoint

@@ -13,6 +13,8 @@
  *   expertExtentBytes(I, H)                         kvl_expert_extent_bytes
  *   packExpert(gate, up, down, I, H, out)           kvl_pack_expert into out (Uint8Array); the
  *                                                   kvl_status as a number (0 = ok)
+ *   packQ8Rows(w, rows, cols, out)                  kvl_pack_q8_rows into out (Uint8Array); the
+ *                                                   kvl_status as a number (0 = ok)
  *   pcg64Seed(words, state)                         kvl_pcg64_seed: BigUint64Array(4) each
  *   synthUniform(state, count, center, half, out)   kvl_synth_uniform into out (Uint16Array:
  *                                                   BF16 bits, Float32Array: FP32); advances state
@@ -395,6 +397,24 @@ static napi_value js_pack_expert(napi_env env, napi_callback_info info)
     if (n_gate != inter * hidden || n_up != inter * hidden || n_down != inter * hidden)
         return throw_error(env, "ERR_INVALID_ARG_VALUE", "kvl addon: packExpert: matrix sizes differ from I x H");
     kvl_status st = kvl_pack_expert(gate, up, down, inter, hidden, out, n_out);
+    NAPI_CALL(env, napi_create_int32(env, (int32_t)st, &v));
+    return v;
+}
+
+static napi_value js_pack_q8_rows(napi_env env, napi_callback_info info)
+{
+    const char *fn = "packQ8Rows";
+    napi_value argv[4], v;
+    void *w, *out;
+    size_t n_w, n_out, rows, cols;
+    if (!get_args(env, info, argv, 4, fn) ||
+        !get_typed_arg(env, argv[0], napi_uint16_array, &w, &n_w, fn, 0) ||
+        !get_size_arg(env, argv[1], &rows, fn, 1) || !get_size_arg(env, argv[2], &cols, fn, 2) ||
+        !get_typed_arg(env, argv[3], napi_uint8_array, &out, &n_out, fn, 3))
+        return NULL;
+    if (n_w != rows * cols)
+        return throw_error(env, "ERR_INVALID_ARG_VALUE", "kvl addon: packQ8Rows: matrix size differs from rows x cols");
+    kvl_status st = kvl_pack_q8_rows(w, rows, cols, out, n_out);
     NAPI_CALL(env, napi_create_int32(env, (int32_t)st, &v));
     return v;
 }
@@ -1510,6 +1530,7 @@ static const kvl_function kvl_functions[] = {
     {"conformance", js_conformance},
     {"expertExtentBytes", js_expert_extent_bytes},
     {"packExpert", js_pack_expert},
+    {"packQ8Rows", js_pack_q8_rows},
     {"pcg64Seed", js_pcg64_seed},
     {"synthUniform", js_synth_uniform},
     {"sampleToken", js_sample_token},

@@ -82,6 +82,43 @@ static void cond_broadcast(kvl_cond *c) { pthread_cond_broadcast(c); }
 
 static uint64_t align4096(uint64_t x) { return (x + 4095u) & ~(uint64_t)4095u; }
 static uint64_t align64(uint64_t x) { return (x + 63u) & ~(uint64_t)63u; }
+/* A resident Linear weight with act_i16: its int16 rows (the BF16 bytes, converted in place) and
+ * then one f32 scale per row, in one 4 KiB-aligned slot (host/planner.ts mirrors this). */
+static uint64_t i16_slot_bytes(uint64_t nbytes, uint64_t rows)
+{
+    return align4096(align64(nbytes) + 4u * rows);
+}
+
+/* kvl_quantize_rows_i16 in place over the pool, rows split between the threads (each row is
+ * independent, so the result does not depend on the split): the scalar conversion took ~10 ns a
+ * weight in WebAssembly, seconds per GB of trunk at open. */
+typedef struct i16_convert_job {
+    void *data;
+    float *scale;
+    size_t rows, cols;
+} i16_convert_job;
+
+static void i16_convert_rows(void *ctx, int ti, int nt)
+{
+    const i16_convert_job *j = (const i16_convert_job *)ctx;
+    size_t b, e;
+    kvl_split_range(j->rows, 1, ti, nt, &b, &e);
+    if (b >= e) return;
+    char *rows = (char *)j->data + b * j->cols * 2;
+    kvl_quantize_rows_i16((int16_t *)(void *)rows, j->scale + b, (const uint16_t *)(void *)rows,
+                          e - b, j->cols);
+}
+
+static const float *i16_convert(kvl_engine *e, void *data, uint64_t nbytes, size_t rows, size_t cols)
+{
+    i16_convert_job j;
+    j.data = data;
+    j.scale = (float *)(void *)((char *)data + align64(nbytes));
+    j.rows = rows;
+    j.cols = cols;
+    kvl_pool_run(e->pool, i16_convert_rows, &j);
+    return j.scale;
+}
 
 /* ---- status text and errors ------------------------------------------------------------------ */
 
@@ -305,7 +342,8 @@ static kvl_status oerr(open_ctx *c, kvl_status st, const char *fmt, ...)
 
 static const char *dtype_name(uint32_t d)
 {
-    return d == KVL_DTYPE_BF16 ? "BF16" : d == KVL_DTYPE_F32 ? "F32" : d == KVL_DTYPE_Q8_EXPERT ? "Q8_EXPERT" : "?";
+    return d == KVL_DTYPE_BF16 ? "BF16" : d == KVL_DTYPE_F32 ? "F32" : d == KVL_DTYPE_Q8_EXPERT ? "Q8_EXPERT"
+           : d == KVL_DTYPE_Q8_ROWS ? "Q8_ROWS" : "?";
 }
 
 static void shape_text(char *buf, size_t len, uint32_t ndim, const uint64_t *shape)
@@ -330,7 +368,13 @@ static kvl_status expect(open_ctx *c, kvl_store *store, const char *file, const 
     int ok = r->dtype == dtype && r->ndim == ndim;
     for (uint32_t i = 0; ok && i < ndim; i++) ok = r->shape[i] == want[i];
     uint64_t elt = dtype == KVL_DTYPE_F32 ? 4 : 2;
-    if (ok && r->nbytes != (ndim == 1 ? d0 : d0 * d1) * elt) ok = 0;
+    uint64_t nbytes = (ndim == 1 ? d0 : d0 * d1) * elt;
+    if (dtype == KVL_DTYPE_Q8_ROWS) {
+        kvl_q8_rows_layout lay;
+        kvl_q8_rows_layout_of(d0, d1, &lay);
+        nbytes = lay.nbytes;
+    }
+    if (ok && r->nbytes != nbytes) ok = 0;
     if (!ok) {
         char a[96], b[96];
         shape_text(a, sizeof a, ndim, want);
@@ -342,6 +386,16 @@ static kvl_status expect(open_ctx *c, kvl_store *store, const char *file, const 
     }
     *out = r;
     return KVL_OK;
+}
+
+/* A trunk Linear weight [d0, d1]: BF16 as in the checkpoint, or Q8_ROWS in a pack made with
+ * `kvl pack --trunk-dtype q8` (model.c runs it with the Q8 matmul kinds). */
+static kvl_status expect_linear(open_ctx *c, const char *name, uint64_t d0, uint64_t d1,
+                                const kvl_tensor_rec **out)
+{
+    const kvl_tensor_rec *r = kvl_store_find(c->e->trunk, name);
+    uint32_t dtype = r && r->dtype == KVL_DTYPE_Q8_ROWS ? KVL_DTYPE_Q8_ROWS : KVL_DTYPE_BF16;
+    return expect(c, c->e->trunk, "trunk.idx", name, dtype, 2, d0, d1, out);
 }
 
 static const char *TEXT_KEYS[] = {
@@ -442,14 +496,17 @@ static kvl_status load_text(open_ctx *c, const kvl_engine_options *o)
                      KVL_DTYPE_BF16, 2, V, H, &t->embed)) != KVL_OK) return st;
     if ((st = expect(c, e->trunk, "trunk.idx", "language_model.model.norm.weight",
                      KVL_DTYPE_BF16, 1, H, 0, &final_norm)) != KVL_OK) return st;
-    if ((st = expect(c, e->trunk, "trunk.idx", "language_model.lm_head.weight",
-                     KVL_DTYPE_BF16, 2, V, H, &lm_head)) != KVL_OK) return st;
+    if ((st = expect_linear(c, "language_model.lm_head.weight", V, H, &lm_head)) != KVL_OK)
+        return st;
     /* what this engine's layer range keeps resident: lm_head and the final norm on the last
      * range, the per-layer norms and routers of its own layers; every tensor is validated */
     const int first = t->layer_begin, last = t->layer_end;
     const int has_head = last == hp->n_layers;
 #define IN_RANGE(l) ((l) >= first && (l) < last)
-    uint64_t gbytes = has_head ? align4096(lm_head->nbytes) + align64(H * 4) : 0;
+    /* act_i16: lm_head as int16 rows with its V row scales after them (i16_slot_bytes) */
+    const int head_i16 = t->act_i16 && lm_head->dtype == KVL_DTYPE_BF16;
+    const uint64_t head_slot = head_i16 ? i16_slot_bytes(lm_head->nbytes, V) : align4096(lm_head->nbytes);
+    uint64_t gbytes = has_head ? head_slot + align64(H * 4) : 0;
     const kvl_tensor_rec **small = (const kvl_tensor_rec **)calloc((size_t)hp->n_layers * 5,
                                                                    sizeof *small);
     if (!small) return oerr(c, KVL_ERR_NOMEM, "out of memory opening the pack");
@@ -466,17 +523,20 @@ static kvl_status load_text(open_ctx *c, const kvl_engine_options *o)
             if ((st = expect(c, e->trunk, "trunk.idx", name, dt, nd, a, b, dst)) != KVL_OK)       \
                 goto out;                                                                         \
         } while (0)
+#define EXPECT_LINEAR(suffix, a, b, dst) /* BF16 or Q8_ROWS (expect_linear) */                     \
+        do {                                                                                      \
+            snprintf(name, sizeof name, "%s.%d.%s", pre, l, suffix);                              \
+            if ((st = expect_linear(c, name, a, b, dst)) != KVL_OK) goto out;                     \
+        } while (0)
         EXPECT("input_layernorm.weight", KVL_DTYPE_BF16, 1, H, 0, &small[l * 5 + 0]);
         EXPECT("post_attention_layernorm.weight", KVL_DTYPE_BF16, 1, H, 0, &small[l * 5 + 1]);
         EXPECT("self_attn.kv_a_layernorm.weight", KVL_DTYPE_BF16, 1, kvl, 0, &small[l * 5 + 2]);
-        EXPECT("self_attn.q_proj.weight", KVL_DTYPE_BF16, 2, nh * (uint64_t)(hp->nope + hp->rope), H,
-               &tt[KVL_TT_Q].rec);
-        EXPECT("self_attn.kv_a_proj_with_mqa.weight", KVL_DTYPE_BF16, 2, kvl + rope, H,
-               &tt[KVL_TT_KVA].rec);
-        EXPECT("self_attn.kv_b_proj.weight", KVL_DTYPE_BF16, 2,
-               nh * (uint64_t)(hp->nope + hp->v_dim), kvl, &tt[KVL_TT_KVB].rec);
-        EXPECT("self_attn.o_proj.weight", KVL_DTYPE_BF16, 2, H, nh * (uint64_t)hp->v_dim,
-               &tt[KVL_TT_O].rec);
+        EXPECT_LINEAR("self_attn.q_proj.weight", nh * (uint64_t)(hp->nope + hp->rope), H,
+                      &tt[KVL_TT_Q].rec);
+        EXPECT_LINEAR("self_attn.kv_a_proj_with_mqa.weight", kvl + rope, H, &tt[KVL_TT_KVA].rec);
+        EXPECT_LINEAR("self_attn.kv_b_proj.weight", nh * (uint64_t)(hp->nope + hp->v_dim), kvl,
+                      &tt[KVL_TT_KVB].rec);
+        EXPECT_LINEAR("self_attn.o_proj.weight", H, nh * (uint64_t)hp->v_dim, &tt[KVL_TT_O].rec);
         if (IN_RANGE(l)) gbytes += 2 * align64(H * 4) + align64(kvl * 4);
         const char *mlp = lg->is_moe ? "mlp.shared_experts" : "mlp";
         uint64_t rows = lg->is_moe ? (uint64_t)hp->n_shared * (uint64_t)hp->moe_intermediate
@@ -497,13 +557,14 @@ static kvl_status load_text(open_ctx *c, const kvl_engine_options *o)
             char sfx[96];
             lg->mlp_rows = (int)rows;
             snprintf(sfx, sizeof sfx, "%s.gate_proj.weight", mlp);
-            EXPECT(sfx, KVL_DTYPE_BF16, 2, rows, H, &tt[KVL_TT_MLP_GATE].rec);
+            EXPECT_LINEAR(sfx, rows, H, &tt[KVL_TT_MLP_GATE].rec);
             snprintf(sfx, sizeof sfx, "%s.up_proj.weight", mlp);
-            EXPECT(sfx, KVL_DTYPE_BF16, 2, rows, H, &tt[KVL_TT_MLP_UP].rec);
+            EXPECT_LINEAR(sfx, rows, H, &tt[KVL_TT_MLP_UP].rec);
             snprintf(sfx, sizeof sfx, "%s.down_proj.weight", mlp);
-            EXPECT(sfx, KVL_DTYPE_BF16, 2, H, rows, &tt[KVL_TT_MLP_DOWN].rec);
+            EXPECT_LINEAR(sfx, H, rows, &tt[KVL_TT_MLP_DOWN].rec);
         }
 #undef EXPECT
+#undef EXPECT_LINEAR
     }
     /* routed experts: one Q8 extent per (MoE layer, expert) of the size docs/FORMAT.md gives */
     if (n_moe > 0) {
@@ -541,7 +602,8 @@ static kvl_status load_text(open_ctx *c, const kvl_engine_options *o)
         }
     }
 
-    /* ---- globals, for the planner: one block laid out as lm_head (BF16, align4096(nbytes)),
+    /* ---- globals, for the planner: one block laid out as lm_head (BF16, align4096(nbytes);
+     * with act_i16 int16 rows then V f32 scales, align4096(align64(nbytes) + 4 V)),
      * then every MoE layer's router weight (BF16, align4096(nbytes)), then per layer the
      * input/post-attention/kv_a norms widened to f32 (align64 each) and, on MoE layers, the f32
      * router bias (align64), then the final norm in f32 (align64). BF16 -> f32 is exact. ---- */
@@ -576,7 +638,18 @@ static kvl_status load_text(open_ctx *c, const kvl_engine_options *o)
             (dst) = (const float *)(void *)p;                                                     \
             p += align64((uint64_t)(count) * 4);                                                  \
         } while (0)
-        if (has_head) READ_PAGED(lm_head, t->lm_head);
+        if (has_head) {
+            char *head = p;
+            READ_PAGED(lm_head, t->lm_head);
+            p = head + head_slot;
+            if (head_i16) /* in place: each row is read before it is overwritten (kernels.h) */
+                t->lm_head_scale = i16_convert(e, head, lm_head->nbytes, (size_t)V, (size_t)H);
+            if (lm_head->dtype == KVL_DTYPE_Q8_ROWS) { /* int8 rows, then their scales */
+                kvl_q8_rows_layout lay;
+                kvl_q8_rows_layout_of(V, H, &lay);
+                t->lm_head_q8_scale = (const float *)(void *)(head + lay.scale);
+            }
+        }
         for (int l = first; l < last; l++)
             if (t->layers[l].is_moe) READ_PAGED(small[l * 5 + 3], t->layers[l].router_w);
         for (int l = first; l < last; l++) {
@@ -605,7 +678,8 @@ static kvl_status load_text(open_ctx *c, const kvl_engine_options *o)
     /* ---- trunk cache, for the planner: walk the non-global trunk tensors in forward order
      * (layer 0..L-1; within a layer q_proj, kv_a_proj_with_mqa, kv_b_proj, o_proj, then the
      * dense mlp or shared_experts gate_proj, up_proj, down_proj) and keep each resident while
-     * the running sum of align4096(nbytes) stays <= budget; the first tensor that does not fit
+     * the running sum of align4096(nbytes) (act_i16: i16_slot_bytes for every tensor but
+     * kv_b_proj) stays <= budget; the first tensor that does not fit
      * and everything after it are streamed (a prefix, so the layers used first stay hot).
      * trunk_cache_bytes: -1 -> budget 0, 0 -> everything, >0 -> that budget. Streaming takes a
      * double buffer of 2 x the largest streamed tensor's align4096(nbytes) (engine_workspace). */
@@ -617,8 +691,15 @@ static kvl_status load_text(open_ctx *c, const kvl_engine_options *o)
         uint64_t all = 0;
         for (int i = 0; i < n_tt; i++)
             if (t->tt[i].rec) {
-                t->tt[i].padded = align4096(t->tt[i].rec->nbytes);
-                all += t->tt[i].padded;
+                kvl_trunk_tensor *tt = &t->tt[i];
+                tt->padded = align4096(tt->rec->nbytes);
+                /* act_i16 converts every resident BF16 Linear weight but kv_b_proj, which the
+                 * attention uses in FP32 (absorbed into the queries, and W_uv) */
+                tt->slot = t->act_i16 && i % KVL_TT_PER_LAYER != KVL_TT_KVB &&
+                                   tt->rec->dtype == KVL_DTYPE_BF16
+                               ? i16_slot_bytes(tt->rec->nbytes, tt->rec->shape[0])
+                               : tt->padded;
+                all += tt->slot;
             }
         uint64_t budget = o->trunk_cache_bytes < 0 ? 0
                           : o->trunk_cache_bytes == 0 ? all : (uint64_t)o->trunk_cache_bytes;
@@ -626,8 +707,8 @@ static kvl_status load_text(open_ctx *c, const kvl_engine_options *o)
         int first_streamed = n_tt;
         for (int i = 0; i < n_tt; i++) {
             if (!t->tt[i].rec) continue;
-            if (used + t->tt[i].padded > budget) { first_streamed = i; break; }
-            used += t->tt[i].padded;
+            if (used + t->tt[i].slot > budget) { first_streamed = i; break; }
+            used += t->tt[i].slot;
         }
         if (used > 0) {
             t->trunk_mem = used <= (uint64_t)SIZE_MAX ? kvl_large_alloc((size_t)used) : NULL;
@@ -650,7 +731,10 @@ static kvl_status load_text(open_ctx *c, const kvl_engine_options *o)
                     goto out;
                 }
                 tt->resident = (const uint16_t *)p;
-                p += tt->padded;
+                if (tt->slot != tt->padded) /* int16 rows in place, scales after them */
+                    tt->scale_i16 = i16_convert(e, p, tt->rec->nbytes, (size_t)tt->rec->shape[0],
+                                                (size_t)tt->rec->shape[1]);
+                p += tt->slot;
             } else {
                 if (tt->padded > max_streamed) max_streamed = tt->padded;
                 if (first < 0) first = i;
@@ -798,7 +882,7 @@ kvl_status kvl_engine_open(const char *pack_dir, const kvl_engine_options *optio
         return oerr(&c, KVL_ERR_INVALID_ARG, "kernels = %d is invalid", (int)o.kernels);
     if (o.kv_dtype < KVL_KV_DEFAULT || o.kv_dtype > KVL_KV_BF16)
         return oerr(&c, KVL_ERR_INVALID_ARG, "kv_dtype = %d is invalid", (int)o.kv_dtype);
-    if (o.act_dtype < KVL_ACT_DEFAULT || o.act_dtype > KVL_ACT_BF16)
+    if (o.act_dtype < KVL_ACT_DEFAULT || o.act_dtype > KVL_ACT_I16)
         return oerr(&c, KVL_ERR_INVALID_ARG, "act_dtype = %d is invalid", (int)o.act_dtype);
 
     join_path(path, sizeof path, pack_dir, "PACK_COMPLETE.json");
@@ -881,6 +965,7 @@ kvl_status kvl_engine_open(const char *pack_dir, const kvl_engine_options *optio
     if (!e->pool) { st = oerr(&c, KVL_ERR_NOMEM, "cannot create the thread pool"); goto fail; }
     e->text->kv_bf16 = o.kv_dtype == KVL_KV_BF16;
     e->text->act_bf16 = o.act_dtype == KVL_ACT_BF16;
+    e->text->act_i16 = o.act_dtype == KVL_ACT_I16;
     if ((st = load_text(&c, &o)) != KVL_OK) goto fail;
     *out_engine = e;
     return KVL_OK;
@@ -916,7 +1001,8 @@ kvl_status kvl_engine_get_info(const kvl_engine *e, kvl_engine_info *out)
     out->vision_direct_io = e->vision ? kvl_store_direct_io(e->vision) : 0;
     snprintf(out->kernels, sizeof out->kernels, "%s", e->k->name);
     snprintf(out->kv_dtype, sizeof out->kv_dtype, "%s", t->kv_bf16 ? "bf16" : "f32");
-    snprintf(out->act_dtype, sizeof out->act_dtype, "%s", t->act_bf16 ? "bf16" : "f32");
+    snprintf(out->act_dtype, sizeof out->act_dtype, "%s",
+             t->act_i16 ? "i16" : t->act_bf16 ? "bf16" : "f32");
     out->global_bytes = t->global_bytes;
     out->trunk_cache_bytes = t->trunk_bytes;
     out->expert_cache_bytes = t->ecache ? kvl_expert_cache_bytes(t->ecache) : 0;

@@ -58,8 +58,14 @@ enum {
 
 typedef struct kvl_trunk_tensor {
     const kvl_tensor_rec *rec;   /* in the trunk store */
-    uint64_t padded;             /* align4096(nbytes): bytes a read or a residency slot takes */
-    const uint16_t *resident;    /* BF16 data if resident, else NULL (streamed) */
+    uint64_t padded;             /* align4096(nbytes): bytes a read (streaming slot) takes */
+    uint64_t slot;               /* bytes a residency slot takes: padded, or with act_i16 and a
+                                    Linear weight align4096(align64(nbytes) + 4 * rows) */
+    const uint16_t *resident;    /* BF16 data if resident, else NULL (streamed); int16 rows
+                                    when scale_i16 is set; the Q8_ROWS record as packed (int8
+                                    rows, then f32 scales) when rec->dtype is Q8_ROWS */
+    const float *scale_i16;      /* act_i16, resident Linear weight: per-row scales right after
+                                    the int16 rows (kvl_quantize_rows_i16); else NULL */
     int next_streamed;           /* id of the next streamed tensor in forward order (wraps) */
 } kvl_trunk_tensor;
 
@@ -78,7 +84,12 @@ typedef struct kvl_engine_text {
     int layer_begin, layer_end;          /* the decoder layers this engine runs */
     kvl_layer_globals *layers;           /* [n_layers]; filled for [layer_begin, layer_end) */
     const float *final_norm;             /* f32 [hidden]; NULL unless layer_end == n_layers */
-    const uint16_t *lm_head;             /* BF16 [vocab, hidden]; NULL unless layer_end == n_layers */
+    const uint16_t *lm_head;             /* BF16 [vocab, hidden]; NULL unless layer_end == n_layers;
+                                            int16 rows when lm_head_scale is set */
+    const float *lm_head_scale;          /* act_i16: f32 [vocab] row scales; else NULL */
+    const float *lm_head_q8_scale;       /* a Q8_ROWS lm_head (--trunk-dtype q8): lm_head holds
+                                            int8 [vocab, hidden] rows and these are their f32
+                                            scales, inside the same record; else NULL */
     const kvl_tensor_rec *embed;         /* read row-wise from the store, not resident */
     kvl_trunk_tensor *tt;                /* [n_layers * KVL_TT_PER_LAYER]; rec NULL if absent */
     void *global_mem;                    /* one aligned block for every global tensor */
@@ -89,6 +100,7 @@ typedef struct kvl_engine_text {
     uint64_t extent_bytes;               /* padded */
     int kv_bf16;
     int act_bf16;                        /* Linear inputs rounded to BF16 (KVL_ACT_BF16) */
+    int act_i16;                         /* Linear inputs quantised to integers (KVL_ACT_I16) */
     /* trunk counters (one driver thread at a time, plain integers) */
     uint64_t trunk_hits, trunk_misses, trunk_bytes_read, trunk_stall_ns;
     uint64_t tokens_prefilled, tokens_decoded;
@@ -123,6 +135,10 @@ struct kvl_session {
     size_t per_thread;
     int *seli, *ecount, *elist, *eorder;
     uint16_t *embed_row;
+    /* act_i16: the quantised inputs of one pool run (model.c mm_run) and their scales */
+    int16_t *xq;
+    float *xs;
+    float *yq;
 };
 
 /* model.c */

@@ -110,6 +110,8 @@ float kvl_i16_group_sum(const int16_t *w, const int16_t *x, size_t c, size_t col
 /* BF16 rows [rows, cols] -> int16 rows for matmul_i16_i16: scale[r] = rowmax|w| / 32767,
  * Wq = clamp(rint(w * (32767 / rowmax)), -32767, 32767); an all-zero row gets scale 0. Done once
  * at load, never in the decode loop, so it has no SIMD variants. */
+/* Wq may be W itself (in place: each row is read whole before it is written; engine.c converts
+ * resident weights so). */
 void kvl_quantize_rows_i16(int16_t *Wq, float *scale, const uint16_t *W, size_t rows, size_t cols);
 /* Single-value BF16 conversions (same rounding as the table entries; NaN stays a quiet NaN). */
 float kvl_bf16_to_float(uint16_t h);

@@ -3,7 +3,8 @@
  * Owns: the session scratch layout, the layer-major forward over a chunk of tokens (embedding
  * rows, MLA in its absorbed form over the compressed KV cache, dense MLP, MoE routing with
  * group-limited noaux_tc selection, shared experts, routed experts from the expert cache, final
- * norm, lm_head), and the splitting of that work across the thread pool.
+ * norm, lm_head), the Linear layers' input modes (FP32, BF16-rounded, or quantised to integers
+ * for integer products: act_i16, mm_quantize), and the splitting of that work across the pool.
  * Does not own: opening/validating the pack or the trunk cache/streamer (engine.c), kernels
  * (kernels_*.c), expert reads (expert_cache.c). Every shape was validated at open, so this file
  * carries no shape checks; nothing here allocates.
@@ -26,7 +27,8 @@
 
 enum {
     L_KV = 0, L_X, L_XN, L_Q, L_A, L_QABS, L_CHAT, L_O, L_GATE, L_UP, L_RLOG, L_SELW,
-    L_MOE_OUT, L_XG, L_YG, L_THREAD, L_SELI, L_ECOUNT, L_ELIST, L_EORDER, L_EMBED, L_KVT, L_COUNT
+    L_MOE_OUT, L_XG, L_YG, L_THREAD, L_SELI, L_ECOUNT, L_ELIST, L_EORDER, L_EMBED, L_KVT, L_XQ,
+    L_XS, L_YQ, L_COUNT
 };
 
 static size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
@@ -43,6 +45,10 @@ static size_t max_mlp_width(const kvl_engine_text *t)
     }
     return w;
 }
+
+/* the act_i16 workspace (int16 values, f32 scales) of chunks of B tokens; defined beside mm_run */
+static void act_workspace(const kvl_engine_text *t, uint64_t B, uint64_t *xq_elems,
+                          uint64_t *xs_elems, uint64_t *yq_elems);
 
 /* Prefill chunks of at least this many tokens compute attention in blocks of tokens per head
  * (attn_tiled); shorter ones (decode) token by token for all of a thread's heads at once
@@ -76,6 +82,9 @@ static size_t per_thread_floats(const kvl_text_hparams *hp, int max_context)
  *   threads T * align16(max(nh*C, 3E + n_group + 4) + 2*(lat+r) + r + lat*nh
  *                       + ceil(lat*nope/2)) floats
  *   ints    selected B*k, counts E+1, token list B*k, expert order E; embed row H uint16
+ *   act_i16 (else 0, i.e. 64 bytes each) the quantised inputs of one pool run, two terms each:
+ *           int16 2*B*max(2H, nh*v, W) + 50*32, their scales f32 4B; per thread f32 2B*64
+ *           (both terms' products of 64 rows; act_workspace)
  */
 void kvl_session_layout_compute(const kvl_engine *engine, int max_context, int max_batch,
                                 kvl_session_layout *out)
@@ -109,6 +118,11 @@ void kvl_session_layout_compute(const kvl_engine *engine, int max_context, int m
     sizes[L_EORDER] = (size_t)hp->n_routed * sizeof(int);
     sizes[L_EMBED] = H * sizeof(uint16_t);
     sizes[L_KVT] = (uint64_t)hp->kv_lora * (uint64_t)max_context * 4;
+    uint64_t xq_elems, xs_elems, yq_elems;
+    act_workspace(t, B, &xq_elems, &xs_elems, &yq_elems);
+    sizes[L_XQ] = xq_elems * sizeof(int16_t);
+    sizes[L_XS] = xs_elems * 4;
+    sizes[L_YQ] = nthreads * yq_elems * 4;
     uint64_t off = 0;
     for (int i = 0; i < L_COUNT; i++) {
         uint64_t size = sizes[i] ? sizes[i] : 1;
@@ -145,14 +159,20 @@ void kvl_session_bind(kvl_session *s, const kvl_session_layout *ly)
     s->eorder = (int *)(base + ly->off[L_EORDER]);
     s->embed_row = (uint16_t *)(base + ly->off[L_EMBED]);
     s->kvt = (float *)(base + ly->off[L_KVT]);
+    s->xq = (int16_t *)(void *)(base + ly->off[L_XQ]);
+    s->xs = (float *)(void *)(base + ly->off[L_XS]);
+    s->yq = (float *)(void *)(base + ly->off[L_YQ]);
 }
 
 /* ---- parallel matmuls: row blocks of one or more products handed out dynamically ---------- */
 
-/* MM_BF16 and MM_Q8 are the Linear layers: with the engine's BF16 activation mode they take
- * BF16-rounded inputs (the *_xb kernels). MM_BF16_F32ACT always keeps FP32 inputs: the MoE
- * router, which the checkpoint's own code runs in FP32. */
-enum { MM_BF16 = 0, MM_Q8 = 1, MM_BF16_F32ACT = 2 };
+/* MM_BF16, MM_Q8 and MM_I16 are the Linear layers: with the engine's BF16 activation mode they
+ * take BF16-rounded inputs (the *_xb kernels); with its I16 mode, MM_Q8 and MM_I16 take inputs
+ * quantised to 15 bits once per run (mm_quantize) and run integer products, while MM_BF16 (a
+ * streamed trunk tensor, which stays BF16) keeps the FP32 product. MM_I16 is a resident trunk
+ * weight converted to int16 rows at open (act_i16 only). MM_BF16_F32ACT always keeps FP32
+ * inputs: the MoE router, which the checkpoint's own code runs in FP32. */
+enum { MM_BF16 = 0, MM_Q8 = 1, MM_BF16_F32ACT = 2, MM_I16 = 3 };
 
 /* Segments per pool run: one layer's FFN at most uses shared gate+up plus gate+up of every
  * routed expert of a wave, and a wave holds at most MOE_WAVE_MAX experts. */
@@ -162,6 +182,10 @@ enum { MM_BF16 = 0, MM_Q8 = 1, MM_BF16_F32ACT = 2 };
  * each item is a long sequential stream (>= MM_MIN_ITEM_BYTES of weights). */
 #define MM_ITEMS_PER_THREAD 16
 #define MM_MIN_ITEM_BYTES (64u << 10)
+/* act_i16: each quantised input starts on a 64-byte boundary of the workspace */
+#define XQ_ALIGN 32u
+/* act_i16: rows per kernel call, whose two terms' products are added in the thread's yq */
+#define I16_SUB 64u
 
 typedef struct mm_seg {
     int kind;
@@ -172,6 +196,10 @@ typedef struct mm_seg {
     size_t rows, cols;
     const float *X;
     size_t ldx, n;
+    const int16_t *Xq;  /* act_i16, MM_Q8 / MM_I16: X quantised, two terms [2n, ldq] (the
+                           first n vectors, then their remainders), scales xs [2n] */
+    const float *xs;
+    size_t ldq;
     size_t block_rows;  /* rows per work item */
     int first_item;     /* index of this segment's first work item */
 } mm_seg;
@@ -179,16 +207,53 @@ typedef struct mm_seg {
 typedef struct mm_job {
     const kvl_kernels *k;
     int act_bf16;       /* the engine's activation mode (KVL_ACT_BF16) */
+    int act_i16;        /* KVL_ACT_I16 */
+    int16_t *xq;        /* act_i16: the session's workspace (act_workspace sizes it) */
+    float *xs;
+    float *yq;          /* per thread yq_per floats */
+    size_t xq_cap, xs_cap, yq_per;
     int n_seg, n_items;
+    int seg_begin, seg_end; /* the segments of the current pool run */
     uint64_t bytes, macs;
     volatile int next;  /* next unclaimed work item */
     mm_seg seg[MM_MAX_SEGS];
 } mm_job;
 
-static void mm_init(mm_job *j, const kvl_engine *e)
+/* act_i16 workspace of a session with chunks of B tokens: int16 values and float scales, two
+ * terms per input vector (mm_quantize). One pool run quantises each distinct input once; the
+ * largest run is the gate+up of a wave (the shared experts' n tokens of H plus every (token,
+ * expert) pair's H: n + n*topk <= 2B vectors on "small" chunks, where n*topk <= B) or its down
+ * products (n*R + n*topk*I <= B*W), else one input of B rows (o_proj: nh*v columns). Each input
+ * may start XQ_ALIGN - 1 values late. A run that does not fit anyway is split into several pool
+ * runs (mm_run), so this is a size for speed, not a bound that correctness relies on. yq: per
+ * thread, the products of both terms for I16_SUB rows of one segment (n <= B vectors). */
+static void act_workspace(const kvl_engine_text *t, uint64_t B, uint64_t *xq_elems,
+                          uint64_t *xs_elems, uint64_t *yq_elems)
 {
+    const kvl_text_hparams *hp = &t->hp;
+    uint64_t w = 2u * (uint64_t)hp->hidden;
+    uint64_t o = (uint64_t)hp->n_heads * (uint64_t)hp->v_dim, m = (uint64_t)max_mlp_width(t);
+    if (o > w) w = o;
+    if (m > w) w = m;
+    *xq_elems = t->act_i16 ? 2u * B * w + (uint64_t)MM_MAX_SEGS * XQ_ALIGN : 0;
+    *xs_elems = t->act_i16 ? 4u * B : 0;
+    *yq_elems = t->act_i16 ? 2u * B * I16_SUB : 0;
+}
+
+static void mm_init(mm_job *j, const kvl_session *s)
+{
+    const kvl_engine *e = s->engine;
     j->k = e->k;
     j->act_bf16 = e->text->act_bf16;
+    j->act_i16 = e->text->act_i16;
+    j->xq = s->xq;
+    j->xs = s->xs;
+    j->yq = s->yq;
+    uint64_t xq_cap, xs_cap, yq_per;
+    act_workspace(e->text, (uint64_t)s->max_batch, &xq_cap, &xs_cap, &yq_per);
+    j->xq_cap = (size_t)xq_cap;
+    j->xs_cap = (size_t)xs_cap;
+    j->yq_per = (size_t)yq_per;
     j->n_seg = 0;
     j->n_items = 0;
     j->bytes = 0;
@@ -202,13 +267,126 @@ static void mm_add(mm_job *j, int kind, float *Y, size_t ldy, const void *W, con
     mm_seg *g = &j->seg[j->n_seg++];
     g->kind = kind; g->Y = Y; g->ldy = ldy; g->W = W; g->scale = scale;
     g->rows = rows; g->cols = cols; g->X = X; g->ldx = ldx; g->n = n;
+    g->Xq = NULL; g->xs = NULL; g->ldq = cols;
     j->bytes += (uint64_t)rows * cols * (kind == MM_Q8 ? 1u : 2u);
     j->macs += (uint64_t)rows * cols * n;
 }
 
-static void mm_do(const mm_job *j, const mm_seg *g, size_t b, size_t e)
+/* The f32 row scales of a Q8_ROWS record at w (int8 [rows, cols], then the scales) */
+static const float *q8_rows_scale(const void *w, size_t rows, size_t cols)
 {
-    if (g->kind == MM_Q8)
+    kvl_q8_rows_layout lay;
+    kvl_q8_rows_layout_of(rows, cols, &lay);
+    return (const float *)(const void *)((const char *)w + lay.scale);
+}
+
+/* A trunk Linear weight: a Q8_ROWS record (--trunk-dtype q8) as the experts are run, in every
+ * activation mode; its int16 rows where act_i16 converted it at open (resident), else its BF16
+ * data (resident, or the streamed copy, which keeps the FP32 product). */
+static void mm_add_trunk(mm_job *j, const kvl_engine_text *t, int id, const uint16_t *w, float *Y,
+                         size_t ldy, size_t rows, size_t cols, const float *X, size_t ldx, size_t n)
+{
+    const kvl_trunk_tensor *tt = &t->tt[id];
+    if (tt->rec->dtype == KVL_DTYPE_Q8_ROWS)
+        mm_add(j, MM_Q8, Y, ldy, w, q8_rows_scale(w, rows, cols), rows, cols, X, ldx, n);
+    else if (tt->scale_i16 && w == tt->resident)
+        mm_add(j, MM_I16, Y, ldy, w, tt->scale_i16, rows, cols, X, ldx, n);
+    else
+        mm_add(j, MM_BF16, Y, ldy, w, NULL, rows, cols, X, ldx, n);
+}
+
+static int mm_wants_i16(const mm_job *j, const mm_seg *g)
+{
+    return j->act_i16 && (g->kind == MM_Q8 || g->kind == MM_I16);
+}
+
+/* act_i16, the second term: r = x - xs*q (what the first 15-bit term left) quantised the same
+ * way (amax, rint, clamp to +-KVL_I16_MAX) into q2 / xs2. Scalar: the same on every table (the
+ * first term is bit-identical across tables too), and cheap next to the products (n*cols
+ * against rows*cols*n). Why two terms: one 15-bit term per vector moved the test models' logits
+ * by 3e-3 (an outlier sets amax for the whole vector), over the engine's 1e-3 tolerance; two
+ * give ~29 bits, and the products' cost doubles only in compute, not in weight bytes. */
+static void quantize_remainder(int16_t *q2, float *xs2, const float *X, const int16_t *q,
+                               const float *xs, size_t cols, size_t n, size_t ldx)
+{
+    for (size_t t = 0; t < n; t++) {
+        const float *x = X + t * ldx;
+        const int16_t *qt = q + t * cols;
+        const float st = xs[t];
+        float amax = 0.0f;
+        for (size_t c = 0; c < cols; c++) {
+            float r = fabsf(x[c] - st * (float)qt[c]);
+            if (r > amax) amax = r;
+        }
+        float inv = amax > 0.0f ? (float)KVL_I16_MAX / amax : 0.0f;
+        xs2[t] = amax / (float)KVL_I16_MAX;
+        for (size_t c = 0; c < cols; c++)
+            q2[t * cols + c] = kvl_i16_round_clamp((x[c] - st * (float)qt[c]) * inv, (float)KVL_I16_MAX);
+    }
+}
+
+/* act_i16: quantise the inputs of segments [first, ...) into the workspace, each distinct input
+ * (same X, ldx, cols, n) once, on the calling thread before the workers start; returns the end
+ * of the segments that fit (at least first + 1: one segment's input always fits). */
+static int mm_quantize(mm_job *j, int first)
+{
+    size_t used = 0, used_s = 0;
+    int i;
+    for (i = first; i < j->n_seg; i++) {
+        mm_seg *g = &j->seg[i];
+        if (!mm_wants_i16(j, g)) continue;
+        const mm_seg *same = NULL;
+        for (int p = first; p < i && !same; p++) {
+            const mm_seg *h = &j->seg[p];
+            if (h->Xq && h->X == g->X && h->ldx == g->ldx && h->cols == g->cols && h->n == g->n)
+                same = h;
+        }
+        if (same) {
+            g->Xq = same->Xq; g->xs = same->xs; g->ldq = same->ldq;
+            continue;
+        }
+        size_t off = (used + XQ_ALIGN - 1) / XQ_ALIGN * XQ_ALIGN;
+        const size_t len = g->n * g->cols;
+        if (i > first && (off + 2 * len > j->xq_cap || used_s + 2 * g->n > j->xs_cap)) break;
+        int16_t *q = j->xq + off;
+        float *xs = j->xs + used_s;
+        j->k->quantize_i16_act(q, xs, g->X, g->cols, g->n, g->ldx, g->cols);
+        quantize_remainder(q + len, xs + g->n, g->X, q, xs, g->cols, g->n, g->ldx);
+        g->Xq = q; g->xs = xs; g->ldq = g->cols;
+        used = off + 2 * len;
+        used_s += 2 * g->n;
+    }
+    return i;
+}
+
+/* act_i16: rows [b, e) of an integer product, both terms of every input vector in one kernel
+ * call per I16_SUB rows (the weight rows are read once for the 2n vectors), added in the
+ * thread's yq: Y = (first term) + (remainder), in that order. */
+static void mm_do_i16(const mm_job *j, const mm_seg *g, size_t b, size_t e, int ti)
+{
+    float *yq = j->yq + (size_t)ti * j->yq_per;
+    const size_t n = g->n;
+    for (size_t r0 = b; r0 < e; r0 += I16_SUB) {
+        const size_t m = e - r0 < I16_SUB ? e - r0 : I16_SUB;
+        if (g->kind == MM_I16)
+            j->k->matmul_i16_i16(yq, I16_SUB, (const int16_t *)g->W + r0 * g->cols, g->scale + r0,
+                                 m, g->cols, g->Xq, g->xs, g->ldq, 2 * n);
+        else
+            j->k->matmul_q8_i16(yq, I16_SUB, (const int8_t *)g->W + r0 * g->cols, g->scale + r0, m,
+                                g->cols, g->Xq, g->xs, g->ldq, 2 * n);
+        for (size_t t = 0; t < n; t++) {
+            float *y = g->Y + t * g->ldy + r0;
+            const float *y1 = yq + t * I16_SUB, *y2 = yq + (n + t) * I16_SUB;
+            for (size_t r = 0; r < m; r++) y[r] = y1[r] + y2[r];
+        }
+    }
+}
+
+static void mm_do(const mm_job *j, const mm_seg *g, size_t b, size_t e, int ti)
+{
+    if (g->kind == MM_I16 || (g->kind == MM_Q8 && j->act_i16))
+        mm_do_i16(j, g, b, e, ti);
+    else if (g->kind == MM_Q8)
         (j->act_bf16 ? j->k->matmul_q8_xb : j->k->matmul_q8)(
             g->Y + b, g->ldy, (const int8_t *)g->W + b * g->cols, g->scale + b, e - b, g->cols, g->X,
             g->ldx, g->n);
@@ -221,34 +399,33 @@ static void mm_do(const mm_job *j, const mm_seg *g, size_t b, size_t e)
 static void mm_worker(void *ctx, int ti, int nt)
 {
     mm_job *j = (mm_job *)ctx;
-    int s = 0;
-    (void)ti; (void)nt;
+    int s = j->seg_begin;
+    (void)nt;
     for (;;) {
         int item = kvl_atomic_fetch_add(&j->next, 1);
         if (item >= j->n_items) return;
         /* items are claimed in increasing order, so the segment cursor only moves forward */
-        while (s + 1 < j->n_seg && item >= j->seg[s + 1].first_item) s++;
+        while (s + 1 < j->seg_end && item >= j->seg[s + 1].first_item) s++;
         const mm_seg *g = &j->seg[s];
         size_t b = (size_t)(item - g->first_item) * g->block_rows;
         size_t e = b + g->block_rows < g->rows ? b + g->block_rows : g->rows;
-        mm_do(j, g, b, e);
+        mm_do(j, g, b, e, ti);
     }
 }
 
-/* Runs every segment of j: on the caller alone when the work is too small to pay for a fork/join
- * (routers, tiny models), else on the pool in row blocks. */
-static void mm_run(kvl_engine *e, mm_job *j)
+/* Runs segments [j->seg_begin, j->seg_end): on the caller alone when the work is too small to
+ * pay for a fork/join (routers, tiny models), else on the pool in row blocks. */
+static void mm_run_segs(kvl_engine *e, mm_job *j)
 {
-    if (j->n_seg == 0) return;
     int nt = kvl_pool_size(e->pool);
     if (j->macs < SMALL_MATMUL_MACS || nt <= 1) {
-        for (int i = 0; i < j->n_seg; i++) mm_do(j, &j->seg[i], 0, j->seg[i].rows);
+        for (int i = j->seg_begin; i < j->seg_end; i++) mm_do(j, &j->seg[i], 0, j->seg[i].rows, 0);
         return;
     }
     uint64_t item_bytes = j->bytes / ((uint64_t)nt * MM_ITEMS_PER_THREAD);
     if (item_bytes < MM_MIN_ITEM_BYTES) item_bytes = MM_MIN_ITEM_BYTES;
     int items = 0;
-    for (int i = 0; i < j->n_seg; i++) {
+    for (int i = j->seg_begin; i < j->seg_end; i++) {
         mm_seg *g = &j->seg[i];
         uint64_t row_bytes = (uint64_t)g->cols * (g->kind == MM_Q8 ? 1u : 2u);
         size_t br = (size_t)(item_bytes / (row_bytes ? row_bytes : 1));
@@ -264,15 +441,37 @@ static void mm_run(kvl_engine *e, mm_job *j)
     kvl_pool_run(e->pool, mm_worker, j);
 }
 
+/* Runs every segment of j; with act_i16 the inputs are quantised first, in as many pool runs as
+ * the workspace needs (one, as act_workspace sizes it). */
+static void mm_run(kvl_engine *e, mm_job *j)
+{
+    for (int first = 0; first < j->n_seg;) {
+        j->seg_begin = first;
+        j->seg_end = j->act_i16 ? mm_quantize(j, first) : j->n_seg;
+        mm_run_segs(e, j);
+        first = j->seg_end;
+    }
+}
+
 /* One product as its own run (the common case before fusion) */
-static void par_mm(kvl_engine *e, int kind, float *Y, size_t ldy, const void *W,
+static void par_mm(kvl_session *s, int kind, float *Y, size_t ldy, const void *W,
                    const float *scale, size_t rows, size_t cols, const float *X, size_t ldx,
                    size_t n)
 {
     mm_job j;
-    mm_init(&j, e);
+    mm_init(&j, s);
     mm_add(&j, kind, Y, ldy, W, scale, rows, cols, X, ldx, n);
-    mm_run(e, &j);
+    mm_run(s->engine, &j);
+}
+
+/* One trunk Linear weight as its own run (mm_add_trunk) */
+static void par_mm_trunk(kvl_session *s, int id, const uint16_t *w, float *Y, size_t ldy,
+                         size_t rows, size_t cols, const float *X, size_t ldx, size_t n)
+{
+    mm_job j;
+    mm_init(&j, s);
+    mm_add_trunk(&j, s->engine->text, id, w, Y, ldy, rows, cols, X, ldx, n);
+    mm_run(s->engine, &j);
 }
 
 /* RMSNorm of n rows (the weight was widened to f32 at open) */
@@ -301,7 +500,9 @@ static void rope_apply(float *x, float *tmp, int dim, int pos, float theta)
 
 typedef struct attn_job {
     kvl_session *s;
-    const uint16_t *kvb;   /* [n_heads*(nope+v), kv_lora] */
+    const uint16_t *kvb;   /* [n_heads*(nope+v), kv_lora] BF16; NULL when kvb_q is set */
+    const int8_t *kvb_q;   /* a Q8_ROWS kv_b_proj (--trunk-dtype q8): int8 rows, same shape */
+    const float *kvb_s;    /* ... and their f32 scales [n_heads*(nope+v)]; else NULL */
     const void *kv;        /* this layer's cache rows */
     int n, pos0;
 } attn_job;
@@ -358,7 +559,7 @@ static void attn_per_token(const attn_job *j, size_t hb, size_t he, float *score
  * latents as [lat][positions], built by attention()) so that both operands are read along
  * rows. The same sums as attn_per_token in another FP32 order. */
 static void attn_tiled(const attn_job *j, size_t hb, size_t he, float *scores, float *chat_t,
-                       uint16_t *wukt)
+                       uint16_t *wukt, int absorbed)
 {
     kvl_session *s = j->s;
     const kvl_kernels *k = s->engine->k;
@@ -368,11 +569,14 @@ static void attn_tiled(const attn_job *j, size_t hb, size_t he, float *scores, f
     const size_t n = (size_t)j->n, pos0 = (size_t)j->pos0, ptot = pos0 + n;
     const float scale = 1.0f / sqrtf((float)(nope + rope));
     for (size_t h = hb; h < he; h++) {
-        for (size_t d = 0; d < nope; d++) {
+        /* absorbed: the caller already put the absorbed queries in qabs (a Q8 kv_b_proj, whose
+         * per-row scales do not survive this transposition) */
+        for (size_t d = 0; d < nope && !absorbed; d++) {
             const uint16_t *wuk = j->kvb + h * (nope + (size_t)hp->v_dim) * kvl + d * kvl;
             for (size_t c = 0; c < kvl; c++) wukt[c * nope + d] = wuk[c];
         }
-        k->matmul_bf16(s->qabs + h * kvrow, nh * kvrow, wukt, kvl, nope, s->q + h * qd, nh * qd, n);
+        if (!absorbed)
+            k->matmul_bf16(s->qabs + h * kvrow, nh * kvrow, wukt, kvl, nope, s->q + h * qd, nh * qd, n);
         for (size_t t0 = 0; t0 < n; t0 += nh) {
             size_t tb = n - t0 < nh ? n - t0 : nh;
             size_t seen = pos0 + t0 + tb; /* positions the block's last token attends to */
@@ -428,26 +632,38 @@ static void attn_worker(void *ctx, int ti, int nt)
             rope_apply(qr, rtmp, (int)rope, j->pos0 + t, hp->rope_theta);
             memcpy(s->qabs + ((size_t)t * nh + h) * kvrow + kvl, qr, rope * 4);
         }
-    if (n >= ATTN_TILED_MIN) {
-        attn_tiled(j, hb, he, scores, chat_t, wukt);
+    if (n >= ATTN_TILED_MIN && !j->kvb_q) {
+        attn_tiled(j, hb, he, scores, chat_t, wukt, 0);
     } else {
         for (size_t h = hb; h < he; h++) {
-            /* absorb q_nope into latent space */
+            /* absorb q_nope into latent space, one W_uk row (dequantised exactly, q * scale in
+             * FP32, for a Q8 kv_b_proj) at a time */
             for (int t = 0; t < n; t++) memset(s->qabs + ((size_t)t * nh + h) * kvrow, 0, kvl * 4);
-            const uint16_t *wuk = j->kvb + h * (nope + vd) * kvl;
             for (size_t d = 0; d < nope; d++) {
-                k->bf16_to_f32(rowbuf, wuk + d * kvl, kvl);
+                size_t r = h * (nope + vd) + d;
+                if (j->kvb_q)
+                    for (size_t c = 0; c < kvl; c++)
+                        rowbuf[c] = (float)j->kvb_q[r * kvl + c] * j->kvb_s[r];
+                else
+                    k->bf16_to_f32(rowbuf, j->kvb + r * kvl, kvl);
                 for (int t = 0; t < n; t++)
                     k->axpy_f32(s->qabs + ((size_t)t * nh + h) * kvrow,
                                 s->q[(size_t)t * nh * qd + h * qd + d], rowbuf, kvl);
             }
         }
-        attn_per_token(j, hb, he, scores, conv);
+        if (n >= ATTN_TILED_MIN)
+            attn_tiled(j, hb, he, scores, chat_t, wukt, 1);
+        else
+            attn_per_token(j, hb, he, scores, conv);
     }
     for (size_t h = hb; h < he; h++) {
-        const uint16_t *wuv = j->kvb + (h * (nope + vd) + nope) * kvl;
-        k->matmul_bf16(s->o + h * vd, nh * vd, wuv, vd, kvl, s->chat + h * kvl, nh * kvl,
-                       (size_t)n);
+        size_t r = h * (nope + vd) + nope; /* W_uv: rows r .. r + vd of kv_b_proj */
+        if (j->kvb_q)
+            k->matmul_q8(s->o + h * vd, nh * vd, j->kvb_q + r * kvl, j->kvb_s + r, vd, kvl,
+                         s->chat + h * kvl, nh * kvl, (size_t)n);
+        else
+            k->matmul_bf16(s->o + h * vd, nh * vd, j->kvb + r * kvl, vd, kvl, s->chat + h * kvl,
+                           nh * kvl, (size_t)n);
     }
 }
 
@@ -490,21 +706,27 @@ static kvl_status attention(kvl_session *s, int layer, int n, int pos0)
         mm_job mj;
         if ((st = kvl_trunk_get(e, base + KVL_TT_Q, &wq)) != KVL_OK) return st;
         if ((st = kvl_trunk_get(e, base + KVL_TT_KVA, &wa)) != KVL_OK) return st;
-        mm_init(&mj, e);
-        mm_add(&mj, MM_BF16, s->q, nh * qd, wq, NULL, nh * qd, H, s->xn, H, (size_t)n);
-        mm_add(&mj, MM_BF16, s->a, kvrow, wa, NULL, kvrow, H, s->xn, H, (size_t)n);
+        mm_init(&mj, s);
+        mm_add_trunk(&mj, t, base + KVL_TT_Q, wq, s->q, nh * qd, nh * qd, H, s->xn, H, (size_t)n);
+        mm_add_trunk(&mj, t, base + KVL_TT_KVA, wa, s->a, kvrow, kvrow, H, s->xn, H, (size_t)n);
         mm_run(e, &mj);
     } else {
         /* streamed: the double buffer holds one tensor for compute at a time */
         if ((st = kvl_trunk_get(e, base + KVL_TT_Q, &w)) != KVL_OK) return st;
-        par_mm(e, MM_BF16, s->q, nh * qd, w, NULL, nh * qd, H, s->xn, H, (size_t)n);
+        par_mm_trunk(s, base + KVL_TT_Q, w, s->q, nh * qd, nh * qd, H, s->xn, H, (size_t)n);
         if ((st = kvl_trunk_get(e, base + KVL_TT_KVA, &w)) != KVL_OK) return st;
-        par_mm(e, MM_BF16, s->a, kvrow, w, NULL, kvrow, H, s->xn, H, (size_t)n);
+        par_mm_trunk(s, base + KVL_TT_KVA, w, s->a, kvrow, kvrow, H, s->xn, H, (size_t)n);
     }
     store_kv(s, layer, n, pos0);
     if ((st = kvl_trunk_get(e, base + KVL_TT_KVB, &w)) != KVL_OK) return st;
     attn_job j;
-    j.s = s; j.kvb = w; j.n = n; j.pos0 = pos0;
+    j.s = s; j.kvb = w; j.kvb_q = NULL; j.kvb_s = NULL; j.n = n; j.pos0 = pos0;
+    if (t->tt[base + KVL_TT_KVB].rec->dtype == KVL_DTYPE_Q8_ROWS) {
+        size_t rows = nh * (size_t)(hp->nope + hp->v_dim);
+        j.kvb = NULL;
+        j.kvb_q = (const int8_t *)(const void *)w;
+        j.kvb_s = q8_rows_scale(w, rows, (size_t)hp->kv_lora);
+    }
     size_t elt = t->kv_bf16 ? 2u : 4u;
     j.kv = (const char *)s->kv +
            (size_t)(layer - t->layer_begin) * (size_t)s->max_context * kvrow * elt;
@@ -519,7 +741,7 @@ static kvl_status attention(kvl_session *s, int layer, int n, int pos0)
     kvl_pool_run(e->pool, attn_worker, &j);
     if ((st = kvl_trunk_get(e, base + KVL_TT_O, &w)) != KVL_OK) return st;
     size_t od = nh * (size_t)hp->v_dim;
-    par_mm(e, MM_BF16, s->xn, H, w, NULL, H, od, s->o, od, (size_t)n);
+    par_mm_trunk(s, base + KVL_TT_O, w, s->xn, H, H, od, s->o, od, (size_t)n);
     for (size_t i = 0; i < (size_t)n * H; i++) s->x[i] += s->xn[i];
     return KVL_OK;
 }
@@ -595,19 +817,19 @@ static kvl_status dense_mlp(kvl_session *s, int layer, int n, float *Y)
         mm_job mj;
         if ((st = kvl_trunk_get(e, base + KVL_TT_MLP_GATE, &wg)) != KVL_OK) return st;
         if ((st = kvl_trunk_get(e, base + KVL_TT_MLP_UP, &wu)) != KVL_OK) return st;
-        mm_init(&mj, e);
-        mm_add(&mj, MM_BF16, s->gate, R, wg, NULL, R, H, s->xn, H, (size_t)n);
-        mm_add(&mj, MM_BF16, s->up, R, wu, NULL, R, H, s->xn, H, (size_t)n);
+        mm_init(&mj, s);
+        mm_add_trunk(&mj, t, base + KVL_TT_MLP_GATE, wg, s->gate, R, R, H, s->xn, H, (size_t)n);
+        mm_add_trunk(&mj, t, base + KVL_TT_MLP_UP, wu, s->up, R, R, H, s->xn, H, (size_t)n);
         mm_run(e, &mj);
     } else {
         if ((st = kvl_trunk_get(e, base + KVL_TT_MLP_GATE, &w)) != KVL_OK) return st;
-        par_mm(e, MM_BF16, s->gate, R, w, NULL, R, H, s->xn, H, (size_t)n);
+        par_mm_trunk(s, base + KVL_TT_MLP_GATE, w, s->gate, R, R, H, s->xn, H, (size_t)n);
         if ((st = kvl_trunk_get(e, base + KVL_TT_MLP_UP, &w)) != KVL_OK) return st;
-        par_mm(e, MM_BF16, s->up, R, w, NULL, R, H, s->xn, H, (size_t)n);
+        par_mm_trunk(s, base + KVL_TT_MLP_UP, w, s->up, R, R, H, s->xn, H, (size_t)n);
     }
     kvl_silu_mul(s->gate, s->up, (size_t)n * R);
     if ((st = kvl_trunk_get(e, base + KVL_TT_MLP_DOWN, &w)) != KVL_OK) return st;
-    par_mm(e, MM_BF16, Y, H, w, NULL, H, R, s->gate, R, (size_t)n);
+    par_mm_trunk(s, base + KVL_TT_MLP_DOWN, w, Y, H, H, R, s->gate, R, (size_t)n);
     return KVL_OK;
 }
 
@@ -637,13 +859,13 @@ static void moe_wave_run(kvl_session *s, int layer, int n, const moe_wave *wv, i
     const size_t K = (size_t)t->hp.topk;
     float *gbase = s->gate + (small ? (size_t)n * R : 0), *ubase = s->up + (small ? (size_t)n * R : 0);
     mm_job mj;
-    mm_init(&mj, e);
+    mm_init(&mj, s);
     if (with_shared) {
         /* resident (the caller checked), so kvl_trunk_get cannot fail or stream */
-        mm_add(&mj, MM_BF16, s->gate, R, t->tt[base + KVL_TT_MLP_GATE].resident, NULL, R, H, s->xn,
-               H, (size_t)n);
-        mm_add(&mj, MM_BF16, s->up, R, t->tt[base + KVL_TT_MLP_UP].resident, NULL, R, H, s->xn, H,
-               (size_t)n);
+        mm_add_trunk(&mj, t, base + KVL_TT_MLP_GATE, t->tt[base + KVL_TT_MLP_GATE].resident, s->gate,
+                     R, R, H, s->xn, H, (size_t)n);
+        mm_add_trunk(&mj, t, base + KVL_TT_MLP_UP, t->tt[base + KVL_TT_MLP_UP].resident, s->up, R, R,
+                     H, s->xn, H, (size_t)n);
     }
     for (int i = 0; i < wv->n; i++) {
         int x = wv->x[i];
@@ -656,10 +878,10 @@ static void moe_wave_run(kvl_session *s, int layer, int n, const moe_wave *wv, i
     }
     mm_run(e, &mj);
     if (with_shared) kvl_silu_mul(s->gate, s->up, (size_t)n * R);
-    mm_init(&mj, e);
+    mm_init(&mj, s);
     if (with_shared)
-        mm_add(&mj, MM_BF16, s->moe_out, H, t->tt[base + KVL_TT_MLP_DOWN].resident, NULL, H, R,
-               s->gate, R, (size_t)n);
+        mm_add_trunk(&mj, t, base + KVL_TT_MLP_DOWN, t->tt[base + KVL_TT_MLP_DOWN].resident,
+                     s->moe_out, H, H, R, s->gate, R, (size_t)n);
     for (int i = 0; i < wv->n; i++) {
         int x = wv->x[i];
         size_t b = (size_t)s->ecount[x], cnt = (size_t)(s->ecount[x + 1] - s->ecount[x]);
@@ -701,7 +923,7 @@ static kvl_status moe(kvl_session *s, int layer, int n)
     const int base = layer * KVL_TT_PER_LAYER;
     kvl_status st;
 
-    par_mm(e, MM_BF16_F32ACT, s->rlog, E, lg->router_w, NULL, E, H, s->xn, H, (size_t)n);
+    par_mm(s, MM_BF16_F32ACT, s->rlog, E, lg->router_w, NULL, E, H, s->xn, H, (size_t)n);
     for (int i = 0; i < n; i++)
         route_token(hp, s->rlog + (size_t)i * E, lg->router_bias, s->thread_scratch,
                     s->seli + (size_t)i * K, s->selw + (size_t)i * K);
@@ -857,7 +1079,9 @@ kvl_status kvl_model_forward(kvl_session *s, const int32_t *tokens, const float 
         int m = n - first;
         norm_rows(s->xn + (size_t)first * H, s->x + (size_t)first * H, t->final_norm, H, m,
                   hp->rms_eps);
-        par_mm(e, MM_BF16, logits, V, t->lm_head, NULL, V, H, s->xn + (size_t)first * H, H,
+        par_mm(s, t->lm_head_scale ? MM_I16 : t->lm_head_q8_scale ? MM_Q8 : MM_BF16, logits, V,
+               t->lm_head, t->lm_head_scale ? t->lm_head_scale : t->lm_head_q8_scale, V,
+               H, s->xn + (size_t)first * H, H,
                (size_t)m);
     }
     if (hidden_out) memcpy(hidden_out, s->x, (size_t)n * H * 4);

@@ -1,9 +1,10 @@
-/* packing.c — the packer's arithmetic (kvl_core.h, "Packing"): the Q8_EXPERT extent writer and
- * the synthetic-weight generator.
+/* packing.c — the packer's arithmetic (kvl_core.h, "Packing"): the Q8_EXPERT extent and Q8_ROWS
+ * matrix writers and the synthetic-weight generator.
  *
- * Owns: row-wise Q8 quantisation of BF16 weights into the extent layout that store.c describes
- * (kvl_q8_layout_of), and numpy's PCG64 stream for `kvl synth`. Does not own: the extent layout
- * itself (store.c), file formats or any I/O (the TypeScript packer).
+ * Owns: row-wise Q8 quantisation of BF16 weights into the extent and matrix layouts that store.c
+ * describes (kvl_q8_layout_of, kvl_q8_rows_layout_of), and numpy's PCG64 stream for `kvl synth`.
+ * Does not own: the layouts themselves (store.c), file formats or any I/O (the TypeScript
+ * packer).
  *
  * Both must give the same bytes on every compiler and backend: only IEEE single-precision
  * operations that C evaluates exactly as written (one division, one subtraction, one
@@ -66,6 +67,19 @@ kvl_status kvl_pack_expert(const uint16_t *gate, const uint16_t *up, const uint1
     if (quantize_rows_q8(gate, I, H, (int8_t *)(out + l.gate_q), (float *)(void *)(out + l.gate_s)) ||
         quantize_rows_q8(up, I, H, (int8_t *)(out + l.up_q), (float *)(void *)(out + l.up_s)) ||
         quantize_rows_q8(down, H, I, (int8_t *)(out + l.down_q), (float *)(void *)(out + l.down_s)))
+        return KVL_ERR_FORMAT;
+    return KVL_OK;
+}
+
+kvl_status kvl_pack_q8_rows(const uint16_t *w, size_t rows, size_t cols, uint8_t *out,
+                           size_t out_bytes) {
+    if (!w || !out || rows == 0 || cols == 0) return KVL_ERR_INVALID_ARG;
+    kvl_q8_rows_layout l;
+    kvl_q8_rows_layout_of(rows, cols, &l);
+    if (out_bytes != l.nbytes) return KVL_ERR_INVALID_ARG;
+    memset(out, 0, out_bytes);
+    /* the experts' row quantisation, so one definition of Q8 exists */
+    if (quantize_rows_q8(w, rows, cols, (int8_t *)out, (float *)(void *)(out + l.scale)))
         return KVL_ERR_FORMAT;
     return KVL_OK;
 }

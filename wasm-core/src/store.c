@@ -22,7 +22,12 @@
 #define IDX_HPARAM_KEY_BYTES 56u
 #define IDX_NAME_BYTES 128u
 #define IDX_FORMAT_VERSION 1u
-/* Upper bound for a Q8 expert dimension: keeps every layout product far from u64 overflow. */
+/* Packs holding Q8_ROWS records (kvl pack --trunk-dtype q8) say version 2, so a reader that
+ * predates the dtype stops at the version instead of calling the index corrupt; this reader
+ * reads both. */
+#define IDX_FORMAT_VERSION_Q8_ROWS 2u
+/* Upper bound for a Q8 expert or Q8_ROWS dimension: keeps every layout product far from u64
+ * overflow. */
 #define MAX_EXPERT_DIM (1u << 24)
 
 typedef struct hparam_entry {
@@ -122,6 +127,11 @@ void kvl_q8_layout_of(uint64_t inter, uint64_t hidden, kvl_q8_layout *out) {
     out->up_s = align_up(out->gate_s + 4 * inter, 64);
     out->down_s = align_up(out->up_s + 4 * inter, 64);
     out->nbytes = out->down_s + 4 * hidden;
+}
+
+void kvl_q8_rows_layout_of(uint64_t rows, uint64_t cols, kvl_q8_rows_layout *out) {
+    out->scale = align_up(rows * cols, 64);
+    out->nbytes = out->scale + 4 * rows;
 }
 
 /* a*b with overflow detection: 0 on overflow */
@@ -242,9 +252,10 @@ static kvl_status parse_index(kvl_store *s, const unsigned char *buf, uint64_t s
         return KVL_ERR_FORMAT;
     }
     version = rd32(buf + 8);
-    if (version != IDX_FORMAT_VERSION) {
-        set_err(err, err_len, "%s: format version %u, this runtime reads version %u; repack with this "
-                "version's `kvl pack`", path, version, IDX_FORMAT_VERSION);
+    if (version != IDX_FORMAT_VERSION && version != IDX_FORMAT_VERSION_Q8_ROWS) {
+        set_err(err, err_len, "%s: format version %u, this runtime reads versions %u and %u; repack "
+                "with this version's `kvl pack`", path, version, IDX_FORMAT_VERSION,
+                IDX_FORMAT_VERSION_Q8_ROWS);
         return KVL_ERR_FORMAT;
     }
     kind = rd32(buf + 12);
@@ -405,6 +416,22 @@ static kvl_status parse_index(kvl_store *s, const unsigned char *buf, uint64_t s
                 return KVL_ERR_FORMAT;
             }
             kvl_q8_layout_of(t->shape[2], t->shape[3], &lay);
+            want = lay.nbytes;
+        } else if (t->dtype == KVL_DTYPE_Q8_ROWS) {
+            kvl_q8_rows_layout lay;
+            if (version < IDX_FORMAT_VERSION_Q8_ROWS) {
+                set_err(err, err_len, "%s: tensor '%s' is Q8_ROWS, which needs format version %u "
+                        "(the index says %u); the index is corrupt, rerun `kvl pack`", path,
+                        t->name, IDX_FORMAT_VERSION_Q8_ROWS, version);
+                return KVL_ERR_FORMAT;
+            }
+            if (t->ndim != 2 || t->shape[0] == 0 || t->shape[1] == 0 ||
+                t->shape[0] > MAX_EXPERT_DIM || t->shape[1] > MAX_EXPERT_DIM) {
+                set_err(err, err_len, "%s: Q8_ROWS tensor '%s' must have shape [rows, cols] with "
+                        "1 <= rows, cols <= %u", path, t->name, MAX_EXPERT_DIM);
+                return KVL_ERR_FORMAT;
+            }
+            kvl_q8_rows_layout_of(t->shape[0], t->shape[1], &lay);
             want = lay.nbytes;
         } else {
             set_err(err, err_len, "%s: tensor '%s' has unknown dtype %u", path, t->name, t->dtype);

@@ -16,6 +16,7 @@
 #define KVL_DTYPE_BF16 1u
 #define KVL_DTYPE_F32 2u
 #define KVL_DTYPE_Q8_EXPERT 3u
+#define KVL_DTYPE_Q8_ROWS 4u   /* one row-wise Q8 matrix (a trunk Linear weight; format version 2) */
 
 typedef struct kvl_tensor_rec {
     char name[128];
@@ -66,6 +67,13 @@ typedef struct kvl_q8_layout {
     uint64_t gate_q, up_q, down_q, gate_s, up_s, down_s, nbytes;
 } kvl_q8_layout;
 void kvl_q8_layout_of(uint64_t inter, uint64_t hidden, kvl_q8_layout *out);
+
+/* Byte layout of one Q8_ROWS record [rows, cols] (docs/FORMAT.md): int8 rows at 0, the f32
+ * scale of each row at `scale` = align64(rows * cols); nbytes = scale + 4 * rows. */
+typedef struct kvl_q8_rows_layout {
+    uint64_t scale, nbytes;
+} kvl_q8_rows_layout;
+void kvl_q8_rows_layout_of(uint64_t rows, uint64_t cols, kvl_q8_rows_layout *out);
 
 uint32_t kvl_store_kind(const kvl_store *store);          /* 1 trunk, 2 experts, 3 vision */
 uint64_t kvl_store_bin_size(const kvl_store *store);

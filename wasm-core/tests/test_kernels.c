@@ -465,6 +465,18 @@ static void test_quantize_rows_i16(void)
         }
     }
     check(ok, "helper", "kvl_quantize_rows_i16 vs double", "(%g %g)", 0, 0);
+    /* in place, as engine.c converts resident weights (act_i16): the same rows and scales */
+    {
+        uint16_t *Wi = (uint16_t *)xmalloc(rows * cols * sizeof(uint16_t));
+        float *si = (float *)xmalloc(rows * sizeof(float));
+        memcpy(Wi, W, rows * cols * sizeof(uint16_t));
+        kvl_quantize_rows_i16((int16_t *)(void *)Wi, si, Wi, rows, cols);
+        int same = memcmp(Wi, q, rows * cols * sizeof(int16_t)) == 0 &&
+                   memcmp(si, sc, rows * sizeof(float)) == 0;
+        check(same, "helper", "kvl_quantize_rows_i16 in place", "(%g %g)", 0, 0);
+        free(Wi);
+        free(si);
+    }
     free(W);
     free(q);
     free(sc);

@@ -296,6 +296,69 @@ static void check_valid_experts(const char *dir) {
     free(b.bin);
 }
 
+/* ------------------------------------------------------------------ Q8_ROWS (format version 2) */
+
+/* A trunk with Q8_ROWS matrices (kvl pack --trunk-dtype q8): nbytes = align64(rows*cols) + 4*rows */
+static spec_tensor q8_rows_tensors[] = {
+    {"language_model.model.embed_tokens.weight", KVL_DTYPE_BF16, 2, {3, 5, 0, 0}, 30},
+    {"language_model.lm_head.weight", KVL_DTYPE_Q8_ROWS, 2, {30, 50, 0, 0}, 1536 + 120},
+    {"language_model.model.layers.0.self_attn.q_proj.weight", KVL_DTYPE_Q8_ROWS, 2, {7, 9, 0, 0}, 64 + 28},
+};
+#define N_Q8_ROWS (sizeof q8_rows_tensors / sizeof q8_rows_tensors[0])
+
+typedef enum { Q_VALID, Q_VERSION1, Q_NBYTES, Q_NDIM3, Q_ZERO_ROWS, Q_HUGE_COLS, Q_COUNT } q8_rows_case;
+static const char *q8_rows_case_name[Q_COUNT] = {
+    "valid v2", "Q8_ROWS in a version-1 index", "Q8_ROWS nbytes", "Q8_ROWS ndim 3", "Q8_ROWS zero rows",
+    "Q8_ROWS cols > 2^24"};
+
+/* Each case on the lm_head record (1): opens (valid), or fails with a FORMAT error whose message
+ * names the index file and the tensor. */
+static void check_q8_rows(const char *dir, q8_rows_case c) {
+    built_store b;
+    char idx[512], bin[512], err[512];
+    kvl_store *s = NULL;
+    kvl_status st;
+    build(&b, 1, q8_rows_tensors, N_Q8_ROWS);
+    put32(b.idx + 8, 2);
+    switch (c) {
+    case Q_VERSION1: put32(b.idx + 8, 1); break;
+    case Q_NBYTES: put64(rec_at(&b, 1) + 176, 1500 + 120); break; /* the 64-byte padding left out */
+    case Q_NDIM3: put32(rec_at(&b, 1) + 132, 3); put64(rec_at(&b, 1) + 136 + 16, 1); break;
+    case Q_ZERO_ROWS: put64(rec_at(&b, 1) + 136, 0); break;
+    case Q_HUGE_COLS: put64(rec_at(&b, 1) + 136 + 8, ((uint64_t)1 << 24) + 1); break;
+    default: break;
+    }
+    idx_seal(b.idx, b.idx_len);
+    snprintf(idx, sizeof idx, "%s/q8rows.idx", dir);
+    snprintf(bin, sizeof bin, "%s/q8rows.bin", dir);
+    write_file(idx, b.idx, b.idx_len);
+    write_file(bin, b.bin, b.bin_len);
+    st = kvl_store_open(idx, bin, 1, KVL_IO_AUTO, &s, err, sizeof err);
+    if (c == Q_VALID) {
+        CHECK(st == KVL_OK && s, "%s: open: %s", q8_rows_case_name[c], err);
+        if (s) {
+            kvl_q8_rows_layout lay;
+            const kvl_tensor_rec *r = kvl_store_find(s, "language_model.lm_head.weight");
+            check_contents(s, &b, q8_rows_tensors, N_Q8_ROWS, "q8 rows");
+            CHECK(r && r->dtype == KVL_DTYPE_Q8_ROWS && r->nbytes == 1656, "lm_head record");
+            /* FORMAT.md by hand for [30, 50]: 1500 int8 -> scales at 1536, + 30 * 4 */
+            kvl_q8_rows_layout_of(30, 50, &lay);
+            CHECK(lay.scale == 1536 && lay.nbytes == 1656, "q8 rows layout %llu %llu",
+                  (unsigned long long)lay.scale, (unsigned long long)lay.nbytes);
+            kvl_store_close(s);
+        }
+    } else {
+        CHECK(st == KVL_ERR_FORMAT && s == NULL, "%s: status %d (%s)", q8_rows_case_name[c], (int)st, err);
+        CHECK(strstr(err, idx) && strstr(err, "language_model.lm_head.weight"),
+              "%s: message names the file and tensor: '%s'", q8_rows_case_name[c], err);
+        if (getenv("KVL_TEST_VERBOSE")) printf("  %-26s -> %s\n", q8_rows_case_name[c], err);
+    }
+    remove(idx);
+    remove(bin);
+    free(b.idx);
+    free(b.bin);
+}
+
 /* ------------------------------------------------------------------ corruptions */
 
 typedef enum {
@@ -330,7 +393,7 @@ static void check_corruption(const char *dir, corruption c) {
     must_name = idx;
     switch (c) {
     case C_MAGIC: b.idx[3] = 'X'; break;
-    case C_VERSION: put32(b.idx + 8, 2); break;
+    case C_VERSION: put32(b.idx + 8, 3); break; /* 1 and 2 are read */
     case C_KIND: put32(b.idx + 12, 9); break;
     case C_CRC: b.idx[b.idx_len - 2] ^= 0x20; refix = 0; break;
     case C_TRUNC_IDX: idx_len -= 1; refix = 0; break;
@@ -350,7 +413,7 @@ static void check_corruption(const char *dir, corruption c) {
     case C_NBYTES: put64(rec_at(&b, 0) + 176, 32); break;
     case C_UNTERMINATED: memset(rec_at(&b, 1), 'a', 128); break;
     case C_EMPTY_NAME: memset(rec_at(&b, 1), 0, 128); break;
-    case C_DTYPE: put32(rec_at(&b, 0) + 128, 4); break;
+    case C_DTYPE: put32(rec_at(&b, 0) + 128, 5); break; /* 4 is Q8_ROWS (check_q8_rows) */
     case C_NDIM0: put32(rec_at(&b, 1) + 132, 0); break;
     case C_NDIM5: put32(rec_at(&b, 1) + 132, 5); break;
     case C_UNUSED_DIM: put64(rec_at(&b, 1) + 136 + 8, 1); break; /* ndim 1, shape[1] = 1 */
@@ -461,6 +524,7 @@ int main(void) {
     check_valid_trunk(dir, base);
     check_valid_experts(dir);
     for (c = 0; c < C_COUNT; c++) check_corruption(dir, (corruption)c);
+    for (c = 0; c < Q_COUNT; c++) check_q8_rows(dir, (q8_rows_case)c);
 #ifndef _WIN32
     check_truncated_after_open(dir);
 #endif

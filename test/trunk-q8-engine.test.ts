@@ -1,0 +1,287 @@
+/**
+ * The text engine on a pack made with `kvl pack --trunk-dtype q8` (the trunk's Linear weights as
+ * Q8_ROWS, docs/FORMAT.md), on both backends, against the independent float64 reference
+ * evaluated on the DEQUANTISED Q8 trunk (TextReference q8Trunk: the Q8 round trip written from
+ * FORMAT.md, as for the experts), so quantisation is not counted as error:
+ *   - logits of every prompt position within 1e-3, and 32 greedy tokens equal to the reference's
+ *     (each reference step's top-1 / top-2 margin asserted above twice the tolerance), on both
+ *     tiny presets;
+ *   - every kernel set of each backend that this CPU has, with FP32 activations and with the
+ *     integer activation mode (act_dtype i16: matmul_q8_i16 on the Q8 trunk);
+ *   - a partly streamed trunk (half the trunk cache), FP32 and i16;
+ *   - a forced split over 2 instances: the unsplit run's logits bit for bit, and its tokens;
+ *   - BF16 activations (matmul_q8_xb) run and stay within BF16 rounding of the reference;
+ *   - the engine's resident trunk bytes are the Q8 records' sizes, below the BF16 pack's.
+ * What Q8 costs against the BF16 trunk is measured, not tested: bench/trunk-q8-accuracy.ts.
+ */
+import { join } from "node:path";
+
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+
+import type { CoreEngine, EngineOptions, KernelChoice } from "../host/engine-api.js";
+import { openHostedEngine } from "../host/engine-host.js";
+import { NativeBackend } from "../host/native-backend.js";
+import { PackReader } from "../host/pack-format.js";
+import { WasmBackend } from "../host/wasm-backend.js";
+import { packCheckpoint } from "../packer/pack.js";
+import { argmax } from "./reference/math.js";
+import { TextReference } from "./reference/text.js";
+import { tempDir, tinyCheckpoint } from "./support/pack-fixtures.js";
+
+const TOLERANCE = 1e-3;
+const GREEDY_TOKENS = 32;
+const THREADS = 2;
+/** BF16 activations move logits by BF16 rounding (README "Numerics": about 0.1 on these models),
+ * not by 1e-3: this bound only shows the Q8 x BF16-input product is wired, not garbage. */
+const BF16_ACT_BOUND = 0.5;
+
+type BackendName = "wasm" | "native";
+const BACKENDS: BackendName[] = ["wasm", "native"];
+const SETS: Record<BackendName, KernelChoice[]> = { wasm: ["scalar", "simd128"], native: ["scalar", "avx2", "avx512"] };
+
+interface Model {
+  name: string;
+  pack: string;
+  bf16Pack: string;
+  reference: TextReference;
+}
+
+let tmp: { dir: string; cleanup: () => void };
+let wasm: WasmBackend;
+let native: NativeBackend;
+const models: Model[] = [];
+
+function promptIds(seed: number, n: number, vocab: number): number[] {
+  let s = seed >>> 0;
+  return Array.from({ length: n }, () => {
+    s = (Math.imul(s, 1664525) + 1013904223) >>> 0;
+    return 16 + (s % (vocab - 16));
+  });
+}
+
+function core(backend: BackendName): WasmBackend | NativeBackend {
+  return backend === "wasm" ? wasm : native;
+}
+
+function openEngine(backend: BackendName, pack: string, options: Omit<EngineOptions, "nThreads"> = {}): CoreEngine {
+  return core(backend).openEngine(pack, { nThreads: THREADS, ...options });
+}
+
+function maxAbsDiff(got: ArrayLike<number>, want: ArrayLike<number>): number {
+  expect(got.length).toBe(want.length);
+  let m = 0;
+  for (let i = 0; i < got.length; i++) m = Math.max(m, Math.abs(got[i]! - want[i]!));
+  return m;
+}
+
+const greedyCache = new Map<string, { ids: number[]; want: number[] }>();
+
+function referenceGreedy(m: Model): { ids: number[]; want: number[] } {
+  const cached = greedyCache.get(m.name);
+  if (cached) return cached;
+  const V = m.reference.cfg.vocab_size;
+  const H = m.reference.cfg.hidden_size;
+  const ids = promptIds(11, 6, V);
+  const want: number[] = [];
+  const seq = [...ids];
+  for (let step = 0; step < GREEDY_TOKENS; step++) {
+    const hidden = m.reference.hiddenStates(seq);
+    const last = m.reference.logitsFromHidden(hidden.subarray((seq.length - 1) * H), 1);
+    const top = argmax(last);
+    let second = -Infinity;
+    for (let i = 0; i < V; i++) if (i !== top && last[i]! > second) second = last[i]!;
+    expect(last[top]! - second, `reference step ${step} is a near-tie`).toBeGreaterThan(2 * TOLERANCE);
+    want.push(top);
+    seq.push(top);
+  }
+  const run = { ids, want };
+  greedyCache.set(m.name, run);
+  return run;
+}
+
+function engineGreedy(engine: CoreEngine, ids: number[]): number[] {
+  const session = engine.newSession({ maxContext: 128 });
+  try {
+    let logits = session.prefill(Int32Array.from(ids), null, "last")!;
+    const got: number[] = [];
+    for (let step = 0; step < GREEDY_TOKENS; step++) {
+      const token = argmax(logits);
+      got.push(token);
+      if (step + 1 < GREEDY_TOKENS) logits = session.step(token);
+    }
+    return got;
+  } finally {
+    session.close();
+  }
+}
+
+/** Prefill logits of every position, and the max error against the reference. */
+function prefillError(engine: CoreEngine, m: Model, ids: number[]): number {
+  const session = engine.newSession({ maxContext: 128 });
+  try {
+    return maxAbsDiff(session.prefill(Int32Array.from(ids), null, "all")!, m.reference.logits(ids));
+  } finally {
+    session.close();
+  }
+}
+
+beforeAll(async () => {
+  tmp = tempDir("trunk-q8-engine");
+  native = new NativeBackend();
+  wasm = await WasmBackend.create({ memoryBytes: 512 * 2 ** 20, pthreads: WasmBackend.pthreadsForEngine(THREADS) });
+  for (const { name, seed, extra } of [
+    { name: "tiny-seed0", seed: 0, extra: {} },
+    { name: "tiny-seed1-grouped", seed: 1, extra: { nGroup: 4, topkGroup: 2 } },
+  ]) {
+    const ckpt = await tinyCheckpoint(join(tmp.dir, `${name}-ckpt`), native, seed, extra);
+    const pack = await packCheckpoint(ckpt, join(tmp.dir, `${name}-q8`), { core: native, allowRevision: true, trunkDtype: "q8" });
+    const bf16Pack = await packCheckpoint(ckpt, join(tmp.dir, `${name}-bf16`), { core: native, allowRevision: true });
+    models.push({ name, pack, bf16Pack, reference: TextReference.load(ckpt, { q8Experts: true, q8Trunk: true }) });
+  }
+}, 300_000);
+
+afterAll(() => {
+  wasm?.close();
+  native?.close();
+  tmp?.cleanup();
+});
+
+describe.each(BACKENDS)("a Q8 trunk on %s", (backend) => {
+  describe.each(["tiny-seed0", "tiny-seed1-grouped"])("%s", (name) => {
+    const model = (): Model => models.find((m) => m.name === name)!;
+
+    it("gives the Q8-trunk reference's logits at every prompt position (max error <= 1e-3)", () => {
+      const m = model();
+      const engine = openEngine(backend, m.pack);
+      try {
+        const err = prefillError(engine, m, promptIds(7, 24, m.reference.cfg.vocab_size));
+        console.log(`[q8 trunk ${backend}] ${name} prefill logits: max |diff| ${err.toExponential(2)}`);
+        expect(err).toBeLessThanOrEqual(TOLERANCE);
+      } finally {
+        engine.close();
+      }
+    });
+
+    it(`decodes the reference's ${GREEDY_TOKENS} greedy tokens`, () => {
+      const m = model();
+      const { ids, want } = referenceGreedy(m);
+      const engine = openEngine(backend, m.pack);
+      try {
+        expect(engineGreedy(engine, ids)).toEqual(want);
+      } finally {
+        engine.close();
+      }
+    });
+  });
+
+  describe.each(SETS[backend])("on the %s kernel set", (set) => {
+    const available = (): boolean => core(backend).kernelSets().some((k) => k.name === set && k.supported);
+
+    it.each(["f32", "i16"] as const)("with %s activations: logits within 1e-3 and the greedy tokens", (act) => {
+      if (!available()) {
+        // reported, not passed: this CPU lacks the set (test/engine.test.ts checks it is refused)
+        console.log(`[q8 trunk ${backend}] kernel set ${set}: not run (not available here)`);
+        return;
+      }
+      const m = models[1]!;
+      const engine = openEngine(backend, m.pack, { kernels: set, actDtype: act });
+      try {
+        expect(engine.info().actDtype).toBe(act);
+        const err = prefillError(engine, m, promptIds(7, 24, m.reference.cfg.vocab_size));
+        console.log(`[q8 trunk ${backend}] ${set} ${act}: max |diff| ${err.toExponential(2)}`);
+        expect(err).toBeLessThanOrEqual(TOLERANCE);
+        const { ids, want } = referenceGreedy(m);
+        expect(engineGreedy(engine, ids)).toEqual(want);
+      } finally {
+        engine.close();
+      }
+    });
+  });
+
+  it.each(["f32", "i16"] as const)("streams part of the Q8 trunk (%s activations): same tolerance and tokens", (act) => {
+    const m = models[1]!;
+    const probe = openEngine(backend, m.pack, { actDtype: act });
+    const all = probe.info().trunkCacheBytes;
+    probe.close();
+    const engine = openEngine(backend, m.pack, { actDtype: act, trunkCacheBytes: Math.floor(all / 2) });
+    try {
+      const info = engine.info();
+      expect(info.trunkCacheBytes).toBeGreaterThan(0);
+      expect(info.trunkCacheBytes).toBeLessThan(all);
+      expect(info.engineWorkspaceBytes).toBeGreaterThan(0);
+      const err = prefillError(engine, m, promptIds(7, 24, m.reference.cfg.vocab_size));
+      console.log(`[q8 trunk ${backend}] partly streamed, ${act}: max |diff| ${err.toExponential(2)}`);
+      expect(err).toBeLessThanOrEqual(TOLERANCE);
+      const { ids, want } = referenceGreedy(m);
+      expect(engineGreedy(engine, ids)).toEqual(want);
+      expect(engine.stats().trunkMisses).toBeGreaterThan(0);
+    } finally {
+      engine.close();
+    }
+  });
+
+  it("split over 2 instances gives the unsplit run's logits bit for bit and the reference's tokens", async () => {
+    const m = models[1]!;
+    const ids = promptIds(5, 13, m.reference.cfg.vocab_size);
+    const runs: Array<{ logits: Float32Array; tokens: number[] }> = [];
+    for (const instances of [1, 2]) {
+      const hosted = await openHostedEngine(backend, m.pack, { nThreads: THREADS, instances, instanceMemoryBytes: 256 * 2 ** 20 });
+      try {
+        expect(hosted.ranges.length).toBe(instances);
+        const session = hosted.engine.newSession({ maxContext: 128, maxBatch: 5 });
+        let logits: Float32Array;
+        try {
+          logits = session.prefill(Int32Array.from(ids), null, "all")!;
+        } finally {
+          session.close();
+        }
+        const { ids: prompt, want } = referenceGreedy(m);
+        const tokens = engineGreedy(hosted.engine, prompt);
+        expect(tokens).toEqual(want);
+        runs.push({ logits, tokens });
+      } finally {
+        hosted.close();
+      }
+    }
+    expect(maxAbsDiff(runs[1]!.logits, m.reference.logits(ids))).toBeLessThanOrEqual(TOLERANCE);
+    expect(maxAbsDiff(runs[1]!.logits, runs[0]!.logits)).toBe(0);
+  });
+
+  it("runs BF16 activations on the Q8 trunk within BF16 rounding of the reference", () => {
+    const m = models[0]!;
+    const engine = openEngine(backend, m.pack, { actDtype: "bf16" });
+    try {
+      expect(engine.info().actDtype).toBe("bf16");
+      const err = prefillError(engine, m, promptIds(7, 24, m.reference.cfg.vocab_size));
+      console.log(`[q8 trunk ${backend}] bf16 activations: max |diff| ${err.toExponential(2)}`);
+      expect(err).toBeLessThanOrEqual(BF16_ACT_BOUND);
+    } finally {
+      engine.close();
+    }
+  });
+
+  it("keeps the Q8 records resident at their own size: the trunk cache is the sum of their pages", async () => {
+    const m = models[0]!;
+    const reader = await PackReader.open(m.pack);
+    const trunk = reader.stores.get("trunk")!.records;
+    // engine.c's trunk cache: every per-layer Linear weight (attention, dense/shared MLP), each
+    // in whole pages; lm_head, norms and routers are the engine's globals, the embedding is read by row
+    const perLayer = /\.layers\.\d+\.(self_attn\.(q_proj|kv_a_proj_with_mqa|kv_b_proj|o_proj)|mlp\.(shared_experts\.)?(gate|up|down)_proj)\.weight$/;
+    const want = trunk.filter((r) => perLayer.test(r.name)).reduce((a, r) => a + Math.ceil(r.nbytes / 4096) * 4096, 0);
+    // one engine at a time: a WebAssembly instance has threads for one engine's pool
+    const infoOf = (pack: string) => {
+      const engine = openEngine(backend, pack);
+      try {
+        return engine.info();
+      } finally {
+        engine.close();
+      }
+    };
+    const q8 = infoOf(m.pack);
+    const plain = infoOf(m.bf16Pack);
+    expect(q8.trunkCacheBytes).toBe(want);
+    expect(q8.trunkCacheBytes).toBeLessThan(plain.trunkCacheBytes);
+    // lm_head: Q8 [V, H] in whole pages (plus the f32 final norm), about half the BF16 engine's
+    expect(q8.globalBytes).toBeLessThan(plain.globalBytes);
+  });
+});
