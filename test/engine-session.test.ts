@@ -31,13 +31,12 @@ import { crc32 } from "../host/pack-format.js";
 import { WasmBackend } from "../host/wasm-backend.js";
 import { packCheckpoint } from "../packer/pack.js";
 import { argmax } from "./reference/math.js";
+import { TOLERANCE, engineGreedy, maxAbsDiff, promptIds, referenceGreedy } from "./support/engine-checks.js";
 import { TextReference } from "./reference/text.js";
 import { tempDir, tinyCheckpoint } from "./support/pack-fixtures.js";
 
 const THREADS = 2;
-const GREEDY_TOKENS = 32;
 /** The engine against the float64 reference, as in test/engine.test.ts. */
-const TOLERANCE = 1e-3;
 
 type BackendName = "wasm" | "native";
 const BACKENDS: BackendName[] = ["wasm", "native"];
@@ -63,61 +62,7 @@ afterAll(() => {
   tmp?.cleanup();
 });
 
-/** Deterministic token ids in [16, vocab): a small LCG, so prompts need no fixture. */
-function promptIds(seed: number, n: number, vocab: number): number[] {
-  let s = seed >>> 0;
-  return Array.from({ length: n }, () => {
-    s = (Math.imul(s, 1664525) + 1013904223) >>> 0;
-    return 16 + (s % (vocab - 16));
-  });
-}
-
-function maxAbsDiff(got: ArrayLike<number>, want: ArrayLike<number>): number {
-  expect(got.length).toBe(want.length);
-  let m = 0;
-  for (let i = 0; i < got.length; i++) m = Math.max(m, Math.abs(got[i]! - want[i]!));
-  return m;
-}
-
-let greedy: { ids: number[]; want: number[] } | undefined;
 let longLogits: Float64Array | undefined;
-
-/** The reference's greedy run from a fixed prompt (computed once), each step's margin above twice the tolerance. */
-function referenceGreedy(): { ids: number[]; want: number[] } {
-  if (greedy) return greedy;
-  const V = reference.cfg.vocab_size;
-  const H = reference.cfg.hidden_size;
-  const ids = promptIds(11, 6, V);
-  const want: number[] = [];
-  const seq = [...ids];
-  for (let step = 0; step < GREEDY_TOKENS; step++) {
-    const last = reference.logitsFromHidden(reference.hiddenStates(seq).subarray((seq.length - 1) * H), 1);
-    const top = argmax(last);
-    let second = -Infinity;
-    for (let i = 0; i < V; i++) if (i !== top && last[i]! > second) second = last[i]!;
-    expect(last[top]! - second, `reference step ${step} is a near-tie`).toBeGreaterThan(2 * TOLERANCE);
-    want.push(top);
-    seq.push(top);
-  }
-  greedy = { ids, want };
-  return greedy;
-}
-
-/** GREEDY_TOKENS greedy tokens of an engine after prefilling ids (one session, closed after). */
-function engineGreedy(engine: CoreEngine, ids: number[]): number[] {
-  const session = engine.newSession({ maxContext: 128 });
-  try {
-    let logits = session.prefill(Int32Array.from(ids), null, "last")!;
-    const got: number[] = [];
-    for (let step = 0; step < GREEDY_TOKENS; step++) {
-      got.push(argmax(logits));
-      if (step + 1 < GREEDY_TOKENS) logits = session.step(got.at(-1)!);
-    }
-    return got;
-  } finally {
-    session.close();
-  }
-}
 
 /** n_hparams at byte 24 of an .idx, index_crc32 at 36, hparam records (56-byte key, f64) from 128 (docs/FORMAT.md). */
 function setHparam(path: string, key: string, value: number): void {
@@ -219,7 +164,7 @@ describe.each(BACKENDS)("sessions, options and damaged packs on %s", (backend) =
   });
 
   it("gives the reference's greedy tokens whatever the threads, caches and I/O mode", () => {
-    const { ids, want } = referenceGreedy();
+    const { ids, want } = referenceGreedy(reference);
     const probe = open();
     const { expertExtentBytes: extent, numExpertsPerTok: topk, nRoutedExperts } = probe.info();
     probe.close();

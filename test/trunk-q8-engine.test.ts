@@ -24,12 +24,10 @@ import { NativeBackend } from "../host/native-backend.js";
 import { PackReader } from "../host/pack-format.js";
 import { WasmBackend } from "../host/wasm-backend.js";
 import { packCheckpoint } from "../packer/pack.js";
-import { argmax } from "./reference/math.js";
+import { GREEDY_TOKENS, TOLERANCE, engineGreedy, maxAbsDiff, promptIds, referenceGreedy } from "./support/engine-checks.js";
 import { TextReference } from "./reference/text.js";
 import { tempDir, tinyCheckpoint } from "./support/pack-fixtures.js";
 
-const TOLERANCE = 1e-3;
-const GREEDY_TOKENS = 32;
 const THREADS = 2;
 /** BF16 activations move logits by BF16 rounding (README "Numerics": about 0.1 on these models),
  * not by 1e-3: this bound only shows the Q8 x BF16-input product is wired, not garbage. */
@@ -51,68 +49,12 @@ let wasm: WasmBackend;
 let native: NativeBackend;
 const models: Model[] = [];
 
-function promptIds(seed: number, n: number, vocab: number): number[] {
-  let s = seed >>> 0;
-  return Array.from({ length: n }, () => {
-    s = (Math.imul(s, 1664525) + 1013904223) >>> 0;
-    return 16 + (s % (vocab - 16));
-  });
-}
-
 function core(backend: BackendName): WasmBackend | NativeBackend {
   return backend === "wasm" ? wasm : native;
 }
 
 function openEngine(backend: BackendName, pack: string, options: Omit<EngineOptions, "nThreads"> = {}): CoreEngine {
   return core(backend).openEngine(pack, { nThreads: THREADS, ...options });
-}
-
-function maxAbsDiff(got: ArrayLike<number>, want: ArrayLike<number>): number {
-  expect(got.length).toBe(want.length);
-  let m = 0;
-  for (let i = 0; i < got.length; i++) m = Math.max(m, Math.abs(got[i]! - want[i]!));
-  return m;
-}
-
-const greedyCache = new Map<string, { ids: number[]; want: number[] }>();
-
-function referenceGreedy(m: Model): { ids: number[]; want: number[] } {
-  const cached = greedyCache.get(m.name);
-  if (cached) return cached;
-  const V = m.reference.cfg.vocab_size;
-  const H = m.reference.cfg.hidden_size;
-  const ids = promptIds(11, 6, V);
-  const want: number[] = [];
-  const seq = [...ids];
-  for (let step = 0; step < GREEDY_TOKENS; step++) {
-    const hidden = m.reference.hiddenStates(seq);
-    const last = m.reference.logitsFromHidden(hidden.subarray((seq.length - 1) * H), 1);
-    const top = argmax(last);
-    let second = -Infinity;
-    for (let i = 0; i < V; i++) if (i !== top && last[i]! > second) second = last[i]!;
-    expect(last[top]! - second, `reference step ${step} is a near-tie`).toBeGreaterThan(2 * TOLERANCE);
-    want.push(top);
-    seq.push(top);
-  }
-  const run = { ids, want };
-  greedyCache.set(m.name, run);
-  return run;
-}
-
-function engineGreedy(engine: CoreEngine, ids: number[]): number[] {
-  const session = engine.newSession({ maxContext: 128 });
-  try {
-    let logits = session.prefill(Int32Array.from(ids), null, "last")!;
-    const got: number[] = [];
-    for (let step = 0; step < GREEDY_TOKENS; step++) {
-      const token = argmax(logits);
-      got.push(token);
-      if (step + 1 < GREEDY_TOKENS) logits = session.step(token);
-    }
-    return got;
-  } finally {
-    session.close();
-  }
 }
 
 /** Prefill logits of every position, and the max error against the reference. */
@@ -164,7 +106,7 @@ describe.each(BACKENDS)("a Q8 trunk on %s", (backend) => {
 
     it(`decodes the reference's ${GREEDY_TOKENS} greedy tokens`, () => {
       const m = model();
-      const { ids, want } = referenceGreedy(m);
+      const { ids, want } = referenceGreedy(m.reference);
       const engine = openEngine(backend, m.pack);
       try {
         expect(engineGreedy(engine, ids)).toEqual(want);
@@ -190,7 +132,7 @@ describe.each(BACKENDS)("a Q8 trunk on %s", (backend) => {
         const err = prefillError(engine, m, promptIds(7, 24, m.reference.cfg.vocab_size));
         console.log(`[q8 trunk ${backend}] ${set} ${act}: max |diff| ${err.toExponential(2)}`);
         expect(err).toBeLessThanOrEqual(TOLERANCE);
-        const { ids, want } = referenceGreedy(m);
+        const { ids, want } = referenceGreedy(m.reference);
         expect(engineGreedy(engine, ids)).toEqual(want);
       } finally {
         engine.close();
@@ -212,7 +154,7 @@ describe.each(BACKENDS)("a Q8 trunk on %s", (backend) => {
       const err = prefillError(engine, m, promptIds(7, 24, m.reference.cfg.vocab_size));
       console.log(`[q8 trunk ${backend}] partly streamed, ${act}: max |diff| ${err.toExponential(2)}`);
       expect(err).toBeLessThanOrEqual(TOLERANCE);
-      const { ids, want } = referenceGreedy(m);
+      const { ids, want } = referenceGreedy(m.reference);
       expect(engineGreedy(engine, ids)).toEqual(want);
       expect(engine.stats().trunkMisses).toBeGreaterThan(0);
     } finally {
@@ -235,7 +177,7 @@ describe.each(BACKENDS)("a Q8 trunk on %s", (backend) => {
         } finally {
           session.close();
         }
-        const { ids: prompt, want } = referenceGreedy(m);
+        const { ids: prompt, want } = referenceGreedy(m.reference);
         const tokens = engineGreedy(hosted.engine, prompt);
         expect(tokens).toEqual(want);
         runs.push({ logits, tokens });
