@@ -94,6 +94,19 @@ async function enterKey(page: Page, key: string): Promise<void> {
   await page.click("#key-submit");
 }
 
+/** Waits for the page to say the server is ready. */
+async function ready(page: Page): Promise<void> {
+  await expect.poll(() => page.locator("#status").getAttribute("data-state")).toBe("ready");
+}
+
+/** The page opened, the key given when it asks, the server ready. */
+async function signedInPage(server: LiveServer): Promise<{ page: Page; requests: any[] }> {
+  const opened = await openPage(server);
+  await enterKey(opened.page, KEY);
+  await ready(opened.page);
+  return opened;
+}
+
 async function settings(page: Page, maxTokens: number, temperature: number): Promise<void> {
   await page.click("#settings summary");
   await page.fill("#max-tokens", String(maxTokens));
@@ -161,10 +174,10 @@ describe.each(BACKENDS)("the web chat page on $label", ({ env }) => {
       await expect.poll(() => page.locator("#key-error").innerText()).toMatch(/refused this key/);
       await page.fill("#key-input", KEY);
       await page.click("#key-submit");
-      await expect.poll(() => page.locator("#status").getAttribute("data-state")).toBe("ready");
+      await ready(page);
       expect(await page.locator("#model").innerText()).toBe(MODEL);
       await page.reload();
-      await expect.poll(() => page.locator("#status").getAttribute("data-state")).toBe("ready");
+      await ready(page);
       expect(await page.locator("#key-dialog").isVisible()).toBe(false);
     } finally {
       await page.close();
@@ -172,10 +185,8 @@ describe.each(BACKENDS)("the web chat page on $label", ({ env }) => {
   });
 
   it("streams a text turn equal to the API's reply; the next turn resends the conversation and reuses its prefix", async () => {
-    const { page, requests } = await openPage(server);
+    const { page, requests } = await signedInPage(server);
     try {
-      await enterKey(page, KEY);
-      await expect.poll(() => page.locator("#status").getAttribute("data-state")).toBe("ready");
       await settings(page, 24, 0);
       const first = await turn(page, "Hello, who are you?", 1);
       expect(first.state).toBe("done");
@@ -202,10 +213,8 @@ describe.each(BACKENDS)("the web chat page on $label", ({ env }) => {
   });
 
   it("sends an image dropped on the page as a data URL and shows the API's reply to it", async () => {
-    const { page, requests } = await openPage(server);
+    const { page, requests } = await signedInPage(server);
     try {
-      await enterKey(page, KEY);
-      await expect.poll(() => page.locator("#status").getAttribute("data-state")).toBe("ready");
       await settings(page, 16, 0);
       const image = await png(60, 44, 3);
       await dropFile(page, image, "pattern.png", "image/png");
@@ -226,10 +235,8 @@ describe.each(BACKENDS)("the web chat page on $label", ({ env }) => {
   });
 
   it("Stop ends a long reply, keeps what came, and the next turn is normal", async () => {
-    const { page, requests } = await openPage(server);
+    const { page, requests } = await signedInPage(server);
     try {
-      await enterKey(page, KEY);
-      await expect.poll(() => page.locator("#status").getAttribute("data-state")).toBe("ready");
       await settings(page, 8000, 0);
       const before = server.log().length;
       await page.fill("#input", "Write a very long story.");
@@ -256,10 +263,8 @@ describe.each(BACKENDS)("the web chat page on $label", ({ env }) => {
   });
 
   it("shows the server's error for an image it cannot read and gives the turn back", async () => {
-    const { page } = await openPage(server);
+    const { page } = await signedInPage(server);
     try {
-      await enterKey(page, KEY);
-      await expect.poll(() => page.locator("#status").getAttribute("data-state")).toBe("ready");
       await dropFile(page, Buffer.from("this is not a PNG at all"), "broken.png", "image/png");
       await expect.poll(() => page.locator("#attachments img").count()).toBe(1);
       await page.fill("#input", "Look at this.");
