@@ -116,21 +116,12 @@ describe.each(BACKENDS)("the plan on %s", (backend) => {
       const opened = await openPlanned(backend, p);
       try {
         const reported = opened.parts.map((e, k) => {
-          const info = e.info();
           const inst = p.instances[k]!;
-          expect([info.layerBegin, info.layerEnd]).toEqual(inst.range);
-          expect(info.kvDtype).toBe(kvDtype);
-          expect(info.actDtype).toBe(actDtype);
-          expect({
-            globals: info.globalBytes, trunkCache: info.trunkCacheBytes, expertCache: info.expertCacheBytes,
-            engineWorkspace: info.engineWorkspaceBytes, expertExtent: info.expertExtentBytes,
-          }).toEqual({
-            globals: inst.globals, trunkCache: inst.trunkCache, expertCache: inst.expertCache,
-            engineWorkspace: inst.engineWorkspace, expertExtent: inst.expertExtent,
-          });
-          const sessionBytes = e.sessionBytes({ maxContext: 200, maxBatch: 48 });
-          expect(sessionBytes).toBe(inst.kv + inst.sessionArena);
-          return { info, sessionBytes };
+          const checked = engineMatchesPlan(e, inst);
+          expect([checked.info.layerBegin, checked.info.layerEnd]).toEqual(inst.range);
+          expect(checked.info.kvDtype).toBe(kvDtype);
+          expect(checked.info.actDtype).toBe(actDtype);
+          return checked;
         });
         // other session shapes (the batch clamped to the context, one token, a wide batch)
         for (const [maxContext, maxBatch] of [[64, 256], [1, 1], [300, 300], [4096, 7]] as const) {
@@ -173,19 +164,9 @@ describe.each(BACKENDS)("the plan of a Q8-trunk pack (kvl pack --trunk-dtype q8)
     const opened = await openPlanned(backend, p, q8Pack);
     try {
       const reported = opened.parts.map((e, k) => {
-        const info = e.info();
-        const inst = p.instances[k]!;
-        expect(info.actDtype).toBe(actDtype);
-        expect({
-          globals: info.globalBytes, trunkCache: info.trunkCacheBytes, expertCache: info.expertCacheBytes,
-          engineWorkspace: info.engineWorkspaceBytes, expertExtent: info.expertExtentBytes,
-        }).toEqual({
-          globals: inst.globals, trunkCache: inst.trunkCache, expertCache: inst.expertCache,
-          engineWorkspace: inst.engineWorkspace, expertExtent: inst.expertExtent,
-        });
-        const sessionBytes = e.sessionBytes({ maxContext: 200, maxBatch: 48 });
-        expect(sessionBytes).toBe(inst.kv + inst.sessionArena);
-        return { info, sessionBytes };
+        const checked = engineMatchesPlan(e, p.instances[k]!);
+        expect(checked.info.actDtype).toBe(actDtype);
+        return checked;
       });
       expect(p.reconcile(reported)).toEqual([]);
     } finally {
@@ -193,6 +174,22 @@ describe.each(BACKENDS)("the plan of a Q8-trunk pack (kvl pack --trunk-dtype q8)
     }
   });
 });
+
+/** One range's engine against its instance in the plan: every figure the engine reports equals
+ * the plan's, and a 200-token session is the plan's KV + arena. What reconcile() then takes. */
+function engineMatchesPlan(e: CoreEngine, inst: RamPlan["instances"][number]): { info: ReturnType<CoreEngine["info"]>; sessionBytes: number } {
+  const info = e.info();
+  expect({
+    globals: info.globalBytes, trunkCache: info.trunkCacheBytes, expertCache: info.expertCacheBytes,
+    engineWorkspace: info.engineWorkspaceBytes, expertExtent: info.expertExtentBytes,
+  }).toEqual({
+    globals: inst.globals, trunkCache: inst.trunkCache, expertCache: inst.expertCache,
+    engineWorkspace: inst.engineWorkspace, expertExtent: inst.expertExtent,
+  });
+  const sessionBytes = e.sessionBytes({ maxContext: 200, maxBatch: 48 });
+  expect(sessionBytes).toBe(inst.kv + inst.sessionArena);
+  return { info, sessionBytes };
+}
 
 describe("reconcile", () => {
   const base: PlanOptions = { ramMib: 4096, cacheMib: 1, maxContext: 200, maxBatch: 48, loadVision: false, backend: "native" };
