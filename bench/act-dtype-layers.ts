@@ -5,7 +5,7 @@
  * P hidden-state rows prefilled again from position 0 and D single-row decode steps, timed.
  * Nothing is read from the disk while timed (the expert misses printed say so).
  *
- *   npx vite-node bench/act-dtype-layers.ts PACK wasm|native f32|bf16|i16 [P=256] [DIST_DIR]
+ *   npx vite-node bench/act-dtype-layers.ts PACK wasm|native f32|bf16|i16|i16x1 [P=256] [DIST_DIR]
  *
  * PACK: `kvl pack --synth-preset full --seed 0 PACK`. DIST_DIR: another WebAssembly build of the
  * core (wasm-core/build-wasm.sh OUT_DIR) to compare a variant.

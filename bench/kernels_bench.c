@@ -10,7 +10,8 @@
  *     (server L3s reach hundreds of MB), and over one [256 x 2048] matrix again and again (in
  *     cache: what the kernel could do with infinite bandwidth), for every product: bf16, q8 (FP32
  *     activations), bf16xb, q8xb (BF16-rounded activations), and the integer mode q8i16
- *     (matmul_q8_i16, int8 weights) and i16i16 (matmul_i16_i16, int16 weights), whose
+ *     (matmul_q8_i16, int8 weights, 16-bit activations with a scale per 64 columns) and i16i16
+ *     (matmul_i16_i16, int16 weights, 15-bit activations with one scale per vector), whose
  *     activations are quantised once per token outside the timing, as the engine does;
  *   - GFLOP/s for a 64-token batch against one [1408 x 2048] matrix.
  *
@@ -34,7 +35,7 @@
  *     each (wall clock) for scripts (bench/kernels_ab.sh).
  *   kernels_bench LEVEL decode i16x2: the integer products take 2 vectors per token in decode,
  *     as the engine's --act-dtype i16 does (each input and its remainder, model.c mm_quantize);
- *     without it 1, the kernel alone. (An argument: emscripten's getenv does not see Node's.)
+ *     without it 1, as --act-dtype i16x1 does. (An argument: emscripten's getenv does not see Node's.)
  * In WebAssembly the "cpu" figures are wall clock too (no per-process CPU clock there).
  */
 #if !defined(_WIN32) && !defined(_POSIX_C_SOURCE)
@@ -153,6 +154,17 @@ static void mm_fn(void *p, int i, int nt)
                         c->cols, c->X, c->cols, c->n);
 }
 
+/* The integer products' inputs as the engine quantises them (model.c mm_quantize): q8i16 a
+ * scale per KVL_I16_BLOCK columns, i16i16 one per vector (xs holds up to n * cols scales). */
+static void quantize_for(const kvl_kernels *K, int kind, int16_t *Xq, float *xs, const float *X,
+                         size_t cols, size_t n)
+{
+    if (kind == 2)
+        K->quantize_i16_act(Xq, xs, X, cols, n, cols, cols, KVL_I16_BLOCK, KVL_I16_Q8_MAX);
+    else
+        K->quantize_i16_act(Xq, xs, X, cols, n, cols, cols, cols, KVL_I16_MAX);
+}
+
 /* Normal (never denormal) values: denormal bf16 weights would hit FMA microcode assists and
  * measure those instead of the kernel. */
 static void fill_weights(unsigned char *W, int kind, size_t bytes)
@@ -191,8 +203,8 @@ static void bench_decode(kvl_pool *pool, const kvl_kernels *K, int kind, size_t 
     for (size_t c = 0; c < nv * cols; c++)
         X[c] = 0.001f * (float)(c % 17);
     int16_t *Xq = (int16_t *)malloc(nv * cols * sizeof(int16_t));
-    float *xs = (float *)malloc(nv * sizeof(float));
-    K->quantize_i16_act(Xq, xs, X, cols, nv, cols, cols);
+    float *xs = (float *)malloc(nv * cols * sizeof(float));
+    quantize_for(K, kind, Xq, xs, X, cols, nv);
     mm_ctx ctx = {K, kind, Xq, xs, NULL, scale, rows, cols, nv, X, Y};
     double best = 1e30, bestc = 1e30;
     for (int rep = 0; rep < 4; rep++) {
@@ -245,8 +257,8 @@ static void bench_batch(kvl_pool *pool, const kvl_kernels *K, int kind, size_t r
     for (size_t i = 0; i < n * cols; i++)
         X[i] = 0.001f * (float)(i % 17);
     int16_t *Xq = (int16_t *)malloc(n * cols * sizeof(int16_t));
-    float *xs = (float *)malloc(n * sizeof(float));
-    K->quantize_i16_act(Xq, xs, X, cols, n, cols, cols);
+    float *xs = (float *)malloc(n * cols * sizeof(float));
+    quantize_for(K, kind, Xq, xs, X, cols, n);
     mm_ctx ctx = {K, kind, Xq, xs, W, scale, rows, cols, n, X, Y};
     double best = 1e30, bestc = 1e30;
     for (int rep = 0; rep < 5; rep++) {

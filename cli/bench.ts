@@ -22,9 +22,9 @@ import { type Limits, loadLimits, measureLimits } from "../host/bench-limits.js"
 import { type DecodeRecord, type PromptRecord, packBytes } from "../host/bench-model.js";
 import { type BenchResult, type RunRecord, runBench } from "../host/bench-run.js";
 import type { BackendName } from "../host/core-api.js";
-import type { ActDtype } from "../host/engine-api.js";
+import { ACT_DTYPE_NAMES, type ActDtype, type KernelChoice } from "../host/engine-api.js";
 import { UserError } from "../host/user-error.js";
-import { instancesOption, nonNegativeInt, positiveInt } from "./options.js";
+import { instancesOption, kernelsOption, nonNegativeInt, positiveInt } from "./options.js";
 
 const MIB = 2 ** 20;
 const GB = 1e9;
@@ -43,6 +43,7 @@ interface BenchCliOptions {
   maxBatch: number;
   seed: number;
   actDtype: ActDtype;
+  kernels: KernelChoice;
   dropCaches?: boolean;
   limits?: string;
   membw?: string;
@@ -255,7 +256,7 @@ async function runBenchCommand(model: string, opts: BenchCliOptions): Promise<vo
   const result = await runBench({
     model, backends, backendRequest: request, backendReason: reason, ramMib: opts.ramMib, cacheMib: opts.cacheMib, trunkCacheMib,
     threads, promptLens, decodeTokens: opts.decodeTokens, warm: opts.warm === true, warmupTokens: opts.warmupTokens, maxBatch: opts.maxBatch,
-    seed: opts.seed, actDtype: opts.actDtype, dropCaches: opts.dropCaches === true, membw: opts.membw, instances: opts.instances,
+    seed: opts.seed, actDtype: opts.actDtype, kernels: opts.kernels, dropCaches: opts.dropCaches === true, membw: opts.membw, instances: opts.instances,
   }, pb, limits, (run) => {
     if (!opts.json) process.stdout.write(`${formatRun(run)}\n`);
   });
@@ -290,7 +291,8 @@ export function addBenchCommand(program: Command): void {
     .option("--max-batch <n>", "prefill chunk in tokens (0 = the longest prompt, so each prompt is one chunk and reads each routed expert at most once)",
       nonNegativeInt, 0)
     .option("--seed <n>", "seed of the random prompts (the Python bench's prompts for the same seed)", nonNegativeInt, 0)
-    .addOption(new Option("--act-dtype <dtype>", "inputs of the Linear layers (kvl chat --act-dtype)").choices(["f32", "bf16", "i16"]).default("f32"))
+    .addOption(new Option("--act-dtype <dtype>", "inputs of the Linear layers (kvl chat --act-dtype)").choices([...ACT_DTYPE_NAMES]).default("f32"))
+    .addOption(kernelsOption())
     .option("--drop-caches", "echo 3 > /proc/sys/vm/drop_caches before each engine open (root)")
     .option("--limits <file>", "JSON lines from bench/membw.c (dram/ssd/fma); without it the limits are measured here: with membw " +
       "(--membw, else bench/membw.c built with the C compiler), else in Node")

@@ -4,6 +4,7 @@
 import { InvalidArgumentError, Option } from "commander";
 
 import { BACKEND_REQUESTS } from "../host/backend.js";
+import { ACT_DTYPE_NAMES } from "../host/engine-api.js";
 
 /** Option argument parsers: a clear commander error for anything but a whole number. */
 export function nonNegativeInt(value: string): number {
@@ -56,6 +57,7 @@ export function megapixelsToPixels(mp: number | undefined): number | undefined {
 /** --act-dtype: the inputs of the Linear layers (README "Numerics"). */
 export function actDtypeOption(): Option {
   return new Option("--act-dtype <dtype>", "inputs of the Linear layers: f32 (exact), bf16 (as the checkpoint's own " +
-    "BF16 inference: faster prefill on CPUs with AVX512_BF16, logits move by BF16 rounding) or i16 (inputs as two " +
-    "15-bit integer terms, integer products: the fast mode on WebAssembly, logits within 1e-3)").choices(["f32", "bf16", "i16"]).default("f32");
+    "BF16 inference: faster prefill on CPUs with AVX512_BF16, logits move by BF16 rounding), i16 (inputs as two " +
+    "16-bit integer terms, integer products: WebAssembly's fast mode, logits within 1e-3) or i16x1 (one term: " +
+    "faster still, logits move by ~2e-3 on the test models; README \"Numerics\")").choices([...ACT_DTYPE_NAMES]).default("f32");
 }

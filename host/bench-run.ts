@@ -22,7 +22,7 @@ import { type Limits, dropPageCache, probeLimits } from "./bench-limits.js";
 import { type DecodeRecord, KV_BYTES, type PackBytes, type PromptRecord, adjacentBounds, decodeBounds, promptBounds } from "./bench-model.js";
 import { randomPrompt } from "./bench-prompt.js";
 import type { BackendName } from "./core-api.js";
-import { CoreError, type CoreSession, type EngineStats, type ActDtype } from "./engine-api.js";
+import { CoreError, type CoreSession, type EngineStats, type ActDtype, type KernelChoice } from "./engine-api.js";
 import { type HostedEngine, openHostedEngine } from "./engine-host.js";
 import { plan } from "./planner.js";
 import { peakRssBytes } from "./process-memory.js";
@@ -49,6 +49,8 @@ export interface BenchOptions {
   maxBatch: number;
   seed: number;
   actDtype: ActDtype;
+  /** the kernel set each backend runs (kvl chat --kernels; default auto) */
+  kernels?: KernelChoice | undefined;
   dropCaches: boolean;
   membw?: string | undefined;
   instances?: number | undefined;
@@ -231,7 +233,9 @@ async function benchOne(o: BenchOptions, backend: BackendName, n: number, pb: Pa
   const t0 = now();
   let hosted: HostedEngine;
   try {
-    hosted = await openHostedEngine(backend, o.model, { nThreads: ramPlan.nThreads, planned: ramPlan.instances, actDtype: o.actDtype });
+    hosted = await openHostedEngine(backend, o.model, {
+      nThreads: ramPlan.nThreads, planned: ramPlan.instances, actDtype: o.actDtype, ...(o.kernels !== undefined ? { kernels: o.kernels } : {}),
+    });
   } catch (err) {
     if (err instanceof CoreError) throw new UserError(`the ${backend} engine refused ${o.model}: ${err.message}`);
     throw err;
@@ -307,7 +311,7 @@ export async function runBench(o: BenchOptions, pb: PackBytes, limits: Limits, o
     settings: {
       ram_mib: o.ramMib, cache_mib: o.cacheMib, trunk_cache_mib: o.trunkCacheMib, threads: o.threads, prompt_lens: lens,
       decode_tokens: o.decodeTokens, warm: o.warm, max_batch: sizes.maxBatch, max_context: sizes.maxContext, seed: o.seed,
-      drop_caches: o.dropCaches, act_dtype: o.actDtype, backend: o.backendRequest, instances: o.instances ?? null,
+      drop_caches: o.dropCaches, act_dtype: o.actDtype, kernels: o.kernels ?? "auto", backend: o.backendRequest, instances: o.instances ?? null,
     },
     limits, pack_bytes: pb, runs: [], peak_rss_bytes: null, peak_rss_reset: rssReset, ru_maxrss_bytes: 0,
   };

@@ -14,8 +14,14 @@ import { KVL_STATUS_NAMES } from "./core-api.js";
 export type IoMode = "auto" | "direct" | "buffered";
 export type KernelChoice = "auto" | "scalar" | "avx2" | "avx512" | "simd128";
 export type NumericDtype = "f32" | "bf16";
-/** Inputs of the Linear layers (kvl_core.h KVL_ACT_*): f32 exact, bf16 rounded, i16 the integer mode. */
-export type ActDtype = NumericDtype | "i16";
+/** Inputs of the Linear layers (kvl_core.h KVL_ACT_*): f32 exact, bf16 rounded, i16 and i16x1
+ * the integer modes (two terms per input, or one: README "Numerics"). */
+export type ActDtype = NumericDtype | "i16" | "i16x1";
+export const ACT_DTYPE_NAMES: readonly ActDtype[] = ["f32", "bf16", "i16", "i16x1"];
+
+/** The integer modes: resident BF16 trunk weights become int16 rows, and a workspace holds the
+ * quantised inputs (the RAM plan counts both). */
+export const isIntegerAct = (a: ActDtype): boolean => a === "i16" || a === "i16x1";
 
 export interface EngineOptions {
   /** Worker threads of the engine's pool; 0 or absent = every core. */
@@ -173,7 +179,7 @@ export interface EngineOptionCodes {
 const IO_MODES: Record<IoMode, number> = { auto: 0, direct: 1, buffered: 2 };
 const KERNELS: Record<KernelChoice, number> = { auto: 0, scalar: 1, avx2: 2, avx512: 3, simd128: 4 };
 const KV_DTYPES: Record<NumericDtype, number> = { f32: 1, bf16: 2 };
-const ACT_DTYPES: Record<ActDtype, number> = { f32: 1, bf16: 2, i16: 3 };
+const ACT_DTYPES: Record<ActDtype, number> = { f32: 1, bf16: 2, i16: 3, i16x1: 4 };
 
 function nonNegativeInteger(name: string, value: number | undefined, min = 0): number {
   const v = value ?? 0;

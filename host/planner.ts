@@ -70,7 +70,7 @@ import { readFileSync, statSync } from "node:fs";
 import { join } from "node:path";
 
 import type { BackendName } from "./core-api.js";
-import type { ActDtype, EngineInfo, NumericDtype } from "./engine-api.js";
+import { ACT_DTYPE_NAMES, isIntegerAct, type ActDtype, type EngineInfo, type NumericDtype } from "./engine-api.js";
 import { requestedInstances } from "./engine-host.js";
 import { DTYPE_BF16, PackReader } from "./pack-format.js";
 import { layerRanges } from "./split-engine.js";
@@ -127,8 +127,12 @@ const alignPage = (n: number): number => alignTo(n, PAGE);
 /** engine.c i16_slot_bytes: a resident Linear weight with --act-dtype i16 (int16 rows, then a
  * 4-byte scale per row, in one page-aligned slot). */
 const i16Slot = (nbytes: number, rows: number): number => alignPage(alignTo(nbytes, 64) + 4 * rows);
+/** model.c MM_MAX_SEGS: products per pool run. */
+const MM_MAX_SEGS = 50;
 /** model.c MM_MAX_SEGS * XQ_ALIGN: the act_i16 workspace's alignment allowance. */
-const I16_WORKSPACE_SLACK = 50 * 32;
+const I16_WORKSPACE_SLACK = MM_MAX_SEGS * 32;
+/** kernels.h KVL_I16_BLOCK: columns per activation scale of the Q8 integer product. */
+const I16_BLOCK = 64;
 /** model.c I16_SUB: rows per integer kernel call. */
 const I16_SUB_ROWS = 64;
 
@@ -274,7 +278,7 @@ function modelOf(facts: PackFacts): Model {
 }
 
 /** What a resident trunk tensor takes with this activation mode (engine.c's tt->slot). */
-const slotOf = (t: { padded: number; i16: number }, actDtype: ActDtype): number => (actDtype === "i16" ? t.i16 : t.padded);
+const slotOf = (t: { padded: number; i16: number }, actDtype: ActDtype): number => (isIntegerAct(actDtype) ? t.i16 : t.padded);
 
 /** The cacheable trunk tensors' resident sizes in the engine's forward order (engine.c's walk). */
 export function trunkTensorBytes(facts: PackFacts, actDtype: ActDtype = "f32"): number[] {
@@ -291,6 +295,7 @@ function sessionLayoutBytes(m: Model, range: readonly [number, number], maxConte
   const kvRow = lat + r;
   let width = 1;
   for (let l = begin; l < end; l++) width = Math.max(width, m.mlpRows[l]! + (m.moe[l] ? m.moeInter : 0));
+  const i16Width = Math.max(2 * H, nh * m.vDim, width);
   const scores = nh * C;
   const routing = 3 * m.nRouted + m.nGroup + 4;
   const tiled = lat * nh + Math.floor((lat * m.nope + 1) / 2);
@@ -309,11 +314,12 @@ function sessionLayoutBytes(m: Model, range: readonly [number, number], maxConte
     B * m.topK * 4, (m.nRouted + 1) * 4, B * m.topK * 4, m.nRouted * 4, // expert lists
     H * 2, // one embedding row
     lat * C * 4, // latents transposed
-    // --act-dtype i16 (model.c act_workspace): one pool run's quantised inputs, two int16 terms
-    // per vector, their scales, and per thread both terms' products of I16_SUB rows
-    actDtype === "i16" ? 2 * (2 * B * Math.max(2 * H, nh * m.vDim, width) + I16_WORKSPACE_SLACK) : 0,
-    actDtype === "i16" ? 4 * 4 * B : 0,
-    actDtype === "i16" ? nThreads * 4 * 2 * B * I16_SUB_ROWS : 0,
+    // --act-dtype i16 (model.c act_workspace): one pool run's quantised inputs (int16; two terms
+    // per vector for int16 trunk weights), their scales (one per I16_BLOCK columns for Q8
+    // weights), and per thread both terms' products of I16_SUB rows
+    isIntegerAct(actDtype) ? 2 * (2 * B * i16Width + I16_WORKSPACE_SLACK) : 0,
+    isIntegerAct(actDtype) ? 4 * (2 * B * (Math.ceil(i16Width / I16_BLOCK) + 2) + MM_MAX_SEGS) : 0,
+    isIntegerAct(actDtype) ? nThreads * 4 * 2 * B * I16_SUB_ROWS : 0,
   ];
   return { total: sizes.reduce((t, s) => t + alignTo(s || 1, ARENA_ALIGN), 0), kv };
 }
@@ -754,7 +760,7 @@ function settingsOf(facts: PackFacts, options: PlanOptions): PlanSettings {
   if (!(KV_DTYPE_BYTES[s.kvDtype] > 0)) {
     throw new UserError(`kv dtype '${s.kvDtype}' unknown; use one of ${Object.keys(KV_DTYPE_BYTES).join(", ")}`);
   }
-  if (!["f32", "bf16", "i16"].includes(s.actDtype)) throw new UserError(`act dtype '${s.actDtype}' unknown; use one of f32, bf16, i16`);
+  if (!ACT_DTYPE_NAMES.includes(s.actDtype)) throw new UserError(`act dtype '${s.actDtype}' unknown; use one of ${ACT_DTYPE_NAMES.join(", ")}`);
   if (!Number.isInteger(s.maxContext) || s.maxContext < 1 || s.maxContext > m.maxPositions) {
     throw new UserError(`--max-context ${s.maxContext} is outside 1..${m.maxPositions} (the model's max_position_embeddings)`);
   }
@@ -812,7 +818,7 @@ function evaluate(facts: PackFacts, s: PlanSettings, m: Model, ranges: ReadonlyA
   const instances: InstancePlan[] = ranges.map(([begin, end], index) => {
     const first = index === 0;
     const last = end === m.nLayers;
-    let globals = last ? (s.actDtype === "i16" ? m.lmHeadI16 : m.lmHeadPadded) + alignTo(H * 4, 64) : 0;
+    let globals = last ? (isIntegerAct(s.actDtype) ? m.lmHeadI16 : m.lmHeadPadded) + alignTo(H * 4, 64) : 0;
     for (let l = begin; l < end; l++) globals += m.layerGlobals[l]!;
     const lo = m.firstOf[begin]!;
     const hi = m.firstOf[end]!;

@@ -198,6 +198,15 @@ describe.skipIf(!nativeBuilt)("--backend both", () => {
     expect(md.filter((l) => /^\| A, (native|wasm) \((after cold prompt|warm)\) \| 8\+2 \|/.test(l))).toHaveLength(4);
   });
 
+  it("--kernels and --act-dtype reach every backend's engine (scalar, i16x1)", () => {
+    const result = benchJson([...args, limitsFile, "--kernels", "scalar", "--act-dtype", "i16x1"]);
+    expect(result.settings.kernels).toBe("scalar");
+    expect(result.settings.act_dtype).toBe("i16x1");
+    expect(result.runs.map((r: Json) => [r.backend, r.info.kernels, r.info.act_dtype])).toEqual([
+      ["native", "scalar", "i16x1"], ["wasm", "scalar", "i16x1"],
+    ]);
+  });
+
   it("prints each run and the side-by-side table", () => {
     const r = bench([pack, ...args, limitsFile]);
     expect(r.status, r.stderr).toBe(0);

@@ -90,6 +90,7 @@ describe.each(BACKENDS)("the plan on %s", (backend) => {
       { trunk: "part", kvDtype: "f32", actDtype: "f32" }, { trunk: "part", kvDtype: "bf16", actDtype: "f32" },
       // --act-dtype i16: int16 trunk rows with their scales, the quantised-input workspace
       { trunk: "auto", kvDtype: "f32", actDtype: "i16" }, { trunk: "part", kvDtype: "f32", actDtype: "i16" },
+      { trunk: "auto", kvDtype: "f32", actDtype: "i16x1" },
     ] as const)("equals what each range's engine reports (trunk $trunk, KV $kvDtype, Linear inputs $actDtype)", async ({ trunk, kvDtype, actDtype }) => {
       const order = trunkTensorBytes(facts, actDtype);
       const all = order.reduce((a, b) => a + b, 0);
@@ -145,7 +146,7 @@ describe.each(BACKENDS)("the plan of a Q8-trunk pack (kvl pack --trunk-dtype q8)
   it.each([
     { instances: 1, trunk: "auto", actDtype: "f32" }, { instances: 2, trunk: "part", actDtype: "f32" },
     { instances: 1, trunk: "auto", actDtype: "i16" }, { instances: 2, trunk: "part", actDtype: "i16" },
-    { instances: 1, trunk: "auto", actDtype: "bf16" },
+    { instances: 1, trunk: "auto", actDtype: "bf16" }, { instances: 2, trunk: "auto", actDtype: "i16x1" },
   ] as const)("equals what each range's engine reports ($instances instance(s), trunk $trunk, Linear inputs $actDtype)", async ({ instances, trunk, actDtype }) => {
     const order = trunkTensorBytes(q8Facts, actDtype);
     const all = order.reduce((a, b) => a + b, 0);

@@ -11,7 +11,7 @@
  * Does not own: caching, batching, or anything of the runtime — it imports nothing from host/,
  * packer/ or wasm-core/, so a bug there cannot leak into the oracle.
  */
-import { loadConfig, loadTensors, need, q8RoundtripRows, ROUTED_EXPERT_WEIGHT } from "./checkpoint.js";
+import { isQ8TrunkWeight, loadConfig, loadTensors, need, q8RoundtripRows, ROUTED_EXPERT_WEIGHT } from "./checkpoint.js";
 import { argmax, linear, rmsNorm, sigmoid, silu, softmaxInPlace, type Tensor, topkIndices } from "./math.js";
 
 const PREFIX = "language_model.";
@@ -55,6 +55,50 @@ export interface TextOptions {
    * behaviour); cos/sin are then evaluated in float64. "f64": the exact angles.
    */
   ropeAngles?: "f32" | "f64";
+  /**
+   * The inputs of every Linear the runtime runs as an integer product quantised by `--act-dtype
+   * i16x1`'s rule (README "Numerics", the core's kernels.h quantize_i16_act): where the weight is
+   * Q8 (the routed experts; with q8Trunk the trunk's too) one 16-bit term per I16_BLOCK columns;
+   * where it is a BF16 trunk weight (converted to int16 rows, all resident) one 15-bit term per
+   * vector. Not kv_b_proj (attention applies it to FP32 values) or the router. The weights stay
+   * exact: this measures what the input rounding alone moves, in float64.
+   */
+  i16x1Inputs?: boolean;
+}
+
+/** The core's kernels.h: KVL_I16_BLOCK, KVL_I16_Q8_MAX (Q8 weights), KVL_I16_MAX (int16 weights). */
+export const I16_BLOCK = 64;
+export const I16_Q8_MAX = 32767;
+export const I16_MAX = 16383;
+
+/** rint: to nearest, ties to even (C's rintf in the default rounding mode). */
+function rintEven(v: number): number {
+  const r = Math.round(v);
+  return r - v === 0.5 && r % 2 !== 0 ? r - 1 : r;
+}
+
+/**
+ * x [rows, cols] as the core's quantize_i16_act leaves it, back in float64: the FP32 inputs, per
+ * block of `block` columns amax = max|x|, inv = fl(lim / amax), q = clamp(rint(fl(x * inv)),
+ * -lim, lim), value q * fl(amax / lim) (fl: rounded to FP32).
+ */
+export function quantizeI16Blocks(x: Float64Array, rows: number, cols: number, block: number, lim: number): Float64Array {
+  const f = Math.fround;
+  const out = new Float64Array(x.length);
+  for (let r = 0; r < rows; r++) {
+    for (let c0 = 0; c0 < cols; c0 += block) {
+      const c1 = Math.min(cols, c0 + block);
+      let amax = 0;
+      for (let c = c0; c < c1; c++) amax = Math.max(amax, Math.abs(f(x[r * cols + c]!)));
+      const inv = amax > 0 ? f(lim / amax) : 0;
+      const scale = f(amax / lim);
+      for (let c = c0; c < c1; c++) {
+        const q = Math.min(lim, Math.max(-lim, rintEven(f(f(x[r * cols + c]!) * inv))));
+        out[r * cols + c] = q * scale;
+      }
+    }
+  }
+  return out;
 }
 
 function num(obj: Record<string, unknown>, key: string, fallback?: number): number {
@@ -133,12 +177,21 @@ export class TextReference {
   readonly cfg: TextConfig;
   readonly mediaTokenId: number | undefined;
   private readonly ropeMode: "f32" | "f64";
+  /** How the input of a Linear weight (name without the language_model. prefix) is quantised:
+   * null for exact inputs. */
+  private readonly inputRule: (name: string, cols: number) => { block: number; lim: number } | null;
 
   private constructor(cfg: TextConfig, mediaTokenId: number | undefined,
     private readonly w: Map<string, Tensor>, options: TextOptions) {
     this.cfg = cfg;
     this.mediaTokenId = mediaTokenId;
     this.ropeMode = options.ropeAngles ?? "f32";
+    const q8Trunk = options.q8Trunk === true;
+    this.inputRule = options.i16x1Inputs !== true ? () => null : (name, cols) => {
+      if (ROUTED_EXPERT_WEIGHT.test(name)) return { block: I16_BLOCK, lim: I16_Q8_MAX };
+      if (name.endsWith(".kv_b_proj.weight") || !isQ8TrunkWeight(PREFIX + name)) return null; // the trunk's Linear weights
+      return q8Trunk ? { block: I16_BLOCK, lim: I16_Q8_MAX } : { block: cols, lim: I16_MAX };
+    };
   }
 
   static load(dir: string, options: TextOptions = {}): TextReference {
@@ -168,6 +221,13 @@ export class TextReference {
     return need(this.w, name, shape);
   }
 
+  /** linear() with the weight `name` [out, in], its input quantised where i16x1Inputs says so. */
+  private linearOf(x: Float64Array, n: number, name: string, shape: readonly number[]): Float64Array {
+    const rule = this.inputRule(name, shape[1]!);
+    const input = rule ? quantizeI16Blocks(x, n, shape[1]!, rule.block, rule.lim) : x;
+    return linear(input, n, this.weight(name, shape));
+  }
+
   // -- blocks -----------------------------------------------------------------------------------
 
   /** Naive MLA (spec §4.4) over n rows of normalised input x [n, H], causal, positions 0..n-1. */
@@ -182,8 +242,8 @@ export class TextReference {
     const latent = c.kv_lora_rank;
     const qk = nope + rope;
 
-    const q = linear(x, n, this.weight(p + "q_proj.weight", [heads * qk, H])); // [n, heads, nope+rope]
-    const a = linear(x, n, this.weight(p + "kv_a_proj_with_mqa.weight", [latent + rope, H])); // [n, latent+rope]
+    const q = this.linearOf(x, n, p + "q_proj.weight", [heads * qk, H]); // [n, heads, nope+rope]
+    const a = this.linearOf(x, n, p + "kv_a_proj_with_mqa.weight", [latent + rope, H]); // [n, latent+rope]
     const cRaw = new Float64Array(n * latent);
     for (let t = 0; t < n; t++) cRaw.set(a.subarray(t * (latent + rope), t * (latent + rope) + latent), t * latent);
     const cKv = rmsNorm(cRaw, n, this.weight(p + "kv_a_layernorm.weight", [latent]), KV_A_LAYERNORM_EPS);
@@ -222,16 +282,16 @@ export class TextReference {
         }
       }
     }
-    return linear(out, n, this.weight(p + "o_proj.weight", [H, heads * vDim]));
+    return this.linearOf(out, n, p + "o_proj.weight", [H, heads * vDim]);
   }
 
   /** y = W_down (SiLU(W_gate x) * (W_up x)) (spec §4.7). */
   private swiglu(x: Float64Array, n: number, prefix: string, width: number): Float64Array {
     const H = this.cfg.hidden_size;
-    const g = linear(x, n, this.weight(prefix + "gate_proj.weight", [width, H]));
-    const u = linear(x, n, this.weight(prefix + "up_proj.weight", [width, H]));
+    const g = this.linearOf(x, n, prefix + "gate_proj.weight", [width, H]);
+    const u = this.linearOf(x, n, prefix + "up_proj.weight", [width, H]);
     for (let i = 0; i < g.length; i++) g[i] = silu(g[i]!) * u[i]!;
-    return linear(g, n, this.weight(prefix + "down_proj.weight", [H, width]));
+    return this.linearOf(g, n, prefix + "down_proj.weight", [H, width]);
   }
 
   /**
@@ -345,7 +405,7 @@ export class TextReference {
 
   /** lm_head over final-norm hidden states [n, H] -> logits [n, vocab]. */
   logitsFromHidden(hidden: Float64Array, n: number): Float64Array {
-    return linear(hidden, n, this.weight("lm_head.weight", [this.cfg.vocab_size, this.cfg.hidden_size]));
+    return this.linearOf(hidden, n, "lm_head.weight", [this.cfg.vocab_size, this.cfg.hidden_size]);
   }
 
   /** Logits [n, vocab] for every position. */

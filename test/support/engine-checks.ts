@@ -33,6 +33,16 @@ export function maxAbsDiff(got: ArrayLike<number>, want: ArrayLike<number>): num
 
 const greedyRuns = new WeakMap<TextReference, { ids: number[]; want: number[] }>();
 
+/** The largest |difference| between a fresh session's prefill logits (every position) and the reference's. */
+export function prefillError(engine: CoreEngine, reference: TextReference, ids: number[]): number {
+  const session = engine.newSession({ maxContext: 128 });
+  try {
+    return maxAbsDiff(session.prefill(Int32Array.from(ids), null, "all")!, reference.logits(ids));
+  } finally {
+    session.close();
+  }
+}
+
 /** The reference's GREEDY_TOKENS greedy tokens after a fixed 6-token prompt (computed once per reference). */
 export function referenceGreedy(reference: TextReference): { ids: number[]; want: number[] } {
   const cached = greedyRuns.get(reference);

@@ -64,16 +64,19 @@ enum { KVL_KV_DEFAULT = 0, KVL_KV_F32 = 1, KVL_KV_BF16 = 2 };
  * way under FP32 summation-order differences (tests/test_engine.py measures both).
  * I16 (opt-in; WebAssembly's fast mode, where SIMD128 widens weights to FP32 slowly but runs
  * integer dot products at native speed) quantises each input vector of those same Linear layers
- * once per product to two 15-bit integer terms, each with one FP32 scale (kernels.h
- * quantize_i16_act, then the same rule on what the first term left: ~29 bits; one term alone
- * moved the test models' logits by 3e-3) and runs integer products on both: Q8 experts as they
- * are packed, resident BF16 trunk weights (every one but kv_b_proj, which the attention uses in
- * FP32) and lm_head converted at open to int16 rows with one FP32 scale per row
- * (kvl_quantize_rows_i16: the same bytes plus 4 per row). Trunk tensors streamed per token (a
- * trunk cache smaller than the trunk) keep the exact FP32 product. The vision tower stays FP32.
- * Logits: within 7.4e-4 of the float64 reference on the test models (test/engine.test.ts; the
- * int16 rounding of the BF16 weights is most of it). */
-enum { KVL_ACT_DEFAULT = 0, KVL_ACT_F32 = 1, KVL_ACT_BF16 = 2, KVL_ACT_I16 = 3 };
+ * once per product to two integer terms (kernels.h quantize_i16_act, then the same rule on what
+ * the first term left: ~30 bits) and runs integer products on both: Q8 weights (the experts; the
+ * trunk of a --trunk-dtype q8 pack) with 16-bit terms and an FP32 scale per 64 columns, resident
+ * BF16 trunk weights (every one but kv_b_proj, which the attention uses in FP32) and lm_head
+ * converted at open to int16 rows with one FP32 scale per row (kvl_quantize_rows_i16: the same
+ * bytes plus 4 per row) with 15-bit terms and one scale per vector. Trunk tensors streamed per
+ * token (a trunk cache smaller than the trunk) keep the exact FP32 product. The vision tower
+ * stays FP32. Logits: within 7.4e-4 of the float64 reference on the test models
+ * (test/engine.test.ts; the int16 rounding of the BF16 weights is most of it; 7e-6 with a Q8
+ * trunk). I16X1 is the same with one term (half the integer multiply-adds): logits move by
+ * 1.4-4e-3 on the test models, which its own test bound allows for (test/engine.test.ts
+ * intModeBound). */
+enum { KVL_ACT_DEFAULT = 0, KVL_ACT_F32 = 1, KVL_ACT_BF16 = 2, KVL_ACT_I16 = 3, KVL_ACT_I16X1 = 4 };
 
 typedef struct kvl_engine_options {
     int32_t n_threads;             /* 0 = every core */
@@ -115,7 +118,7 @@ typedef struct kvl_engine_info {
     uint64_t expert_cache_bytes;   /* the expert cache slab */
     uint64_t engine_workspace_bytes;
     uint64_t expert_extent_bytes;  /* one (layer, expert) extent, padded to 4 KiB */
-    char act_dtype[8];             /* "f32" | "bf16" | "i16": inputs of the Linear layers */
+    char act_dtype[8];             /* "f32" | "bf16" | "i16" | "i16x1": inputs of the Linear layers */
     int32_t layer_begin, layer_end; /* the decoder layers this engine runs */
 } kvl_engine_info;
 

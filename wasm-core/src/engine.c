@@ -882,7 +882,7 @@ kvl_status kvl_engine_open(const char *pack_dir, const kvl_engine_options *optio
         return oerr(&c, KVL_ERR_INVALID_ARG, "kernels = %d is invalid", (int)o.kernels);
     if (o.kv_dtype < KVL_KV_DEFAULT || o.kv_dtype > KVL_KV_BF16)
         return oerr(&c, KVL_ERR_INVALID_ARG, "kv_dtype = %d is invalid", (int)o.kv_dtype);
-    if (o.act_dtype < KVL_ACT_DEFAULT || o.act_dtype > KVL_ACT_I16)
+    if (o.act_dtype < KVL_ACT_DEFAULT || o.act_dtype > KVL_ACT_I16X1)
         return oerr(&c, KVL_ERR_INVALID_ARG, "act_dtype = %d is invalid", (int)o.act_dtype);
 
     join_path(path, sizeof path, pack_dir, "PACK_COMPLETE.json");
@@ -965,7 +965,8 @@ kvl_status kvl_engine_open(const char *pack_dir, const kvl_engine_options *optio
     if (!e->pool) { st = oerr(&c, KVL_ERR_NOMEM, "cannot create the thread pool"); goto fail; }
     e->text->kv_bf16 = o.kv_dtype == KVL_KV_BF16;
     e->text->act_bf16 = o.act_dtype == KVL_ACT_BF16;
-    e->text->act_i16 = o.act_dtype == KVL_ACT_I16;
+    e->text->act_i16 = o.act_dtype == KVL_ACT_I16 || o.act_dtype == KVL_ACT_I16X1;
+    e->text->act_i16_terms = o.act_dtype == KVL_ACT_I16X1 ? 1 : 2;
     if ((st = load_text(&c, &o)) != KVL_OK) goto fail;
     *out_engine = e;
     return KVL_OK;
@@ -1002,7 +1003,7 @@ kvl_status kvl_engine_get_info(const kvl_engine *e, kvl_engine_info *out)
     snprintf(out->kernels, sizeof out->kernels, "%s", e->k->name);
     snprintf(out->kv_dtype, sizeof out->kv_dtype, "%s", t->kv_bf16 ? "bf16" : "f32");
     snprintf(out->act_dtype, sizeof out->act_dtype, "%s",
-             t->act_i16 ? "i16" : t->act_bf16 ? "bf16" : "f32");
+             t->act_i16 ? (t->act_i16_terms == 1 ? "i16x1" : "i16") : t->act_bf16 ? "bf16" : "f32");
     out->global_bytes = t->global_bytes;
     out->trunk_cache_bytes = t->trunk_bytes;
     out->expert_cache_bytes = t->ecache ? kvl_expert_cache_bytes(t->ecache) : 0;

@@ -100,7 +100,8 @@ typedef struct kvl_engine_text {
     uint64_t extent_bytes;               /* padded */
     int kv_bf16;
     int act_bf16;                        /* Linear inputs rounded to BF16 (KVL_ACT_BF16) */
-    int act_i16;                         /* Linear inputs quantised to integers (KVL_ACT_I16) */
+    int act_i16;                         /* Linear inputs quantised to integers (KVL_ACT_I16, _I16X1) */
+    int act_i16_terms;                   /* act_i16: integer terms per input, 2 (I16) or 1 (I16X1) */
     /* trunk counters (one driver thread at a time, plain integers) */
     uint64_t trunk_hits, trunk_misses, trunk_bytes_read, trunk_stall_ns;
     uint64_t tokens_prefilled, tokens_decoded;

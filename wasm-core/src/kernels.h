@@ -40,25 +40,30 @@ typedef struct kvl_kernels {
                          size_t cols, const float *X, size_t ldx, size_t n);
 
     /* Integer mode (opt-in; WebAssembly's fast decode path, where i32x4.dot_i16x8_s runs at
-     * native speed while widening to FP32 is ~5x slower): activations quantised once per
-     * vector to 15-bit integers, weights integer with one FP32 scale per row.
-     * quantize_i16_act, per vector t (cols values at X + t*ldx_in):
-     *   amax = max|x|; inv = amax > 0 ? 16383 / amax : 0 (one FP32 division);
-     *   xs[t] = amax / 16383; Xq[t*ldx_out + c] = clamp(rint(x[c] * inv), -16383, 16383)
+     * native speed while widening to FP32 is ~5x slower): activations quantised to integers
+     * with one FP32 scale per block of columns, weights integer with one FP32 scale per row.
+     * quantize_i16_act, per vector t (cols values at X + t*ldx_in) and per block b of `block`
+     * columns (the last one may be shorter; nb = kvl_i16_nblocks(cols, block) blocks):
+     *   amax = max|x| over the block; inv = amax > 0 ? lim / amax : 0 (one FP32 division);
+     *   xs[t*nb + b] = amax / lim; Xq[t*ldx_out + c] = clamp(rint(x[c] * inv), -lim, lim)
      *   (rint in the default mode: half to even; a NaN product, i.e. a non-finite input or
-     *   amax below ~5e-35 where inv overflows, gives 0). Every table gives bit-identical Xq and xs. */
+     *   amax below ~5e-35 where inv overflows, gives 0). Every table gives bit-identical Xq and xs.
+     * The engine uses block = KVL_I16_BLOCK, lim = KVL_I16_Q8_MAX for matmul_q8_i16 and
+     * block = cols, lim = KVL_I16_MAX for matmul_i16_i16. */
     void (*quantize_i16_act)(int16_t *Xq, float *xs, const float *X, size_t cols, size_t n,
-                             size_t ldx_in, size_t ldx_out);
-    /* Row-wise Q8 weights (|W| <= 127) x 15-bit activations. For each block of
-     * KVL_I16_BLOCK columns the int32 sum of products is exact (512*127*16383 < 2^31); block
-     * sums are converted to FP32 and added in block order; Y = (acc * scale[r]) * xs[t].
-     * So every table gives bit-identical results. */
+                             size_t ldx_in, size_t ldx_out, size_t block, int lim);
+    /* Row-wise Q8 weights (|W| <= 127) x activations quantised per KVL_I16_BLOCK columns
+     * (|x| <= KVL_I16_Q8_MAX, scales xs [n, nb]). Each block's int32 sum of products is exact
+     * (64*127*32767 < 2^31); then, in block order, acc += (float)sum * xs[t*nb + b] (the product
+     * rounded, then the sum: never fused); Y = acc * scale[r]. So every table gives
+     * bit-identical results. */
     void (*matmul_q8_i16)(float *Y, size_t ldy, const int8_t *W, const float *scale, size_t rows,
                           size_t cols, const int16_t *Xq, const float *xs, size_t ldx, size_t n);
     /* Row-wise int16 weights (|W| <= 32767, kvl_quantize_rows_i16) x 15-bit activations: same
      * bytes as BF16 but an integer dot product. A group of 4 products is exact in int32
      * (4*32767*16383 < 2^31); group sums are added in FP32 in any order (SIMD lanes), so
-     * tables agree within FP32 summation error; Y = (acc * scale[r]) * xs[t]. */
+     * tables agree within FP32 summation error; Y = (acc * scale[r]) * xs[t] (one scale per
+     * vector: quantize_i16_act with block = cols). */
     void (*matmul_i16_i16)(float *Y, size_t ldy, const int16_t *W, const float *scale,
                            size_t rows, size_t cols, const int16_t *Xq, const float *xs,
                            size_t ldx, size_t n);
@@ -73,8 +78,15 @@ typedef struct kvl_kernels {
     void (*gelu_tanh)(float *x, size_t n);
 } kvl_kernels;
 
-#define KVL_I16_MAX 16383  /* activation range of the integer mode */
-#define KVL_I16_BLOCK 512  /* columns per exact int32 block of matmul_q8_i16 */
+#define KVL_I16_MAX 16383    /* activation range of matmul_i16_i16 (4 products exact in int32) */
+#define KVL_I16_Q8_MAX 32767 /* activation range of matmul_q8_i16 */
+#define KVL_I16_BLOCK 64     /* columns per activation scale (and exact int32 block) of matmul_q8_i16 */
+
+/* blocks of `block` columns in a row of cols (the last one may be shorter) */
+static inline size_t kvl_i16_nblocks(size_t cols, size_t block)
+{
+    return (cols + block - 1) / block;
+}
 
 /* level: 0 = best supported, 1 scalar, 2 avx2, 3 avx512, 4 simd128 (WebAssembly builds only).
  * Returns NULL if the CPU (or the build) does not support the requested level. */

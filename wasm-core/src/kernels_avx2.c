@@ -226,61 +226,57 @@ KVL_INLINE __m256i load_i16x16(const int16_t *p)
     return _mm256_loadu_si256((const __m256i *)(const void *)p);
 }
 
-static void avx2_quantize_i16_act(int16_t *Xq, float *xs, const float *X, size_t cols, size_t n,
-                                  size_t ldx_in, size_t ldx_out)
+/* One block of cols values: its scale (xs[0]) and integers, by the reference's rule. */
+static void quantize_block(int16_t *q, float *xs, const float *x, size_t cols, float limf)
 {
     const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-    const __m256 lim = _mm256_set1_ps((float)KVL_I16_MAX), nlim = _mm256_set1_ps(-(float)KVL_I16_MAX);
-    for (size_t t = 0; t < n; t++) {
-        const float *x = X + t * ldx_in;
-        int16_t *q = Xq + t * ldx_out;
-        /* max(|x|, m) with m second: MAXPS returns the second operand when either is NaN, so a
-         * NaN input is ignored, as in the reference. */
-        __m256 m0 = _mm256_setzero_ps(), m1 = _mm256_setzero_ps();
-        size_t c = 0;
-        for (; c + 16 <= cols; c += 16) {
-            m0 = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(x + c), absmask), m0);
-            m1 = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(x + c + 8), absmask), m1);
-        }
-        for (; c + 8 <= cols; c += 8)
-            m0 = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(x + c), absmask), m0);
-        m0 = _mm256_max_ps(m0, m1);
-        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m0), _mm256_extractf128_ps(m0, 1));
-        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-        m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
-        float amax = _mm_cvtss_f32(m4);
-        for (; c < cols; c++) {
-            float a = fabsf(x[c]);
-            if (a > amax)
-                amax = a;
-        }
-        /* Same scalar expressions as the reference, so the integers agree exactly. */
-        float inv = amax > 0.0f ? (float)KVL_I16_MAX / amax : 0.0f;
-        xs[t] = amax / (float)KVL_I16_MAX;
-        const __m256 vi = _mm256_set1_ps(inv);
-        c = 0;
-        for (; c + 16 <= cols; c += 16) {
-            __m256 p0 = _mm256_mul_ps(_mm256_loadu_ps(x + c), vi);
-            __m256 p1 = _mm256_mul_ps(_mm256_loadu_ps(x + c + 8), vi);
-            /* NaN -> 0, then the clamp (integer bounds: clamping before rounding is the same) */
-            p0 = _mm256_and_ps(p0, _mm256_cmp_ps(p0, p0, _CMP_ORD_Q));
-            p1 = _mm256_and_ps(p1, _mm256_cmp_ps(p1, p1, _CMP_ORD_Q));
-            p0 = _mm256_max_ps(_mm256_min_ps(p0, lim), nlim);
-            p1 = _mm256_max_ps(_mm256_min_ps(p1, lim), nlim);
-            /* cvtps rounds with MXCSR (default nearest-even), like rintf in the reference */
-            __m256i i = _mm256_packs_epi32(_mm256_cvtps_epi32(p0), _mm256_cvtps_epi32(p1));
-            /* pack works per 128-bit lane; restore element order */
-            i = _mm256_permute4x64_epi64(i, 0xD8);
-            _mm256_storeu_si256((__m256i *)(void *)(q + c), i);
-        }
-        for (; c < cols; c++)
-            q[c] = kvl_i16_round_clamp(x[c] * inv, (float)KVL_I16_MAX);
+    const __m256 lim = _mm256_set1_ps(limf), nlim = _mm256_set1_ps(-limf);
+    /* max(|x|, m) with m second: MAXPS returns the second operand when either is NaN, so a
+     * NaN input is ignored, as in the reference. */
+    __m256 m0 = _mm256_setzero_ps(), m1 = _mm256_setzero_ps();
+    size_t c = 0;
+    for (; c + 16 <= cols; c += 16) {
+        m0 = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(x + c), absmask), m0);
+        m1 = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(x + c + 8), absmask), m1);
     }
+    for (; c + 8 <= cols; c += 8)
+        m0 = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(x + c), absmask), m0);
+    m0 = _mm256_max_ps(m0, m1);
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m0), _mm256_extractf128_ps(m0, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
+    float amax = _mm_cvtss_f32(m4);
+    for (; c < cols; c++) {
+        float a = fabsf(x[c]);
+        if (a > amax)
+            amax = a;
+    }
+    /* Same scalar expressions as the reference, so the integers agree exactly. */
+    float inv = amax > 0.0f ? limf / amax : 0.0f;
+    xs[0] = amax / limf;
+    const __m256 vi = _mm256_set1_ps(inv);
+    c = 0;
+    for (; c + 16 <= cols; c += 16) {
+        __m256 p0 = _mm256_mul_ps(_mm256_loadu_ps(x + c), vi);
+        __m256 p1 = _mm256_mul_ps(_mm256_loadu_ps(x + c + 8), vi);
+        /* NaN -> 0, then the clamp (integer bounds: clamping before rounding is the same) */
+        p0 = _mm256_and_ps(p0, _mm256_cmp_ps(p0, p0, _CMP_ORD_Q));
+        p1 = _mm256_and_ps(p1, _mm256_cmp_ps(p1, p1, _CMP_ORD_Q));
+        p0 = _mm256_max_ps(_mm256_min_ps(p0, lim), nlim);
+        p1 = _mm256_max_ps(_mm256_min_ps(p1, lim), nlim);
+        /* cvtps rounds with MXCSR (default nearest-even), like rintf in the reference */
+        __m256i i = _mm256_packs_epi32(_mm256_cvtps_epi32(p0), _mm256_cvtps_epi32(p1));
+        /* pack works per 128-bit lane; restore element order */
+        i = _mm256_permute4x64_epi64(i, 0xD8);
+        _mm256_storeu_si256((__m256i *)(void *)(q + c), i);
+    }
+    for (; c < cols; c++)
+        q[c] = kvl_i16_round_clamp(x[c] * inv, limf);
 }
 
 /* Decode (one token): one row as one sequential stream, four independent accumulators. */
 KVL_INLINE void decode_row_int(int kind, float *Y, const void *W, const float *scale, size_t r,
-                               size_t cols, const int16_t *x, float xs)
+                               size_t cols, const int16_t *x, const float *xs)
 {
     if (kind == IKIND_Q8) {
         const int8_t *w = (const int8_t *)W + r * cols;
@@ -300,9 +296,10 @@ KVL_INLINE void decode_row_int(int kind, float *Y, const void *W, const float *s
             int32_t s = hsum_epi32_256(_mm256_add_epi32(_mm256_add_epi32(a0, a1), _mm256_add_epi32(a2, a3)));
             for (; c < e; c++)
                 s += (int32_t)w[c] * (int32_t)x[c];
-            acc += (float)s;
+            const float p = (float)s * xs[b / KVL_I16_BLOCK];
+            acc += p;
         }
-        Y[r] = (acc * scale[r]) * xs;
+        Y[r] = acc * scale[r];
         return;
     }
     const int16_t *w = (const int16_t *)W + r * cols;
@@ -326,7 +323,58 @@ KVL_INLINE void decode_row_int(int kind, float *Y, const void *W, const float *s
     }
     float s = hsum256(_mm256_add_ps(_mm256_add_ps(f0, f1), _mm256_add_ps(f2, f3)));
     s = kvl_i16_group_sum(w, x, c, cols, s);
-    Y[r] = (s * scale[r]) * xs;
+    Y[r] = (s * scale[r]) * xs[0];
+}
+
+/* Q8 x int16 decode, four rows at a time: a 64-column block is four VPMADDWD per row, so the
+ * four rows' block sums are reduced together (halves added, then two rounds of horizontal adds),
+ * exactly, into one vector whose lanes then take the reference's (float)sum * scale, rounded,
+ * plus acc, rounded. Identical to decode_row_int. */
+#define KVL_DECODE_ROWS4_Q8 IKIND_Q8 /* the weight kind decode_rows4_q8 serves */
+KVL_INLINE __m128i reduce4_epi32(__m256i a, __m256i b, __m256i c, __m256i d)
+{
+#define HALVES(v) _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1))
+    return _mm_hadd_epi32(_mm_hadd_epi32(HALVES(a), HALVES(b)), _mm_hadd_epi32(HALVES(c), HALVES(d)));
+#undef HALVES
+}
+
+KVL_INLINE void decode_rows4_q8(float *Y, const int8_t *W, const float *scale, size_t r,
+                                size_t cols, const int16_t *x, const float *xs, int prefetch)
+{
+    const int8_t *w0 = W + r * cols, *w1 = w0 + cols, *w2 = w1 + cols, *w3 = w2 + cols;
+    __m128 acc = _mm_setzero_ps(); /* lane i: row r + i */
+    for (size_t b = 0; b < cols; b += KVL_I16_BLOCK) {
+        size_t e = cols - b < KVL_I16_BLOCK ? cols : b + KVL_I16_BLOCK;
+        __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
+        if (prefetch) { /* the next four rows' block, as tile() prefetches its next tile */
+            _mm_prefetch((const char *)(w3 + cols + b), _MM_HINT_T1);
+            _mm_prefetch((const char *)(w3 + 2 * cols + b), _MM_HINT_T1);
+            _mm_prefetch((const char *)(w3 + 3 * cols + b), _MM_HINT_T1);
+            _mm_prefetch((const char *)(w3 + 4 * cols + b), _MM_HINT_T1);
+        }
+        size_t c = b;
+        for (; c + 16 <= e; c += 16) {
+            __m256i xv = load_i16x16(x + c);
+            a0 = _mm256_add_epi32(a0, _mm256_madd_epi16(load_q8x16_i16(w0 + c), xv));
+            a1 = _mm256_add_epi32(a1, _mm256_madd_epi16(load_q8x16_i16(w1 + c), xv));
+            a2 = _mm256_add_epi32(a2, _mm256_madd_epi16(load_q8x16_i16(w2 + c), xv));
+            a3 = _mm256_add_epi32(a3, _mm256_madd_epi16(load_q8x16_i16(w3 + c), xv));
+        }
+        __m128i s = reduce4_epi32(a0, a1, a2, a3);
+        if (c < e) {
+            int32_t tail[4] = {0, 0, 0, 0};
+            for (size_t k = c; k < e; k++) {
+                tail[0] += (int32_t)w0[k] * (int32_t)x[k];
+                tail[1] += (int32_t)w1[k] * (int32_t)x[k];
+                tail[2] += (int32_t)w2[k] * (int32_t)x[k];
+                tail[3] += (int32_t)w3[k] * (int32_t)x[k];
+            }
+            s = _mm_add_epi32(s, _mm_loadu_si128((const __m128i *)(const void *)tail));
+        }
+        __m128 p = _mm_mul_ps(_mm_cvtepi32_ps(s), _mm_set1_ps(xs[b / KVL_I16_BLOCK]));
+        acc = _mm_add_ps(acc, p);
+    }
+    _mm_storeu_ps(Y + r, _mm_mul_ps(acc, _mm_loadu_ps(scale + r)));
 }
 
 /* R rows x T tokens (constants at every call site): each weight vector is loaded once per T
@@ -336,8 +384,10 @@ KVL_INLINE void tile_int(int kind, float *Y, size_t ldy, const void *W, const fl
                          int prefetch, const int R, const int T)
 {
     if (kind == IKIND_Q8) {
+        const size_t nb = kvl_i16_nblocks(cols, KVL_I16_BLOCK); /* xs: [T, nb] */
         const int8_t *wrow[TRI];
         float acc[TRI][TTI];
+        __m128 acc4[TTI]; /* R == 4: per token, lane i = row r0 + i */
         KVL_UNROLL
         for (int i = 0; i < R; i++) {
             wrow[i] = (const int8_t *)W + (r0 + (size_t)i) * cols;
@@ -345,6 +395,9 @@ KVL_INLINE void tile_int(int kind, float *Y, size_t ldy, const void *W, const fl
             for (int t = 0; t < T; t++)
                 acc[i][t] = 0.0f;
         }
+        KVL_UNROLL
+        for (int t = 0; t < T; t++)
+            acc4[t] = _mm_setzero_ps();
         for (size_t b = 0; b < cols; b += KVL_I16_BLOCK) {
             size_t e = cols - b < KVL_I16_BLOCK ? cols : b + KVL_I16_BLOCK;
             __m256i ia[TRI][TTI];
@@ -372,22 +425,47 @@ KVL_INLINE void tile_int(int kind, float *Y, size_t ldy, const void *W, const fl
                         ia[i][t] = _mm256_add_epi32(ia[i][t], _mm256_madd_epi16(w[i], x));
                 }
             }
-            KVL_UNROLL
-            for (int i = 0; i < R; i++)
+            const size_t bi = b / KVL_I16_BLOCK;
+            if (R == 4) { /* the four rows' sums of each token reduced together (decode_rows4_q8) */
                 KVL_UNROLL
                 for (int t = 0; t < T; t++) {
-                    int32_t s = hsum_epi32_256(ia[i][t]);
-                    const int16_t *x = X + (size_t)t * ldx;
-                    for (size_t cc = c; cc < e; cc++)
-                        s += (int32_t)wrow[i][cc] * (int32_t)x[cc];
-                    acc[i][t] += (float)s;
+                    __m128i s = reduce4_epi32(ia[0][t], ia[1][t], ia[2][t], ia[3][t]);
+                    if (c < e) {
+                        int32_t tail[4] = {0, 0, 0, 0};
+                        for (int i = 0; i < 4; i++)
+                            for (size_t cc = c; cc < e; cc++)
+                                tail[i] += (int32_t)wrow[i][cc] * (int32_t)X[(size_t)t * ldx + cc];
+                        s = _mm_add_epi32(s, _mm_loadu_si128((const __m128i *)(const void *)tail));
+                    }
+                    __m128 p = _mm_mul_ps(_mm_cvtepi32_ps(s), _mm_set1_ps(xs[(size_t)t * nb + bi]));
+                    acc4[t] = _mm_add_ps(acc4[t], p);
                 }
+            } else {
+                KVL_UNROLL
+                for (int i = 0; i < R; i++)
+                    KVL_UNROLL
+                    for (int t = 0; t < T; t++) {
+                        int32_t s = hsum_epi32_256(ia[i][t]);
+                        const int16_t *x = X + (size_t)t * ldx;
+                        for (size_t cc = c; cc < e; cc++)
+                            s += (int32_t)wrow[i][cc] * (int32_t)x[cc];
+                        const float p = (float)s * xs[(size_t)t * nb + bi];
+                        acc[i][t] += p;
+                    }
+            }
+        }
+        if (R == 4) {
+            const __m128 sc = _mm_loadu_ps(scale + r0);
+            KVL_UNROLL
+            for (int t = 0; t < T; t++)
+                _mm_storeu_ps(Y + (size_t)t * ldy + r0, _mm_mul_ps(acc4[t], sc));
+            return;
         }
         KVL_UNROLL
         for (int i = 0; i < R; i++)
             KVL_UNROLL
             for (int t = 0; t < T; t++)
-                Y[(size_t)t * ldy + r0 + (size_t)i] = (acc[i][t] * scale[r0 + (size_t)i]) * xs[t];
+                Y[(size_t)t * ldy + r0 + (size_t)i] = acc[i][t] * scale[r0 + (size_t)i];
         return;
     }
     const int16_t *wrow[TRI];
@@ -441,6 +519,12 @@ KVL_INLINE void tile_int(int kind, float *Y, size_t ldy, const void *W, const fl
 }
 
 #include "kernels_matmul_driver.h"
+
+static void avx2_quantize_i16_act(int16_t *Xq, float *xs, const float *X, size_t cols, size_t n,
+                                  size_t ldx_in, size_t ldx_out, size_t block, int lim)
+{
+    quantize_i16_generic(Xq, xs, X, cols, n, ldx_in, ldx_out, block, lim);
+}
 
 static void avx2_matmul_bf16(float *Y, size_t ldy, const uint16_t *W, size_t rows, size_t cols,
                              const float *X, size_t ldx, size_t n)

@@ -490,51 +490,47 @@ KVL_INLINE __m512 i16_quad(__m512i w0, __m512i x0, __m512i w1, __m512i x1)
     return _mm512_cvtepi32_ps(_mm512_dpwssd_epi32(_mm512_madd_epi16(w0, x0), w1, x1));
 }
 
-static void avx512_quantize_i16_act(int16_t *Xq, float *xs, const float *X, size_t cols, size_t n,
-                                    size_t ldx_in, size_t ldx_out)
+/* One block of cols values: its scale (xs[0]) and integers, by the reference's rule. */
+static void quantize_block(int16_t *q, float *xs, const float *x, size_t cols, float limf)
 {
     const __m512i absmask = _mm512_set1_epi32(0x7fffffff);
-    const __m512 lim = _mm512_set1_ps((float)KVL_I16_MAX), nlim = _mm512_set1_ps(-(float)KVL_I16_MAX);
-    for (size_t t = 0; t < n; t++) {
-        const float *x = X + t * ldx_in;
-        int16_t *q = Xq + t * ldx_out;
-        /* max(|x|, m) with m second: VMAXPS returns the second operand when either is NaN, so a
-         * NaN input is ignored, as in the reference; masked-off lanes read as 0. */
-        __m512 m0 = _mm512_setzero_ps(), m1 = _mm512_setzero_ps();
-        size_t c = 0;
-        for (; c + 32 <= cols; c += 32) {
-            m0 = _mm512_max_ps(_mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(_mm512_loadu_ps(x + c)), absmask)), m0);
-            m1 = _mm512_max_ps(_mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(_mm512_loadu_ps(x + c + 16)), absmask)), m1);
-        }
-        for (; c < cols; c += 16) {
-            __mmask16 k = cols - c >= 16 ? (__mmask16)0xffff : tail_mask16(cols - c);
-            m0 = _mm512_max_ps(_mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(_mm512_maskz_loadu_ps(k, x + c)), absmask)), m0);
-        }
-        m0 = _mm512_max_ps(m0, m1);
-        __m256 m8 = _mm256_max_ps(_mm512_castps512_ps256(m0), _mm512_extractf32x8_ps(m0, 1));
-        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m8), _mm256_extractf128_ps(m8, 1));
-        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-        m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
-        float amax = _mm_cvtss_f32(m4);
-        /* Same scalar expressions as the reference, so the integers agree exactly. */
-        float inv = amax > 0.0f ? (float)KVL_I16_MAX / amax : 0.0f;
-        xs[t] = amax / (float)KVL_I16_MAX;
-        const __m512 vi = _mm512_set1_ps(inv);
-        for (c = 0; c < cols; c += 16) {
-            __mmask16 k = cols - c >= 16 ? (__mmask16)0xffff : tail_mask16(cols - c);
-            __m512 p = _mm512_mul_ps(_mm512_maskz_loadu_ps(k, x + c), vi);
-            /* NaN -> 0, then the clamp (integer bounds: clamping before rounding is the same);
-             * cvtps rounds with MXCSR (nearest-even by default), like rintf in the reference */
-            p = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(p, p, _CMP_ORD_Q), p);
-            p = _mm512_max_ps(_mm512_min_ps(p, lim), nlim);
-            _mm256_mask_storeu_epi16(q + c, k, _mm512_cvtepi32_epi16(_mm512_cvtps_epi32(p)));
-        }
+    const __m512 lim = _mm512_set1_ps(limf), nlim = _mm512_set1_ps(-limf);
+    /* max(|x|, m) with m second: VMAXPS returns the second operand when either is NaN, so a
+     * NaN input is ignored, as in the reference; masked-off lanes read as 0. */
+    __m512 m0 = _mm512_setzero_ps(), m1 = _mm512_setzero_ps();
+    size_t c = 0;
+    for (; c + 32 <= cols; c += 32) {
+        m0 = _mm512_max_ps(_mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(_mm512_loadu_ps(x + c)), absmask)), m0);
+        m1 = _mm512_max_ps(_mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(_mm512_loadu_ps(x + c + 16)), absmask)), m1);
+    }
+    for (; c < cols; c += 16) {
+        __mmask16 k = cols - c >= 16 ? (__mmask16)0xffff : tail_mask16(cols - c);
+        m0 = _mm512_max_ps(_mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(_mm512_maskz_loadu_ps(k, x + c)), absmask)), m0);
+    }
+    m0 = _mm512_max_ps(m0, m1);
+    __m256 m8 = _mm256_max_ps(_mm512_castps512_ps256(m0), _mm512_extractf32x8_ps(m0, 1));
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m8), _mm256_extractf128_ps(m8, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
+    float amax = _mm_cvtss_f32(m4);
+    /* Same scalar expressions as the reference, so the integers agree exactly. */
+    float inv = amax > 0.0f ? limf / amax : 0.0f;
+    xs[0] = amax / limf;
+    const __m512 vi = _mm512_set1_ps(inv);
+    for (c = 0; c < cols; c += 16) {
+        __mmask16 k = cols - c >= 16 ? (__mmask16)0xffff : tail_mask16(cols - c);
+        __m512 p = _mm512_mul_ps(_mm512_maskz_loadu_ps(k, x + c), vi);
+        /* NaN -> 0, then the clamp (integer bounds: clamping before rounding is the same);
+         * cvtps rounds with MXCSR (nearest-even by default), like rintf in the reference */
+        p = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(p, p, _CMP_ORD_Q), p);
+        p = _mm512_max_ps(_mm512_min_ps(p, lim), nlim);
+        _mm256_mask_storeu_epi16(q + c, k, _mm512_cvtepi32_epi16(_mm512_cvtps_epi32(p)));
     }
 }
 
 /* Decode (one token): one row as one sequential stream, four independent accumulators. */
 KVL_INLINE void decode_row_int(int kind, float *Y, const void *W, const float *scale, size_t r,
-                               size_t cols, const int16_t *x, float xs)
+                               size_t cols, const int16_t *x, const float *xs)
 {
     if (kind == IKIND_Q8) {
         const int8_t *w = (const int8_t *)W + r * cols;
@@ -555,9 +551,10 @@ KVL_INLINE void decode_row_int(int kind, float *Y, const void *W, const float *s
                 __mmask32 m = tail_mask32(e - c);
                 a1 = _mm512_dpwssd_epi32(a1, load_q8x32_i16_masked(w + c, m), _mm512_maskz_loadu_epi16(m, x + c));
             }
-            acc += (float)_mm512_reduce_add_epi32(_mm512_add_epi32(_mm512_add_epi32(a0, a1), _mm512_add_epi32(a2, a3)));
+            const float p = (float)_mm512_reduce_add_epi32(_mm512_add_epi32(_mm512_add_epi32(a0, a1), _mm512_add_epi32(a2, a3))) * xs[b / KVL_I16_BLOCK];
+            acc += p;
         }
-        Y[r] = (acc * scale[r]) * xs;
+        Y[r] = acc * scale[r];
         return;
     }
     const int16_t *w = (const int16_t *)W + r * cols;
@@ -582,7 +579,50 @@ KVL_INLINE void decode_row_int(int kind, float *Y, const void *W, const float *s
                                         _mm512_maskz_loadu_epi16(m1, w + c + 32), _mm512_maskz_loadu_epi16(m1, x + c + 32)));
     }
     float s = hsum512(_mm512_add_ps(_mm512_add_ps(f0, f1), _mm512_add_ps(f2, f3)));
-    Y[r] = (s * scale[r]) * xs;
+    Y[r] = (s * scale[r]) * xs[0];
+}
+
+/* Q8 x int16 decode, four rows at a time. A 64-column block is only two VPDPWSSD per row, so
+ * reducing each row's block sum on its own (_mm512_reduce_add_epi32) would cost more than the
+ * products: the four rows' sums are reduced together (halves added, then two rounds of
+ * horizontal adds), exactly, into one vector whose lanes then take the reference's (float)sum *
+ * scale, rounded, plus acc, rounded. Identical to decode_row_int. */
+#define KVL_DECODE_ROWS4_Q8 IKIND_Q8 /* the weight kind decode_rows4_q8 serves */
+KVL_INLINE __m128i reduce4_epi32(__m512i a, __m512i b, __m512i c, __m512i d)
+{
+#define HALVES(v) _mm_add_epi32(_mm256_castsi256_si128(_mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1))), \
+                                _mm256_extracti128_si256(_mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1)), 1))
+    __m128i a4 = HALVES(a), b4 = HALVES(b), c4 = HALVES(c), d4 = HALVES(d);
+#undef HALVES
+    return _mm_hadd_epi32(_mm_hadd_epi32(a4, b4), _mm_hadd_epi32(c4, d4));
+}
+
+KVL_INLINE void decode_rows4_q8(float *Y, const int8_t *W, const float *scale, size_t r,
+                                size_t cols, const int16_t *x, const float *xs, int prefetch)
+{
+    const int8_t *w0 = W + r * cols, *w1 = w0 + cols, *w2 = w1 + cols, *w3 = w2 + cols;
+    __m128 acc = _mm_setzero_ps(); /* lane i: row r + i */
+    for (size_t b = 0; b < cols; b += KVL_I16_BLOCK) {
+        size_t e = cols - b < KVL_I16_BLOCK ? cols : b + KVL_I16_BLOCK;
+        __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
+        if (prefetch) { /* the next four rows' block, as tile() prefetches its next tile */
+            _mm_prefetch((const char *)(w3 + cols + b), _MM_HINT_T1);
+            _mm_prefetch((const char *)(w3 + 2 * cols + b), _MM_HINT_T1);
+            _mm_prefetch((const char *)(w3 + 3 * cols + b), _MM_HINT_T1);
+            _mm_prefetch((const char *)(w3 + 4 * cols + b), _MM_HINT_T1);
+        }
+        for (size_t c = b; c < e; c += 32) {
+            __mmask32 m = e - c >= 32 ? (__mmask32)0xffffffffu : tail_mask32(e - c);
+            __m512i xv = _mm512_maskz_loadu_epi16(m, x + c);
+            a0 = _mm512_dpwssd_epi32(a0, load_q8x32_i16_masked(w0 + c, m), xv);
+            a1 = _mm512_dpwssd_epi32(a1, load_q8x32_i16_masked(w1 + c, m), xv);
+            a2 = _mm512_dpwssd_epi32(a2, load_q8x32_i16_masked(w2 + c, m), xv);
+            a3 = _mm512_dpwssd_epi32(a3, load_q8x32_i16_masked(w3 + c, m), xv);
+        }
+        __m128 p = _mm_mul_ps(_mm_cvtepi32_ps(reduce4_epi32(a0, a1, a2, a3)), _mm_set1_ps(xs[b / KVL_I16_BLOCK]));
+        acc = _mm_add_ps(acc, p);
+    }
+    _mm_storeu_ps(Y + r, _mm_mul_ps(acc, _mm_loadu_ps(scale + r)));
 }
 
 /* R rows x T tokens (constants at every call site): each weight vector is loaded once per T
@@ -592,8 +632,10 @@ KVL_INLINE void tile_int(int kind, float *Y, size_t ldy, const void *W, const fl
                          int prefetch, const int R, const int T)
 {
     if (kind == IKIND_Q8) {
+        const size_t nb = kvl_i16_nblocks(cols, KVL_I16_BLOCK); /* xs: [T, nb] */
         const int8_t *wrow[TRI];
         float acc[TRI][TTI];
+        __m128 acc4[TTI]; /* R == 4: per token, lane i = row r0 + i */
         KVL_UNROLL
         for (int i = 0; i < R; i++) {
             wrow[i] = (const int8_t *)W + (r0 + (size_t)i) * cols;
@@ -601,6 +643,9 @@ KVL_INLINE void tile_int(int kind, float *Y, size_t ldy, const void *W, const fl
             for (int t = 0; t < T; t++)
                 acc[i][t] = 0.0f;
         }
+        KVL_UNROLL
+        for (int t = 0; t < T; t++)
+            acc4[t] = _mm_setzero_ps();
         for (size_t b = 0; b < cols; b += KVL_I16_BLOCK) {
             size_t e = cols - b < KVL_I16_BLOCK ? cols : b + KVL_I16_BLOCK;
             __m512i ia[TRI][TTI];
@@ -628,17 +673,36 @@ KVL_INLINE void tile_int(int kind, float *Y, size_t ldy, const void *W, const fl
                         ia[i][t] = _mm512_dpwssd_epi32(ia[i][t], w[i], x);
                 }
             }
-            KVL_UNROLL
-            for (int i = 0; i < R; i++)
+            const size_t bi = b / KVL_I16_BLOCK;
+            if (R == 4) { /* the four rows' sums of each token reduced together (decode_rows4_q8) */
                 KVL_UNROLL
-                for (int t = 0; t < T; t++)
-                    acc[i][t] += (float)_mm512_reduce_add_epi32(ia[i][t]);
+                for (int t = 0; t < T; t++) {
+                    __m128 p = _mm_mul_ps(_mm_cvtepi32_ps(reduce4_epi32(ia[0][t], ia[1][t], ia[2][t], ia[3][t])),
+                                          _mm_set1_ps(xs[(size_t)t * nb + bi]));
+                    acc4[t] = _mm_add_ps(acc4[t], p);
+                }
+            } else {
+                KVL_UNROLL
+                for (int i = 0; i < R; i++)
+                    KVL_UNROLL
+                    for (int t = 0; t < T; t++) {
+                        const float p = (float)_mm512_reduce_add_epi32(ia[i][t]) * xs[(size_t)t * nb + bi];
+                        acc[i][t] += p;
+                    }
+            }
+        }
+        if (R == 4) {
+            const __m128 sc = _mm_loadu_ps(scale + r0);
+            KVL_UNROLL
+            for (int t = 0; t < T; t++)
+                _mm_storeu_ps(Y + (size_t)t * ldy + r0, _mm_mul_ps(acc4[t], sc));
+            return;
         }
         KVL_UNROLL
         for (int i = 0; i < R; i++)
             KVL_UNROLL
             for (int t = 0; t < T; t++)
-                Y[(size_t)t * ldy + r0 + (size_t)i] = (acc[i][t] * scale[r0 + (size_t)i]) * xs[t];
+                Y[(size_t)t * ldy + r0 + (size_t)i] = acc[i][t] * scale[r0 + (size_t)i];
         return;
     }
     const int16_t *wrow[TRI];
@@ -684,6 +748,12 @@ KVL_INLINE void tile_int(int kind, float *Y, size_t ldy, const void *W, const fl
 }
 
 #include "kernels_matmul_driver.h"
+
+static void avx512_quantize_i16_act(int16_t *Xq, float *xs, const float *X, size_t cols, size_t n,
+                                    size_t ldx_in, size_t ldx_out, size_t block, int lim)
+{
+    quantize_i16_generic(Xq, xs, X, cols, n, ldx_in, ldx_out, block, lim);
+}
 
 static void avx512_matmul_bf16(float *Y, size_t ldy, const uint16_t *W, size_t rows, size_t cols,
                                const float *X, size_t ldx, size_t n)

@@ -133,10 +133,14 @@ typedef struct buffers {
     float *scale;   /* Q8 row scales */
     float *iscale;  /* int16 row scales */
     float *x;       /* FP32 activations [n, ldx] */
-    int16_t *xq;    /* 15-bit activations [n, ldx] */
+    int16_t *xq;    /* 15-bit activations [n, ldx], one scale per vector (matmul_i16_i16) */
     float *xs;      /* their scales [n] */
     int16_t *xq_ref;
     float *xs_ref;
+    int16_t *xq8;   /* 16-bit activations [n, ldx], a scale per KVL_I16_BLOCK (matmul_q8_i16) */
+    float *xs8;     /* their scales [n, nb] */
+    int16_t *xq8_ref;
+    float *xs8_ref;
     float *y, *y_ref;
 } buffers;
 
@@ -154,16 +158,22 @@ static int alloc_buffers(buffers *b, size_t rows, size_t cols, size_t n, size_t 
     b->xs = malloc(n * sizeof *b->xs);
     b->xq_ref = calloc(n * ldx, sizeof *b->xq_ref);
     b->xs_ref = malloc(n * sizeof *b->xs_ref);
+    const size_t nb = kvl_i16_nblocks(ldx, KVL_I16_BLOCK);
+    b->xq8 = calloc(n * ldx, sizeof *b->xq8);
+    b->xs8 = malloc(n * nb * sizeof *b->xs8);
+    b->xq8_ref = calloc(n * ldx, sizeof *b->xq8_ref);
+    b->xs8_ref = malloc(n * nb * sizeof *b->xs8_ref);
     b->y = malloc(n * rows * sizeof *b->y);
     b->y_ref = malloc(n * rows * sizeof *b->y_ref);
     return b->wb && b->wq && b->wf && b->wi && b->scale && b->iscale && b->x && b->xq && b->xs &&
-           b->xq_ref && b->xs_ref && b->y && b->y_ref;
+           b->xq_ref && b->xs_ref && b->xq8 && b->xs8 && b->xq8_ref && b->xs8_ref && b->y && b->y_ref;
 }
 
 static void free_buffers(buffers *b)
 {
     free(b->wb), free(b->wq), free(b->wf), free(b->wi), free(b->scale), free(b->iscale);
     free(b->x), free(b->xq), free(b->xs), free(b->xq_ref), free(b->xs_ref), free(b->y), free(b->y_ref);
+    free(b->xq8), free(b->xs8), free(b->xq8_ref), free(b->xs8_ref);
 }
 
 /* The exact value of term (r, c) for token t, as the kernel's definition multiplies it. */
@@ -177,8 +187,7 @@ static double term(int kind, const buffers *b, size_t cols, size_t ldx, size_t r
     case P_F32: return (double)b->wf[i] * xv;
     case P_BF16_XB: return bf16_value(b->wb[i]) * (double)kvl_bf16_round_daz(b->x[t * ldx + c]);
     case P_Q8_XB: return (double)b->wq[i] * (double)kvl_bf16_round_daz(b->x[t * ldx + c]);
-    case P_I16_I16: return (double)b->wi[i] * (double)b->xq[t * ldx + c];
-    default: return (double)b->wq[i] * (double)b->xq[t * ldx + c];
+    default: return (double)b->wi[i] * (double)b->xq[t * ldx + c]; /* P_I16_I16 */
     }
 }
 
@@ -188,7 +197,6 @@ static double post_scale(int kind, const buffers *b, size_t r, size_t t)
     case P_Q8:
     case P_Q8_XB: return b->scale[r];
     case P_I16_I16: return (double)b->iscale[r] * (double)b->xs[t];
-    case P_Q8_I16: return (double)b->scale[r] * (double)b->xs[t];
     default: return 1.0;
     }
 }
@@ -203,7 +211,7 @@ static void run_product(int kind, const kvl_kernels *K, const buffers *b, float 
     case P_BF16_XB: K->matmul_bf16_xb(y, rows, b->wb, rows, cols, b->x, ldx, n); break;
     case P_Q8_XB: K->matmul_q8_xb(y, rows, b->wq, b->scale, rows, cols, b->x, ldx, n); break;
     case P_I16_I16: K->matmul_i16_i16(y, rows, b->wi, b->iscale, rows, cols, b->xq, b->xs, ldx, n); break;
-    default: K->matmul_q8_i16(y, rows, b->wq, b->scale, rows, cols, b->xq, b->xs, ldx, n); break;
+    default: K->matmul_q8_i16(y, rows, b->wq, b->scale, rows, cols, b->xq8, b->xs8, ldx, n); break;
     }
 }
 
@@ -230,15 +238,23 @@ static int test_products(report *rep, const kvl_kernels *K, const kvl_kernels *r
     char shape[64];
     snprintf(shape, sizeof shape, "rows=%zu cols=%zu n=%zu", rows, cols, n);
 
-    /* Integer-mode activations: bit-identical to the reference quantiser. */
-    K->quantize_i16_act(b.xq, b.xs, b.x, cols, n, ldx, ldx);
-    ref->quantize_i16_act(b.xq_ref, b.xs_ref, b.x, cols, n, ldx, ldx);
+    /* Integer-mode activations, both ways the engine quantises: bit-identical to the reference. */
+    const size_t nb = kvl_i16_nblocks(cols, KVL_I16_BLOCK);
+    K->quantize_i16_act(b.xq, b.xs, b.x, cols, n, ldx, ldx, cols, KVL_I16_MAX);
+    ref->quantize_i16_act(b.xq_ref, b.xs_ref, b.x, cols, n, ldx, ldx, cols, KVL_I16_MAX);
+    K->quantize_i16_act(b.xq8, b.xs8, b.x, cols, n, ldx, ldx, KVL_I16_BLOCK, KVL_I16_Q8_MAX);
+    ref->quantize_i16_act(b.xq8_ref, b.xs8_ref, b.x, cols, n, ldx, ldx, KVL_I16_BLOCK, KVL_I16_Q8_MAX);
     double qdiff = 0.0;
     for (size_t t = 0; t < n; t++) {
         if (memcmp(&b.xs[t], &b.xs_ref[t], sizeof(float)) != 0)
             qdiff = fmax(qdiff, fabs((double)b.xs[t] - b.xs_ref[t]) + 1e-30);
-        for (size_t c = 0; c < cols; c++)
+        for (size_t k = 0; k < nb; k++)
+            if (memcmp(&b.xs8[t * nb + k], &b.xs8_ref[t * nb + k], sizeof(float)) != 0)
+                qdiff = fmax(qdiff, fabs((double)b.xs8[t * nb + k] - b.xs8_ref[t * nb + k]) + 1e-30);
+        for (size_t c = 0; c < cols; c++) {
             qdiff = fmax(qdiff, fabs((double)b.xq[t * ldx + c] - b.xq_ref[t * ldx + c]));
+            qdiff = fmax(qdiff, fabs((double)b.xq8[t * ldx + c] - b.xq8_ref[t * ldx + c]));
+        }
     }
     check(rep, "quantize_i16_act", shape, qdiff, 0.0);
 

@@ -6,8 +6,10 @@
  * kernels_avx512.c and kernels_simd128.c, each compiled with its own ISA flags, which must define
  * KVL_INLINE, TR, TT, and the ISA's tile() and decode_row() with the signatures used below. xb = 1
  * rounds every activation to BF16 as it is loaded (the *_xb entries); it is a constant at each
- * call site. The integer-mode products (matmul_q8_i16, matmul_i16_i16: int16 activations with one
- * scale per token) use matmul_int_generic, which needs TRI, TTI, tile_int() and decode_row_int().
+ * call site. The integer-mode products (matmul_q8_i16: int16 activations with a scale per
+ * KVL_I16_BLOCK columns, xs [n, nb]; matmul_i16_i16: one scale per token, xs [n]) use
+ * matmul_int_generic, which needs TRI, TTI, tile_int() and decode_row_int(); each gets xs from
+ * its first token on. quantize_i16_generic runs the ISA's quantize_block() over the blocks.
  */
 #ifndef KVL_KERNELS_MATMUL_DRIVER_H
 #define KVL_KERNELS_MATMUL_DRIVER_H
@@ -39,39 +41,60 @@ KVL_INLINE void matmul_generic(int kind, int xb, float *Y, size_t ldy, const voi
 }
 
 #ifdef TRI
+/* quantize_i16_act (kernels.h) block by block, each block by the ISA's quantize_block(q, xs, x,
+ * len, lim), which sets xs[0] and len integers */
+KVL_INLINE void quantize_i16_generic(int16_t *Xq, float *xs, const float *X, size_t cols, size_t n,
+                                     size_t ldx_in, size_t ldx_out, size_t block, int lim)
+{
+    const size_t nb = kvl_i16_nblocks(cols, block);
+    for (size_t t = 0; t < n; t++)
+        for (size_t b = 0; b < nb; b++) {
+            const size_t c0 = b * block;
+            quantize_block(Xq + t * ldx_out + c0, xs + t * nb + b, X + t * ldx_in + c0,
+                           cols - c0 < block ? cols - c0 : block, (float)lim);
+        }
+}
+
 KVL_INLINE void matmul_int_generic(int kind, float *Y, size_t ldy, const void *W, const float *scale,
                                    size_t rows, size_t cols, const int16_t *Xq, const float *xs,
                                    size_t ldx, size_t n)
 {
+    const size_t xstride = kind == IKIND_Q8 ? kvl_i16_nblocks(cols, KVL_I16_BLOCK) : 1;
     size_t r = 0;
     if (n == 1) {
 #ifdef KVL_DECODE_ROWS4_Q8
         if (kind == KVL_DECODE_ROWS4_Q8)
             for (; r + 4 <= rows; r += 4)
-                decode_rows4_q8(Y, (const int8_t *)W, scale, r, cols, Xq, xs[0]);
+                decode_rows4_q8(Y, (const int8_t *)W, scale, r, cols, Xq, xs, r + 8 <= rows);
 #endif
 #ifdef KVL_DECODE_ROWS2
         for (; r + 2 <= rows; r += 2)
-            decode_rows2_int(kind, Y, W, scale, r, cols, Xq, xs[0]);
+            decode_rows2_int(kind, Y, W, scale, r, cols, Xq, xs);
 #endif
         for (; r < rows; r++)
-            decode_row_int(kind, Y, W, scale, r, cols, Xq, xs[0]);
+            decode_row_int(kind, Y, W, scale, r, cols, Xq, xs);
         return;
     }
     for (; r + TRI <= rows; r += TRI) {
         int pf = r + 2 * TRI <= rows;
         size_t t = 0;
         for (; t + TTI <= n; t += TTI)
-            tile_int(kind, Y + t * ldy, ldy, W, scale, r, cols, Xq + t * ldx, xs + t, ldx, pf && t == 0, TRI, TTI);
+            tile_int(kind, Y + t * ldy, ldy, W, scale, r, cols, Xq + t * ldx, xs + t * xstride, ldx, pf && t == 0, TRI, TTI);
+#if TTI > 2
+        /* two vectors left (the two terms of one decoded token: --act-dtype i16): one tile, so
+         * each weight is loaded once for both */
+        for (; t + 2 <= n; t += 2)
+            tile_int(kind, Y + t * ldy, ldy, W, scale, r, cols, Xq + t * ldx, xs + t * xstride, ldx, pf && t < TTI, TRI, 2);
+#endif
         for (; t < n; t++)
-            tile_int(kind, Y + t * ldy, ldy, W, scale, r, cols, Xq + t * ldx, xs + t, ldx, pf && t < TTI, TRI, 1);
+            tile_int(kind, Y + t * ldy, ldy, W, scale, r, cols, Xq + t * ldx, xs + t * xstride, ldx, pf && t < TTI, TRI, 1);
     }
     for (; r < rows; r++) {
         size_t t = 0;
         for (; t + TTI <= n; t += TTI)
-            tile_int(kind, Y + t * ldy, ldy, W, scale, r, cols, Xq + t * ldx, xs + t, ldx, 0, 1, TTI);
+            tile_int(kind, Y + t * ldy, ldy, W, scale, r, cols, Xq + t * ldx, xs + t * xstride, ldx, 0, 1, TTI);
         for (; t < n; t++)
-            tile_int(kind, Y + t * ldy, ldy, W, scale, r, cols, Xq + t * ldx, xs + t, ldx, 0, 1, 1);
+            tile_int(kind, Y + t * ldy, ldy, W, scale, r, cols, Xq + t * ldx, xs + t * xstride, ldx, 0, 1, 1);
     }
 }
 #endif

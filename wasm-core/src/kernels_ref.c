@@ -158,23 +158,27 @@ int16_t kvl_i16_round_clamp(float v, float lim)
 }
 
 static void ref_quantize_i16_act(int16_t *Xq, float *xs, const float *X, size_t cols, size_t n,
-                                 size_t ldx_in, size_t ldx_out)
+                                 size_t ldx_in, size_t ldx_out, size_t block, int lim)
 {
+    const size_t nb = kvl_i16_nblocks(cols, block);
     for (size_t t = 0; t < n; t++) {
         const float *x = X + t * ldx_in;
         int16_t *q = Xq + t * ldx_out;
-        float amax = 0.0f;
-        for (size_t c = 0; c < cols; c++) {
-            float a = fabsf(x[c]);
-            if (a > amax) /* NaN never compares greater: ignored, as by every SIMD max */
-                amax = a;
+        for (size_t b = 0; b < nb; b++) {
+            const size_t c0 = b * block, c1 = cols - c0 < block ? cols : c0 + block;
+            float amax = 0.0f;
+            for (size_t c = c0; c < c1; c++) {
+                float a = fabsf(x[c]);
+                if (a > amax) /* NaN never compares greater: ignored, as by every SIMD max */
+                    amax = a;
+            }
+            /* One division for the inverse so every SIMD variant reproduces the exact same
+             * products (and therefore the exact same integers). */
+            float inv = amax > 0.0f ? (float)lim / amax : 0.0f;
+            xs[t * nb + b] = amax / (float)lim;
+            for (size_t c = c0; c < c1; c++)
+                q[c] = kvl_i16_round_clamp(x[c] * inv, (float)lim);
         }
-        /* One division for the inverse so every SIMD variant reproduces the exact same
-         * products (and therefore the exact same integers). */
-        float inv = amax > 0.0f ? (float)KVL_I16_MAX / amax : 0.0f;
-        xs[t] = amax / (float)KVL_I16_MAX;
-        for (size_t c = 0; c < cols; c++)
-            q[c] = kvl_i16_round_clamp(x[c] * inv, (float)KVL_I16_MAX);
     }
 }
 
@@ -182,19 +186,25 @@ static void ref_matmul_q8_i16(float *Y, size_t ldy, const int8_t *W, const float
                               size_t rows, size_t cols, const int16_t *Xq, const float *xs,
                               size_t ldx, size_t n)
 {
+    const size_t nb = kvl_i16_nblocks(cols, KVL_I16_BLOCK);
     for (size_t t = 0; t < n; t++) {
         const int16_t *x = Xq + t * ldx;
+        const float *xst = xs + t * nb;
         for (size_t r = 0; r < rows; r++) {
             const int8_t *w = W + r * cols;
             float acc = 0.0f;
-            for (size_t b = 0; b < cols; b += KVL_I16_BLOCK) {
-                size_t e = cols - b < KVL_I16_BLOCK ? cols : b + KVL_I16_BLOCK;
-                int32_t isum = 0; /* exact: 512 * 128 * 16383 < 2^31 */
-                for (size_t c = b; c < e; c++)
+            for (size_t b = 0; b < nb; b++) {
+                const size_t c0 = b * KVL_I16_BLOCK;
+                const size_t c1 = cols - c0 < KVL_I16_BLOCK ? cols : c0 + KVL_I16_BLOCK;
+                int32_t isum = 0; /* exact: 64 * 127 * 32767 < 2^31 */
+                for (size_t c = c0; c < c1; c++)
                     isum += (int32_t)w[c] * (int32_t)x[c];
-                acc += (float)isum;
+                /* two statements: no compiler may fuse them into one FMA (every table rounds
+                 * the product, then the sum) */
+                const float p = (float)isum * xst[b];
+                acc += p;
             }
-            Y[t * ldy + r] = (acc * scale[r]) * xs[t];
+            Y[t * ldy + r] = acc * scale[r];
         }
     }
 }

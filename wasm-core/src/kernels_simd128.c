@@ -33,7 +33,8 @@
 #define TR 2 /* float tiles: rows */
 #define TT 2 /* float tiles: tokens */
 #define TRI 2 /* integer tiles: rows */
-#define TTI 4 /* integer tiles: tokens */
+#define TTI 4 /* integer tiles: tokens (tile_int reduces up to four tokens' sums with hsum4x4_i32) */
+_Static_assert(TTI == 4, "tile_int's Q8 reduction takes at most four tokens");
 
 KVL_INLINE float hsum4(v128_t v)
 {
@@ -48,6 +49,15 @@ KVL_INLINE int32_t hsum4_i32(v128_t v)
     v128_t s = wasm_i32x4_add(v, wasm_i32x4_shuffle(v, v, 2, 3, 0, 1));
     s = wasm_i32x4_add(s, wasm_i32x4_shuffle(s, s, 1, 0, 3, 2));
     return wasm_i32x4_extract_lane(s, 0);
+}
+
+/* The four lane sums [sum a, sum b, sum c, sum d] of four int32 vectors in one vector (exact):
+ * 6 shuffles and 3 adds for four sums, where hsum4_i32 takes 2 and 2 for one. */
+KVL_INLINE v128_t hsum4x4_i32(v128_t a, v128_t b, v128_t c, v128_t d)
+{
+    v128_t ab = wasm_i32x4_add(wasm_i32x4_shuffle(a, b, 0, 4, 2, 6), wasm_i32x4_shuffle(a, b, 1, 5, 3, 7));
+    v128_t cd = wasm_i32x4_add(wasm_i32x4_shuffle(c, d, 0, 4, 2, 6), wasm_i32x4_shuffle(c, d, 1, 5, 3, 7));
+    return wasm_i32x4_add(wasm_i32x4_shuffle(ab, cd, 0, 1, 4, 5), wasm_i32x4_shuffle(ab, cd, 2, 3, 6, 7));
 }
 
 static float bf16_scalar(uint16_t h)
@@ -209,55 +219,51 @@ KVL_INLINE void decode_row(int kind, int xb, float *Y, const void *W, const floa
 
 enum { IKIND_Q8, IKIND_I16 };
 
-static void simd128_quantize_i16_act(int16_t *Xq, float *xs, const float *X, size_t cols,
-                                     size_t n, size_t ldx_in, size_t ldx_out)
+/* One block of cols values: its scale (xs[0]) and integers, by the reference's rule. */
+static void quantize_block(int16_t *q, float *xs, const float *x, size_t cols, float limf)
 {
-    const v128_t lim = wasm_f32x4_splat((float)KVL_I16_MAX), nlim = wasm_f32x4_splat(-(float)KVL_I16_MAX);
-    for (size_t t = 0; t < n; t++) {
-        const float *x = X + t * ldx_in;
-        int16_t *q = Xq + t * ldx_out;
-        /* pmax(m, |x|) = m < |x| ? |x| : m: a NaN input is ignored, as in the reference */
-        v128_t m0 = wasm_f32x4_splat(0.0f), m1 = m0;
-        size_t c = 0;
-        for (; c + 8 <= cols; c += 8) {
-            m0 = wasm_f32x4_pmax(m0, wasm_f32x4_abs(wasm_v128_load(x + c)));
-            m1 = wasm_f32x4_pmax(m1, wasm_f32x4_abs(wasm_v128_load(x + c + 4)));
-        }
-        m0 = wasm_f32x4_pmax(m0, m1);
-        float amax = 0.0f;
-        float l[4] = {wasm_f32x4_extract_lane(m0, 0), wasm_f32x4_extract_lane(m0, 1),
-                      wasm_f32x4_extract_lane(m0, 2), wasm_f32x4_extract_lane(m0, 3)};
-        for (int i = 0; i < 4; i++)
-            if (l[i] > amax)
-                amax = l[i];
-        for (; c < cols; c++) {
-            float a = fabsf(x[c]);
-            if (a > amax)
-                amax = a;
-        }
-        /* Same scalar expressions as the reference, so the integers agree exactly. */
-        float inv = amax > 0.0f ? (float)KVL_I16_MAX / amax : 0.0f;
-        xs[t] = amax / (float)KVL_I16_MAX;
-        const v128_t vi = wasm_f32x4_splat(inv);
-        for (c = 0; c + 8 <= cols; c += 8) {
-            /* nearest = rint (half to even); pmin/pmax keep a NaN, which trunc_sat makes 0 */
-            v128_t p0 = wasm_f32x4_nearest(wasm_f32x4_mul(wasm_v128_load(x + c), vi));
-            v128_t p1 = wasm_f32x4_nearest(wasm_f32x4_mul(wasm_v128_load(x + c + 4), vi));
-            p0 = wasm_f32x4_pmax(wasm_f32x4_pmin(p0, lim), nlim);
-            p1 = wasm_f32x4_pmax(wasm_f32x4_pmin(p1, lim), nlim);
-            wasm_v128_store(q + c, wasm_i16x8_narrow_i32x4(wasm_i32x4_trunc_sat_f32x4(p0),
-                                                           wasm_i32x4_trunc_sat_f32x4(p1)));
-        }
-        for (; c < cols; c++)
-            q[c] = kvl_i16_round_clamp(x[c] * inv, (float)KVL_I16_MAX);
+    const v128_t lim = wasm_f32x4_splat(limf), nlim = wasm_f32x4_splat(-limf);
+    /* pmax(m, |x|) = m < |x| ? |x| : m: a NaN input is ignored, as in the reference */
+    v128_t m0 = wasm_f32x4_splat(0.0f), m1 = m0;
+    size_t c = 0;
+    for (; c + 8 <= cols; c += 8) {
+        m0 = wasm_f32x4_pmax(m0, wasm_f32x4_abs(wasm_v128_load(x + c)));
+        m1 = wasm_f32x4_pmax(m1, wasm_f32x4_abs(wasm_v128_load(x + c + 4)));
     }
+    m0 = wasm_f32x4_pmax(m0, m1);
+    float amax = 0.0f;
+    float l[4] = {wasm_f32x4_extract_lane(m0, 0), wasm_f32x4_extract_lane(m0, 1),
+                  wasm_f32x4_extract_lane(m0, 2), wasm_f32x4_extract_lane(m0, 3)};
+    for (int i = 0; i < 4; i++)
+        if (l[i] > amax)
+            amax = l[i];
+    for (; c < cols; c++) {
+        float a = fabsf(x[c]);
+        if (a > amax)
+            amax = a;
+    }
+    /* Same scalar expressions as the reference, so the integers agree exactly. */
+    float inv = amax > 0.0f ? limf / amax : 0.0f;
+    xs[0] = amax / limf;
+    const v128_t vi = wasm_f32x4_splat(inv);
+    for (c = 0; c + 8 <= cols; c += 8) {
+        /* nearest = rint (half to even); pmin/pmax keep a NaN, which trunc_sat makes 0 */
+        v128_t p0 = wasm_f32x4_nearest(wasm_f32x4_mul(wasm_v128_load(x + c), vi));
+        v128_t p1 = wasm_f32x4_nearest(wasm_f32x4_mul(wasm_v128_load(x + c + 4), vi));
+        p0 = wasm_f32x4_pmax(wasm_f32x4_pmin(p0, lim), nlim);
+        p1 = wasm_f32x4_pmax(wasm_f32x4_pmin(p1, lim), nlim);
+        wasm_v128_store(q + c, wasm_i16x8_narrow_i32x4(wasm_i32x4_trunc_sat_f32x4(p0),
+                                                       wasm_i32x4_trunc_sat_f32x4(p1)));
+    }
+    for (; c < cols; c++)
+        q[c] = kvl_i16_round_clamp(x[c] * inv, limf);
 }
 
 #define DOT_Q8(w, x) wasm_i32x4_dot_i16x8(wasm_i16x8_load8x8(w), wasm_v128_load(x))
 #define DOT_I16(w, x) wasm_i32x4_dot_i16x8(wasm_v128_load(w), wasm_v128_load(x))
 
 KVL_INLINE void decode_row_int(int kind, float *Y, const void *W, const float *scale, size_t r,
-                               size_t cols, const int16_t *x, float xs)
+                               size_t cols, const int16_t *x, const float *xs)
 {
     if (kind == IKIND_Q8) {
         const int8_t *w = (const int8_t *)W + r * cols;
@@ -277,9 +283,10 @@ KVL_INLINE void decode_row_int(int kind, float *Y, const void *W, const float *s
             int32_t s = hsum4_i32(wasm_i32x4_add(wasm_i32x4_add(a0, a1), wasm_i32x4_add(a2, a3)));
             for (; c < e; c++)
                 s += (int32_t)w[c] * (int32_t)x[c];
-            acc += (float)s;
+            const float p = (float)s * xs[b / KVL_I16_BLOCK];
+            acc += p;
         }
-        Y[r] = (acc * scale[r]) * xs;
+        Y[r] = acc * scale[r];
         return;
     }
     const int16_t *w = (const int16_t *)W + r * cols;
@@ -302,7 +309,7 @@ KVL_INLINE void decode_row_int(int kind, float *Y, const void *W, const float *s
     }
     float s = hsum4(wasm_f32x4_add(wasm_f32x4_add(f0, f1), wasm_f32x4_add(f2, f3)));
     s = kvl_i16_group_sum(w, x, c, cols, s);
-    Y[r] = (s * scale[r]) * xs;
+    Y[r] = (s * scale[r]) * xs[0];
 }
 
 /* Q8 x int16 decode, four rows at a time: four weight streams in flight (WebAssembly has no
@@ -310,10 +317,11 @@ KVL_INLINE void decode_row_int(int kind, float *Y, const void *W, const float *s
  * activation vector loaded once for all four. Block sums are exact int32 whatever the order, so
  * the result is identical to decode_row_int. */
 KVL_INLINE void decode_rows4_q8(float *Y, const int8_t *W, const float *scale, size_t r,
-                                size_t cols, const int16_t *x, float xs)
+                                size_t cols, const int16_t *x, const float *xs, int prefetch)
 {
+    (void)prefetch; /* WebAssembly has no prefetch instruction */
     const int8_t *w[4] = {W + r * cols, W + (r + 1) * cols, W + (r + 2) * cols, W + (r + 3) * cols};
-    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    v128_t acc = wasm_f32x4_splat(0.0f); /* lane i: row r + i */
     for (size_t b = 0; b < cols; b += KVL_I16_BLOCK) {
         size_t e = cols - b < KVL_I16_BLOCK ? cols : b + KVL_I16_BLOCK;
         v128_t a[4][2];
@@ -328,15 +336,20 @@ KVL_INLINE void decode_rows4_q8(float *Y, const int8_t *W, const float *scale, s
                 a[i][1] = wasm_i32x4_add(a[i][1], wasm_i32x4_dot_i16x8(wasm_i16x8_load8x8(w[i] + c + 8), x1));
             }
         }
-        for (int i = 0; i < 4; i++) {
-            int32_t s = hsum4_i32(wasm_i32x4_add(a[i][0], a[i][1]));
-            for (size_t k = c; k < e; k++)
-                s += (int32_t)w[i][k] * (int32_t)x[k];
-            acc[i] += (float)s;
+        /* the four rows' block sums in one vector, exact; then, lane by lane, the reference's
+         * (float)sum * scale (rounded) + acc (rounded) */
+        v128_t s = hsum4x4_i32(wasm_i32x4_add(a[0][0], a[0][1]), wasm_i32x4_add(a[1][0], a[1][1]),
+                               wasm_i32x4_add(a[2][0], a[2][1]), wasm_i32x4_add(a[3][0], a[3][1]));
+        if (c < e) {
+            int32_t tail[4] = {0, 0, 0, 0};
+            for (int i = 0; i < 4; i++)
+                for (size_t k = c; k < e; k++)
+                    tail[i] += (int32_t)w[i][k] * (int32_t)x[k];
+            s = wasm_i32x4_add(s, wasm_v128_load(tail));
         }
+        acc = wasm_f32x4_add(acc, wasm_f32x4_mul(wasm_f32x4_convert_i32x4(s), wasm_f32x4_splat(xs[b / KVL_I16_BLOCK])));
     }
-    for (int i = 0; i < 4; i++)
-        Y[r + (size_t)i] = (acc[i] * scale[r + (size_t)i]) * xs;
+    wasm_v128_store(Y + r, wasm_f32x4_mul(acc, wasm_v128_load(scale + r)));
 }
 
 /* Decode, two rows at a time: each activation vector is loaded once for both rows (the loads are
@@ -345,7 +358,7 @@ KVL_INLINE void decode_rows4_q8(float *Y, const int8_t *W, const float *scale, s
 #define KVL_DECODE_ROWS2 1
 #define KVL_DECODE_ROWS4_Q8 IKIND_Q8 /* the weight kind decode_rows4_q8 serves */
 KVL_INLINE void decode_rows2_int(int kind, float *Y, const void *W, const float *scale, size_t r,
-                                 size_t cols, const int16_t *x, float xs)
+                                 size_t cols, const int16_t *x, const float *xs)
 {
     if (kind == IKIND_Q8) {
         const int8_t *w0 = (const int8_t *)W + r * cols, *w1 = w0 + cols;
@@ -379,11 +392,12 @@ KVL_INLINE void decode_rows2_int(int kind, float *Y, const void *W, const float 
                 s0 += (int32_t)w0[c] * (int32_t)x[c];
                 s1 += (int32_t)w1[c] * (int32_t)x[c];
             }
-            acc0 += (float)s0;
-            acc1 += (float)s1;
+            const float p0 = (float)s0 * xs[b / KVL_I16_BLOCK], p1 = (float)s1 * xs[b / KVL_I16_BLOCK];
+            acc0 += p0;
+            acc1 += p1;
         }
-        Y[r] = (acc0 * scale[r]) * xs;
-        Y[r + 1] = (acc1 * scale[r + 1]) * xs;
+        Y[r] = acc0 * scale[r];
+        Y[r + 1] = acc1 * scale[r + 1];
         return;
     }
     const int16_t *w0 = (const int16_t *)W + r * cols, *w1 = w0 + cols;
@@ -424,8 +438,8 @@ KVL_INLINE void decode_rows2_int(int kind, float *Y, const void *W, const float 
     float s1 = hsum4(wasm_f32x4_add(wasm_f32x4_add(g0, g1), wasm_f32x4_add(g2, g3)));
     s0 = kvl_i16_group_sum(w0, x, c, cols, s0);
     s1 = kvl_i16_group_sum(w1, x, c, cols, s1);
-    Y[r] = (s0 * scale[r]) * xs;
-    Y[r + 1] = (s1 * scale[r + 1]) * xs;
+    Y[r] = (s0 * scale[r]) * xs[0];
+    Y[r + 1] = (s1 * scale[r + 1]) * xs[0];
 }
 
 KVL_INLINE void tile_int(int kind, float *Y, size_t ldy, const void *W, const float *scale,
@@ -434,14 +448,15 @@ KVL_INLINE void tile_int(int kind, float *Y, size_t ldy, const void *W, const fl
 {
     (void)prefetch;
     if (kind == IKIND_Q8) {
+        const size_t nb = kvl_i16_nblocks(cols, KVL_I16_BLOCK); /* xs: [T, nb] */
         const int8_t *wrow[TRI];
-        float acc[TRI][TTI];
+        /* per row, lane t = token t (the block sums of up to four tokens reduced in one
+         * hsum4x4_i32) */
+        v128_t acc[TRI];
         KVL_UNROLL
         for (int i = 0; i < R; i++) {
             wrow[i] = (const int8_t *)W + (r0 + (size_t)i) * cols;
-            KVL_UNROLL
-            for (int t = 0; t < T; t++)
-                acc[i][t] = 0.0f;
+            acc[i] = wasm_f32x4_splat(0.0f);
         }
         for (size_t b = 0; b < cols; b += KVL_I16_BLOCK) {
             size_t e = cols - b < KVL_I16_BLOCK ? cols : b + KVL_I16_BLOCK;
@@ -465,22 +480,34 @@ KVL_INLINE void tile_int(int kind, float *Y, size_t ldy, const void *W, const fl
                         ia[i][t] = wasm_i32x4_add(ia[i][t], wasm_i32x4_dot_i16x8(w[i], xv));
                 }
             }
+            const size_t bi = b / KVL_I16_BLOCK;
             KVL_UNROLL
-            for (int i = 0; i < R; i++)
-                KVL_UNROLL
-                for (int t = 0; t < T; t++) {
-                    int32_t s = hsum4_i32(ia[i][t]);
-                    const int16_t *x = X + (size_t)t * ldx;
-                    for (size_t cc = c; cc < e; cc++)
-                        s += (int32_t)wrow[i][cc] * (int32_t)x[cc];
-                    acc[i][t] += (float)s;
+            for (int i = 0; i < R; i++) {
+                int32_t tail[TTI] = {0};
+                if (c < e)
+                    for (int t = 0; t < T; t++)
+                        for (size_t k = c; k < e; k++)
+                            tail[t] += (int32_t)wrow[i][k] * (int32_t)X[(size_t)t * ldx + k];
+                if (T > 1) { /* tokens beyond T: zero sums and scales in their lanes */
+                    const v128_t z = wasm_i32x4_splat(0);
+                    v128_t sum = wasm_i32x4_add(hsum4x4_i32(ia[i][0], ia[i][1], T > 2 ? ia[i][2] : z, T > 3 ? ia[i][3] : z),
+                                                wasm_v128_load(tail));
+                    v128_t sc = wasm_f32x4_make(xs[bi], xs[nb + bi], T > 2 ? xs[2 * nb + bi] : 0.0f, T > 3 ? xs[3 * nb + bi] : 0.0f);
+                    acc[i] = wasm_f32x4_add(acc[i], wasm_f32x4_mul(wasm_f32x4_convert_i32x4(sum), sc));
+                } else {
+                    const float p = (float)(hsum4_i32(ia[i][0]) + tail[0]) * xs[bi];
+                    acc[i] = wasm_f32x4_add(acc[i], wasm_f32x4_make(p, 0.0f, 0.0f, 0.0f));
                 }
+            }
         }
         KVL_UNROLL
-        for (int i = 0; i < R; i++)
+        for (int i = 0; i < R; i++) {
+            float a4[4];
+            wasm_v128_store(a4, acc[i]);
             KVL_UNROLL
             for (int t = 0; t < T; t++)
-                Y[(size_t)t * ldy + r0 + (size_t)i] = (acc[i][t] * scale[r0 + (size_t)i]) * xs[t];
+                Y[(size_t)t * ldy + r0 + (size_t)i] = a4[t] * scale[r0 + (size_t)i];
+        }
         return;
     }
     const int16_t *wrow[TRI];
@@ -529,6 +556,12 @@ KVL_INLINE void tile_int(int kind, float *Y, size_t ldy, const void *W, const fl
 }
 
 #include "kernels_matmul_driver.h"
+
+static void simd128_quantize_i16_act(int16_t *Xq, float *xs, const float *X, size_t cols, size_t n,
+                                     size_t ldx_in, size_t ldx_out, size_t block, int lim)
+{
+    quantize_i16_generic(Xq, xs, X, cols, n, ldx_in, ldx_out, block, lim);
+}
 
 static void simd128_matmul_bf16(float *Y, size_t ldy, const uint16_t *W, size_t rows, size_t cols,
                                 const float *X, size_t ldx, size_t n)

@@ -82,9 +82,10 @@ static size_t per_thread_floats(const kvl_text_hparams *hp, int max_context)
  *   threads T * align16(max(nh*C, 3E + n_group + 4) + 2*(lat+r) + r + lat*nh
  *                       + ceil(lat*nope/2)) floats
  *   ints    selected B*k, counts E+1, token list B*k, expert order E; embed row H uint16
- *   act_i16 (else 0, i.e. 64 bytes each) the quantised inputs of one pool run, two terms each:
- *           int16 2*B*max(2H, nh*v, W) + 50*32, their scales f32 4B; per thread f32 2B*64
- *           (both terms' products of 64 rows; act_workspace)
+ *   act_i16 (else 0, i.e. 64 bytes each) the quantised inputs of one pool run (two terms each
+ *           with --act-dtype i16, one with i16x1): int16 2*B*w + 50*32 with w = max(2H, nh*v, W), their scales f32
+ *           2B*(ceil(w/64) + 2) + 50; per thread f32 2B*64 (both terms' products of 64 rows;
+ *           act_workspace)
  */
 void kvl_session_layout_compute(const kvl_engine *engine, int max_context, int max_batch,
                                 kvl_session_layout *out)
@@ -168,7 +169,7 @@ void kvl_session_bind(kvl_session *s, const kvl_session_layout *ly)
 
 /* MM_BF16, MM_Q8 and MM_I16 are the Linear layers: with the engine's BF16 activation mode they
  * take BF16-rounded inputs (the *_xb kernels); with its I16 mode, MM_Q8 and MM_I16 take inputs
- * quantised to 15 bits once per run (mm_quantize) and run integer products, while MM_BF16 (a
+ * quantised to int16 once per run (mm_quantize) and run integer products, while MM_BF16 (a
  * streamed trunk tensor, which stays BF16) keeps the FP32 product. MM_I16 is a resident trunk
  * weight converted to int16 rows at open (act_i16 only). MM_BF16_F32ACT always keeps FP32
  * inputs: the MoE router, which the checkpoint's own code runs in FP32. */
@@ -196,8 +197,9 @@ typedef struct mm_seg {
     size_t rows, cols;
     const float *X;
     size_t ldx, n;
-    const int16_t *Xq;  /* act_i16, MM_Q8 / MM_I16: X quantised, two terms [2n, ldq] (the
-                           first n vectors, then their remainders), scales xs [2n] */
+    const int16_t *Xq;  /* act_i16: X quantised, terms * n vectors [terms * n, ldq] (with two terms
+                           the first n, then their remainders); scales xs [terms * n, nb]: MM_Q8
+                           a scale per KVL_I16_BLOCK columns, MM_I16 one per vector (nb = 1) */
     const float *xs;
     size_t ldq;
     size_t block_rows;  /* rows per work item */
@@ -207,7 +209,8 @@ typedef struct mm_seg {
 typedef struct mm_job {
     const kvl_kernels *k;
     int act_bf16;       /* the engine's activation mode (KVL_ACT_BF16) */
-    int act_i16;        /* KVL_ACT_I16 */
+    int act_i16;        /* KVL_ACT_I16 or KVL_ACT_I16X1 */
+    int i16_terms;      /* act_i16: integer terms per input (2: I16, 1: I16X1) */
     int16_t *xq;        /* act_i16: the session's workspace (act_workspace sizes it) */
     float *xs;
     float *yq;          /* per thread yq_per floats */
@@ -219,8 +222,9 @@ typedef struct mm_job {
     mm_seg seg[MM_MAX_SEGS];
 } mm_job;
 
-/* act_i16 workspace of a session with chunks of B tokens: int16 values and float scales, two
- * terms per input vector (mm_quantize). One pool run quantises each distinct input once; the
+/* act_i16 workspace of a session with chunks of B tokens: int16 values and float scales (mm_quantize:
+ * one or two terms per input vector, an MM_Q8 input with a scale per KVL_I16_BLOCK columns, an
+ * MM_I16 input one per vector). One pool run quantises each distinct input once; the
  * largest run is the gate+up of a wave (the shared experts' n tokens of H plus every (token,
  * expert) pair's H: n + n*topk <= 2B vectors on "small" chunks, where n*topk <= B) or its down
  * products (n*R + n*topk*I <= B*W), else one input of B rows (o_proj: nh*v columns). Each input
@@ -236,7 +240,7 @@ static void act_workspace(const kvl_engine_text *t, uint64_t B, uint64_t *xq_ele
     if (o > w) w = o;
     if (m > w) w = m;
     *xq_elems = t->act_i16 ? 2u * B * w + (uint64_t)MM_MAX_SEGS * XQ_ALIGN : 0;
-    *xs_elems = t->act_i16 ? 4u * B : 0;
+    *xs_elems = t->act_i16 ? 2u * B * (kvl_i16_nblocks(w, KVL_I16_BLOCK) + 2u) + MM_MAX_SEGS : 0;
     *yq_elems = t->act_i16 ? 2u * B * I16_SUB : 0;
 }
 
@@ -246,6 +250,7 @@ static void mm_init(mm_job *j, const kvl_session *s)
     j->k = e->k;
     j->act_bf16 = e->text->act_bf16;
     j->act_i16 = e->text->act_i16;
+    j->i16_terms = e->text->act_i16_terms;
     j->xq = s->xq;
     j->xs = s->xs;
     j->yq = s->yq;
@@ -300,28 +305,34 @@ static int mm_wants_i16(const mm_job *j, const mm_seg *g)
     return j->act_i16 && (g->kind == MM_Q8 || g->kind == MM_I16);
 }
 
-/* act_i16, the second term: r = x - xs*q (what the first 15-bit term left) quantised the same
- * way (amax, rint, clamp to +-KVL_I16_MAX) into q2 / xs2. Scalar: the same on every table (the
- * first term is bit-identical across tables too), and cheap next to the products (n*cols
- * against rows*cols*n). Why two terms: one 15-bit term per vector moved the test models' logits
- * by 3e-3 (an outlier sets amax for the whole vector), over the engine's 1e-3 tolerance; two
- * give ~29 bits, and the products' cost doubles only in compute, not in weight bytes. */
+/* act_i16 with two terms, the second: r = x - xs*q (what the first term left, each value with
+ * its block's scale) quantised by the same rule (per block: amax, rint, clamp to +-lim) into q2 /
+ * xs2. Scalar: the same on every table (the first term is bit-identical across tables too), and
+ * cheap next to the products (n*cols against rows*cols*n). Why two terms: one term per input
+ * moves the test models' logits by 1.4-4e-3 (a 16-bit term per 64 columns on Q8 weights, a
+ * 15-bit one per vector on int16 weights), over the engine's 1e-3 tolerance; two give ~30 bits,
+ * and the products' cost doubles only in compute, not in weight bytes. KVL_ACT_I16X1 keeps one. */
 static void quantize_remainder(int16_t *q2, float *xs2, const float *X, const int16_t *q,
-                               const float *xs, size_t cols, size_t n, size_t ldx)
+                               const float *xs, size_t cols, size_t n, size_t ldx, size_t block,
+                               int lim)
 {
+    const size_t nb = kvl_i16_nblocks(cols, block);
     for (size_t t = 0; t < n; t++) {
         const float *x = X + t * ldx;
         const int16_t *qt = q + t * cols;
-        const float st = xs[t];
-        float amax = 0.0f;
-        for (size_t c = 0; c < cols; c++) {
-            float r = fabsf(x[c] - st * (float)qt[c]);
-            if (r > amax) amax = r;
+        for (size_t b = 0; b < nb; b++) {
+            const size_t c0 = b * block, c1 = cols - c0 < block ? cols : c0 + block;
+            const float st = xs[t * nb + b];
+            float amax = 0.0f;
+            for (size_t c = c0; c < c1; c++) {
+                float r = fabsf(x[c] - st * (float)qt[c]);
+                if (r > amax) amax = r;
+            }
+            float inv = amax > 0.0f ? (float)lim / amax : 0.0f;
+            xs2[t * nb + b] = amax / (float)lim;
+            for (size_t c = c0; c < c1; c++)
+                q2[t * cols + c] = kvl_i16_round_clamp((x[c] - st * (float)qt[c]) * inv, (float)lim);
         }
-        float inv = amax > 0.0f ? (float)KVL_I16_MAX / amax : 0.0f;
-        xs2[t] = amax / (float)KVL_I16_MAX;
-        for (size_t c = 0; c < cols; c++)
-            q2[t * cols + c] = kvl_i16_round_clamp((x[c] - st * (float)qt[c]) * inv, (float)KVL_I16_MAX);
     }
 }
 
@@ -335,10 +346,12 @@ static int mm_quantize(mm_job *j, int first)
     for (i = first; i < j->n_seg; i++) {
         mm_seg *g = &j->seg[i];
         if (!mm_wants_i16(j, g)) continue;
+        const int q8 = g->kind == MM_Q8;
         const mm_seg *same = NULL;
         for (int p = first; p < i && !same; p++) {
             const mm_seg *h = &j->seg[p];
-            if (h->Xq && h->X == g->X && h->ldx == g->ldx && h->cols == g->cols && h->n == g->n)
+            if (h->Xq && (h->kind == MM_Q8) == q8 && h->X == g->X && h->ldx == g->ldx &&
+                h->cols == g->cols && h->n == g->n)
                 same = h;
         }
         if (same) {
@@ -347,33 +360,49 @@ static int mm_quantize(mm_job *j, int first)
         }
         size_t off = (used + XQ_ALIGN - 1) / XQ_ALIGN * XQ_ALIGN;
         const size_t len = g->n * g->cols;
-        if (i > first && (off + 2 * len > j->xq_cap || used_s + 2 * g->n > j->xs_cap)) break;
+        /* Q8 weights: a scale per KVL_I16_BLOCK columns and 16-bit range (matmul_q8_i16);
+         * int16 weights: one per vector and 15 bits (matmul_i16_i16's exact groups) */
+        const size_t block = q8 ? KVL_I16_BLOCK : g->cols;
+        const int lim = q8 ? KVL_I16_Q8_MAX : KVL_I16_MAX;
+        const size_t terms = (size_t)j->i16_terms, per = g->n * kvl_i16_nblocks(g->cols, block);
+        if (i > first && (off + terms * len > j->xq_cap || used_s + terms * per > j->xs_cap)) break;
         int16_t *q = j->xq + off;
         float *xs = j->xs + used_s;
-        j->k->quantize_i16_act(q, xs, g->X, g->cols, g->n, g->ldx, g->cols);
-        quantize_remainder(q + len, xs + g->n, g->X, q, xs, g->cols, g->n, g->ldx);
+        j->k->quantize_i16_act(q, xs, g->X, g->cols, g->n, g->ldx, g->cols, block, lim);
+        if (terms == 2)
+            quantize_remainder(q + len, xs + per, g->X, q, xs, g->cols, g->n, g->ldx, block, lim);
         g->Xq = q; g->xs = xs; g->ldq = g->cols;
-        used = off + 2 * len;
-        used_s += 2 * g->n;
+        used = off + terms * len;
+        used_s += terms * per;
     }
     return i;
 }
 
-/* act_i16: rows [b, e) of an integer product, both terms of every input vector in one kernel
- * call per I16_SUB rows (the weight rows are read once for the 2n vectors), added in the
- * thread's yq: Y = (first term) + (remainder), in that order. */
+/* act_i16: rows [b, e) of an integer product. One term: the kernel writes Y. Two: both terms of
+ * every input vector in one kernel call per I16_SUB rows (the weight rows are read once for the
+ * 2n vectors), added in the thread's yq: Y = (first term) + (remainder), in that order. */
+static void mm_int(const mm_job *j, const mm_seg *g, float *Y, size_t ldy, size_t r0, size_t m,
+                   size_t nv)
+{
+    if (g->kind == MM_I16)
+        j->k->matmul_i16_i16(Y, ldy, (const int16_t *)g->W + r0 * g->cols, g->scale + r0, m,
+                             g->cols, g->Xq, g->xs, g->ldq, nv);
+    else
+        j->k->matmul_q8_i16(Y, ldy, (const int8_t *)g->W + r0 * g->cols, g->scale + r0, m, g->cols,
+                            g->Xq, g->xs, g->ldq, nv);
+}
+
 static void mm_do_i16(const mm_job *j, const mm_seg *g, size_t b, size_t e, int ti)
 {
-    float *yq = j->yq + (size_t)ti * j->yq_per;
     const size_t n = g->n;
+    if (j->i16_terms == 1) {
+        mm_int(j, g, g->Y + b, g->ldy, b, e - b, n);
+        return;
+    }
+    float *yq = j->yq + (size_t)ti * j->yq_per;
     for (size_t r0 = b; r0 < e; r0 += I16_SUB) {
         const size_t m = e - r0 < I16_SUB ? e - r0 : I16_SUB;
-        if (g->kind == MM_I16)
-            j->k->matmul_i16_i16(yq, I16_SUB, (const int16_t *)g->W + r0 * g->cols, g->scale + r0,
-                                 m, g->cols, g->Xq, g->xs, g->ldq, 2 * n);
-        else
-            j->k->matmul_q8_i16(yq, I16_SUB, (const int8_t *)g->W + r0 * g->cols, g->scale + r0, m,
-                                g->cols, g->Xq, g->xs, g->ldq, 2 * n);
+        mm_int(j, g, yq, I16_SUB, r0, m, 2 * n);
         for (size_t t = 0; t < n; t++) {
             float *y = g->Y + t * g->ldy + r0;
             const float *y1 = yq + t * I16_SUB, *y2 = yq + (n + t) * I16_SUB;

@@ -235,72 +235,83 @@ static int16_t q_expected(float x, float inv, double lim)
     return (int16_t)v;
 }
 
-/* One activation vector of a given kind: 0 all zero (amax 0), 1 exact .5 ties at inv = 1
- * (amax 16383), 2 exact .5 ties at inv = 0.5 (amax 32766, odd integers), 3 random, 4 small
- * values with one outlier and signed zeros. The amax element sits at a varying position. */
-static void fill_act(float *x, size_t cols, int kind, size_t pos)
+/* One activation vector of a given kind, for a quantiser range lim and blocks of `block`
+ * columns: 0 all zero (amax 0), 1 exact .5 ties at inv = 1 (amax lim), 2 exact .5 ties at
+ * inv = 0.5 (amax 2 lim, odd integers), 3 random, 4 small values with one outlier and signed
+ * zeros. The amax element sits at a varying position of every block. */
+static void fill_act(float *x, size_t cols, int kind, size_t pos, int lim, size_t block)
 {
     for (size_t c = 0; c < cols; c++) {
         switch (kind) {
         case 0: x[c] = 0.0f; break;
         case 1: x[c] = (float)((int)(rnd32() % 201) - 100) + 0.5f; break;
-        case 2: x[c] = (float)(2 * ((int)(rnd32() % 32766) - 16383) + 1); break;
+        case 2: x[c] = (float)(2 * ((int)(rnd32() % (unsigned)lim) - lim / 2) + 1); break;
         case 3: x[c] = rnd_normalish(); break;
         default: x[c] = c % 5 == 0 ? (c % 2 ? -0.0f : 0.0f) : 1e-3f * rndf(); break;
         }
     }
-    if (kind == 1)
-        x[pos] = (rnd32() & 1) ? 16383.0f : -16383.0f;
-    else if (kind == 2)
-        x[pos] = (rnd32() & 1) ? 32766.0f : -32766.0f;
-    else if (kind == 4)
-        x[pos] = -7.25f;
+    for (size_t p = pos % block; p < cols; p += block) {
+        if (kind == 1)
+            x[p] = (rnd32() & 1) ? (float)lim : -(float)lim;
+        else if (kind == 2)
+            x[p] = (rnd32() & 1) ? 2.0f * (float)lim : -2.0f * (float)lim;
+        else if (kind == 4)
+            x[p] = -7.25f;
+    }
 }
 
-static void test_quantize_i16(const kvl_kernels *K, const kvl_kernels *ref, size_t cols, size_t n)
+/* quantize_i16_act with blocks of `block` columns and range lim, as the engine calls it (block =
+ * cols, lim 16383 for matmul_i16_i16; KVL_I16_BLOCK, 32767 for matmul_q8_i16): bit-identical to
+ * the scalar table, and the scalar table equal to the definition evaluated here. */
+static void test_quantize_i16(const kvl_kernels *K, const kvl_kernels *ref, size_t cols, size_t n,
+                              size_t block, int lim)
 {
-    size_t ldi = cols + 7, ldo = cols + 5;
+    size_t ldi = cols + 7, ldo = cols + 5, nb = (cols + block - 1) / block;
     float *X = (float *)xmalloc(n * ldi * sizeof(float));
     int16_t *q = (int16_t *)xmalloc(n * ldo * sizeof(int16_t));
     int16_t *qr = (int16_t *)xmalloc(n * ldo * sizeof(int16_t));
-    float *s = (float *)xmalloc(n * sizeof(float)), *sr = (float *)xmalloc(n * sizeof(float));
+    float *s = (float *)xmalloc(n * nb * sizeof(float)), *sr = (float *)xmalloc(n * nb * sizeof(float));
     for (size_t t = 0; t < n; t++)
-        fill_act(X + t * ldi, cols, (int)((n == 1 ? cols : t) % 5), (t * 37 + cols - 1) % cols);
+        fill_act(X + t * ldi, cols, (int)((n == 1 ? cols : t) % 5), (t * 37 + cols - 1) % cols, lim,
+                 block);
     for (size_t i = 0; i < n * ldo; i++)
         q[i] = qr[i] = 0x5a5a; /* sentinels in the gaps */
-    K->quantize_i16_act(q, s, X, cols, n, ldi, ldo);
-    ref->quantize_i16_act(qr, sr, X, cols, n, ldi, ldo);
+    K->quantize_i16_act(q, s, X, cols, n, ldi, ldo, block, lim);
+    ref->quantize_i16_act(qr, sr, X, cols, n, ldi, ldo, block, lim);
     int same = 1, sane = 1, gap = 1;
     for (size_t t = 0; t < n; t++) {
-        if (f_to_bits(s[t]) != f_to_bits(sr[t]))
-            same = 0;
-        double amax = 0.0;
-        for (size_t c = 0; c < cols; c++)
-            amax = fmax(amax, fabs((double)X[t * ldi + c]));
-        /* float quotients rounded via double are correctly rounded (innocuous double rounding) */
-        float inv = amax > 0 ? (float)(16383.0 / amax) : 0.0f;
-        if (f_to_bits(sr[t]) != f_to_bits((float)(amax / 16383.0)))
-            sane = 0;
-        for (size_t c = 0; c < cols; c++) {
-            size_t k = t * ldo + c;
-            if (q[k] != qr[k])
+        for (size_t bi = 0; bi < nb; bi++) {
+            const size_t c0 = bi * block, c1 = c0 + block < cols ? c0 + block : cols;
+            if (f_to_bits(s[t * nb + bi]) != f_to_bits(sr[t * nb + bi]))
                 same = 0;
-            double x = X[t * ldi + c];
-            if (qr[k] != q_expected((float)x, inv, 16383.0))
+            double amax = 0.0;
+            for (size_t c = c0; c < c1; c++)
+                amax = fmax(amax, fabs((double)X[t * ldi + c]));
+            /* float quotients rounded via double are correctly rounded (innocuous double rounding) */
+            float inv = amax > 0 ? (float)((double)lim / amax) : 0.0f;
+            if (f_to_bits(sr[t * nb + bi]) != f_to_bits((float)(amax / (double)lim)))
                 sane = 0;
-            /* nearest integer to x * 16383 / amax, up to the rounding of inv (16383 * 2^-24)
-             * and of the product (half an FP32 ulp of 16384: 2^-10) */
-            if (amax > 0 && fabs((double)qr[k] - x * 16383.0 / amax) > 0.5 + 4e-3)
-                sane = 0;
+            for (size_t c = c0; c < c1; c++) {
+                size_t k = t * ldo + c;
+                if (q[k] != qr[k])
+                    same = 0;
+                double x = X[t * ldi + c];
+                if (qr[k] != q_expected((float)x, inv, (double)lim))
+                    sane = 0;
+                /* nearest integer to x * lim / amax, up to the rounding of inv (lim * 2^-24)
+                 * and of the product (half an FP32 ulp of 32768: 2^-9) */
+                if (amax > 0 && fabs((double)qr[k] - x * (double)lim / amax) > 0.5 + 8e-3)
+                    sane = 0;
+            }
         }
         for (size_t c = cols; c < ldo && t + 1 < n; c++)
             if (q[t * ldo + c] != 0x5a5a)
                 gap = 0;
     }
     char what[96];
-    snprintf(what, sizeof what, "quantize_i16_act cols=%zu n=%zu", cols, n);
+    snprintf(what, sizeof what, "quantize_i16_act cols=%zu n=%zu block=%zu lim=%d", cols, n, block, lim);
     check(same, K->name, what, "differs from scalar (%g %g)", 0, 0);
-    check(sane, K->name, what, "scalar not rint(x * (16383/amax)) (%g %g)", 0, 0);
+    check(sane, K->name, what, "scalar not rint(x * (lim/amax)) (%g %g)", 0, 0);
     check(gap, K->name, what, "wrote outside cols (%g %g)", 0, 0);
     free(X);
     free(q);
@@ -309,11 +320,13 @@ static void test_quantize_i16(const kvl_kernels *K, const kvl_kernels *ref, size
     free(sr);
 }
 
-/* int8 (q8 = 1) or int16 weights and 15-bit activations. extreme: every product has the largest
- * magnitude and the same sign (w = +-127 / +-32767 with x = +-16383 of the same sign), so the
- * int32 block (q8) and group (i16) sums sit at the top of their range. Q8: bit-exact against
- * the scalar table and against the definition (int64 block sums, FP32 sums in block order);
- * I16: within the FP32 summation bound of the exact product. */
+/* int8 (q8 = 1) weights with 16-bit activations (a scale per KVL_I16_BLOCK columns), or int16
+ * weights with 15-bit activations (one scale per token). extreme: every product has the largest
+ * magnitude and the same sign (w = +-127 (some -128) / +-32767 with x = +-32767 / +-16383 of the
+ * same sign), so the int32 block (q8) and group (i16) sums sit at the top of their range. Q8:
+ * bit-exact against the scalar table and against the definition (int64 block sums, each times
+ * its scale rounded to FP32, added in FP32 in block order); I16: within the FP32 summation bound
+ * of the exact product. */
 static void test_int_matmul(const kvl_kernels *K, const kvl_kernels *ref, int q8, size_t rows,
                             size_t cols, size_t n, int extreme)
 {
@@ -322,7 +335,8 @@ static void test_int_matmul(const kvl_kernels *K, const kvl_kernels *ref, int q8
     float *ws = (float *)xmalloc(rows * sizeof(float));
     float *X = (float *)xmalloc(n * cols * sizeof(float));
     int16_t *Xq = (int16_t *)xmalloc(n * ldx * sizeof(int16_t));
-    float *xs = (float *)xmalloc(n * sizeof(float));
+    const size_t nb = q8 ? (cols + KVL_I16_BLOCK - 1) / KVL_I16_BLOCK : 1; /* scales per token */
+    float *xs = (float *)xmalloc(n * nb * sizeof(float));
     float *Y = (float *)xmalloc(n * ldy * sizeof(float));
     float *Yr = (float *)xmalloc(n * ldy * sizeof(float));
     signed char *sg = (signed char *)xmalloc(cols);
@@ -344,13 +358,17 @@ static void test_int_matmul(const kvl_kernels *K, const kvl_kernels *ref, int q8
     if (extreme) {
         for (size_t t = 0; t < n; t++) {
             for (size_t c = 0; c < cols; c++)
-                Xq[t * ldx + c] = (int16_t)(sg[c] * 16383);
-            xs[t] = ldexpf(1.0f + (float)t / 8.0f, -14);
+                Xq[t * ldx + c] = (int16_t)(sg[c] * (q8 ? 32767 : 16383));
+            for (size_t k = 0; k < nb; k++)
+                xs[t * nb + k] = ldexpf(1.0f + (float)((t + k) % 8) / 8.0f, -14);
         }
     } else {
         for (size_t i = 0; i < n * cols; i++)
             X[i] = rnd_normalish();
-        ref->quantize_i16_act(Xq, xs, X, cols, n, cols, ldx);
+        if (q8)
+            ref->quantize_i16_act(Xq, xs, X, cols, n, cols, ldx, KVL_I16_BLOCK, KVL_I16_Q8_MAX);
+        else
+            ref->quantize_i16_act(Xq, xs, X, cols, n, cols, ldx, cols, KVL_I16_MAX);
     }
     for (size_t i = 0; i < n * ldy; i++)
         Y[i] = Yr[i] = 12345.0f;
@@ -367,17 +385,17 @@ static void test_int_matmul(const kvl_kernels *K, const kvl_kernels *ref, int q8
         const int16_t *x = Xq + t * ldx;
         for (size_t r = 0; r < rows; r++) {
             double y = Y[t * ldy + r], yr = Yr[t * ldy + r];
-            double sc = (double)ws[r] * (double)xs[t];
             if (q8) {
                 const int8_t *w = (const int8_t *)W + r * cols;
                 float acc = 0.0f;
-                for (size_t b = 0; b < cols; b += 512) {
+                for (size_t b = 0; b < cols; b += 64) {
                     int64_t isum = 0;
-                    for (size_t c = b; c < cols && c < b + 512; c++)
+                    for (size_t c = b; c < cols && c < b + 64; c++)
                         isum += (int64_t)w[c] * x[c];
-                    acc += (float)isum;
+                    float p = (float)isum * xs[t * nb + b / 64];
+                    acc += p;
                 }
-                float want = (acc * ws[r]) * xs[t];
+                float want = acc * ws[r];
                 if (f_to_bits(Y[t * ldy + r]) != f_to_bits(want) ||
                     f_to_bits(Yr[t * ldy + r]) != f_to_bits(want)) {
                     ok = 0;
@@ -386,6 +404,7 @@ static void test_int_matmul(const kvl_kernels *K, const kvl_kernels *ref, int q8
                 }
             } else {
                 const int16_t *w = (const int16_t *)W + r * cols;
+                double sc = (double)ws[r] * (double)xs[t];
                 double exact = 0.0, mag = 0.0;
                 for (size_t c = 0; c < cols; c++) {
                     double p = (double)((int64_t)w[c] * x[c]);
@@ -496,6 +515,8 @@ static void report_int_accuracy(const kvl_kernels *K)
     float *X = (float *)xmalloc(n * cols * sizeof(float));
     int16_t *Xq = (int16_t *)xmalloc(n * cols * sizeof(int16_t));
     float *xs = (float *)xmalloc(n * sizeof(float));
+    int16_t *Xq8 = (int16_t *)xmalloc(n * cols * sizeof(int16_t));
+    float *xs8 = (float *)xmalloc(n * (cols / KVL_I16_BLOCK) * sizeof(float));
     float *Y16 = (float *)xmalloc(n * rows * sizeof(float)), *Y8 = (float *)xmalloc(n * rows * sizeof(float));
     float *Yf = (float *)xmalloc(n * rows * sizeof(float));
     for (size_t i = 0; i < rows * cols; i++) {
@@ -507,9 +528,10 @@ static void report_int_accuracy(const kvl_kernels *K)
     for (size_t i = 0; i < n * cols; i++)
         X[i] = rnd_normalish();
     kvl_quantize_rows_i16(Wq, s16, Wb, rows, cols);
-    K->quantize_i16_act(Xq, xs, X, cols, n, cols, cols);
+    K->quantize_i16_act(Xq, xs, X, cols, n, cols, cols, cols, KVL_I16_MAX);
+    K->quantize_i16_act(Xq8, xs8, X, cols, n, cols, cols, KVL_I16_BLOCK, KVL_I16_Q8_MAX);
     K->matmul_i16_i16(Y16, rows, Wq, s16, rows, cols, Xq, xs, cols, n);
-    K->matmul_q8_i16(Y8, rows, W8, s8, rows, cols, Xq, xs, cols, n);
+    K->matmul_q8_i16(Y8, rows, W8, s8, rows, cols, Xq8, xs8, cols, n);
     K->matmul_bf16(Yf, rows, Wb, rows, cols, X, cols, n);
     double e16 = 0.0, e8 = 0.0, ef = 0.0;
     for (size_t t = 0; t < n; t++)
@@ -539,6 +561,8 @@ static void report_int_accuracy(const kvl_kernels *K)
     free(X);
     free(Xq);
     free(xs);
+    free(Xq8);
+    free(xs8);
     free(Y16);
     free(Y8);
     free(Yf);
@@ -933,7 +957,8 @@ int main(void)
         static const size_t irows[] = {1, 3, 4, 5, 9, 17};
         for (size_t b = 0; b < sizeof icols / sizeof icols[0]; b++) {
             for (size_t nn = 1; nn <= 17; nn++) {
-                test_quantize_i16(K, ref, icols[b], nn);
+                test_quantize_i16(K, ref, icols[b], nn, icols[b], KVL_I16_MAX);
+                test_quantize_i16(K, ref, icols[b], nn, KVL_I16_BLOCK, KVL_I16_Q8_MAX);
                 for (size_t a = 0; a < sizeof irows / sizeof irows[0]; a++) {
                     /* all n in 1..17 on a few row counts, a subset elsewhere (run time) */
                     if (irows[a] > 5 && nn % 4 != 1 && nn != 2)
