@@ -19,7 +19,7 @@
  *   - the integer-activation modes (act_dtype i16: two integer terms per Linear input, i16x1:
  *     one), on every kernel set of each backend, unsplit, split over 3 instances and with a
  *     partly streamed trunk: i16 within the same 1e-3 logit tolerance, i16x1 within 1e-3 plus
- *     twice what its input rounding moves the float64 reference (intModeBound), and the
+ *     twice what its input rounding moves the float64 reference (actModeBound), and the
  *     reference's 32 greedy tokens for both.
  */
 import { readFileSync, rmSync, truncateSync, cpSync, statSync } from "node:fs";
@@ -35,7 +35,9 @@ import { NativeBackend } from "../host/native-backend.js";
 import { WasmBackend } from "../host/wasm-backend.js";
 import { packCheckpoint } from "../packer/pack.js";
 import { argmax } from "./reference/math.js";
-import { GREEDY_TOKENS, TOLERANCE, engineGreedy, maxAbsDiff, prefillError, promptIds, referenceGreedy } from "./support/engine-checks.js";
+import {
+  GREEDY_TOKENS, TOLERANCE, actModeBound, engineGreedy, maxAbsDiff, openHalfTrunkEngine, prefillError, promptIds, referenceGreedy,
+} from "./support/engine-checks.js";
 import { TextReference } from "./reference/text.js";
 import { tempDir, tinyCheckpoint } from "./support/pack-fixtures.js";
 
@@ -345,24 +347,10 @@ describe.each(BACKENDS)("a model split over instances on %s", (backend) => {
   });
 });
 
-/**
- * The integer modes' check: i16 (two terms) within TOLERANCE of the reference, as every mode is;
- * i16x1 (one term, coarser by definition) within TOLERANCE plus twice what its input rounding
- * alone moves the float64 reference's logits (the reference with i16x1Inputs against the exact
- * one: the engine's rounding is an independent draw of the same size, so it is about that far
- * from the exact reference; a wrong scale or block would be orders of magnitude out).
- */
+/** The integer modes, each checked within actModeBound (i16: TOLERANCE; i16x1: its own bound). */
 const INT_MODES = ["i16", "i16x1"] as const;
-type IntMode = (typeof INT_MODES)[number];
-const boundCache = new WeakMap<Model, Map<string, number>>();
-function intModeBound(m: Model, mode: IntMode, ids: number[]): number {
-  if (mode === "i16") return TOLERANCE;
-  const byIds = boundCache.get(m) ?? new Map<string, number>();
-  boundCache.set(m, byIds);
-  const key = ids.join(",");
-  if (!byIds.has(key)) byIds.set(key, TOLERANCE + 2 * maxAbsDiff(m.i16x1Reference.logits(ids), m.reference.logits(ids)));
-  return byIds.get(key)!;
-}
+const intModeBound = (m: Model, mode: (typeof INT_MODES)[number], ids: number[]): number =>
+  actModeBound(mode, m.reference, m.i16x1Reference, ids);
 
 describe.each(BACKENDS)("the integer-activation modes (act_dtype i16, i16x1) on %s", (backend) => {
   const SETS: Record<BackendName, KernelChoice[]> = { wasm: ["scalar", "simd128"], native: ["scalar", "avx2", "avx512"] };
@@ -398,16 +386,9 @@ describe.each(BACKENDS)("the integer-activation modes (act_dtype i16, i16x1) on 
   it.each(INT_MODES)("keeps the FP32 product for streamed trunk tensors (a partial trunk cache, %s): same bound and tokens", (mode) => {
     const m = models[1]!;
     const ids = promptIds(7, 24, m.reference.cfg.vocab_size);
-    // a budget of about half the trunk: the first layers' weights resident (int16), the rest streamed (BF16)
-    const probe = openEngine(backend, m.pack, { actDtype: mode });
-    const all = probe.info().trunkCacheBytes;
-    probe.close();
-    const engine = openEngine(backend, m.pack, { actDtype: mode, trunkCacheBytes: Math.floor(all / 2) });
+    // about half the trunk cached: the first layers' weights resident (int16), the rest streamed (BF16)
+    const engine = openHalfTrunkEngine((o) => openEngine(backend, m.pack, o), mode);
     try {
-      const info = engine.info();
-      expect(info.trunkCacheBytes).toBeGreaterThan(0);
-      expect(info.trunkCacheBytes).toBeLessThan(all);
-      expect(info.engineWorkspaceBytes).toBeGreaterThan(0);
       const err = prefillError(engine, m.reference, ids);
       console.log(`[engine ${backend} ${mode}] partly streamed trunk: max |diff| ${err.toExponential(2)}`);
       expect(err).toBeLessThanOrEqual(intModeBound(m, mode, ids));

@@ -8,7 +8,7 @@
  *     tiny presets;
  *   - every kernel set of each backend that this CPU has, with FP32 activations and with the
  *     integer activation modes (act_dtype i16, i16x1: matmul_q8_i16 on the Q8 trunk; i16x1
- *     within its own bound, boundFor);
+ *     within its own bound, actModeBound);
  *   - a partly streamed trunk (half the trunk cache), FP32, i16 and i16x1;
  *   - a forced split over 2 instances: the unsplit run's logits bit for bit, and its tokens;
  *   - BF16 activations (matmul_q8_xb) run and stay within BF16 rounding of the reference;
@@ -25,7 +25,9 @@ import { NativeBackend } from "../host/native-backend.js";
 import { PackReader } from "../host/pack-format.js";
 import { WasmBackend } from "../host/wasm-backend.js";
 import { packCheckpoint } from "../packer/pack.js";
-import { GREEDY_TOKENS, TOLERANCE, engineGreedy, maxAbsDiff, prefillError, promptIds, referenceGreedy } from "./support/engine-checks.js";
+import {
+  GREEDY_TOKENS, TOLERANCE, actModeBound, engineGreedy, maxAbsDiff, openHalfTrunkEngine, prefillError, promptIds, referenceGreedy,
+} from "./support/engine-checks.js";
 import { TextReference } from "./reference/text.js";
 import { tempDir, tinyCheckpoint } from "./support/pack-fixtures.js";
 
@@ -62,12 +64,7 @@ function openEngine(backend: BackendName, pack: string, options: Omit<EngineOpti
 
 const ACTS = ["f32", "i16", "i16x1"] as const;
 type Act = (typeof ACTS)[number];
-/** How far an activation mode's logits may be from the reference: TOLERANCE, and for i16x1 (one
- * integer term per input, coarser by definition) plus twice what its input rounding alone moves
- * the float64 reference (test/engine.test.ts intModeBound: the same rule). */
-function boundFor(m: Model, act: Act, ids: number[]): number {
-  return act === "i16x1" ? TOLERANCE + 2 * maxAbsDiff(m.i16x1Reference.logits(ids), m.reference.logits(ids)) : TOLERANCE;
-}
+const boundFor = (m: Model, act: Act, ids: number[]): number => actModeBound(act, m.reference, m.i16x1Reference, ids);
 
 beforeAll(async () => {
   tmp = tempDir("trunk-q8-engine");
@@ -146,15 +143,8 @@ describe.each(BACKENDS)("a Q8 trunk on %s", (backend) => {
 
   it.each(ACTS)("streams part of the Q8 trunk (%s activations): same bound and tokens", (act) => {
     const m = models[1]!;
-    const probe = openEngine(backend, m.pack, { actDtype: act });
-    const all = probe.info().trunkCacheBytes;
-    probe.close();
-    const engine = openEngine(backend, m.pack, { actDtype: act, trunkCacheBytes: Math.floor(all / 2) });
+    const engine = openHalfTrunkEngine((o) => openEngine(backend, m.pack, o), act);
     try {
-      const info = engine.info();
-      expect(info.trunkCacheBytes).toBeGreaterThan(0);
-      expect(info.trunkCacheBytes).toBeLessThan(all);
-      expect(info.engineWorkspaceBytes).toBeGreaterThan(0);
       const prompt = promptIds(7, 24, m.reference.cfg.vocab_size);
       const err = prefillError(engine, m.reference, prompt);
       console.log(`[q8 trunk ${backend}] partly streamed, ${act}: max |diff| ${err.toExponential(2)}`);

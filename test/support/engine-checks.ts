@@ -6,7 +6,7 @@
  */
 import { expect } from "vitest";
 
-import type { CoreEngine } from "../../host/engine-api.js";
+import type { ActDtype, CoreEngine, EngineOptions } from "../../host/engine-api.js";
 import { argmax } from "../reference/math.js";
 import type { TextReference } from "../reference/text.js";
 
@@ -32,6 +32,38 @@ export function maxAbsDiff(got: ArrayLike<number>, want: ArrayLike<number>): num
 }
 
 const greedyRuns = new WeakMap<TextReference, { ids: number[]; want: number[] }>();
+
+/**
+ * How far an activation mode's logits may be from the reference: TOLERANCE, as for every mode,
+ * and for i16x1 (one integer term per Linear input, coarser by definition) TOLERANCE plus twice
+ * what its input rounding alone moves the float64 reference's logits (`rounded`: the reference
+ * with i16x1Inputs, against `exact`). The engine's rounding is an independent draw of the same
+ * size, so it lands about that far from the exact reference; a wrong scale or block would be
+ * orders of magnitude out. Computed once per reference pair and prompt.
+ */
+export function actModeBound(act: ActDtype, exact: TextReference, rounded: TextReference, ids: number[]): number {
+  if (act !== "i16x1") return TOLERANCE;
+  const byPrompt = roundingEffects.get(rounded) ?? new Map<string, number>();
+  roundingEffects.set(rounded, byPrompt);
+  const key = ids.join(",");
+  if (!byPrompt.has(key)) byPrompt.set(key, maxAbsDiff(rounded.logits(ids), exact.logits(ids)));
+  return TOLERANCE + 2 * byPrompt.get(key)!;
+}
+const roundingEffects = new WeakMap<TextReference, Map<string, number>>();
+
+/** An engine whose trunk cache holds about half the trunk (the rest streamed per token), with
+ * that checked: `open` opens the pack with the given options. */
+export function openHalfTrunkEngine(open: (options: Omit<EngineOptions, "nThreads">) => CoreEngine, actDtype: ActDtype): CoreEngine {
+  const probe = open({ actDtype });
+  const all = probe.info().trunkCacheBytes;
+  probe.close();
+  const engine = open({ actDtype, trunkCacheBytes: Math.floor(all / 2) });
+  const info = engine.info();
+  expect(info.trunkCacheBytes).toBeGreaterThan(0);
+  expect(info.trunkCacheBytes).toBeLessThan(all);
+  expect(info.engineWorkspaceBytes).toBeGreaterThan(0);
+  return engine;
+}
 
 /** The largest |difference| between a fresh session's prefill logits (every position) and the reference's. */
 export function prefillError(engine: CoreEngine, reference: TextReference, ids: number[]): number {
