@@ -52,8 +52,10 @@ if [ "${1:-}" = "--tests" ]; then
     mkdir -p "$out"
     # Tests that need no files of their own (the store tests write packs: they run natively).
     for t in test_kernels test_threadpool test_sampler test_packing; do
+        # A fixed pool (the last -s wins over LINK's Module.kvlPthreads, which no test sets): with
+        # none, main() on its proxied pthread never started and Node exited 0 having run nothing.
         emcc "${CFLAGS[@]}" "${SOURCES[@]}" "wasm-core/tests/$t.c" "${LINK[@]}" \
-             -sPROXY_TO_PTHREAD -sEXIT_RUNTIME=1 -o "$out/$t.js"
+             -sPTHREAD_POOL_SIZE=4 -sPROXY_TO_PTHREAD -sEXIT_RUNTIME=1 -o "$out/$t.js"
     done
     echo "build-wasm: tests in $out"
     exit 0

@@ -9,9 +9,10 @@
 
 #include "kvl_core.h"
 
-static int failures = 0;
+static int checks = 0, failures = 0;
 #define CHECK(cond, ...)                                                                      \
     do {                                                                                      \
+        checks++;                                                                             \
         if (!(cond)) {                                                                        \
             printf("FAIL %s:%d: ", __FILE__, __LINE__);                                       \
             printf(__VA_ARGS__);                                                              \
@@ -123,10 +124,6 @@ int main(void)
         CHECK(differs, "a different seed should give a different sequence");
     }
 
-    if (failures) {
-        printf("%d failure(s)\n", failures);
-        return 1;
-    }
-    printf("test_sampler: ok\n");
-    return 0;
+    printf("test_sampler: %d passed, %d failed\n", checks - failures, failures);
+    return failures ? 1 : 0;
 }
