@@ -96,30 +96,15 @@ if has_step cached; then
     done
 fi
 
-# A memory cgroup holding the capped run. cgroup v2 (memory.max) when the unified hierarchy
-# has the memory controller; otherwise a v1 memory cgroup nested under our own cgroup
-# (memory.limit_in_bytes, which like v2 charges page-cache pages to the group that faults them).
-make_cgroup() {  # $1 = limit like 6G; prints the cgroup directory
-    local limit=$1 dir
-    if grep -qw memory /sys/fs/cgroup/cgroup.controllers 2>/dev/null; then
-        dir=/sys/fs/cgroup/kvl-llamacpp-$limit
-        mkdir -p "$dir" && echo "$limit" > "$dir/memory.max" && echo 0 > "$dir/memory.swap.max" 2>/dev/null
-        echo "$dir"; return
-    fi
-    local own
-    own=$(awk -F: '$2 == "memory" {print $3}' /proc/self/cgroup)
-    if [ -n "$own" ] && [ -w "/sys/fs/cgroup/memory$own" ]; then
-        dir=/sys/fs/cgroup/memory$own/kvl-llamacpp-$limit
-        mkdir -p "$dir" && echo "$limit" > "$dir/memory.limit_in_bytes" || return 1
-        echo "$dir"; return
-    fi
-    return 1
-}
+# A memory cgroup holding the capped run (cgroup v2 memory.max, else v1 memory.limit_in_bytes;
+# both charge page-cache pages to the group that faults them): make_cgroup LIMIT NAME.
+# shellcheck source=bench/cgroup-run.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../cgroup-run.sh"
 
 if has_step cap; then
     for cap in $CAPS; do
         echo "== (b) memory cap $cap: evict model from page cache, llama-bench -p 0 -n $CAP_TG -r 1 in the cgroup"
-        cg=$(make_cgroup "$cap") || die "no writable memory cgroup (v2 memory.max or v1 memory.limit_in_bytes); cannot cap memory honestly"
+        cg=$(make_cgroup "$cap" kvl-llamacpp) || die "no writable memory cgroup (v2 memory.max or v1 memory.limit_in_bytes); cannot cap memory honestly"
         echo "cgroup: $cg (limit $(cat "$cg/memory.max" 2>/dev/null || cat "$cg/memory.limit_in_bytes"))" | tee "$OUT/b_${cap}_cmd.txt"
         evict_model
         echo "model resident before: $(resident)" | tee -a "$OUT/b_${cap}_cmd.txt"

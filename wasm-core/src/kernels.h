@@ -70,6 +70,12 @@ typedef struct kvl_kernels {
 
     float (*dot_f32)(const float *a, const float *b, size_t n);
     void (*axpy_f32)(float *y, float a, const float *x, size_t n);       /* y += a*x */
+    /* For h < nh: Y[h*ldy ..] += A[h*lda + p] * X[p*ldx ..] over cols columns, for p = 0..np-1
+     * in that order: the np axpy_f32 calls per h, bit for bit (the same operation on every
+     * element, in the same order), with Y kept in registers across p and each X row loaded once
+     * for a tile of h. Attention's context sum (probabilities x cached latents). */
+    void (*axpy_rows_f32)(float *Y, size_t ldy, const float *A, size_t lda, size_t nh,
+                          const float *X, size_t ldx, size_t np, size_t cols);
     void (*bf16_to_f32)(float *dst, const uint16_t *src, size_t n);
     void (*f32_to_bf16)(uint16_t *dst, const float *src, size_t n);      /* round to nearest even */
     /* In place, the same functions as kvl_softmax and kvl_gelu_tanh (their references) with a

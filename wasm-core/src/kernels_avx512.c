@@ -831,6 +831,54 @@ static void avx512_axpy_f32(float *y, float a, const float *x, size_t n)
     }
 }
 
+/* axpy_rows_f32 on a tile of H rows of Y by V 16-float vectors (the last one masked by m, as
+ * avx512_axpy_f32 masks its tail), over every p: each element gets avx512_axpy_f32's FMA, in p
+ * order. */
+KVL_INLINE void axpy_rows_tile(int H, int V, __mmask16 m, float *Y, size_t ldy, const float *A,
+                               size_t lda, const float *X, size_t ldx, size_t np)
+{
+    __m512 s[4][4];
+    for (int h = 0; h < H; h++)
+        for (int v = 0; v < V; v++)
+            s[h][v] = _mm512_maskz_loadu_ps(v == V - 1 ? m : 0xffff, Y + (size_t)h * ldy + 16 * v);
+    for (size_t p = 0; p < np; p++) {
+        __m512 x[4];
+        KVL_UNROLL
+        for (int v = 0; v < V; v++)
+            x[v] = _mm512_maskz_loadu_ps(v == V - 1 ? m : 0xffff, X + p * ldx + 16 * v);
+        KVL_UNROLL
+        for (int h = 0; h < H; h++) {
+            const __m512 a = _mm512_set1_ps(A[(size_t)h * lda + p]);
+            KVL_UNROLL
+            for (int v = 0; v < V; v++)
+                s[h][v] = _mm512_fmadd_ps(a, x[v], s[h][v]);
+        }
+    }
+    for (int h = 0; h < H; h++)
+        for (int v = 0; v < V; v++)
+            _mm512_mask_storeu_ps(Y + (size_t)h * ldy + 16 * v, v == V - 1 ? m : 0xffff, s[h][v]);
+}
+
+/* Columns in strips of 64 (then 16, then one masked vector, as avx512_axpy_f32 splits them). */
+static void avx512_axpy_rows_f32(float *Y, size_t ldy, const float *A, size_t lda, size_t nh,
+                                 const float *X, size_t ldx, size_t np, size_t cols)
+{
+    size_t c = 0;
+    for (; c + 64 <= cols; c += 64) {
+        size_t h = 0;
+        for (; h + 4 <= nh; h += 4)
+            axpy_rows_tile(4, 4, 0xffff, Y + h * ldy + c, ldy, A + h * lda, lda, X + c, ldx, np);
+        for (; h < nh; h++)
+            axpy_rows_tile(1, 4, 0xffff, Y + h * ldy + c, ldy, A + h * lda, lda, X + c, ldx, np);
+    }
+    for (; c + 16 <= cols; c += 16)
+        for (size_t h = 0; h < nh; h++)
+            axpy_rows_tile(1, 1, 0xffff, Y + h * ldy + c, ldy, A + h * lda, lda, X + c, ldx, np);
+    if (c < cols)
+        for (size_t h = 0; h < nh; h++)
+            axpy_rows_tile(1, 1, tail_mask16(cols - c), Y + h * ldy + c, ldy, A + h * lda, lda, X + c, ldx, np);
+}
+
 static void avx512_bf16_to_f32(float *dst, const uint16_t *src, size_t n)
 {
     size_t i = 0;
@@ -958,7 +1006,7 @@ static void avx512_gelu_tanh(float *x, size_t n)
         NAME, BF16_DOT, avx512_matmul_bf16, avx512_matmul_q8, avx512_matmul_f32, MATMUL_BF16_XB, \
             MATMUL_Q8_XB, avx512_quantize_i16_act, avx512_matmul_q8_i16, avx512_matmul_i16_i16,        \
             avx512_dot_f32,                                                                      \
-            avx512_axpy_f32, avx512_bf16_to_f32, avx512_f32_to_bf16, avx512_softmax,            \
+            avx512_axpy_f32, avx512_axpy_rows_f32, avx512_bf16_to_f32, avx512_f32_to_bf16, avx512_softmax,            \
             avx512_gelu_tanh                                                                     \
     }
 

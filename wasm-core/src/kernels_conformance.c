@@ -380,6 +380,54 @@ static int test_vectors(report *rep, const kvl_kernels *K, rng *g, size_t n)
     return 0;
 }
 
+/* axpy_rows_f32 on nh = 5 heads (tiles of 2 and 4 plus a remainder) and np rows over n columns
+ * (strided Y, A and X): bit-identical to the table's own axpy_f32 calls in p order (its
+ * definition), and within np + 1 roundings of the exact sum. */
+static int test_axpy_rows(report *rep, const kvl_kernels *K, rng *g, size_t n, size_t np)
+{
+    const size_t nh = 5, ldy = n + 3, lda = np + 2, ldx = n + 5;
+    float *Y = malloc(nh * ldy * sizeof *Y), *Y2 = malloc(nh * ldy * sizeof *Y2);
+    float *A = malloc(nh * lda * sizeof *A), *X = malloc(np * ldx * sizeof *X);
+    double *exact = malloc(n * sizeof *exact), *mag = malloc(n * sizeof *mag);
+    if (!Y || !Y2 || !A || !X || !exact || !mag) {
+        free(Y), free(Y2), free(A), free(X), free(exact), free(mag);
+        return -1;
+    }
+    for (size_t i = 0; i < nh * ldy; i++)
+        Y[i] = Y2[i] = rndf(g);
+    for (size_t i = 0; i < nh * lda; i++)
+        A[i] = rndf(g);
+    for (size_t i = 0; i < np * ldx; i++)
+        X[i] = rndf(g);
+    char shape[48];
+    snprintf(shape, sizeof shape, "heads=5 rows=%zu cols=%zu", np, n);
+    K->axpy_rows_f32(Y, ldy, A, lda, nh, X, ldx, np, n);
+    double differ = 0.0, worst = 0.0;
+    for (size_t h = 0; h < nh; h++) {
+        for (size_t c = 0; c < n; c++) {
+            exact[c] = Y2[h * ldy + c];
+            mag[c] = fabs(exact[c]);
+        }
+        for (size_t p = 0; p < np; p++) {
+            for (size_t c = 0; c < n; c++) {
+                exact[c] += (double)A[h * lda + p] * X[p * ldx + c];
+                mag[c] += fabs((double)A[h * lda + p] * X[p * ldx + c]);
+            }
+            K->axpy_f32(Y2 + h * ldy, A[h * lda + p], X + p * ldx, n);
+        }
+        for (size_t c = 0; c < ldy; c++) /* the whole row, padding included: untouched there */
+            differ = fmax(differ, memcmp(&Y[h * ldy + c], &Y2[h * ldy + c], sizeof(float)) ? 1.0 : 0.0);
+        for (size_t c = 0; c < n; c++)
+            worst = fmax(worst, fabs((double)Y[h * ldy + c] - exact[c]) / (mag[c] + 1e-30));
+    }
+    check(rep, "axpy_rows_f32", shape, worst, (double)(np + 1) * U);
+    char what[80];
+    snprintf(what, sizeof what, "%s vs axpy_f32 calls", shape);
+    check(rep, "axpy_rows_f32", what, differ, 0.0);
+    free(Y), free(Y2), free(A), free(X), free(exact), free(mag);
+    return 0;
+}
+
 /* ---- entry point ----------------------------------------------------------------------- */
 
 KVL_API int kvl_kernels_conformance(const char *set_name, char *out, size_t out_len)
@@ -403,6 +451,9 @@ KVL_API int kvl_kernels_conformance(const char *set_name, char *out, size_t out_
     static const size_t vec_sizes[] = {1, 3, 17, 64, 1027};
     for (size_t s = 0; s < sizeof vec_sizes / sizeof vec_sizes[0]; s++)
         oom |= test_vectors(&rep, K, &g, vec_sizes[s]);
+    static const size_t axpy_rows_shapes[][2] = {{1, 1}, {3, 7}, {17, 2}, {64, 33}, {100, 5}, {512, 41}};
+    for (size_t s = 0; s < sizeof axpy_rows_shapes / sizeof axpy_rows_shapes[0]; s++)
+        oom |= test_axpy_rows(&rep, K, &g, axpy_rows_shapes[s][0], axpy_rows_shapes[s][1]);
     if (oom)
         rep.failed++;
     emit(&rep, "],\"failed\":%d%s}", rep.failed, oom ? ",\"error\":\"out of memory\"" : "");

@@ -269,6 +269,14 @@ static void ref_axpy_f32(float *y, float a, const float *x, size_t n)
         y[i] += a * x[i];
 }
 
+static void ref_axpy_rows_f32(float *Y, size_t ldy, const float *A, size_t lda, size_t nh,
+                              const float *X, size_t ldx, size_t np, size_t cols)
+{
+    for (size_t h = 0; h < nh; h++)
+        for (size_t p = 0; p < np; p++)
+            ref_axpy_f32(Y + h * ldy, A[h * lda + p], X + p * ldx, cols);
+}
+
 const kvl_kernels kvl_kernels_scalar_table = {
     "scalar",
     0,
@@ -282,6 +290,7 @@ const kvl_kernels kvl_kernels_scalar_table = {
     ref_matmul_i16_i16,
     ref_dot_f32,
     ref_axpy_f32,
+    ref_axpy_rows_f32,
     ref_bf16_to_f32,
     ref_f32_to_bf16,
     kvl_softmax,

@@ -547,7 +547,7 @@ static const float *kv_row(const attn_job *j, int pos, float *conv)
 
 /* Decode and short chunks, per token: the scores of this thread's heads against every cached
  * row as one matmul (rows = positions, vectors = the heads' absorbed | roped queries), then the
- * softmax-weighted sum of latents as axpys, each cached row read once for all the heads. */
+ * softmax-weighted sum of latents (axpy_rows_f32: register tiles of heads x latent columns). */
 static void attn_per_token(const attn_job *j, size_t hb, size_t he, float *scores,
                               float *conv)
 {
@@ -573,11 +573,16 @@ static void attn_per_token(const attn_job *j, size_t hb, size_t he, float *score
             k->softmax(row, P + 1);
             memset(s->chat + ((size_t)t * nh + h) * kvl, 0, kvl * 4);
         }
-        for (size_t p = 0; p <= P; p++) {
-            const float *row = kv_row(j, (int)p, conv);
-            for (size_t h = hb; h < he; h++)
-                k->axpy_f32(s->chat + ((size_t)t * nh + h) * kvl, scores[h * ctx_len + p], row, kvl);
-        }
+        /* chat[h] += p[h][pos] * latent[pos], positions in order (as axpys); FP32 cache rows in
+         * place, BF16 ones converted one at a time */
+        float *chat = s->chat + ((size_t)t * nh + hb) * kvl;
+        if (!s->engine->text->kv_bf16)
+            k->axpy_rows_f32(chat, kvl, scores + hb * ctx_len, ctx_len, he - hb, (const float *)j->kv,
+                             kvrow, P + 1, kvl);
+        else
+            for (size_t p = 0; p <= P; p++)
+                k->axpy_rows_f32(chat, kvl, scores + hb * ctx_len + p, ctx_len, he - hb,
+                                 kv_row(j, (int)p, conv), kvrow, 1, kvl);
     }
 }
 

@@ -610,6 +610,46 @@ static void test_vec(const kvl_kernels *K, size_t n)
     free(y0);
 }
 
+/* axpy_rows_f32: nh heads x np rows over n columns, strided: bit-identical to the table's own
+ * axpy_f32 calls in row order (its definition), padding untouched, and within np + 1 roundings of
+ * the exact sum (double). */
+static void test_axpy_rows(const kvl_kernels *K, size_t nh, size_t np, size_t n)
+{
+    const size_t ldy = n + 2, lda = np + 1, ldx = n + 3;
+    float *Y = (float *)xmalloc(nh * ldy * sizeof(float)), *Y2 = (float *)xmalloc(nh * ldy * sizeof(float));
+    float *A = (float *)xmalloc(nh * lda * sizeof(float)), *X = (float *)xmalloc((np ? np : 1) * ldx * sizeof(float));
+    for (size_t i = 0; i < nh * ldy; i++)
+        Y[i] = Y2[i] = rnd_normalish();
+    for (size_t i = 0; i < nh * lda; i++)
+        A[i] = rndf();
+    for (size_t i = 0; i < np * ldx; i++)
+        X[i] = rnd_normalish();
+    K->axpy_rows_f32(Y, ldy, A, lda, nh, X, ldx, np, n);
+    int same = 1, close = 1;
+    for (size_t h = 0; h < nh; h++) {
+        for (size_t c = 0; c < n; c++) {
+            double e = Y2[h * ldy + c], mag = fabs(e);
+            for (size_t p = 0; p < np; p++) {
+                e += (double)A[h * lda + p] * X[p * ldx + c];
+                mag += fabs((double)A[h * lda + p] * X[p * ldx + c]);
+            }
+            if (fabs(Y[h * ldy + c] - e) > (double)(np + 1) * U * mag + 1e-37)
+                close = 0;
+        }
+        for (size_t p = 0; p < np; p++)
+            K->axpy_f32(Y2 + h * ldy, A[h * lda + p], X + p * ldx, n);
+    }
+    same = memcmp(Y, Y2, nh * ldy * sizeof(float)) == 0;
+    char what[80];
+    snprintf(what, sizeof what, "axpy_rows_f32 heads=%zu rows=%zu cols=%zu", nh, np, n);
+    check(same, K->name, what, "differs from axpy_f32 calls (%g %g)", 0, 0);
+    check(close, K->name, what, "off the exact sum (%g %g)", 0, 0);
+    free(Y);
+    free(Y2);
+    free(A);
+    free(X);
+}
+
 /* Expected bf16 bits for hand-picked edge cases, derived from the IEEE definition by hand. */
 static const struct {
     uint32_t in;
@@ -980,6 +1020,12 @@ int main(void)
         static const size_t vn[] = {0, 1, 3, 15, 16, 17, 31, 33, 64, 65, 257, 2048, 2051};
         for (size_t i = 0; i < sizeof vn / sizeof vn[0]; i++)
             test_vec(K, vn[i]);
+        static const size_t ah[] = {1, 2, 3, 4, 5, 8, 9}, ap[] = {0, 1, 2, 7, 65};
+        static const size_t acols[] = {1, 3, 4, 7, 8, 15, 16, 17, 31, 32, 33, 63, 64, 65, 100, 512, 513, 576};
+        for (size_t i = 0; i < sizeof ah / sizeof ah[0]; i++)
+            for (size_t j = 0; j < sizeof ap / sizeof ap[0]; j++)
+                for (size_t c = 0; c < sizeof acols / sizeof acols[0]; c++)
+                    test_axpy_rows(K, ah[i], ap[j], acols[c]);
         for (size_t i = 0; i < sizeof vn / sizeof vn[0]; i++)
             test_exp_based(K, vn[i]);
         test_bf16(K, ref);
