@@ -9,9 +9,7 @@
  * call site. The integer-mode products (matmul_q8_i16: int16 activations with a scale per
  * KVL_I16_BLOCK columns, xs [n, nb]; matmul_i16_i16: one scale per token, xs [n]) use
  * matmul_int_generic, which needs TRI, TTI, tile_int() and decode_row_int(); each gets xs from
- * its first token on. Optional decode hooks: KVL_DECODE_ROWS8_Q8 / KVL_DECODE_ROWS4_Q8 (the weight
- * kind that decode_rows8_q8 / decode_rows4_q8 serve) and KVL_DECODE_ROWS2 (decode_rows2_int).
- * quantize_i16_generic runs the ISA's quantize_block() over the blocks.
+ * its first token on. quantize_i16_generic runs the ISA's quantize_block() over the blocks.
  */
 #ifndef KVL_KERNELS_MATMUL_DRIVER_H
 #define KVL_KERNELS_MATMUL_DRIVER_H
@@ -64,11 +62,6 @@ KVL_INLINE void matmul_int_generic(int kind, float *Y, size_t ldy, const void *W
     const size_t xstride = kind == IKIND_Q8 ? kvl_i16_nblocks(cols, KVL_I16_BLOCK) : 1;
     size_t r = 0;
     if (n == 1) {
-#ifdef KVL_DECODE_ROWS8_Q8
-        if (kind == KVL_DECODE_ROWS8_Q8)
-            for (; r + 8 <= rows; r += 8)
-                decode_rows8_q8(Y, (const int8_t *)W, scale, r, cols, Xq, xs);
-#endif
 #ifdef KVL_DECODE_ROWS4_Q8
         if (kind == KVL_DECODE_ROWS4_Q8)
             for (; r + 4 <= rows; r += 4)

@@ -52,15 +52,12 @@ KVL_INLINE int32_t hsum4_i32(v128_t v)
 }
 
 /* The four lane sums [sum a, sum b, sum c, sum d] of four int32 vectors in one vector (exact):
- * 4 shuffles and 3 adds for four sums, where hsum4_i32 takes 2 and 2 for one. Only unpack
- * patterns (punpck{l,h}dq, punpck{l,h}qdq in V8): a general two-input shuffle costs several
- * instructions, and this reduction runs once per 64-column block of every row group. */
+ * 6 shuffles and 3 adds for four sums, where hsum4_i32 takes 2 and 2 for one. */
 KVL_INLINE v128_t hsum4x4_i32(v128_t a, v128_t b, v128_t c, v128_t d)
 {
-    /* ab = [a0+a2, b0+b2, a1+a3, b1+b3], cd likewise */
-    v128_t ab = wasm_i32x4_add(wasm_i32x4_shuffle(a, b, 0, 4, 1, 5), wasm_i32x4_shuffle(a, b, 2, 6, 3, 7));
-    v128_t cd = wasm_i32x4_add(wasm_i32x4_shuffle(c, d, 0, 4, 1, 5), wasm_i32x4_shuffle(c, d, 2, 6, 3, 7));
-    return wasm_i32x4_add(wasm_i64x2_shuffle(ab, cd, 0, 2), wasm_i64x2_shuffle(ab, cd, 1, 3));
+    v128_t ab = wasm_i32x4_add(wasm_i32x4_shuffle(a, b, 0, 4, 2, 6), wasm_i32x4_shuffle(a, b, 1, 5, 3, 7));
+    v128_t cd = wasm_i32x4_add(wasm_i32x4_shuffle(c, d, 0, 4, 2, 6), wasm_i32x4_shuffle(c, d, 1, 5, 3, 7));
+    return wasm_i32x4_add(wasm_i32x4_shuffle(ab, cd, 0, 1, 4, 5), wasm_i32x4_shuffle(ab, cd, 2, 3, 6, 7));
 }
 
 static float bf16_scalar(uint16_t h)
@@ -360,25 +357,10 @@ KVL_INLINE void decode_rows_q8(int R, float *Y, const int8_t *W, const float *sc
         wasm_v128_store(Y + r + 4 * j, wasm_f32x4_mul(acc[j], wasm_v128_load(scale + r + 4 * j)));
 }
 
-#define KVL_DECODE_ROWS8_Q8 IKIND_Q8 /* the weight kind decode_rows8_q8 serves */
-KVL_INLINE void decode_rows8_q8(float *Y, const int8_t *W, const float *scale, size_t r, size_t cols,
-                                const int16_t *x, const float *xs)
-{
-    decode_rows_q8(8, Y, W, scale, r, cols, x, xs);
-}
-
-KVL_INLINE void decode_rows4_q8(float *Y, const int8_t *W, const float *scale, size_t r,
-                                size_t cols, const int16_t *x, const float *xs, int prefetch)
-{
-    (void)prefetch; /* WebAssembly has no prefetch instruction */
-    decode_rows_q8(4, Y, W, scale, r, cols, x, xs);
-}
-
 /* Decode, two rows at a time: each activation vector is loaded once for both rows (the loads are
  * half the work of a dot product here) and two weight streams are in flight. Each row's sums are
  * formed in exactly the order of decode_row_int, so the results are identical to it. */
 #define KVL_DECODE_ROWS2 1
-#define KVL_DECODE_ROWS4_Q8 IKIND_Q8 /* the weight kind decode_rows4_q8 serves */
 KVL_INLINE void decode_rows2_int(int kind, float *Y, const void *W, const float *scale, size_t r,
                                  size_t cols, const int16_t *x, const float *xs)
 {
@@ -615,10 +597,36 @@ static void simd128_matmul_q8_xb(float *Y, size_t ldy, const int8_t *W, const fl
     matmul_generic(KIND_Q8, 1, Y, ldy, W, scale, rows, cols, X, ldx, n);
 }
 
+/* Q8 x int16 decode (one vector): rows in passes of eight, four, two, then one. */
+static void decode_q8_i16(float *Y, const int8_t *W, const float *scale, size_t rows, size_t cols,
+                          const int16_t *x, const float *xs)
+{
+    size_t r = 0;
+    for (; r + 8 <= rows; r += 8)
+        decode_rows_q8(8, Y, W, scale, r, cols, x, xs);
+    for (; r + 4 <= rows; r += 4)
+        decode_rows_q8(4, Y, W, scale, r, cols, x, xs);
+    for (; r + 2 <= rows; r += 2)
+        decode_rows2_int(IKIND_Q8, Y, W, scale, r, cols, x, xs);
+    for (; r < rows; r++)
+        decode_row_int(IKIND_Q8, Y, W, scale, r, cols, x, xs);
+}
+
+/* Called through a volatile pointer, so that neither clang nor binaryen (which inlines a
+ * function with one caller whatever its attributes) merges decode_q8_i16 into the function of
+ * the token tiles: merged, V8 allocated registers for the whole and the tiles' prefill products
+ * ran 1.5-2x slower (measured, with their source unchanged). One load per product call. */
+static void (*volatile decode_q8_i16_call)(float *, const int8_t *, const float *, size_t, size_t,
+                                           const int16_t *, const float *) = decode_q8_i16;
+
 static void simd128_matmul_q8_i16(float *Y, size_t ldy, const int8_t *W, const float *scale,
                                   size_t rows, size_t cols, const int16_t *Xq, const float *xs,
                                   size_t ldx, size_t n)
 {
+    if (n == 1) {
+        decode_q8_i16_call(Y, W, scale, rows, cols, Xq, xs);
+        return;
+    }
     matmul_int_generic(IKIND_Q8, Y, ldy, W, scale, rows, cols, Xq, xs, ldx, n);
 }
 
