@@ -518,6 +518,34 @@ KVL_INLINE void tile_int(int kind, float *Y, size_t ldy, const void *W, const fl
         }
 }
 
+/* axpy_rows_f32 on a tile of H rows of Y by V 8-float vectors, over every p: each element gets
+ * avx2_axpy_f32's FMA, in p order. */
+KVL_INLINE void axpy_rows_tile(int H, int V, float *Y, size_t ldy, const float *A, size_t lda,
+                               const float *X, size_t ldx, size_t np)
+{
+    __m256 s[2][4];
+    for (int h = 0; h < H; h++)
+        for (int v = 0; v < V; v++)
+            s[h][v] = _mm256_loadu_ps(Y + (size_t)h * ldy + 8 * v);
+    for (size_t p = 0; p < np; p++) {
+        __m256 x[4];
+        KVL_UNROLL
+        for (int v = 0; v < V; v++)
+            x[v] = _mm256_loadu_ps(X + p * ldx + 8 * v);
+        KVL_UNROLL
+        for (int h = 0; h < H; h++) {
+            const __m256 a = _mm256_set1_ps(A[(size_t)h * lda + p]);
+            KVL_UNROLL
+            for (int v = 0; v < V; v++)
+                s[h][v] = _mm256_fmadd_ps(a, x[v], s[h][v]);
+        }
+    }
+    for (int h = 0; h < H; h++)
+        for (int v = 0; v < V; v++)
+            _mm256_storeu_ps(Y + (size_t)h * ldy + 8 * v, s[h][v]);
+}
+#define AXPY_VW 8 /* floats per vector of axpy_rows_tile (axpy_rows_generic) */
+
 #include "kernels_matmul_driver.h"
 
 static void avx2_quantize_i16_act(int16_t *Xq, float *xs, const float *X, size_t cols, size_t n,
@@ -598,52 +626,10 @@ static void avx2_axpy_f32(float *y, float a, const float *x, size_t n)
         y[i] += a * x[i];
 }
 
-/* axpy_rows_f32 on a tile of H rows of Y by V 8-float vectors, over every p: each element gets
- * avx2_axpy_f32's FMA, in p order. */
-KVL_INLINE void axpy_rows_tile(int H, int V, float *Y, size_t ldy, const float *A, size_t lda,
-                               const float *X, size_t ldx, size_t np)
-{
-    __m256 s[2][4];
-    for (int h = 0; h < H; h++)
-        for (int v = 0; v < V; v++)
-            s[h][v] = _mm256_loadu_ps(Y + (size_t)h * ldy + 8 * v);
-    for (size_t p = 0; p < np; p++) {
-        __m256 x[4];
-        KVL_UNROLL
-        for (int v = 0; v < V; v++)
-            x[v] = _mm256_loadu_ps(X + p * ldx + 8 * v);
-        KVL_UNROLL
-        for (int h = 0; h < H; h++) {
-            const __m256 a = _mm256_set1_ps(A[(size_t)h * lda + p]);
-            KVL_UNROLL
-            for (int v = 0; v < V; v++)
-                s[h][v] = _mm256_fmadd_ps(a, x[v], s[h][v]);
-        }
-    }
-    for (int h = 0; h < H; h++)
-        for (int v = 0; v < V; v++)
-            _mm256_storeu_ps(Y + (size_t)h * ldy + 8 * v, s[h][v]);
-}
-
-/* Columns in strips of 32 (then 8, then the scalar tail, as avx2_axpy_f32 splits them). */
 static void avx2_axpy_rows_f32(float *Y, size_t ldy, const float *A, size_t lda, size_t nh,
                                const float *X, size_t ldx, size_t np, size_t cols)
 {
-    size_t c = 0;
-    for (; c + 32 <= cols; c += 32) {
-        size_t h = 0;
-        for (; h + 2 <= nh; h += 2)
-            axpy_rows_tile(2, 4, Y + h * ldy + c, ldy, A + h * lda, lda, X + c, ldx, np);
-        for (; h < nh; h++)
-            axpy_rows_tile(1, 4, Y + h * ldy + c, ldy, A + h * lda, lda, X + c, ldx, np);
-    }
-    for (; c + 8 <= cols; c += 8)
-        for (size_t h = 0; h < nh; h++)
-            axpy_rows_tile(1, 1, Y + h * ldy + c, ldy, A + h * lda, lda, X + c, ldx, np);
-    for (; c < cols; c++)
-        for (size_t h = 0; h < nh; h++)
-            for (size_t p = 0; p < np; p++)
-                Y[h * ldy + c] += A[h * lda + p] * X[p * ldx + c];
+    axpy_rows_generic(Y, ldy, A, lda, nh, X, ldx, np, cols);
 }
 
 static void avx2_bf16_to_f32(float *dst, const uint16_t *src, size_t n)

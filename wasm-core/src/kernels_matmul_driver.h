@@ -10,9 +10,37 @@
  * KVL_I16_BLOCK columns, xs [n, nb]; matmul_i16_i16: one scale per token, xs [n]) use
  * matmul_int_generic, which needs TRI, TTI, tile_int() and decode_row_int(); each gets xs from
  * its first token on. quantize_i16_generic runs the ISA's quantize_block() over the blocks.
+ * axpy_rows_generic (where the file defines AXPY_VW) walks the column strips of axpy_rows_f32
+ * over the ISA's axpy_rows_tile().
  */
 #ifndef KVL_KERNELS_MATMUL_DRIVER_H
 #define KVL_KERNELS_MATMUL_DRIVER_H
+
+#ifdef AXPY_VW
+/* axpy_rows_f32 (kernels.h) over the ISA's axpy_rows_tile(H, V, ...) (H rows of Y by V vectors
+ * of AXPY_VW floats, over every p): columns in strips of 4 vectors (pairs of heads, then one),
+ * then single vectors, then the scalar tail, split as the ISA's axpy_f32 splits them, each strip
+ * of X (np rows) re-read from cache by every pair of heads. */
+KVL_INLINE void axpy_rows_generic(float *Y, size_t ldy, const float *A, size_t lda, size_t nh,
+                                  const float *X, size_t ldx, size_t np, size_t cols)
+{
+    size_t c = 0;
+    for (; c + 4 * AXPY_VW <= cols; c += 4 * AXPY_VW) {
+        size_t h = 0;
+        for (; h + 2 <= nh; h += 2)
+            axpy_rows_tile(2, 4, Y + h * ldy + c, ldy, A + h * lda, lda, X + c, ldx, np);
+        for (; h < nh; h++)
+            axpy_rows_tile(1, 4, Y + h * ldy + c, ldy, A + h * lda, lda, X + c, ldx, np);
+    }
+    for (; c + AXPY_VW <= cols; c += AXPY_VW)
+        for (size_t h = 0; h < nh; h++)
+            axpy_rows_tile(1, 1, Y + h * ldy + c, ldy, A + h * lda, lda, X + c, ldx, np);
+    for (; c < cols; c++)
+        for (size_t h = 0; h < nh; h++)
+            for (size_t p = 0; p < np; p++)
+                Y[h * ldy + c] += A[h * lda + p] * X[p * ldx + c];
+}
+#endif
 
 KVL_INLINE void matmul_generic(int kind, int xb, float *Y, size_t ldy, const void *W, const float *scale,
                                size_t rows, size_t cols, const float *X, size_t ldx, size_t n)

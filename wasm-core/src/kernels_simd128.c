@@ -559,6 +559,34 @@ KVL_INLINE void tile_int(int kind, float *Y, size_t ldy, const void *W, const fl
         }
 }
 
+/* axpy_rows_f32 on a tile of H rows of Y (vectors h) by V 4-float vectors, over every p: each
+ * element gets simd128_axpy_f32's madd, in p order. */
+KVL_INLINE void axpy_rows_tile(int H, int V, float *Y, size_t ldy, const float *A, size_t lda,
+                               const float *X, size_t ldx, size_t np)
+{
+    v128_t s[2][4];
+    for (int h = 0; h < H; h++)
+        for (int v = 0; v < V; v++)
+            s[h][v] = wasm_v128_load(Y + (size_t)h * ldy + 4 * v);
+    for (size_t p = 0; p < np; p++) {
+        v128_t x[4];
+        KVL_UNROLL
+        for (int v = 0; v < V; v++)
+            x[v] = wasm_v128_load(X + p * ldx + 4 * v);
+        KVL_UNROLL
+        for (int h = 0; h < H; h++) {
+            const v128_t a = wasm_f32x4_splat(A[(size_t)h * lda + p]);
+            KVL_UNROLL
+            for (int v = 0; v < V; v++)
+                s[h][v] = madd(a, x[v], s[h][v]);
+        }
+    }
+    for (int h = 0; h < H; h++)
+        for (int v = 0; v < V; v++)
+            wasm_v128_store(Y + (size_t)h * ldy + 4 * v, s[h][v]);
+}
+#define AXPY_VW 4 /* floats per vector of axpy_rows_tile (axpy_rows_generic) */
+
 #include "kernels_matmul_driver.h"
 
 static void simd128_quantize_i16_act(int16_t *Xq, float *xs, const float *X, size_t cols, size_t n,
@@ -663,53 +691,10 @@ static void simd128_axpy_f32(float *y, float a, const float *x, size_t n)
         y[i] += a * x[i];
 }
 
-/* axpy_rows_f32 on a tile of H rows of Y (vectors h) by V 4-float vectors, over every p: each
- * element gets simd128_axpy_f32's madd, in p order. */
-KVL_INLINE void axpy_rows_tile(int H, int V, float *Y, size_t ldy, const float *A, size_t lda,
-                               const float *X, size_t ldx, size_t np)
-{
-    v128_t s[2][4];
-    for (int h = 0; h < H; h++)
-        for (int v = 0; v < V; v++)
-            s[h][v] = wasm_v128_load(Y + (size_t)h * ldy + 4 * v);
-    for (size_t p = 0; p < np; p++) {
-        v128_t x[4];
-        KVL_UNROLL
-        for (int v = 0; v < V; v++)
-            x[v] = wasm_v128_load(X + p * ldx + 4 * v);
-        KVL_UNROLL
-        for (int h = 0; h < H; h++) {
-            const v128_t a = wasm_f32x4_splat(A[(size_t)h * lda + p]);
-            KVL_UNROLL
-            for (int v = 0; v < V; v++)
-                s[h][v] = madd(a, x[v], s[h][v]);
-        }
-    }
-    for (int h = 0; h < H; h++)
-        for (int v = 0; v < V; v++)
-            wasm_v128_store(Y + (size_t)h * ldy + 4 * v, s[h][v]);
-}
-
-/* Columns in strips of 16 (then 4, then the scalar tail, as simd128_axpy_f32 splits them), each
- * strip of X (np rows) re-read from L1 by every pair of heads. */
 static void simd128_axpy_rows_f32(float *Y, size_t ldy, const float *A, size_t lda, size_t nh,
                                   const float *X, size_t ldx, size_t np, size_t cols)
 {
-    size_t c = 0;
-    for (; c + 16 <= cols; c += 16) {
-        size_t h = 0;
-        for (; h + 2 <= nh; h += 2)
-            axpy_rows_tile(2, 4, Y + h * ldy + c, ldy, A + h * lda, lda, X + c, ldx, np);
-        for (; h < nh; h++)
-            axpy_rows_tile(1, 4, Y + h * ldy + c, ldy, A + h * lda, lda, X + c, ldx, np);
-    }
-    for (; c + 4 <= cols; c += 4)
-        for (size_t h = 0; h < nh; h++)
-            axpy_rows_tile(1, 1, Y + h * ldy + c, ldy, A + h * lda, lda, X + c, ldx, np);
-    for (; c < cols; c++)
-        for (size_t h = 0; h < nh; h++)
-            for (size_t p = 0; p < np; p++)
-                Y[h * ldy + c] += A[h * lda + p] * X[p * ldx + c];
+    axpy_rows_generic(Y, ldy, A, lda, nh, X, ldx, np, cols);
 }
 
 static void simd128_bf16_to_f32(float *dst, const uint16_t *src, size_t n)
