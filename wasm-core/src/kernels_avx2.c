@@ -518,33 +518,13 @@ KVL_INLINE void tile_int(int kind, float *Y, size_t ldy, const void *W, const fl
         }
 }
 
-/* axpy_rows_f32 on a tile of H rows of Y by V 8-float vectors, over every p: each element gets
- * avx2_axpy_f32's FMA, in p order. */
-KVL_INLINE void axpy_rows_tile(int H, int V, float *Y, size_t ldy, const float *A, size_t lda,
-                               const float *X, size_t ldx, size_t np)
-{
-    __m256 s[2][4];
-    for (int h = 0; h < H; h++)
-        for (int v = 0; v < V; v++)
-            s[h][v] = _mm256_loadu_ps(Y + (size_t)h * ldy + 8 * v);
-    for (size_t p = 0; p < np; p++) {
-        __m256 x[4];
-        KVL_UNROLL
-        for (int v = 0; v < V; v++)
-            x[v] = _mm256_loadu_ps(X + p * ldx + 8 * v);
-        KVL_UNROLL
-        for (int h = 0; h < H; h++) {
-            const __m256 a = _mm256_set1_ps(A[(size_t)h * lda + p]);
-            KVL_UNROLL
-            for (int v = 0; v < V; v++)
-                s[h][v] = _mm256_fmadd_ps(a, x[v], s[h][v]);
-        }
-    }
-    for (int h = 0; h < H; h++)
-        for (int v = 0; v < V; v++)
-            _mm256_storeu_ps(Y + (size_t)h * ldy + 8 * v, s[h][v]);
-}
-#define AXPY_VW 8 /* floats per vector of axpy_rows_tile (axpy_rows_generic) */
+/* Vector primitives of axpy_rows_generic (the driver): avx2_axpy_f32's FMA on 8 floats. */
+#define AXPY_VW 8
+#define AXPY_VEC __m256
+#define AXPY_LOAD(p) _mm256_loadu_ps(p)
+#define AXPY_STORE(p, v) _mm256_storeu_ps(p, v)
+#define AXPY_SPLAT(a) _mm256_set1_ps(a)
+#define AXPY_MADD(a, x, y) _mm256_fmadd_ps(a, x, y)
 
 #include "kernels_matmul_driver.h"
 

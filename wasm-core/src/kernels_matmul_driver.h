@@ -10,17 +10,43 @@
  * KVL_I16_BLOCK columns, xs [n, nb]; matmul_i16_i16: one scale per token, xs [n]) use
  * matmul_int_generic, which needs TRI, TTI, tile_int() and decode_row_int(); each gets xs from
  * its first token on. quantize_i16_generic runs the ISA's quantize_block() over the blocks.
- * axpy_rows_generic (where the file defines AXPY_VW) walks the column strips of axpy_rows_f32
- * over the ISA's axpy_rows_tile().
+ * axpy_rows_generic (where the file defines AXPY_VW and the AXPY_* vector primitives) is
+ * axpy_rows_f32.
  */
 #ifndef KVL_KERNELS_MATMUL_DRIVER_H
 #define KVL_KERNELS_MATMUL_DRIVER_H
 
 #ifdef AXPY_VW
-/* axpy_rows_f32 (kernels.h) over the ISA's axpy_rows_tile(H, V, ...) (H rows of Y by V vectors
- * of AXPY_VW floats, over every p): columns in strips of 4 vectors (pairs of heads, then one),
- * then single vectors, then the scalar tail, split as the ISA's axpy_f32 splits them, each strip
- * of X (np rows) re-read from cache by every pair of heads. */
+/* axpy_rows_f32 on a tile of H rows of Y by V vectors of AXPY_VW floats, over every p: each element
+ * gets the ISA's axpy_f32 multiply-add (AXPY_MADD), in p order. */
+KVL_INLINE void axpy_rows_tile(int H, int V, float *Y, size_t ldy, const float *A, size_t lda,
+                               const float *X, size_t ldx, size_t np)
+{
+    AXPY_VEC s[2][4];
+    for (int h = 0; h < H; h++)
+        for (int v = 0; v < V; v++)
+            s[h][v] = AXPY_LOAD(Y + (size_t)h * ldy + AXPY_VW * v);
+    for (size_t p = 0; p < np; p++) {
+        AXPY_VEC x[4];
+        KVL_UNROLL
+        for (int v = 0; v < V; v++)
+            x[v] = AXPY_LOAD(X + p * ldx + AXPY_VW * v);
+        KVL_UNROLL
+        for (int h = 0; h < H; h++) {
+            const AXPY_VEC a = AXPY_SPLAT(A[(size_t)h * lda + p]);
+            KVL_UNROLL
+            for (int v = 0; v < V; v++)
+                s[h][v] = AXPY_MADD(a, x[v], s[h][v]);
+        }
+    }
+    for (int h = 0; h < H; h++)
+        for (int v = 0; v < V; v++)
+            AXPY_STORE(Y + (size_t)h * ldy + AXPY_VW * v, s[h][v]);
+}
+
+/* axpy_rows_f32 (kernels.h) over axpy_rows_tile: columns in strips of 4 vectors (pairs of heads,
+ * then one), then single vectors, then the scalar tail, split as the ISA's axpy_f32 splits them,
+ * each strip of X (np rows) re-read from cache by every pair of heads. */
 KVL_INLINE void axpy_rows_generic(float *Y, size_t ldy, const float *A, size_t lda, size_t nh,
                                   const float *X, size_t ldx, size_t np, size_t cols)
 {

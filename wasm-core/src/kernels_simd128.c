@@ -559,33 +559,13 @@ KVL_INLINE void tile_int(int kind, float *Y, size_t ldy, const void *W, const fl
         }
 }
 
-/* axpy_rows_f32 on a tile of H rows of Y (vectors h) by V 4-float vectors, over every p: each
- * element gets simd128_axpy_f32's madd, in p order. */
-KVL_INLINE void axpy_rows_tile(int H, int V, float *Y, size_t ldy, const float *A, size_t lda,
-                               const float *X, size_t ldx, size_t np)
-{
-    v128_t s[2][4];
-    for (int h = 0; h < H; h++)
-        for (int v = 0; v < V; v++)
-            s[h][v] = wasm_v128_load(Y + (size_t)h * ldy + 4 * v);
-    for (size_t p = 0; p < np; p++) {
-        v128_t x[4];
-        KVL_UNROLL
-        for (int v = 0; v < V; v++)
-            x[v] = wasm_v128_load(X + p * ldx + 4 * v);
-        KVL_UNROLL
-        for (int h = 0; h < H; h++) {
-            const v128_t a = wasm_f32x4_splat(A[(size_t)h * lda + p]);
-            KVL_UNROLL
-            for (int v = 0; v < V; v++)
-                s[h][v] = madd(a, x[v], s[h][v]);
-        }
-    }
-    for (int h = 0; h < H; h++)
-        for (int v = 0; v < V; v++)
-            wasm_v128_store(Y + (size_t)h * ldy + 4 * v, s[h][v]);
-}
-#define AXPY_VW 4 /* floats per vector of axpy_rows_tile (axpy_rows_generic) */
+/* Vector primitives of axpy_rows_generic (the driver): simd128_axpy_f32's madd on 4 floats. */
+#define AXPY_VW 4
+#define AXPY_VEC v128_t
+#define AXPY_LOAD(p) wasm_v128_load(p)
+#define AXPY_STORE(p, v) wasm_v128_store(p, v)
+#define AXPY_SPLAT(a) wasm_f32x4_splat(a)
+#define AXPY_MADD(a, x, y) madd(a, x, y)
 
 #include "kernels_matmul_driver.h"
 
