@@ -122,8 +122,16 @@ KVL_INLINE void matmul_int_generic(int kind, float *Y, size_t ldy, const void *W
                 decode_rows4_q8(Y, (const int8_t *)W, scale, r, cols, Xq, xs, r + 8 <= rows);
 #endif
 #ifdef KVL_DECODE_ROWS2
-        for (; r + 2 <= rows; r += 2)
-            decode_rows2_int(kind, Y, W, scale, r, cols, Xq, xs);
+        /* pairs of rows KVL_DECODE_STREAM_GAP bytes apart (decode_rows2_int), in groups of
+         * 2 * gap rows; what is left takes the largest gap it can */
+        const size_t row_bytes = cols * (kind == IKIND_Q8 ? 1u : 2u);
+        const size_t want = row_bytes ? (KVL_DECODE_STREAM_GAP + row_bytes - 1) / row_bytes : 1;
+        while (rows - r >= 2) {
+            const size_t gap = (rows - r) / 2 < want ? (rows - r) / 2 : want;
+            for (size_t o = 0; o < gap; o++)
+                decode_rows2_int(kind, Y, W, scale, r + o, gap, cols, Xq, xs);
+            r += 2 * gap;
+        }
 #endif
         for (; r < rows; r++)
             decode_row_int(kind, Y, W, scale, r, cols, Xq, xs);

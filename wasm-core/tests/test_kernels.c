@@ -994,7 +994,9 @@ int main(void)
                     }
         static const size_t icols[] = {1,   3,   7,   8,   15,  16,   17,   31,   32,   33,   63,  64,  65,
                                        100, 127, 129, 257, 511, 512, 513, 1000, 1024, 1025, 1536, 2048, 2051};
-        static const size_t irows[] = {1, 3, 4, 5, 9, 13, 17};
+        /* 17, 29 and 43 rows: simd128's decode takes rows in groups of eight passes `step` rows
+         * apart (step 2-4 at these widths, then what is left at a smaller step) */
+        static const size_t irows[] = {1, 3, 4, 5, 9, 13, 17, 29, 43};
         for (size_t b = 0; b < sizeof icols / sizeof icols[0]; b++) {
             for (size_t nn = 1; nn <= 17; nn++) {
                 test_quantize_i16(K, ref, icols[b], nn, icols[b], KVL_I16_MAX);
