@@ -111,7 +111,7 @@ const EXPERT_READER_THREADS = 4;
  * wasm32 has 4-byte pointers and size_t, x86-64 (Linux and Windows) 8-byte ones. The tests
  * compare these with sessionBytes on both backends.
  */
-export const SESSION_STRUCT_BYTES: Readonly<Record<BackendName, number>> = { wasm: 144, native: 256 };
+export const SESSION_STRUCT_BYTES: Readonly<Record<BackendName, number>> = { wasm: 160, native: 288 };
 
 export const KV_DTYPE_BYTES: Readonly<Record<NumericDtype, number>> = { f32: 4, bf16: 2 };
 export const DEFAULT_MAX_BATCH = 256;
@@ -135,6 +135,9 @@ const I16_WORKSPACE_SLACK = MM_MAX_SEGS * 32;
 const I16_BLOCK = 64;
 /** model.c I16_SUB: rows per integer kernel call. */
 const I16_SUB_ROWS = 64;
+/** model.c ATTN_I16_TILE: positions per tile of the int16 latents of a prefill's attention with
+ * --act-dtype i16x1 (attn_i16). */
+const ATTN_I16_TILE = 128;
 
 /** MiB with one decimal and thousands separators, as Python's f"{n / MIB:,.1f}". */
 export function mib(n: number): string {
@@ -299,7 +302,10 @@ function sessionLayoutBytes(m: Model, range: readonly [number, number], maxConte
   const scores = nh * C;
   const routing = 3 * m.nRouted + m.nGroup + 4;
   const tiled = lat * nh + Math.floor((lat * m.nope + 1) / 2);
-  const perThread = alignTo(Math.max(scores, routing) + 2 * kvRow + r + tiled, 16);
+  // attn_i16: a block's quantised queries and one tile's probabilities, with their scales
+  const attnI16 = actDtype === "i16x1";
+  const i16Attn = attnI16 ? alignTo(Math.floor((nh * kvRow + 1) / 2), 4) + 2 * alignTo(nh, 4) + nh * ATTN_I16_TILE / 2 : 0;
+  const perThread = alignTo(Math.max(scores, routing) + 2 * kvRow + r + tiled + i16Attn, 16);
   const kv = (end - begin) * C * kvRow * KV_DTYPE_BYTES[kvDtype];
   const sizes = [
     kv,
@@ -313,13 +319,16 @@ function sessionLayoutBytes(m: Model, range: readonly [number, number], maxConte
     nThreads * perThread * 4, // per-thread scratch
     B * m.topK * 4, (m.nRouted + 1) * 4, B * m.topK * 4, m.nRouted * 4, // expert lists
     H * 2, // one embedding row
-    lat * C * 4, // latents transposed
+    attnI16 ? 0 : lat * C * 4, // latents transposed
     // --act-dtype i16 (model.c act_workspace): one pool run's quantised inputs (int16; two terms
     // per vector for int16 trunk weights), their scales (one per I16_BLOCK columns for Q8
     // weights), and per thread both terms' products of I16_SUB rows
     isIntegerAct(actDtype) ? 2 * (2 * B * i16Width + I16_WORKSPACE_SLACK) : 0,
     isIntegerAct(actDtype) ? 4 * (2 * B * (Math.ceil(i16Width / I16_BLOCK) + 2) + MM_MAX_SEGS) : 0,
     isIntegerAct(actDtype) ? nThreads * 4 * 2 * B * I16_SUB_ROWS : 0,
+    // attn_i16: the cached rows as int16 with a scale each, their latents in tiles, lat ones
+    attnI16 ? C * kvRow * 2 : 0, attnI16 ? C * 4 : 0,
+    attnI16 ? Math.ceil(C / ATTN_I16_TILE) * ATTN_I16_TILE * lat * 2 : 0, attnI16 ? lat * 4 : 0,
   ];
   return { total: sizes.reduce((t, s) => t + alignTo(s || 1, ARENA_ALIGN), 0), kv };
 }

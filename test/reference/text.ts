@@ -60,8 +60,12 @@ export interface TextOptions {
    * i16x1`'s rule (README "Numerics", the core's kernels.h quantize_i16_act): where the weight is
    * Q8 (the routed experts; with q8Trunk the trunk's too) one 16-bit term per I16_BLOCK columns;
    * where it is a BF16 trunk weight (converted to int16 rows, all resident) one 15-bit term per
-   * vector. Not kv_b_proj (attention applies it to FP32 values) or the router. The weights stay
-   * exact: this measures what the input rounding alone moves, in float64.
+   * vector. Not kv_b_proj (attention applies it to FP32 values) or the router. And attention's
+   * two products as a prefill chunk runs them (the core's model.c attn_i16): the cached rows
+   * [latent | roped key] quantised per row (ATTN_I16_ROW_MAX), the absorbed queries [W_uk^T q_nope
+   * | roped q] per vector (I16_MAX), and the probabilities times their rows' scales per vector
+   * and tile of ATTN_I16_TILE positions (I16_MAX). The weights stay exact: this measures what the
+   * input rounding alone moves, in float64.
    */
   i16x1Inputs?: boolean;
 }
@@ -70,6 +74,9 @@ export interface TextOptions {
 export const I16_BLOCK = 64;
 export const I16_Q8_MAX = 32767;
 export const I16_MAX = 16383;
+/** The core's model.c ATTN_I16_TILE and ATTN_I16_ROW_MAX (attention on integers in a prefill). */
+export const ATTN_I16_TILE = 128;
+export const ATTN_I16_ROW_MAX = 32767;
 
 /** rint: to nearest, ties to even (C's rintf in the default rounding mode). */
 function rintEven(v: number): number {
@@ -78,26 +85,36 @@ function rintEven(v: number): number {
 }
 
 /**
- * x [rows, cols] as the core's quantize_i16_act leaves it, back in float64: the FP32 inputs, per
- * block of `block` columns amax = max|x|, inv = fl(lim / amax), q = clamp(rint(fl(x * inv)),
- * -lim, lim), value q * fl(amax / lim) (fl: rounded to FP32).
+ * x [rows, cols] quantised as the core's quantize_i16_act does it: the FP32 inputs, per block of
+ * `block` columns amax = max|x|, inv = fl(lim / amax), q = clamp(rint(fl(x * inv)), -lim, lim),
+ * scale fl(amax / lim) (fl: rounded to FP32). The integers q [rows, cols] and the scales
+ * [rows, ceil(cols / block)].
  */
-export function quantizeI16Blocks(x: Float64Array, rows: number, cols: number, block: number, lim: number): Float64Array {
+export function quantizeI16Parts(x: Float64Array, rows: number, cols: number, block: number, lim: number): { q: Float64Array; scales: Float64Array } {
   const f = Math.fround;
-  const out = new Float64Array(x.length);
+  const nb = Math.ceil(cols / block);
+  const q = new Float64Array(rows * cols);
+  const scales = new Float64Array(rows * nb);
   for (let r = 0; r < rows; r++) {
-    for (let c0 = 0; c0 < cols; c0 += block) {
+    for (let b = 0; b < nb; b++) {
+      const c0 = b * block;
       const c1 = Math.min(cols, c0 + block);
       let amax = 0;
       for (let c = c0; c < c1; c++) amax = Math.max(amax, Math.abs(f(x[r * cols + c]!)));
       const inv = amax > 0 ? f(lim / amax) : 0;
-      const scale = f(amax / lim);
-      for (let c = c0; c < c1; c++) {
-        const q = Math.min(lim, Math.max(-lim, rintEven(f(f(x[r * cols + c]!) * inv))));
-        out[r * cols + c] = q * scale;
-      }
+      scales[r * nb + b] = f(amax / lim);
+      for (let c = c0; c < c1; c++) q[r * cols + c] = Math.min(lim, Math.max(-lim, rintEven(f(f(x[r * cols + c]!) * inv))));
     }
   }
+  return { q, scales };
+}
+
+/** x [rows, cols] as the core's quantize_i16_act leaves it, back in float64 (q * scale). */
+export function quantizeI16Blocks(x: Float64Array, rows: number, cols: number, block: number, lim: number): Float64Array {
+  const { q, scales } = quantizeI16Parts(x, rows, cols, block, lim);
+  const nb = Math.ceil(cols / block);
+  const out = new Float64Array(x.length);
+  for (let r = 0; r < rows; r++) for (let c = 0; c < cols; c++) out[r * cols + c] = q[r * cols + c]! * scales[r * nb + Math.floor(c / block)]!;
   return out;
 }
 
@@ -180,12 +197,15 @@ export class TextReference {
   /** How the input of a Linear weight (name without the language_model. prefix) is quantised:
    * null for exact inputs. */
   private readonly inputRule: (name: string, cols: number) => { block: number; lim: number } | null;
+  /** i16x1Inputs: attention's products quantised as a prefill chunk runs them (attentionInt). */
+  private readonly intAttention: boolean;
 
   private constructor(cfg: TextConfig, mediaTokenId: number | undefined,
     private readonly w: Map<string, Tensor>, options: TextOptions) {
     this.cfg = cfg;
     this.mediaTokenId = mediaTokenId;
     this.ropeMode = options.ropeAngles ?? "f32";
+    this.intAttention = options.i16x1Inputs === true;
     const q8Trunk = options.q8Trunk === true;
     this.inputRule = options.i16x1Inputs !== true ? () => null : (name, cols) => {
       if (ROUTED_EXPERT_WEIGHT.test(name)) return { block: I16_BLOCK, lim: I16_Q8_MAX };
@@ -260,6 +280,10 @@ export class TextReference {
     }
 
     const scale = 1 / Math.sqrt(qk);
+    if (this.intAttention) {
+      const out = this.attentionInt(layer, q, cKv, qRope, kRope, n);
+      return this.linearOf(out, n, p + "o_proj.weight", [H, heads * vDim]);
+    }
     const out = new Float64Array(n * heads * vDim); // [n, heads * v], input index h*v + d of o_proj
     const scores = new Float64Array(n);
     for (let h = 0; h < heads; h++) {
@@ -283,6 +307,71 @@ export class TextReference {
       }
     }
     return this.linearOf(out, n, p + "o_proj.weight", [H, heads * vDim]);
+  }
+
+  /**
+   * The attention of n positions 0..n-1 in the absorbed form, on the integers a prefill chunk
+   * uses with `--act-dtype i16x1` (the core's model.c attn_block_i16; TextOptions.i16x1Inputs):
+   * score(s, t) = Q(W_uk^T q_nope | q_rope)_s . Q_row(c_kv | k_rope)_t / sqrt(qk); the context
+   * sum_t Q_tile(p_t * rowscale_t) * int_row_t over tiles of ATTN_I16_TILE positions; out = W_uv
+   * context. Returns [n, heads * v] like attention()'s.
+   */
+  private attentionInt(layer: number, q: Float64Array, cKv: Float64Array, qRope: Float64Array, kRope: Float64Array, n: number): Float64Array {
+    const c = this.cfg;
+    const heads = c.num_attention_heads;
+    const nope = c.qk_nope_head_dim;
+    const rope = c.qk_rope_head_dim;
+    const vDim = c.v_head_dim;
+    const lat = c.kv_lora_rank;
+    const qk = nope + rope;
+    const row = lat + rope;
+    const kvb = this.weight(`model.layers.${layer}.self_attn.kv_b_proj.weight`, [heads * (nope + vDim), lat]).data;
+    const keys = new Float64Array(n * row);
+    for (let t = 0; t < n; t++) {
+      keys.set(cKv.subarray(t * lat, (t + 1) * lat), t * row);
+      keys.set(kRope.subarray(t * rope, (t + 1) * rope), t * row + lat);
+    }
+    const K = quantizeI16Parts(keys, n, row, row, ATTN_I16_ROW_MAX);
+    const scale = 1 / Math.sqrt(qk);
+    const out = new Float64Array(n * heads * vDim);
+    const query = new Float64Array(row);
+    const probs = new Float64Array(n);
+    const context = new Float64Array(lat);
+    for (let h = 0; h < heads; h++) {
+      const base = h * (nope + vDim) * lat; // W_uk: rows base + d*lat, W_uv: rows after them
+      for (let s = 0; s < n; s++) {
+        query.fill(0);
+        for (let d = 0; d < nope; d++) {
+          const qd = q[(s * heads + h) * qk + d]!;
+          for (let i = 0; i < lat; i++) query[i] = query[i]! + qd * kvb[base + d * lat + i]!;
+        }
+        query.set(qRope.subarray((s * heads + h) * rope, (s * heads + h + 1) * rope), lat);
+        const Q = quantizeI16Parts(query, 1, row, row, I16_MAX);
+        for (let t = 0; t <= s; t++) {
+          let dot = 0;
+          for (let i = 0; i < row; i++) dot += Q.q[i]! * K.q[t * row + i]!;
+          probs[t] = dot * K.scales[t]! * Q.scales[0]! * scale;
+        }
+        softmaxInPlace(probs, 0, s + 1);
+        for (let t = 0; t <= s; t++) probs[t] = probs[t]! * K.scales[t]!;
+        context.fill(0);
+        for (let t0 = 0; t0 <= s; t0 += ATTN_I16_TILE) {
+          const w = Math.min(ATTN_I16_TILE, s + 1 - t0);
+          const A = quantizeI16Parts(probs.subarray(t0, t0 + w), 1, w, w, I16_MAX);
+          for (let t = 0; t < w; t++) {
+            const a = A.q[t]! * A.scales[0]!;
+            for (let i = 0; i < lat; i++) context[i] = context[i]! + a * K.q[(t0 + t) * row + i]!;
+          }
+        }
+        const o = (s * heads + h) * vDim;
+        for (let d = 0; d < vDim; d++) {
+          let sum = 0;
+          for (let i = 0; i < lat; i++) sum += kvb[base + (nope + d) * lat + i]! * context[i]!;
+          out[o + d] = sum;
+        }
+      }
+    }
+    return out;
   }
 
   /** y = W_down (SiLU(W_gate x) * (W_up x)) (spec §4.7). */

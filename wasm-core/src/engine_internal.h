@@ -132,6 +132,11 @@ struct kvl_session {
     /* scratch pointers into the arena (model.c) */
     float *x, *xn, *q, *a, *qabs, *chat, *o, *gate, *up, *rlog, *selw, *moe_out, *xg, *yg;
     float *kvt;                /* cached latents transposed [lat][positions] (prefill) */
+    /* attn_i16 (prefill with --act-dtype i16x1, model.c attn_tiled): the cached rows as int16
+     * [positions][lat + rope] with one f32 scale per row, their latents transposed in tiles of
+     * ATTN_I16_TILE positions [tile][lat][ATTN_I16_TILE], and lat ones (the tiles' row scales) */
+    int16_t *kq, *kqt;
+    float *ks, *ones;
     float *thread_scratch;     /* n_threads x per_thread floats */
     size_t per_thread;
     int *seli, *ecount, *elist, *eorder;

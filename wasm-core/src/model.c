@@ -28,7 +28,7 @@
 enum {
     L_KV = 0, L_X, L_XN, L_Q, L_A, L_QABS, L_CHAT, L_O, L_GATE, L_UP, L_RLOG, L_SELW,
     L_MOE_OUT, L_XG, L_YG, L_THREAD, L_SELI, L_ECOUNT, L_ELIST, L_EORDER, L_EMBED, L_KVT, L_XQ,
-    L_XS, L_YQ, L_COUNT
+    L_XS, L_YQ, L_KQ, L_KS, L_KQT, L_ONES, L_COUNT
 };
 
 static size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
@@ -55,17 +55,43 @@ static void act_workspace(const kvl_engine_text *t, uint64_t B, uint64_t *xq_ele
  * (attn_per_token), which needs no transposed copy of the cache. */
 #define ATTN_TILED_MIN 8
 
+/* attn_i16: prefill chunks (attn_tiled) run attention's two products on integers with
+ * --act-dtype i16x1: the cached rows quantised to int16 with one scale per row (|q| <=
+ * ATTN_I16_ROW_MAX, the weight range of matmul_i16_i16), the queries and the probabilities to
+ * 15 bits (KVL_I16_MAX) per vector, the probabilities per tile of ATTN_I16_TILE positions.
+ * Decode (attn_per_token) keeps FP32: there the cache is read once per token and the products
+ * are a small part of the time; in a prefill they grow with the square of the prompt. */
+#define ATTN_I16_TILE 128
+#define ATTN_I16_ROW_MAX 32767
+
+static int attn_i16(const kvl_engine_text *t)
+{
+    return t->act_i16 && t->act_i16_terms == 1;
+}
+
+static size_t attn_i16_tiles(int max_context)
+{
+    return ((size_t)max_context + ATTN_I16_TILE - 1) / ATTN_I16_TILE;
+}
+
 /* Per thread: scores (one row per head for one token, or one block of n_heads tokens), routing
  * scratch in the same place, two cache rows and a rope row; then, for attn_tiled, the
- * transposed context block [lat][n_heads] and one head's W_uk transposed to [lat][nope] BF16. */
-static size_t per_thread_floats(const kvl_text_hparams *hp, int max_context)
+ * transposed context block [lat][n_heads] (attn_i16: one tile's context [n_heads][lat]) and one
+ * head's W_uk transposed to [lat][nope] BF16; attn_i16 adds a block's quantised queries
+ * [n_heads][lat + rope] int16 and probabilities [n_heads][ATTN_I16_TILE] int16 with their scales
+ * (n_heads each). */
+static size_t per_thread_floats(const kvl_engine_text *t, int max_context)
 {
-    size_t scores = (size_t)hp->n_heads * (size_t)max_context;
+    const kvl_text_hparams *hp = &t->hp;
+    size_t nh = (size_t)hp->n_heads, kvrow = (size_t)(hp->kv_lora + hp->rope);
+    size_t scores = nh * (size_t)max_context;
     size_t routing = 3u * (size_t)hp->n_routed + (size_t)hp->n_group + 4u;
-    size_t rows = 2u * (size_t)(hp->kv_lora + hp->rope) + (size_t)hp->rope;
-    size_t tiled = (size_t)hp->kv_lora * (size_t)hp->n_heads +
-                   ((size_t)hp->kv_lora * (size_t)hp->nope + 1u) / 2u;
-    return align_up((scores > routing ? scores : routing) + rows + tiled, 16);
+    size_t rows = 2u * kvrow + (size_t)hp->rope;
+    size_t tiled = (size_t)hp->kv_lora * nh + ((size_t)hp->kv_lora * (size_t)hp->nope + 1u) / 2u;
+    size_t i16 = attn_i16(t) ? align_up((nh * kvrow + 1u) / 2u, 4) + align_up(nh, 4) +
+                                   nh * ATTN_I16_TILE / 2u + align_up(nh, 4)
+                             : 0;
+    return align_up((scores > routing ? scores : routing) + rows + tiled + i16, 16);
 }
 
 /* Session arena, for the RAM planner (kvl_session_bytes = this total + sizeof(struct kvl_session),
@@ -78,14 +104,18 @@ static size_t per_thread_floats(const kvl_text_hparams *hp, int max_context)
  *   f32     x, xn, moe_out, xg, yg: B*H each; q: B*nh*(nope+r); a: B*(lat+r);
  *           qabs (absorbed q_nope + roped q_rope): B*nh*(lat+r); chat: B*nh*lat; o: B*nh*v;
  *           gate, up: B*W each; router logits B*E; weights B*k; the cached latents
- *           transposed for attn_tiled: lat*C
+ *           transposed for attn_tiled: lat*C (0 with attn_i16)
  *   threads T * align16(max(nh*C, 3E + n_group + 4) + 2*(lat+r) + r + lat*nh
- *                       + ceil(lat*nope/2)) floats
+ *                       + ceil(lat*nope/2) + i) floats, i = 0 or with attn_i16
+ *                       align4(ceil(nh*(lat+r)/2)) + 2*align4(nh) + nh*128/2
  *   ints    selected B*k, counts E+1, token list B*k, expert order E; embed row H uint16
  *   act_i16 (else 0, i.e. 64 bytes each) the quantised inputs of one pool run (two terms each
  *           with --act-dtype i16, one with i16x1): int16 2*B*w + 50*32 with w = max(2H, nh*v, W), their scales f32
  *           2B*(ceil(w/64) + 2) + 50; per thread f32 2B*64 (both terms' products of 64 rows;
  *           act_workspace)
+ *   attn_i16 (--act-dtype i16x1; else 0, i.e. 64 bytes each) the cached rows as int16
+ *           C*(lat+r), their scales f32 C, the latents in tiles int16 ceil(C/128)*128*lat,
+ *           ones f32 lat
  */
 void kvl_session_layout_compute(const kvl_engine *engine, int max_context, int max_batch,
                                 kvl_session_layout *out)
@@ -112,13 +142,19 @@ void kvl_session_layout_compute(const kvl_engine *engine, int max_context, int m
     sizes[L_MOE_OUT] = B * H * 4;
     sizes[L_XG] = B * H * 4;
     sizes[L_YG] = B * H * 4;
-    sizes[L_THREAD] = nthreads * per_thread_floats(hp, max_context) * 4;
+    sizes[L_THREAD] = nthreads * per_thread_floats(t, max_context) * 4;
     sizes[L_SELI] = B * (size_t)hp->topk * sizeof(int);
     sizes[L_ECOUNT] = ((size_t)hp->n_routed + 1) * sizeof(int);
     sizes[L_ELIST] = B * (size_t)hp->topk * sizeof(int);
     sizes[L_EORDER] = (size_t)hp->n_routed * sizeof(int);
     sizes[L_EMBED] = H * sizeof(uint16_t);
-    sizes[L_KVT] = (uint64_t)hp->kv_lora * (uint64_t)max_context * 4;
+    const uint64_t C = (uint64_t)max_context, lat = (uint64_t)hp->kv_lora;
+    const int int_attn = attn_i16(t);
+    sizes[L_KVT] = int_attn ? 0 : lat * C * 4;
+    sizes[L_KQ] = int_attn ? C * kvrow * 2 : 0;
+    sizes[L_KS] = int_attn ? C * 4 : 0;
+    sizes[L_KQT] = int_attn ? (uint64_t)attn_i16_tiles(max_context) * ATTN_I16_TILE * lat * 2 : 0;
+    sizes[L_ONES] = int_attn ? lat * 4 : 0;
     uint64_t xq_elems, xs_elems, yq_elems;
     act_workspace(t, B, &xq_elems, &xs_elems, &yq_elems);
     sizes[L_XQ] = xq_elems * sizeof(int16_t);
@@ -153,7 +189,7 @@ void kvl_session_bind(kvl_session *s, const kvl_session_layout *ly)
     s->xg = (float *)(base + ly->off[L_XG]);
     s->yg = (float *)(base + ly->off[L_YG]);
     s->thread_scratch = (float *)(base + ly->off[L_THREAD]);
-    s->per_thread = per_thread_floats(hp, s->max_context);
+    s->per_thread = per_thread_floats(s->engine->text, s->max_context);
     s->seli = (int *)(base + ly->off[L_SELI]);
     s->ecount = (int *)(base + ly->off[L_ECOUNT]);
     s->elist = (int *)(base + ly->off[L_ELIST]);
@@ -163,6 +199,12 @@ void kvl_session_bind(kvl_session *s, const kvl_session_layout *ly)
     s->xq = (int16_t *)(void *)(base + ly->off[L_XQ]);
     s->xs = (float *)(void *)(base + ly->off[L_XS]);
     s->yq = (float *)(void *)(base + ly->off[L_YQ]);
+    s->kq = (int16_t *)(void *)(base + ly->off[L_KQ]);
+    s->ks = (float *)(void *)(base + ly->off[L_KS]);
+    s->kqt = (int16_t *)(void *)(base + ly->off[L_KQT]);
+    s->ones = (float *)(void *)(base + ly->off[L_ONES]);
+    if (attn_i16(s->engine->text))
+        for (int c = 0; c < hp->kv_lora; c++) s->ones[c] = 1.0f;
 }
 
 /* ---- parallel matmuls: row blocks of one or more products handed out dynamically ---------- */
@@ -586,14 +628,63 @@ static void attn_per_token(const attn_job *j, size_t hb, size_t he, float *score
     }
 }
 
+/* attn_i16 scratch of one thread (per_thread_floats) */
+typedef struct attn_i16_scratch {
+    int16_t *qq; /* a block's queries [n_heads][lat + rope] */
+    float *qs;   /* ... their scales [n_heads] */
+    int16_t *aq; /* a block's probabilities of one tile [n_heads][ATTN_I16_TILE] */
+    float *as;   /* ... their scales [n_heads] */
+} attn_i16_scratch;
+
+/* attn_tiled's block on integer products (attn_i16): scores = the int16 cached rows (scales
+ * s->ks) . the block's queries quantised per vector; FP32 softmax; then each probability times
+ * its row's scale, quantised per vector and tile, times the tile's transposed latents, added into
+ * the context tile by tile (ctmp: one tile's [tb][lat]). Positions past a token's own (and a
+ * partial tile's padding, whatever it holds) meet zero probabilities, so they add exactly 0. */
+static void attn_block_i16(const attn_job *j, size_t h, size_t t0, size_t tb, size_t seen,
+                           float *scores, float *ctmp, const attn_i16_scratch *z)
+{
+    kvl_session *s = j->s;
+    const kvl_kernels *k = s->engine->k;
+    const kvl_text_hparams *hp = &s->engine->text->hp;
+    const size_t nh = (size_t)hp->n_heads, kvl = (size_t)hp->kv_lora;
+    const size_t kvrow = kvl + (size_t)hp->rope, pos0 = (size_t)j->pos0;
+    const float scale = 1.0f / sqrtf((float)(hp->nope + hp->rope));
+    const float *qb = s->qabs + (t0 * nh + h) * kvrow;
+    k->quantize_i16_act(z->qq, z->qs, qb, kvrow, tb, nh * kvrow, kvrow, kvrow, KVL_I16_MAX);
+    k->matmul_i16_i16(scores, seen, s->kq, s->ks, seen, kvrow, z->qq, z->qs, kvrow, tb);
+    for (size_t i = 0; i < tb; i++) {
+        float *row = scores + i * seen;
+        size_t len = pos0 + t0 + i + 1;
+        for (size_t p = 0; p < len; p++) row[p] *= scale;
+        k->softmax(row, len);
+        for (size_t p = 0; p < len; p++) row[p] *= s->ks[p];
+        memset(row + len, 0, (seen - len) * 4);
+        memset(s->chat + ((t0 + i) * nh + h) * kvl, 0, kvl * 4);
+    }
+    for (size_t p0 = 0; p0 < seen; p0 += ATTN_I16_TILE) {
+        size_t w = seen - p0 < ATTN_I16_TILE ? seen - p0 : ATTN_I16_TILE;
+        k->quantize_i16_act(z->aq, z->as, scores + p0, w, tb, seen, ATTN_I16_TILE, w, KVL_I16_MAX);
+        for (size_t i = 0; i < tb && w < ATTN_I16_TILE; i++)
+            memset(z->aq + i * ATTN_I16_TILE + w, 0, (ATTN_I16_TILE - w) * sizeof(int16_t));
+        k->matmul_i16_i16(ctmp, kvl, s->kqt + p0 * kvl, s->ones, kvl, ATTN_I16_TILE, z->aq, z->as,
+                          ATTN_I16_TILE, tb);
+        for (size_t i = 0; i < tb; i++) {
+            float *dst = s->chat + ((t0 + i) * nh + h) * kvl;
+            for (size_t c = 0; c < kvl; c++) dst[c] += ctmp[i * kvl + c];
+        }
+    }
+}
+
 /* Prefill chunks: per head, blocks of n_heads tokens as two matmuls. Scores [token][position] =
  * cached rows (latent | rope key) . (absorbed query | roped query), the whole block against
  * positions 0..last of the block (later positions are dropped by the per-token softmax length
  * and zeroed); the context = probabilities . latents, computed transposed against s->kvt (the
  * latents as [lat][positions], built by attention()) so that both operands are read along
- * rows. The same sums as attn_per_token in another FP32 order. */
+ * rows. The same sums as attn_per_token in another FP32 order; with attn_i16 (z set) each block
+ * runs on integers instead (attn_block_i16). */
 static void attn_tiled(const attn_job *j, size_t hb, size_t he, float *scores, float *chat_t,
-                       uint16_t *wukt, int absorbed)
+                       uint16_t *wukt, int absorbed, const attn_i16_scratch *z)
 {
     kvl_session *s = j->s;
     const kvl_kernels *k = s->engine->k;
@@ -614,6 +705,10 @@ static void attn_tiled(const attn_job *j, size_t hb, size_t he, float *scores, f
         for (size_t t0 = 0; t0 < n; t0 += nh) {
             size_t tb = n - t0 < nh ? n - t0 : nh;
             size_t seen = pos0 + t0 + tb; /* positions the block's last token attends to */
+            if (z) {
+                attn_block_i16(j, h, t0, tb, seen, scores, chat_t, z);
+                continue;
+            }
             const float *qb = s->qabs + (t0 * nh + h) * kvrow;
             if (s->engine->text->kv_bf16)
                 k->matmul_bf16(scores, seen, (const uint16_t *)j->kv, seen, kvrow, qb, nh * kvrow, tb);
@@ -657,6 +752,13 @@ static void attn_worker(void *ctx, int ti, int nt)
     float *rtmp = conv + kvrow;                   /* rope */
     float *chat_t = rtmp + rope;                  /* [kv_lora][n_heads] */
     uint16_t *wukt = (uint16_t *)(void *)(chat_t + kvl * nh); /* [kv_lora][nope] */
+    float *zbase = chat_t + kvl * nh + (kvl * nope + 1u) / 2u; /* attn_i16 (per_thread_floats) */
+    attn_i16_scratch zs;
+    zs.qq = (int16_t *)(void *)zbase;
+    zs.qs = zbase + align_up((nh * kvrow + 1u) / 2u, 4);
+    zs.aq = (int16_t *)(void *)(zs.qs + align_up(nh, 4));
+    zs.as = zs.qs + align_up(nh, 4) + nh * ATTN_I16_TILE / 2u;
+    const attn_i16_scratch *z = attn_i16(s->engine->text) ? &zs : NULL;
     const int n = j->n;
 
     /* the roped q_rope goes next to the absorbed query: both paths score [latent | rope] rows */
@@ -667,7 +769,7 @@ static void attn_worker(void *ctx, int ti, int nt)
             memcpy(s->qabs + ((size_t)t * nh + h) * kvrow + kvl, qr, rope * 4);
         }
     if (n >= ATTN_TILED_MIN && !j->kvb_q) {
-        attn_tiled(j, hb, he, scores, chat_t, wukt, 0);
+        attn_tiled(j, hb, he, scores, chat_t, wukt, 0, z);
     } else {
         for (size_t h = hb; h < he; h++) {
             /* absorb q_nope into latent space, one W_uk row (dequantised exactly, q * scale in
@@ -686,7 +788,7 @@ static void attn_worker(void *ctx, int ti, int nt)
             }
         }
         if (n >= ATTN_TILED_MIN)
-            attn_tiled(j, hb, he, scores, chat_t, wukt, 1);
+            attn_tiled(j, hb, he, scores, chat_t, wukt, 1, z);
         else
             attn_per_token(j, hb, he, scores, conv);
     }
@@ -764,12 +866,22 @@ static kvl_status attention(kvl_session *s, int layer, int n, int pos0)
     size_t elt = t->kv_bf16 ? 2u : 4u;
     j.kv = (const char *)s->kv +
            (size_t)(layer - t->layer_begin) * (size_t)s->max_context * kvrow * elt;
-    if (n >= ATTN_TILED_MIN) { /* the cached latents transposed, for attn_tiled */
+    if (n >= ATTN_TILED_MIN) {
+        /* for attn_tiled: the cached latents transposed; with attn_i16 the cached rows quantised
+         * (one scale per row) and their latents transposed in tiles */
         size_t kvl = (size_t)hp->kv_lora, ptot = (size_t)(pos0 + n);
         float *conv = s->thread_scratch; /* no pool job is running */
+        const int int_attn = attn_i16(t);
         for (size_t p = 0; p < ptot; p++) {
             const float *row = kv_row(&j, (int)p, conv);
-            for (size_t c = 0; c < kvl; c++) s->kvt[c * ptot + p] = row[c];
+            if (!int_attn) {
+                for (size_t c = 0; c < kvl; c++) s->kvt[c * ptot + p] = row[c];
+                continue;
+            }
+            int16_t *q = s->kq + p * kvrow;
+            e->k->quantize_i16_act(q, s->ks + p, row, kvrow, 1, kvrow, kvrow, kvrow, ATTN_I16_ROW_MAX);
+            int16_t *tile = s->kqt + (p / ATTN_I16_TILE) * ATTN_I16_TILE * kvl + p % ATTN_I16_TILE;
+            for (size_t c = 0; c < kvl; c++) tile[c * ATTN_I16_TILE] = q[c];
         }
     }
     kvl_pool_run(e->pool, attn_worker, &j);
