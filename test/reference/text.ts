@@ -250,24 +250,26 @@ export class TextReference {
 
   // -- blocks -----------------------------------------------------------------------------------
 
+  /** The MLA dimensions of the config (spec §4.4). */
+  private mlaDims(): { heads: number; nope: number; rope: number; vDim: number; latent: number; qk: number } {
+    const c = this.cfg;
+    const nope = c.qk_nope_head_dim;
+    const rope = c.qk_rope_head_dim;
+    return { heads: c.num_attention_heads, nope, rope, vDim: c.v_head_dim, latent: c.kv_lora_rank, qk: nope + rope };
+  }
+
   /** Naive MLA (spec §4.4) over n rows of normalised input x [n, H], causal, positions 0..n-1. */
   private attention(layer: number, x: Float64Array, n: number): Float64Array {
     const c = this.cfg;
     const p = `model.layers.${layer}.self_attn.`;
     const H = c.hidden_size;
-    const heads = c.num_attention_heads;
-    const nope = c.qk_nope_head_dim;
-    const rope = c.qk_rope_head_dim;
-    const vDim = c.v_head_dim;
-    const latent = c.kv_lora_rank;
-    const qk = nope + rope;
+    const { heads, nope, rope, vDim, latent, qk } = this.mlaDims();
 
     const q = this.linearOf(x, n, p + "q_proj.weight", [heads * qk, H]); // [n, heads, nope+rope]
     const a = this.linearOf(x, n, p + "kv_a_proj_with_mqa.weight", [latent + rope, H]); // [n, latent+rope]
     const cRaw = new Float64Array(n * latent);
     for (let t = 0; t < n; t++) cRaw.set(a.subarray(t * (latent + rope), t * (latent + rope) + latent), t * latent);
     const cKv = rmsNorm(cRaw, n, this.weight(p + "kv_a_layernorm.weight", [latent]), KV_A_LAYERNORM_EPS);
-    const kv = linear(cKv, n, this.weight(p + "kv_b_proj.weight", [heads * (nope + vDim), latent])); // [n, heads, nope+v]
 
     // RoPE'd rope parts: per head for q, one shared vector per position for k.
     const qRope = new Float64Array(n * heads * rope);
@@ -279,12 +281,17 @@ export class TextReference {
       ropeOfficialLayout(a, t * (latent + rope) + latent, rope, t, c.rope_theta, this.ropeMode, kRope, t * rope);
     }
 
+    const out = this.intAttention ? this.attentionInt(layer, q, cKv, qRope, kRope, n) : this.attentionExact(layer, q, cKv, qRope, kRope, n);
+    return this.linearOf(out, n, p + "o_proj.weight", [H, heads * vDim]);
+  }
+
+  /** attention()'s scores, softmax and values in float64, keys and values expanded per head
+   * through kv_b_proj. Returns [n, heads * v] (input index h*v + d of o_proj). */
+  private attentionExact(layer: number, q: Float64Array, cKv: Float64Array, qRope: Float64Array, kRope: Float64Array, n: number): Float64Array {
+    const { heads, nope, rope, vDim, latent, qk } = this.mlaDims();
+    const kv = linear(cKv, n, this.weight(`model.layers.${layer}.self_attn.kv_b_proj.weight`, [heads * (nope + vDim), latent])); // [n, heads, nope+v]
     const scale = 1 / Math.sqrt(qk);
-    if (this.intAttention) {
-      const out = this.attentionInt(layer, q, cKv, qRope, kRope, n);
-      return this.linearOf(out, n, p + "o_proj.weight", [H, heads * vDim]);
-    }
-    const out = new Float64Array(n * heads * vDim); // [n, heads * v], input index h*v + d of o_proj
+    const out = new Float64Array(n * heads * vDim);
     const scores = new Float64Array(n);
     for (let h = 0; h < heads; h++) {
       for (let s = 0; s < n; s++) {
@@ -306,7 +313,7 @@ export class TextReference {
         }
       }
     }
-    return this.linearOf(out, n, p + "o_proj.weight", [H, heads * vDim]);
+    return out;
   }
 
   /**
@@ -317,13 +324,7 @@ export class TextReference {
    * context. Returns [n, heads * v] like attention()'s.
    */
   private attentionInt(layer: number, q: Float64Array, cKv: Float64Array, qRope: Float64Array, kRope: Float64Array, n: number): Float64Array {
-    const c = this.cfg;
-    const heads = c.num_attention_heads;
-    const nope = c.qk_nope_head_dim;
-    const rope = c.qk_rope_head_dim;
-    const vDim = c.v_head_dim;
-    const lat = c.kv_lora_rank;
-    const qk = nope + rope;
+    const { heads, nope, rope, vDim, latent: lat, qk } = this.mlaDims();
     const row = lat + rope;
     const kvb = this.weight(`model.layers.${layer}.self_attn.kv_b_proj.weight`, [heads * (nope + vDim), lat]).data;
     const keys = new Float64Array(n * row);
