@@ -428,27 +428,33 @@ describe.each(BACKENDS)("the integer-activation modes (act_dtype i16, i16x1) on 
     expect(maxAbsDiff(runs[1]!.logits, runs[0]!.logits)).toBe(0);
   });
 
-  it("i16x1 runs a long prompt's attention on integers: 300 tokens in chunks of 120, within the mode's bound of the reference", () => {
+  it("i16x1 runs a long prompt's attention on integers: 300 tokens in chunks of 120, within the mode's bound of the reference, and the same over 3 instances", async () => {
     const m = models[0]!;
     const ids = promptIds(13, 300, m.reference.cfg.vocab_size);
-    const engine = openEngine(backend, m.pack, { actDtype: "i16x1" });
-    try {
-      // chunks at positions 0, 120 and 240: three tiles of the int16 latents, the last one partial.
-      // (With a BF16 KV cache a 300-token prompt flips one position's expert choice on this random
-      // model whatever the attention does, so only the FP32 cache is checked against the reference.)
-      const session = engine.newSession({ maxContext: 320, maxBatch: 120 });
+    // chunks at positions 0, 120 and 240: three tiles of the int16 latents, the last one partial.
+    // (With a BF16 KV cache a 300-token prompt flips one position's expert choice on this random
+    // model whatever the attention does, so only the FP32 cache is checked against the reference.)
+    const runs: Float32Array[] = [];
+    for (const instances of [1, 3]) {
+      const hosted = await openHostedEngine(backend, m.pack, { nThreads: THREADS, instances, instanceMemoryBytes: 256 * 2 ** 20, actDtype: "i16x1" });
       try {
-        const logits = session.prefill(Int32Array.from(ids), null, "all")!;
-        const err = maxAbsDiff(logits, m.reference.logits(ids));
-        const bound = intModeBound(m, "i16x1", ids);
-        console.log(`[engine ${backend} i16x1] 300 tokens, chunks of 120: max |diff| ${err.toExponential(2)} (bound ${bound.toExponential(2)})`);
-        expect(err).toBeLessThanOrEqual(bound);
+        expect(hosted.engine.parts.map((p) => p.info().actDtype)).toEqual(Array(instances).fill("i16x1"));
+        const session = hosted.engine.newSession({ maxContext: 320, maxBatch: 120 });
+        try {
+          runs.push(session.prefill(Int32Array.from(ids), null, "all")!);
+        } finally {
+          session.close();
+        }
       } finally {
-        session.close();
+        hosted.close();
       }
-    } finally {
-      engine.close();
     }
+    const err = maxAbsDiff(runs[0]!, m.reference.logits(ids));
+    const bound = intModeBound(m, "i16x1", ids);
+    console.log(`[engine ${backend} i16x1] 300 tokens, chunks of 120: max |diff| ${err.toExponential(2)} (bound ${bound.toExponential(2)})`);
+    expect(err).toBeLessThanOrEqual(bound);
+    // each instance rebuilds its own layers' integer rows: the split changes no bit
+    expect(maxAbsDiff(runs[1]!, runs[0]!)).toBe(0);
   });
 
   it("refuses an act_dtype the core does not know", () => {
