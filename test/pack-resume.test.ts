@@ -103,28 +103,36 @@ describe("SIGKILL from outside", () => {
   });
 
   it("at seeded random times during a run, then a rerun gives byte-identical output", async () => {
-    // how long a whole run takes here (it also must give the clean pack)
-    const timed = out();
-    const t0 = Date.now();
-    const whole = runPack(packArgs(ckpt, timed, "native"), { KVL_PACK_FLUSH_ITEMS: "1" });
-    const duration = Date.now() - t0;
-    expect(whole.status, whole.stderr).toBe(0);
-    expect(treeDiff(treeBytes(timed), clean)).toBeNull();
+    // how long a whole run takes here, per core (each run must also give the clean pack)
+    const duration = { native: 0, wasm: 0 };
+    for (const backend of ["native", "wasm"] as const) {
+      const timed = out();
+      const t0 = Date.now();
+      const whole = runPack(packArgs(ckpt, timed, backend), { KVL_PACK_FLUSH_ITEMS: "1" });
+      duration[backend] = Date.now() - t0;
+      expect(whole.status, whole.stderr).toBe(0);
+      expect(treeDiff(treeBytes(timed), clean)).toBeNull();
+    }
     let seed = 12345;
     let killed = 0;
     for (let k = 0; k < 4; k++) {
-      const dst = out();
-      seed = (seed * 1103515245 + 12345) % 2 ** 31;
-      const delay = Math.round(duration * (0.15 + 0.7 * (seed / 2 ** 31)));
       const backend = k % 2 ? "wasm" : "native";
-      const r = await runPackKilledWhen(packArgs(ckpt, dst, backend), { KVL_PACK_FLUSH_ITEMS: "1" }, () => false, delay);
-      if (r.killed) killed++;
-      else expect(r.code).toBe(0);
-      const rerun = runPack(packArgs(ckpt, dst, backend));
-      expect(rerun.status, rerun.stderr).toBe(0);
-      expect(treeDiff(treeBytes(dst), clean), `killed after ${delay} ms`).toBeNull();
+      seed = (seed * 1103515245 + 12345) % 2 ** 31;
+      let delay = Math.round(duration[backend] * (0.1 + 0.7 * (seed / 2 ** 31)));
+      // The VM's speed moves: a run that beats its kill time still has to give the clean pack,
+      // and the next try kills at half the time, so every attempt ends in a kill.
+      for (let attempt = 0; attempt < 5; attempt++, delay = Math.round(delay / 2)) {
+        const dst = out();
+        const r = await runPackKilledWhen(packArgs(ckpt, dst, backend), { KVL_PACK_FLUSH_ITEMS: "1" }, () => false, delay);
+        if (!r.killed) expect(r.code).toBe(0);
+        else killed++;
+        const rerun = runPack(packArgs(ckpt, dst, backend));
+        expect(rerun.status, rerun.stderr).toBe(0);
+        expect(treeDiff(treeBytes(dst), clean), `killed after ${delay} ms`).toBeNull();
+        if (r.killed) break;
+      }
     }
-    expect(killed).toBeGreaterThanOrEqual(2);
+    expect(killed).toBe(4);
   });
 });
 
