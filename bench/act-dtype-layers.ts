@@ -7,6 +7,9 @@
  *
  *   npx vite-node bench/act-dtype-layers.ts PACK wasm|native f32|bf16|i16|i16x1 [P=256] [DIST_DIR]
  *
+ * KVL_BENCH_LAYERS=B,E runs layers [B, E) instead; a range that ends before the last layer has no
+ * lm_head, so its decode step is the layers alone (lm_head alone is most of a two-layer step).
+ *
  * PACK: `kvl pack --synth-preset full --seed 0 PACK`. DIST_DIR: another WebAssembly build of the
  * core (wasm-core/build-wasm.sh OUT_DIR) to compare a variant.
  */
@@ -25,8 +28,10 @@ const core = backend === "wasm"
   : new NativeBackend();
 const extent = 9 * 2 ** 20; // >= one extent; the core rounds down to whole extents
 const t0 = performance.now();
-const engine = core.openEngine(pack, { nThreads: 2, layerBegin: 25, layerEnd: 27, trunkCacheBytes: 0, expertCacheBytes: 2 * 64 * extent, actDtype: act });
+const [layerBegin, layerEnd] = (process.env.KVL_BENCH_LAYERS ?? "25,27").split(",").map(Number) as [number, number];
+const engine = core.openEngine(pack, { nThreads: 2, layerBegin, layerEnd, trunkCacheBytes: 0, expertCacheBytes: (layerEnd - layerBegin) * 64 * extent, actDtype: act });
 const info = engine.info();
+const logits = layerEnd < info.nLayers ? "none" : "last"; // not the last range: hidden states out
 const H = info.hiddenSize;
 console.log(`${backend} ${act}: open ${((performance.now() - t0) / 1000).toFixed(1)} s, kernels ${info.kernels}, act ${info.actDtype}, globals ${info.globalBytes}, trunk ${info.trunkCacheBytes}, experts ${info.expertCacheBytes}`);
 const session = engine.newSession({ maxContext: P + D, maxBatch: P });
@@ -36,17 +41,17 @@ const rand = (n: number): Float32Array => Float32Array.from({ length: n }, () =>
 // the same again from position 0, timed
 const X = rand(P * H);
 const steps = Array.from({ length: D }, () => rand(H));
-session.forward(X, null, "last", false);
-for (const x of steps) session.forward(x, null, "last", true);
+session.forward(X, null, logits, false);
+for (const x of steps) session.forward(x, null, logits, true);
 session.truncate(0);
 const st0 = engine.stats();
 let t = performance.now();
-session.forward(X, null, "last", false);
+session.forward(X, null, logits, false);
 const prefill = (performance.now() - t) / 1000;
 const times: number[] = [];
 for (const x of steps) {
   t = performance.now();
-  session.forward(x, null, "last", true);
+  session.forward(x, null, logits, true);
   times.push((performance.now() - t) / 1000);
 }
 const st1 = engine.stats();

@@ -29,8 +29,13 @@ import { UserError } from "./user-error.js";
 export const PAGE = 4096;
 export const EMBED = "language_model.model.embed_tokens.weight";
 export const LM_HEAD = "language_model.lm_head.weight";
-/** Bytes of one KV element by the engine's kv_dtype (info.kvDtype). */
-export const KV_BYTES: Readonly<Record<string, number>> = { f32: 4, bf16: 2 };
+/** Bytes of one position's cached row in one layer by the engine's kv_dtype (info.kvDtype): f32
+ * and bf16 rows; i16 (kvl_core.h KVL_KV_I16) the int16 row, its f32 scale and the latents' int16
+ * copy in the transposed tiles. */
+export function kvRowBytes(pb: PackBytes, kvDtype: string): number {
+  if (kvDtype === "i16") return 2 * pb.kv_row_elems + 4 + 2 * pb.kv_latent_elems;
+  return pb.kv_row_elems * (kvDtype === "bf16" ? 2 : 4);
+}
 
 /** The pack's byte facts, with kvl/bench.py's field names (they are --json's pack_bytes). */
 export interface PackBytes {
@@ -47,6 +52,8 @@ export interface PackBytes {
   n_layers: number;
   /** kv_lora_rank + qk_rope_head_dim */
   kv_row_elems: number;
+  /** kv_lora_rank */
+  kv_latent_elems: number;
   n_extents: number;
   /** weights a token multiplies (no embed, no lm_head), for FLOPs */
   active_weight_elems: number;
@@ -54,13 +61,13 @@ export interface PackBytes {
   vocab: number;
 }
 
-export function decodeRam(pb: PackBytes, context: number, kvBytes: number): number {
-  const kv = pb.n_layers * context * pb.kv_row_elems * kvBytes;
+export function decodeRam(pb: PackBytes, context: number, kvRow: number): number {
+  const kv = pb.n_layers * context * kvRow;
   return pb.trunk_used + pb.embed_row + pb.n_moe_layers * pb.top_k * pb.extent_data + kv;
 }
 
-export function prefillRam(pb: PackBytes, tokens: number, distinct: number, kvBytes: number): number {
-  const kv = pb.n_layers * tokens * pb.kv_row_elems * kvBytes;
+export function prefillRam(pb: PackBytes, tokens: number, distinct: number, kvRow: number): number {
+  const kv = pb.n_layers * tokens * kvRow;
   return pb.trunk_used + tokens * pb.embed_row + distinct * pb.extent_data + kv;
 }
 
@@ -105,6 +112,7 @@ export async function packBytes(model: string): Promise<PackBytes> {
     top_k: g("num_experts_per_tok"),
     n_layers: nLayers,
     kv_row_elems: g("kv_lora_rank") + g("qk_rope_head_dim"),
+    kv_latent_elems: g("kv_lora_rank"),
     n_extents: experts.length,
     active_weight_elems: trunkElems + nMoe * g("num_experts_per_tok") * expertElems,
     hidden: g("hidden_size"),
@@ -186,10 +194,10 @@ export interface DecodeRecord {
 /** First-token bound of a timed prompt; cold: every distinct expert comes from the SSD, warm:
  * only the prompt's expert-cache misses do. */
 export function promptBounds(p: PromptRecord, pb: PackBytes, lim: Bandwidths, streamedTrunk: number, distinct: number,
-  kvBytes: number, cold: boolean): void {
+  kvRow: number, cold: boolean): void {
   const expertsFromSsd = cold ? distinct : p.expert_misses;
   const ssd = streamedTrunk + expertsFromSsd * pb.extent_padded;
-  const ram = prefillRam(pb, p.tokens, distinct, kvBytes);
+  const ram = prefillRam(pb, p.tokens, distinct, kvRow);
   const bound = ssd / lim.ssd_bytes_per_s + ram / lim.dram_bytes_per_s;
   Object.assign(p, { distinct_experts: distinct, bound_ssd_bytes: ssd, bound_ram_bytes: ram, bound_s: bound, ratio: p.first_token_s / bound });
   if (lim.fma_flops_per_s) {
@@ -200,9 +208,9 @@ export function promptBounds(p: PromptRecord, pb: PackBytes, lim: Bandwidths, st
 }
 
 /** Decode bound at the decode's mean context. */
-export function decodeBounds(d: DecodeRecord, pb: PackBytes, lim: Bandwidths, kvBytes: number): void {
+export function decodeBounds(d: DecodeRecord, pb: PackBytes, lim: Bandwidths, kvRow: number): void {
   const context = d.context_start + (d.tokens + 1) / 2.0;
-  const ram = decodeRam(pb, context, kvBytes);
+  const ram = decodeRam(pb, context, kvRow);
   const ssdT = d.ssd_bytes_per_token / lim.ssd_bytes_per_s;
   const ramT = ram / lim.dram_bytes_per_s;
   Object.assign(d, {

@@ -19,7 +19,7 @@ import { runInNewContext } from "node:vm";
 
 import { type BenchComparison, nativeOverWasm } from "./bench-compare.js";
 import { type Limits, dropPageCache, probeLimits } from "./bench-limits.js";
-import { type DecodeRecord, KV_BYTES, type PackBytes, type PromptRecord, adjacentBounds, decodeBounds, promptBounds } from "./bench-model.js";
+import { type DecodeRecord, kvRowBytes, type PackBytes, type PromptRecord, adjacentBounds, decodeBounds, promptBounds } from "./bench-model.js";
 import { randomPrompt } from "./bench-prompt.js";
 import type { BackendName } from "./core-api.js";
 import { CoreError, type CoreSession, type EngineStats, type ActDtype, type KernelChoice } from "./engine-api.js";
@@ -200,11 +200,11 @@ function timeDecode(hosted: HostedEngine, session: CoreSession, first: number, n
 
 /** A decode with its bounds, bracketed by bandwidth probes when --membw is given. */
 function boundedDecode(o: BenchOptions, hosted: HostedEngine, session: CoreSession, first: number, pb: PackBytes, limits: Limits,
-  kvBytes: number): DecodeRecord {
+  kvRow: number): DecodeRecord {
   const before = o.membw ? probeLimits(o.membw, o.model, o.threads, first) : null;
   const dec = timeDecode(hosted, session, first, o.decodeTokens);
   const after = o.membw ? probeLimits(o.membw, o.model, o.threads, first + 1) : null;
-  decodeBounds(dec, pb, limits, kvBytes);
+  decodeBounds(dec, pb, limits, kvRow);
   if (before && after) adjacentBounds(dec, before, after);
   return dec;
 }
@@ -247,7 +247,7 @@ async function benchOne(o: BenchOptions, backend: BackendName, n: number, pb: Pa
     const differences = ramPlan.reconcile(engine.parts.map((p) => ({ info: p.info(), sessionBytes: p.sessionBytes(ramPlan.sessionOptions) })));
     const info = engine.info();
     const openStats = engine.stats();
-    const kvBytes = KV_BYTES[info.kvDtype] ?? 4;
+    const kvRow = kvRowBytes(pb, info.kvDtype);
     const streamedTrunk = ramPlan.trunkCacheable - info.trunkCacheBytes;
     run = {
       backend, instances: hosted.ranges.length, prompt_tokens: n, open_s: openS, plan_total_bytes: ramPlan.total, plan: ramPlan.describe(),
@@ -264,9 +264,9 @@ async function benchOne(o: BenchOptions, backend: BackendName, n: number, pb: Pa
     const cold = timePrompt(hosted, tokens, maxContext, maxBatch);
     try {
       const distinct = cold.record.expert_misses;
-      promptBounds(cold.record, pb, limits, streamedTrunk, distinct, kvBytes, true);
+      promptBounds(cold.record, pb, limits, streamedTrunk, distinct, kvRow, true);
       run.cold_prompt = cold.record;
-      run.decode_after_cold = boundedDecode(o, hosted, cold.session, cold.record.first_token, pb, limits, kvBytes);
+      run.decode_after_cold = boundedDecode(o, hosted, cold.session, cold.record.first_token, pb, limits, kvRow);
     } finally {
       cold.session.close();
     }
@@ -275,9 +275,9 @@ async function benchOne(o: BenchOptions, backend: BackendName, n: number, pb: Pa
       timePrompt(hosted, warmTokens, maxContext, maxBatch).session.close();
       const warm = timePrompt(hosted, tokens, maxContext, maxBatch);
       try {
-        promptBounds(warm.record, pb, limits, streamedTrunk, run.cold_prompt.distinct_experts!, kvBytes, false);
+        promptBounds(warm.record, pb, limits, streamedTrunk, run.cold_prompt.distinct_experts!, kvRow, false);
         run.warm_prompt = warm.record;
-        run.decode_warm = boundedDecode(o, hosted, warm.session, warm.record.first_token, pb, limits, kvBytes);
+        run.decode_warm = boundedDecode(o, hosted, warm.session, warm.record.first_token, pb, limits, kvRow);
       } finally {
         warm.session.close();
       }

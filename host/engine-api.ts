@@ -23,6 +23,13 @@ export const ACT_DTYPE_NAMES: readonly ActDtype[] = ["f32", "bf16", "i16", "i16x
  * quantised inputs (the RAM plan counts both). */
 export const isIntegerAct = (a: ActDtype): boolean => a === "i16" || a === "i16x1";
 
+/** The KV cache's rows (kvl_core.h KVL_KV_*): f32, bf16, or i16 (int16 rows with a scale each
+ * and the latents in transposed tiles), which goes with act dtype i16x1 and only with it. */
+export type KvDtype = NumericDtype | "i16";
+export const KV_DTYPE_NAMES: readonly KvDtype[] = ["f32", "bf16", "i16"];
+/** The core's default (KVL_KV_DEFAULT): i16 with act dtype i16x1, else f32. */
+export const defaultKvDtype = (act: ActDtype): KvDtype => (act === "i16x1" ? "i16" : "f32");
+
 export interface EngineOptions {
   /** Worker threads of the engine's pool; 0 or absent = every core. */
   nThreads?: number;
@@ -32,7 +39,7 @@ export interface EngineOptions {
   trunkCacheBytes?: number;
   ioMode?: IoMode;
   kernels?: KernelChoice;
-  kvDtype?: NumericDtype;
+  kvDtype?: KvDtype;
   loadVision?: boolean;
   actDtype?: ActDtype;
   /** Decoder layers this engine runs, [layerBegin, layerEnd); absent = every layer. */
@@ -178,7 +185,7 @@ export interface EngineOptionCodes {
 
 const IO_MODES: Record<IoMode, number> = { auto: 0, direct: 1, buffered: 2 };
 const KERNELS: Record<KernelChoice, number> = { auto: 0, scalar: 1, avx2: 2, avx512: 3, simd128: 4 };
-const KV_DTYPES: Record<NumericDtype, number> = { f32: 1, bf16: 2 };
+const KV_DTYPES: Record<KvDtype, number> = { f32: 1, bf16: 2, i16: 3 };
 const ACT_DTYPES: Record<ActDtype, number> = { f32: 1, bf16: 2, i16: 3, i16x1: 4 };
 
 function nonNegativeInteger(name: string, value: number | undefined, min = 0): number {

@@ -70,7 +70,7 @@ import { readFileSync, statSync } from "node:fs";
 import { join } from "node:path";
 
 import type { BackendName } from "./core-api.js";
-import { ACT_DTYPE_NAMES, isIntegerAct, type ActDtype, type EngineInfo, type NumericDtype } from "./engine-api.js";
+import { ACT_DTYPE_NAMES, KV_DTYPE_NAMES, defaultKvDtype, isIntegerAct, type ActDtype, type EngineInfo, type KvDtype } from "./engine-api.js";
 import { requestedInstances } from "./engine-host.js";
 import { DTYPE_BF16, PackReader } from "./pack-format.js";
 import { layerRanges } from "./split-engine.js";
@@ -111,9 +111,15 @@ const EXPERT_READER_THREADS = 4;
  * wasm32 has 4-byte pointers and size_t, x86-64 (Linux and Windows) 8-byte ones. The tests
  * compare these with sessionBytes on both backends.
  */
-export const SESSION_STRUCT_BYTES: Readonly<Record<BackendName, number>> = { wasm: 160, native: 288 };
+export const SESSION_STRUCT_BYTES: Readonly<Record<BackendName, number>> = { wasm: 152, native: 264 };
 
-export const KV_DTYPE_BYTES: Readonly<Record<NumericDtype, number>> = { f32: 4, bf16: 2 };
+/** One layer's KV cache for C positions (model.c kvl_session_layout_compute, kv_i16_layer_bytes). */
+function kvLayerBytes(kvDtype: KvDtype, C: number, lat: number, rope: number): number {
+  if (kvDtype === "i16") {
+    return alignTo(C * (lat + rope) * 2, ARENA_ALIGN) + alignTo(C * 4, ARENA_ALIGN) + alignTo(Math.ceil(C / ATTN_I16_TILE) * ATTN_I16_TILE * lat * 2, ARENA_ALIGN);
+  }
+  return C * (lat + rope) * (kvDtype === "bf16" ? 2 : 4);
+}
 export const DEFAULT_MAX_BATCH = 256;
 /** The official processor rejects grids with >= 512 patches per side (kvl/image.py). */
 const ROPE_GRID_LIMIT = 512;
@@ -135,8 +141,8 @@ const I16_WORKSPACE_SLACK = MM_MAX_SEGS * 32;
 const I16_BLOCK = 64;
 /** model.c I16_SUB: rows per integer kernel call. */
 const I16_SUB_ROWS = 64;
-/** model.c ATTN_I16_TILE: positions per tile of the int16 latents of a prefill's attention with
- * --act-dtype i16x1 (attn_i16). */
+/** model.c ATTN_I16_TILE: positions per tile of an i16 KV cache's transposed int16 latents
+ * (--act-dtype i16x1, attn_i16). */
 const ATTN_I16_TILE = 128;
 
 /** MiB with one decimal and thousands separators, as Python's f"{n / MIB:,.1f}". */
@@ -289,7 +295,7 @@ export function trunkTensorBytes(facts: PackFacts, actDtype: ActDtype = "f32"): 
 }
 
 /** The session arena of a range as model.c's kvl_session_layout_compute lays it out (KV first). */
-function sessionLayoutBytes(m: Model, range: readonly [number, number], maxContext: number, maxBatch: number, kvDtype: NumericDtype,
+function sessionLayoutBytes(m: Model, range: readonly [number, number], maxContext: number, maxBatch: number, kvDtype: KvDtype,
   nThreads: number, actDtype: ActDtype): { total: number; kv: number } {
   const [begin, end] = range;
   const B = Math.min(maxBatch, maxContext);
@@ -302,11 +308,11 @@ function sessionLayoutBytes(m: Model, range: readonly [number, number], maxConte
   const scores = nh * C;
   const routing = 3 * m.nRouted + m.nGroup + 4;
   const tiled = lat * nh + Math.floor((lat * m.nope + 1) / 2);
-  // attn_i16: a block's quantised queries and one tile's probabilities, with their scales
-  const attnI16 = actDtype === "i16x1";
+  // attn_i16 (an i16 cache): a block's quantised queries and one tile's probabilities, with their scales
+  const attnI16 = kvDtype === "i16";
   const i16Attn = attnI16 ? alignTo(Math.floor((nh * kvRow + 1) / 2), 4) + 2 * alignTo(nh, 4) + nh * ATTN_I16_TILE / 2 : 0;
   const perThread = alignTo(Math.max(scores, routing) + 2 * kvRow + r + tiled + i16Attn, 16);
-  const kv = (end - begin) * C * kvRow * KV_DTYPE_BYTES[kvDtype];
+  const kv = (end - begin) * kvLayerBytes(kvDtype, C, lat, r);
   const sizes = [
     kv,
     B * H * 4, B * H * 4, // x, xn
@@ -326,9 +332,7 @@ function sessionLayoutBytes(m: Model, range: readonly [number, number], maxConte
     isIntegerAct(actDtype) ? 2 * (2 * B * i16Width + I16_WORKSPACE_SLACK) : 0,
     isIntegerAct(actDtype) ? 4 * (2 * B * (Math.ceil(i16Width / I16_BLOCK) + 2) + MM_MAX_SEGS) : 0,
     isIntegerAct(actDtype) ? nThreads * 4 * 2 * B * I16_SUB_ROWS : 0,
-    // attn_i16: the cached rows as int16 with a scale each, their latents in tiles, lat ones
-    attnI16 ? C * kvRow * 2 : 0, attnI16 ? C * 4 : 0,
-    attnI16 ? Math.ceil(C / ATTN_I16_TILE) * ATTN_I16_TILE * lat * 2 : 0, attnI16 ? lat * 4 : 0,
+    attnI16 ? lat * 4 : 0, // the latent tiles' row scales (ones)
   ];
   return { total: sizes.reduce((t, s) => t + alignTo(s || 1, ARENA_ALIGN), 0), kv };
 }
@@ -444,7 +448,7 @@ export interface PlanOptions {
   loadVision?: boolean;
   /** Prefill chunk in tokens; default 256. */
   maxBatch?: number;
-  kvDtype?: NumericDtype;
+  kvDtype?: KvDtype;
   /** Inputs of the Linear layers (README "Numerics"); i16 changes the resident trunk's and the
    * session's bytes. Default f32. */
   actDtype?: ActDtype;
@@ -473,7 +477,7 @@ export interface PlanSettings {
   maxContext: number;
   loadVision: boolean;
   maxBatch: number;
-  kvDtype: NumericDtype;
+  kvDtype: KvDtype;
   actDtype: ActDtype;
   threads: number;
   instances: number;
@@ -493,7 +497,7 @@ export interface RangeEngineOptions {
   trunkCacheBytes: number;
   loadVision: boolean;
   nThreads: number;
-  kvDtype: NumericDtype;
+  kvDtype: KvDtype;
   actDtype: ActDtype;
 }
 
@@ -598,7 +602,7 @@ export class RamPlan {
   get maxBatch(): number {
     return this.settings.maxBatch;
   }
-  get kvDtype(): NumericDtype {
+  get kvDtype(): KvDtype {
     return this.settings.kvDtype;
   }
   get nThreads(): number {
@@ -757,7 +761,7 @@ function settingsOf(facts: PackFacts, options: PlanOptions): PlanSettings {
     maxContext: options.maxContext ?? 4096,
     loadVision: options.loadVision ?? true,
     maxBatch: options.maxBatch ?? DEFAULT_MAX_BATCH,
-    kvDtype: options.kvDtype ?? "f32",
+    kvDtype: options.kvDtype ?? defaultKvDtype(options.actDtype ?? "f32"),
     actDtype: options.actDtype ?? "f32",
     threads: options.threads === undefined || options.threads === 0 ? availableParallelism() : options.threads,
     instances: requestedInstances(options.instances),
@@ -766,10 +770,12 @@ function settingsOf(facts: PackFacts, options: PlanOptions): PlanSettings {
     requests: requestSettings(options.requests),
   };
   if (s.backend !== "wasm" && s.backend !== "native") throw new UserError(`backend must be wasm or native, got ${JSON.stringify(s.backend)}`);
-  if (!(KV_DTYPE_BYTES[s.kvDtype] > 0)) {
-    throw new UserError(`kv dtype '${s.kvDtype}' unknown; use one of ${Object.keys(KV_DTYPE_BYTES).join(", ")}`);
-  }
+  if (!KV_DTYPE_NAMES.includes(s.kvDtype)) throw new UserError(`kv dtype '${s.kvDtype}' unknown; use one of ${KV_DTYPE_NAMES.join(", ")}`);
   if (!ACT_DTYPE_NAMES.includes(s.actDtype)) throw new UserError(`act dtype '${s.actDtype}' unknown; use one of ${ACT_DTYPE_NAMES.join(", ")}`);
+  if ((s.kvDtype === "i16") !== (s.actDtype === "i16x1")) {
+    throw new UserError(`kv dtype ${s.kvDtype} does not go with act dtype ${s.actDtype}: act dtype i16x1 keeps the KV cache as int16 rows ` +
+      "(kv dtype i16), and only it does; leave the kv dtype out to get the one that goes with the act dtype");
+  }
   if (!Number.isInteger(s.maxContext) || s.maxContext < 1 || s.maxContext > m.maxPositions) {
     throw new UserError(`--max-context ${s.maxContext} is outside 1..${m.maxPositions} (the model's max_position_embeddings)`);
   }

@@ -457,6 +457,50 @@ describe.each(BACKENDS)("the integer-activation modes (act_dtype i16, i16x1) on 
     expect(maxAbsDiff(runs[1]!, runs[0]!)).toBe(0);
   });
 
+  it("i16x1 decodes on integers from its int16 KV cache: token by token across a tile edge, within the mode's bound of the reference, and the same over 3 instances", async () => {
+    const m = models[1]!;
+    const ids = promptIds(17, 140, m.reference.cfg.vocab_size);
+    const prompt = 100; // then 40 single-token steps, positions 100..139: the first tile fills at 128
+    const runs: Float32Array[][] = [];
+    for (const instances of [1, 3]) {
+      const hosted = await openHostedEngine(backend, m.pack, { nThreads: THREADS, instances, instanceMemoryBytes: 256 * 2 ** 20, actDtype: "i16x1" });
+      try {
+        expect(hosted.engine.parts.map((p) => p.info().kvDtype)).toEqual(Array(instances).fill("i16"));
+        const session = hosted.engine.newSession({ maxContext: 160, maxBatch: 64 });
+        try {
+          const steps = [session.prefill(Int32Array.from(ids.slice(0, prompt)), null, "last")!];
+          for (const id of ids.slice(prompt, -1)) steps.push(session.step(id));
+          runs.push(steps);
+        } finally {
+          session.close();
+        }
+      } finally {
+        hosted.close();
+      }
+    }
+    const V = m.reference.cfg.vocab_size;
+    const want = m.reference.logits(ids);
+    let err = 0;
+    runs[0]!.forEach((got, i) => {
+      err = Math.max(err, maxAbsDiff(got, want.subarray((prompt - 1 + i) * V, (prompt + i) * V)));
+    });
+    const bound = intModeBound(m, "i16x1", ids);
+    console.log(`[engine ${backend} i16x1] 100-token prompt, 40 steps: max |diff| ${err.toExponential(2)} (bound ${bound.toExponential(2)})`);
+    expect(err).toBeLessThanOrEqual(bound);
+    runs[1]!.forEach((got, i) => expect(maxAbsDiff(got, runs[0]![i]!)).toBe(0));
+  });
+
+  it("keeps an int16 KV cache with act_dtype i16x1 and only with it, refusing the other pairings by name", () => {
+    const engine = openEngine(backend, models[0]!.pack, { actDtype: "i16x1" });
+    try {
+      expect(engine.info().kvDtype).toBe("i16");
+    } finally {
+      engine.close();
+    }
+    expect(() => openEngine(backend, models[0]!.pack, { kvDtype: "i16" })).toThrow(/act_dtype i16x1 keeps the KV cache as int16 rows, and only it does/);
+    expect(() => openEngine(backend, models[0]!.pack, { kvDtype: "bf16", actDtype: "i16x1" })).toThrow(/use kv_dtype i16 with act_dtype i16x1/);
+  });
+
   it("refuses an act_dtype the core does not know", () => {
     expect(() => openEngine(backend, models[0]!.pack, { actDtype: "i8" as never })).toThrow(RangeError);
   });

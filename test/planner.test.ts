@@ -90,7 +90,7 @@ describe.each(BACKENDS)("the plan on %s", (backend) => {
       { trunk: "part", kvDtype: "f32", actDtype: "f32" }, { trunk: "part", kvDtype: "bf16", actDtype: "f32" },
       // --act-dtype i16: int16 trunk rows with their scales, the quantised-input workspace
       { trunk: "auto", kvDtype: "f32", actDtype: "i16" }, { trunk: "part", kvDtype: "f32", actDtype: "i16" },
-      { trunk: "auto", kvDtype: "f32", actDtype: "i16x1" },
+      { trunk: "auto", kvDtype: "i16", actDtype: "i16x1" }, { trunk: "part", kvDtype: "i16", actDtype: "i16x1" },
     ] as const)("equals what each range's engine reports (trunk $trunk, KV $kvDtype, Linear inputs $actDtype)", async ({ trunk, kvDtype, actDtype }) => {
       const order = trunkTensorBytes(facts, actDtype);
       const all = order.reduce((a, b) => a + b, 0);
@@ -157,7 +157,7 @@ describe.each(BACKENDS)("the plan of a Q8-trunk pack (kvl pack --trunk-dtype q8)
     const part = order.slice(0, Math.ceil(order.length / 2) + 1).reduce((a, b) => a + b, 0) + 4095;
     const options: PlanOptions = {
       backend, instances, ramMib: 4096, cacheMib: 0.1, trunkCacheMib: trunk === "auto" ? null : part / MIB,
-      maxContext: 200, maxBatch: 48, loadVision: false, kvDtype: "f32", actDtype,
+      maxContext: 200, maxBatch: 48, loadVision: false, actDtype,
     };
     const p = planFromFacts(q8Facts, { threads: THREADS, ...options });
     expect(p.trunkCacheable).toBe(all);
@@ -457,6 +457,8 @@ describe("bad inputs", () => {
     ["instances past the layers", { instances: 5 }, /only 4 decoder layers/],
     ["batch 0", { maxBatch: 0 }, /max batch/],
     ["kv dtype", { kvDtype: "f16" as never }, /kv dtype 'f16' unknown/],
+    ["an i16 KV cache without act dtype i16x1", { kvDtype: "i16" as const }, /kv dtype i16 does not go with act dtype f32: act dtype i16x1 keeps/],
+    ["act dtype i16x1 with an f32 KV cache", { kvDtype: "f32" as const, actDtype: "i16x1" as const }, /kv dtype f32 does not go with act dtype i16x1/],
     ["act dtype", { actDtype: "i8" as never }, /act dtype 'i8' unknown/],
     ["instance limit below the module's minimum", { backend: "wasm" as const, maxInstanceBytes: 16 * MIB }, /instance memory limit/],
   ] as const)("%s is a UserError", (_name, change, pattern) => {

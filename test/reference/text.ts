@@ -61,8 +61,8 @@ export interface TextOptions {
    * Q8 (the routed experts; with q8Trunk the trunk's too) one 16-bit term per I16_BLOCK columns;
    * where it is a BF16 trunk weight (converted to int16 rows, all resident) one 15-bit term per
    * vector. Not kv_b_proj (attention applies it to FP32 values) or the router. And attention's
-   * two products as a prefill chunk runs them (the core's model.c attn_i16): the cached rows
-   * [latent | roped key] quantised per row (ATTN_I16_ROW_MAX), the absorbed queries [W_uk^T q_nope
+   * two products as the runtime runs them in prefill and decode (the core's model.c attn_i16,
+   * over its int16 KV cache): the cached rows [latent | roped key] quantised per row (ATTN_I16_ROW_MAX), the absorbed queries [W_uk^T q_nope
    * | roped q] per vector (I16_MAX), and the probabilities times their rows' scales per vector
    * and tile of ATTN_I16_TILE positions (I16_MAX). The weights stay exact: this measures what the
    * input rounding alone moves, in float64.
@@ -74,7 +74,7 @@ export interface TextOptions {
 export const I16_BLOCK = 64;
 export const I16_Q8_MAX = 32767;
 export const I16_MAX = 16383;
-/** The core's model.c ATTN_I16_TILE and ATTN_I16_ROW_MAX (attention on integers in a prefill). */
+/** The core's model.c ATTN_I16_TILE and ATTN_I16_ROW_MAX (attention on integers, i16 KV cache). */
 export const ATTN_I16_TILE = 128;
 export const ATTN_I16_ROW_MAX = 32767;
 
@@ -197,7 +197,7 @@ export class TextReference {
   /** How the input of a Linear weight (name without the language_model. prefix) is quantised:
    * null for exact inputs. */
   private readonly inputRule: (name: string, cols: number) => { block: number; lim: number } | null;
-  /** i16x1Inputs: attention's products quantised as a prefill chunk runs them (attentionInt). */
+  /** i16x1Inputs: attention's products quantised as the runtime runs them (attentionInt). */
   private readonly intAttention: boolean;
 
   private constructor(cfg: TextConfig, mediaTokenId: number | undefined,
@@ -317,8 +317,8 @@ export class TextReference {
   }
 
   /**
-   * The attention of n positions 0..n-1 in the absorbed form, on the integers a prefill chunk
-   * uses with `--act-dtype i16x1` (the core's model.c attn_block_i16; TextOptions.i16x1Inputs):
+   * The attention of n positions 0..n-1 in the absorbed form, on the integers the runtime uses
+   * with `--act-dtype i16x1` (the core's model.c attn_block_i16; TextOptions.i16x1Inputs):
    * score(s, t) = Q(W_uk^T q_nope | q_rope)_s . Q_row(c_kv | k_rope)_t / sqrt(qk); the context
    * sum_t Q_tile(p_t * rowscale_t) * int_row_t over tiles of ATTN_I16_TILE positions; out = W_uv
    * context. Returns [n, heads * v] like attention()'s.

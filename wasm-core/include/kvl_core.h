@@ -54,7 +54,12 @@ typedef struct kvl_session kvl_session;
 enum { KVL_IO_AUTO = 0, KVL_IO_DIRECT = 1, KVL_IO_BUFFERED = 2 };
 enum { KVL_KERNELS_AUTO = 0, KVL_KERNELS_SCALAR = 1, KVL_KERNELS_AVX2 = 2, KVL_KERNELS_AVX512 = 3,
        KVL_KERNELS_SIMD128 = 4 /* WebAssembly builds only */ };
-enum { KVL_KV_DEFAULT = 0, KVL_KV_F32 = 1, KVL_KV_BF16 = 2 };
+/* The KV cache's rows. I16 goes with act_dtype I16X1 (and only with it; DEFAULT picks it there):
+ * each row [latent | roped key] quantised to int16 once, as it is stored, with one FP32 scale
+ * per row, plus the latents transposed in tiles of 128 positions, so that attention's two
+ * products run on integers for prefill and decode alike (model.c attn_i16). 2*(lat+r) + 4 +
+ * 2*lat bytes per position and layer (FP32: 4*(lat+r)). */
+enum { KVL_KV_DEFAULT = 0, KVL_KV_F32 = 1, KVL_KV_BF16 = 2, KVL_KV_I16 = 3 };
 /* Inputs of the text decoder's Linear layers (attention projections, MLPs, experts, lm_head;
  * not the router, not the attention itself). DEFAULT = F32: exact, within 1e-3 of the FP32
  * reference. BF16 (opt-in) rounds them to BF16 as the checkpoint's own BF16 inference does
@@ -73,7 +78,8 @@ enum { KVL_KV_DEFAULT = 0, KVL_KV_F32 = 1, KVL_KV_BF16 = 2 };
  * token (a trunk cache smaller than the trunk) keep the exact FP32 product. The vision tower
  * stays FP32. Logits: within 7.4e-4 of the float64 reference on the test models
  * (test/engine.test.ts; the int16 rounding of the BF16 weights is most of it; 7e-6 with a Q8
- * trunk). I16X1 is the same with one term (half the integer multiply-adds): logits move by
+ * trunk). I16X1 is the same with one term (half the integer multiply-adds), and keeps the KV
+ * cache as KVL_KV_I16, so that attention's products run on integers too: logits move by
  * 1.4-4e-3 on the test models, which its own test bound allows for (test/engine.test.ts
  * intModeBound). */
 enum { KVL_ACT_DEFAULT = 0, KVL_ACT_F32 = 1, KVL_ACT_BF16 = 2, KVL_ACT_I16 = 3, KVL_ACT_I16X1 = 4 };
@@ -89,8 +95,9 @@ typedef struct kvl_engine_options {
     int32_t io_mode;               /* KVL_IO_*: AUTO tries direct I/O and falls back to buffered,
                                       reporting which one it got in kvl_engine_info */
     int32_t kernels;               /* KVL_KERNELS_*: AUTO = best the CPU supports */
-    int32_t kv_dtype;              /* KVL_KV_*; DEFAULT = F32 (BF16 moved tiny-model logits by
-                                      4e-2, over the 1e-3 correctness tolerance) */
+    int32_t kv_dtype;              /* KVL_KV_*; DEFAULT = F32, or I16 with act_dtype I16X1 (BF16
+                                      moved tiny-model logits by 4e-2, over the 1e-3 correctness
+                                      tolerance) */
     int32_t load_vision;           /* 1 = open vision.idx/vision.bin too */
     int32_t act_dtype;             /* KVL_ACT_* */
     /* Decoder layers this engine runs: [layer_begin, layer_end); 0 and 0 = every layer. The host
@@ -110,7 +117,7 @@ typedef struct kvl_engine_info {
     int32_t n_threads;
     int32_t trunk_direct_io, expert_direct_io, vision_direct_io; /* 1 direct, 0 buffered */
     char kernels[16];              /* "scalar" | "simd128" | "avx2" | "avx512" | "avx512-bf16" */
-    char kv_dtype[8];              /* "f32" | "bf16" */
+    char kv_dtype[8];              /* "f32" | "bf16" | "i16" */
     /* resident bytes the engine allocated at open (for the RAM planner's check) */
     uint64_t global_bytes;         /* lm_head, final norm, small tensors kept resident */
     uint64_t trunk_cache_bytes;    /* resident non-global trunk tensors (with act_dtype i16:

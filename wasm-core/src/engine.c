@@ -880,10 +880,15 @@ kvl_status kvl_engine_open(const char *pack_dir, const kvl_engine_options *optio
         return oerr(&c, KVL_ERR_INVALID_ARG, "io_mode = %d is invalid", (int)o.io_mode);
     if (o.kernels < KVL_KERNELS_AUTO || o.kernels > KVL_KERNELS_SIMD128)
         return oerr(&c, KVL_ERR_INVALID_ARG, "kernels = %d is invalid", (int)o.kernels);
-    if (o.kv_dtype < KVL_KV_DEFAULT || o.kv_dtype > KVL_KV_BF16)
+    if (o.kv_dtype < KVL_KV_DEFAULT || o.kv_dtype > KVL_KV_I16)
         return oerr(&c, KVL_ERR_INVALID_ARG, "kv_dtype = %d is invalid", (int)o.kv_dtype);
     if (o.act_dtype < KVL_ACT_DEFAULT || o.act_dtype > KVL_ACT_I16X1)
         return oerr(&c, KVL_ERR_INVALID_ARG, "act_dtype = %d is invalid", (int)o.act_dtype);
+    if (o.kv_dtype == KVL_KV_DEFAULT)
+        o.kv_dtype = o.act_dtype == KVL_ACT_I16X1 ? KVL_KV_I16 : KVL_KV_F32;
+    if ((o.kv_dtype == KVL_KV_I16) != (o.act_dtype == KVL_ACT_I16X1))
+        return oerr(&c, KVL_ERR_INVALID_ARG, "act_dtype i16x1 keeps the KV cache as int16 rows, and only it "
+                    "does: use kv_dtype i16 with act_dtype i16x1 and f32 or bf16 otherwise");
 
     join_path(path, sizeof path, pack_dir, "PACK_COMPLETE.json");
     if (file_exists(path) != KVL_OK)
@@ -963,7 +968,7 @@ kvl_status kvl_engine_open(const char *pack_dir, const kvl_engine_options *optio
     }
     e->pool = kvl_pool_create(o.n_threads);
     if (!e->pool) { st = oerr(&c, KVL_ERR_NOMEM, "cannot create the thread pool"); goto fail; }
-    e->text->kv_bf16 = o.kv_dtype == KVL_KV_BF16;
+    e->text->kv_dtype = o.kv_dtype;
     e->text->act_bf16 = o.act_dtype == KVL_ACT_BF16;
     e->text->act_i16 = o.act_dtype == KVL_ACT_I16 || o.act_dtype == KVL_ACT_I16X1;
     e->text->act_i16_terms = o.act_dtype == KVL_ACT_I16X1 ? 1 : 2;
@@ -1001,7 +1006,8 @@ kvl_status kvl_engine_get_info(const kvl_engine *e, kvl_engine_info *out)
     out->expert_direct_io = kvl_store_direct_io(e->experts);
     out->vision_direct_io = e->vision ? kvl_store_direct_io(e->vision) : 0;
     snprintf(out->kernels, sizeof out->kernels, "%s", e->k->name);
-    snprintf(out->kv_dtype, sizeof out->kv_dtype, "%s", t->kv_bf16 ? "bf16" : "f32");
+    snprintf(out->kv_dtype, sizeof out->kv_dtype, "%s",
+             t->kv_dtype == KVL_KV_I16 ? "i16" : t->kv_dtype == KVL_KV_BF16 ? "bf16" : "f32");
     snprintf(out->act_dtype, sizeof out->act_dtype, "%s",
              t->act_i16 ? (t->act_i16_terms == 1 ? "i16x1" : "i16") : t->act_bf16 ? "bf16" : "f32");
     out->global_bytes = t->global_bytes;

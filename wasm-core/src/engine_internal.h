@@ -98,7 +98,7 @@ typedef struct kvl_engine_text {
     struct kvl_stream *stream;
     kvl_expert_cache *ecache;
     uint64_t extent_bytes;               /* padded */
-    int kv_bf16;
+    int kv_dtype;                        /* KVL_KV_F32, _BF16 or _I16 (never DEFAULT) */
     int act_bf16;                        /* Linear inputs rounded to BF16 (KVL_ACT_BF16) */
     int act_i16;                         /* Linear inputs quantised to integers (KVL_ACT_I16, _I16X1) */
     int act_i16_terms;                   /* act_i16: integer terms per input, 2 (I16) or 1 (I16X1) */
@@ -126,17 +126,15 @@ struct kvl_session {
     const volatile int32_t *cancel_watch; /* kvl_session_watch_cancel: caller-owned, read only */
     void *arena;               /* one aligned block: KV cache + scratch */
     uint64_t arena_bytes;
-    /* KV: per layer of the engine's range [max_context, kv_lora + rope] in f32 or bf16 (c
-     * first, then k_rope); layer l at index l - layer_begin */
+    /* KV: per layer of the engine's range (layer l at index l - layer_begin) rows [max_context,
+     * kv_lora + rope] (c first, then k_rope) in f32 or bf16; with KVL_KV_I16 (model.c kv_i16_*)
+     * the rows as int16, one f32 scale per row and the latents transposed in tiles of
+     * ATTN_I16_TILE positions [tile][lat][ATTN_I16_TILE] */
     void *kv;
     /* scratch pointers into the arena (model.c) */
     float *x, *xn, *q, *a, *qabs, *chat, *o, *gate, *up, *rlog, *selw, *moe_out, *xg, *yg;
     float *kvt;                /* cached latents transposed [lat][positions] (prefill) */
-    /* attn_i16 (prefill with --act-dtype i16x1, model.c attn_tiled): the cached rows as int16
-     * [positions][lat + rope] with one f32 scale per row, their latents transposed in tiles of
-     * ATTN_I16_TILE positions [tile][lat][ATTN_I16_TILE], and lat ones (the tiles' row scales) */
-    int16_t *kq, *kqt;
-    float *ks, *ones;
+    float *ones;               /* KVL_KV_I16: lat ones (the latent tiles' row scales) */
     float *thread_scratch;     /* n_threads x per_thread floats */
     size_t per_thread;
     int *seli, *ecount, *elist, *eorder;

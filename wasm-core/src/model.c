@@ -28,7 +28,7 @@
 enum {
     L_KV = 0, L_X, L_XN, L_Q, L_A, L_QABS, L_CHAT, L_O, L_GATE, L_UP, L_RLOG, L_SELW,
     L_MOE_OUT, L_XG, L_YG, L_THREAD, L_SELI, L_ECOUNT, L_ELIST, L_EORDER, L_EMBED, L_KVT, L_XQ,
-    L_XS, L_YQ, L_KQ, L_KS, L_KQT, L_ONES, L_COUNT
+    L_XS, L_YQ, L_ONES, L_COUNT
 };
 
 static size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
@@ -55,23 +55,53 @@ static void act_workspace(const kvl_engine_text *t, uint64_t B, uint64_t *xq_ele
  * (attn_per_token), which needs no transposed copy of the cache. */
 #define ATTN_TILED_MIN 8
 
-/* attn_i16: prefill chunks (attn_tiled) run attention's two products on integers with
- * --act-dtype i16x1: the cached rows quantised to int16 with one scale per row (|q| <=
- * ATTN_I16_ROW_MAX, the weight range of matmul_i16_i16), the queries and the probabilities to
- * 15 bits (KVL_I16_MAX) per vector, the probabilities per tile of ATTN_I16_TILE positions.
- * Decode (attn_per_token) keeps FP32: there the cache is read once per token and the products
- * are a small part of the time; in a prefill they grow with the square of the prompt. */
+/* attn_i16: with --act-dtype i16x1 the KV cache is KVL_KV_I16 and attention's two products run
+ * on integers, in prefill chunks (attn_tiled) and decode (attn_per_token) alike: each cached row
+ * quantised to int16 once, as store_kv writes it, with one scale per row (|q| <=
+ * ATTN_I16_ROW_MAX, the weight range of matmul_i16_i16), and its latents also written
+ * transposed into tiles of ATTN_I16_TILE positions; the queries and the probabilities quantised
+ * to 15 bits (KVL_I16_MAX) per vector, the probabilities per tile. */
 #define ATTN_I16_TILE 128
 #define ATTN_I16_ROW_MAX 32767
 
 static int attn_i16(const kvl_engine_text *t)
 {
-    return t->act_i16 && t->act_i16_terms == 1;
+    return t->kv_dtype == KVL_KV_I16;
 }
 
 static size_t attn_i16_tiles(int max_context)
 {
     return ((size_t)max_context + ATTN_I16_TILE - 1) / ATTN_I16_TILE;
+}
+
+/* One layer of a KVL_KV_I16 cache: rows int16 [C][lat + r], their scales f32 [C], the latents
+ * in tiles int16 [ceil(C / ATTN_I16_TILE)][lat][ATTN_I16_TILE]; each part 64-byte aligned. */
+typedef struct kv_i16_layer {
+    int16_t *rows;
+    float *scales;
+    int16_t *tiles;
+} kv_i16_layer;
+
+static uint64_t a64(uint64_t bytes) { return (bytes + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN; }
+
+static uint64_t kv_i16_layer_bytes(const kvl_text_hparams *hp, int max_context)
+{
+    uint64_t C = (uint64_t)max_context, lat = (uint64_t)hp->kv_lora;
+    return a64(C * (lat + (uint64_t)hp->rope) * 2) + a64(C * 4) +
+           a64((uint64_t)attn_i16_tiles(max_context) * ATTN_I16_TILE * lat * 2);
+}
+
+static kv_i16_layer kv_i16_at(const kvl_session *s, int layer)
+{
+    const kvl_text_hparams *hp = &s->engine->text->hp;
+    uint64_t C = (uint64_t)s->max_context, kvrow = (uint64_t)(hp->kv_lora + hp->rope);
+    char *base = (char *)s->kv + (uint64_t)(layer - s->engine->text->layer_begin) *
+                                     kv_i16_layer_bytes(hp, s->max_context);
+    kv_i16_layer l;
+    l.rows = (int16_t *)(void *)base;
+    l.scales = (float *)(void *)(base + a64(C * kvrow * 2));
+    l.tiles = (int16_t *)(void *)(base + a64(C * kvrow * 2) + a64(C * 4));
+    return l;
 }
 
 /* Per thread: scores (one row per head for one token, or one block of n_heads tokens), routing
@@ -100,11 +130,12 @@ static size_t per_thread_floats(const kvl_engine_text *t, int max_context)
  * r = qk_rope_head_dim, lat = kv_lora_rank, W = the widest MLP (max of intermediate_size on
  * dense layers and (n_shared+1)*moe_intermediate on MoE layers), E = routed experts,
  * k = experts per token:
- *   KV      L*C*(lat+r)*(4 f32 | 2 bf16)
+ *   KV      L*C*(lat+r)*(4 f32 | 2 bf16); i16: L*(a64(C*(lat+r)*2) + a64(C*4)
+ *           + a64(ceil(C/128)*128*lat*2)) (kv_i16_layer_bytes)
  *   f32     x, xn, moe_out, xg, yg: B*H each; q: B*nh*(nope+r); a: B*(lat+r);
  *           qabs (absorbed q_nope + roped q_rope): B*nh*(lat+r); chat: B*nh*lat; o: B*nh*v;
  *           gate, up: B*W each; router logits B*E; weights B*k; the cached latents
- *           transposed for attn_tiled: lat*C (0 with attn_i16)
+ *           transposed for attn_tiled: lat*C (0 with an i16 cache)
  *   threads T * align16(max(nh*C, 3E + n_group + 4) + 2*(lat+r) + r + lat*nh
  *                       + ceil(lat*nope/2) + i) floats, i = 0 or with attn_i16
  *                       align4(ceil(nh*(lat+r)/2)) + 2*align4(nh) + nh*128/2
@@ -113,9 +144,7 @@ static size_t per_thread_floats(const kvl_engine_text *t, int max_context)
  *           with --act-dtype i16, one with i16x1): int16 2*B*w + 50*32 with w = max(2H, nh*v, W), their scales f32
  *           2B*(ceil(w/64) + 2) + 50; per thread f32 2B*64 (both terms' products of 64 rows;
  *           act_workspace)
- *   attn_i16 (--act-dtype i16x1; else 0, i.e. 64 bytes each) the cached rows as int16
- *           C*(lat+r), their scales f32 C, the latents in tiles int16 ceil(C/128)*128*lat,
- *           ones f32 lat
+ *   ones    (an i16 cache; else 0, i.e. 64 bytes) f32 lat
  */
 void kvl_session_layout_compute(const kvl_engine *engine, int max_context, int max_batch,
                                 kvl_session_layout *out)
@@ -124,10 +153,12 @@ void kvl_session_layout_compute(const kvl_engine *engine, int max_context, int m
     const kvl_text_hparams *hp = &t->hp;
     uint64_t B = (uint64_t)max_batch, H = (uint64_t)hp->hidden, nh = (uint64_t)hp->n_heads;
     uint64_t kvrow = (uint64_t)(hp->kv_lora + hp->rope);
-    uint64_t elt = t->kv_bf16 ? 2u : 4u;
+    uint64_t elt = t->kv_dtype == KVL_KV_BF16 ? 2u : 4u;
     uint64_t nthreads = (uint64_t)kvl_pool_size(engine->pool);
     uint64_t sizes[L_COUNT];
-    sizes[L_KV] = (uint64_t)(t->layer_end - t->layer_begin) * (uint64_t)max_context * kvrow * elt;
+    const int int_attn = attn_i16(t);
+    const uint64_t L = (uint64_t)(t->layer_end - t->layer_begin);
+    sizes[L_KV] = int_attn ? L * kv_i16_layer_bytes(hp, max_context) : L * (uint64_t)max_context * kvrow * elt;
     sizes[L_X] = B * H * 4;
     sizes[L_XN] = B * H * 4;
     sizes[L_Q] = B * nh * (size_t)(hp->nope + hp->rope) * 4;
@@ -149,11 +180,7 @@ void kvl_session_layout_compute(const kvl_engine *engine, int max_context, int m
     sizes[L_EORDER] = (size_t)hp->n_routed * sizeof(int);
     sizes[L_EMBED] = H * sizeof(uint16_t);
     const uint64_t C = (uint64_t)max_context, lat = (uint64_t)hp->kv_lora;
-    const int int_attn = attn_i16(t);
     sizes[L_KVT] = int_attn ? 0 : lat * C * 4;
-    sizes[L_KQ] = int_attn ? C * kvrow * 2 : 0;
-    sizes[L_KS] = int_attn ? C * 4 : 0;
-    sizes[L_KQT] = int_attn ? (uint64_t)attn_i16_tiles(max_context) * ATTN_I16_TILE * lat * 2 : 0;
     sizes[L_ONES] = int_attn ? lat * 4 : 0;
     uint64_t xq_elems, xs_elems, yq_elems;
     act_workspace(t, B, &xq_elems, &xs_elems, &yq_elems);
@@ -199,9 +226,6 @@ void kvl_session_bind(kvl_session *s, const kvl_session_layout *ly)
     s->xq = (int16_t *)(void *)(base + ly->off[L_XQ]);
     s->xs = (float *)(void *)(base + ly->off[L_XS]);
     s->yq = (float *)(void *)(base + ly->off[L_YQ]);
-    s->kq = (int16_t *)(void *)(base + ly->off[L_KQ]);
-    s->ks = (float *)(void *)(base + ly->off[L_KS]);
-    s->kqt = (int16_t *)(void *)(base + ly->off[L_KQT]);
     s->ones = (float *)(void *)(base + ly->off[L_ONES]);
     if (attn_i16(s->engine->text))
         for (int c = 0; c < hp->kv_lora; c++) s->ones[c] = 1.0f;
@@ -574,7 +598,8 @@ typedef struct attn_job {
     const uint16_t *kvb;   /* [n_heads*(nope+v), kv_lora] BF16; NULL when kvb_q is set */
     const int8_t *kvb_q;   /* a Q8_ROWS kv_b_proj (--trunk-dtype q8): int8 rows, same shape */
     const float *kvb_s;    /* ... and their f32 scales [n_heads*(nope+v)]; else NULL */
-    const void *kv;        /* this layer's cache rows */
+    const void *kv;        /* this layer's cache rows (f32 or bf16) */
+    kv_i16_layer kvq;      /* ... or, with an i16 cache, its parts */
     int n, pos0;
 } attn_job;
 
@@ -582,16 +607,70 @@ static const float *kv_row(const attn_job *j, int pos, float *conv)
 {
     const kvl_engine_text *t = j->s->engine->text;
     size_t kvrow = (size_t)(t->hp.kv_lora + t->hp.rope);
-    if (!t->kv_bf16) return (const float *)j->kv + (size_t)pos * kvrow;
+    if (t->kv_dtype != KVL_KV_BF16) return (const float *)j->kv + (size_t)pos * kvrow;
     j->s->engine->k->bf16_to_f32(conv, (const uint16_t *)j->kv + (size_t)pos * kvrow, kvrow);
     return conv;
 }
 
+/* attn_i16 scratch of one thread (per_thread_floats) */
+typedef struct attn_i16_scratch {
+    int16_t *qq; /* a block's queries [n_heads][lat + rope] */
+    float *qs;   /* ... their scales [n_heads] */
+    int16_t *aq; /* a block's probabilities of one tile [n_heads][ATTN_I16_TILE] */
+    float *as;   /* ... their scales [n_heads] */
+} attn_i16_scratch;
+
+/* Attention on integer products (attn_i16) for nv query vectors: a block of one head's tokens
+ * (attn_tiled) or one token's heads (attn_per_token). Vector i is the absorbed | roped query at
+ * qabs + i * q_stride; it attends to positions 0 .. len0 + i * len_step - 1 (seen = the most
+ * of them) and its context goes to chat + i * chat_stride. Scores = the int16 cached rows
+ * (their scales kvq.scales) . the queries quantised per vector; FP32 softmax; then each
+ * probability times its row's scale, quantised per vector and tile, times the tile's transposed
+ * latents, added into the context tile by tile (ctmp: one tile's [nv][lat]). Positions past a
+ * vector's own (and a partial tile's padding, whatever it holds) meet zero probabilities, so
+ * they add exactly 0. */
+static void attn_block_i16(const attn_job *j, const float *qabs, size_t q_stride, size_t nv,
+                           size_t len0, size_t len_step, float *chat, size_t chat_stride,
+                           float *scores, float *ctmp, const attn_i16_scratch *z)
+{
+    kvl_session *s = j->s;
+    const kvl_kernels *k = s->engine->k;
+    const kvl_text_hparams *hp = &s->engine->text->hp;
+    const size_t kvl = (size_t)hp->kv_lora, kvrow = kvl + (size_t)hp->rope;
+    const size_t seen = len0 + (nv - 1) * len_step;
+    const float scale = 1.0f / sqrtf((float)(hp->nope + hp->rope));
+    const kv_i16_layer *kq = &j->kvq;
+    k->quantize_i16_act(z->qq, z->qs, qabs, kvrow, nv, q_stride, kvrow, kvrow, KVL_I16_MAX);
+    k->matmul_i16_i16(scores, seen, kq->rows, kq->scales, seen, kvrow, z->qq, z->qs, kvrow, nv);
+    for (size_t i = 0; i < nv; i++) {
+        float *row = scores + i * seen;
+        size_t len = len0 + i * len_step;
+        for (size_t p = 0; p < len; p++) row[p] *= scale;
+        k->softmax(row, len);
+        for (size_t p = 0; p < len; p++) row[p] *= kq->scales[p];
+        memset(row + len, 0, (seen - len) * 4);
+        memset(chat + i * chat_stride, 0, kvl * 4);
+    }
+    for (size_t p0 = 0; p0 < seen; p0 += ATTN_I16_TILE) {
+        size_t w = seen - p0 < ATTN_I16_TILE ? seen - p0 : ATTN_I16_TILE;
+        k->quantize_i16_act(z->aq, z->as, scores + p0, w, nv, seen, ATTN_I16_TILE, w, KVL_I16_MAX);
+        for (size_t i = 0; i < nv && w < ATTN_I16_TILE; i++)
+            memset(z->aq + i * ATTN_I16_TILE + w, 0, (ATTN_I16_TILE - w) * sizeof(int16_t));
+        k->matmul_i16_i16(ctmp, kvl, kq->tiles + p0 * kvl, s->ones, kvl, ATTN_I16_TILE, z->aq, z->as,
+                          ATTN_I16_TILE, nv);
+        for (size_t i = 0; i < nv; i++) {
+            float *dst = chat + i * chat_stride;
+            for (size_t c = 0; c < kvl; c++) dst[c] += ctmp[i * kvl + c];
+        }
+    }
+}
+
 /* Decode and short chunks, per token: the scores of this thread's heads against every cached
  * row as one matmul (rows = positions, vectors = the heads' absorbed | roped queries), then the
- * softmax-weighted sum of latents (axpy_rows_f32: register tiles of heads x latent columns). */
+ * softmax-weighted sum of latents (axpy_rows_f32: register tiles of heads x latent columns).
+ * With an i16 cache (z set) the same on integers: attn_block_i16 over the heads. */
 static void attn_per_token(const attn_job *j, size_t hb, size_t he, float *scores,
-                              float *conv)
+                           float *conv, float *ctmp, const attn_i16_scratch *z)
 {
     kvl_session *s = j->s;
     const kvl_kernels *k = s->engine->k;
@@ -603,7 +682,12 @@ static void attn_per_token(const attn_job *j, size_t hb, size_t he, float *score
     for (int t = 0; t < j->n; t++) {
         size_t P = (size_t)(j->pos0 + t); /* attends to positions 0..P */
         float *qt = s->qabs + (size_t)t * nh * kvrow;
-        if (s->engine->text->kv_bf16)
+        if (z) {
+            attn_block_i16(j, qt + hb * kvrow, kvrow, he - hb, P + 1, 0, s->chat + ((size_t)t * nh + hb) * kvl,
+                           kvl, scores, ctmp, z);
+            continue;
+        }
+        if (s->engine->text->kv_dtype == KVL_KV_BF16)
             k->matmul_bf16(scores + hb * ctx_len, ctx_len, (const uint16_t *)j->kv, P + 1, kvrow,
                            qt + hb * kvrow, kvrow, he - hb);
         else
@@ -618,61 +702,13 @@ static void attn_per_token(const attn_job *j, size_t hb, size_t he, float *score
         /* chat[h] += p[h][pos] * latent[pos], positions in order (as axpys); FP32 cache rows in
          * place, BF16 ones converted one at a time */
         float *chat = s->chat + ((size_t)t * nh + hb) * kvl;
-        if (!s->engine->text->kv_bf16)
+        if (s->engine->text->kv_dtype != KVL_KV_BF16)
             k->axpy_rows_f32(chat, kvl, scores + hb * ctx_len, ctx_len, he - hb, (const float *)j->kv,
                              kvrow, P + 1, kvl);
         else
             for (size_t p = 0; p <= P; p++)
                 k->axpy_rows_f32(chat, kvl, scores + hb * ctx_len + p, ctx_len, he - hb,
                                  kv_row(j, (int)p, conv), kvrow, 1, kvl);
-    }
-}
-
-/* attn_i16 scratch of one thread (per_thread_floats) */
-typedef struct attn_i16_scratch {
-    int16_t *qq; /* a block's queries [n_heads][lat + rope] */
-    float *qs;   /* ... their scales [n_heads] */
-    int16_t *aq; /* a block's probabilities of one tile [n_heads][ATTN_I16_TILE] */
-    float *as;   /* ... their scales [n_heads] */
-} attn_i16_scratch;
-
-/* attn_tiled's block on integer products (attn_i16): scores = the int16 cached rows (scales
- * s->ks) . the block's queries quantised per vector; FP32 softmax; then each probability times
- * its row's scale, quantised per vector and tile, times the tile's transposed latents, added into
- * the context tile by tile (ctmp: one tile's [tb][lat]). Positions past a token's own (and a
- * partial tile's padding, whatever it holds) meet zero probabilities, so they add exactly 0. */
-static void attn_block_i16(const attn_job *j, size_t h, size_t t0, size_t tb, size_t seen,
-                           float *scores, float *ctmp, const attn_i16_scratch *z)
-{
-    kvl_session *s = j->s;
-    const kvl_kernels *k = s->engine->k;
-    const kvl_text_hparams *hp = &s->engine->text->hp;
-    const size_t nh = (size_t)hp->n_heads, kvl = (size_t)hp->kv_lora;
-    const size_t kvrow = kvl + (size_t)hp->rope, pos0 = (size_t)j->pos0;
-    const float scale = 1.0f / sqrtf((float)(hp->nope + hp->rope));
-    const float *qb = s->qabs + (t0 * nh + h) * kvrow;
-    k->quantize_i16_act(z->qq, z->qs, qb, kvrow, tb, nh * kvrow, kvrow, kvrow, KVL_I16_MAX);
-    k->matmul_i16_i16(scores, seen, s->kq, s->ks, seen, kvrow, z->qq, z->qs, kvrow, tb);
-    for (size_t i = 0; i < tb; i++) {
-        float *row = scores + i * seen;
-        size_t len = pos0 + t0 + i + 1;
-        for (size_t p = 0; p < len; p++) row[p] *= scale;
-        k->softmax(row, len);
-        for (size_t p = 0; p < len; p++) row[p] *= s->ks[p];
-        memset(row + len, 0, (seen - len) * 4);
-        memset(s->chat + ((t0 + i) * nh + h) * kvl, 0, kvl * 4);
-    }
-    for (size_t p0 = 0; p0 < seen; p0 += ATTN_I16_TILE) {
-        size_t w = seen - p0 < ATTN_I16_TILE ? seen - p0 : ATTN_I16_TILE;
-        k->quantize_i16_act(z->aq, z->as, scores + p0, w, tb, seen, ATTN_I16_TILE, w, KVL_I16_MAX);
-        for (size_t i = 0; i < tb && w < ATTN_I16_TILE; i++)
-            memset(z->aq + i * ATTN_I16_TILE + w, 0, (ATTN_I16_TILE - w) * sizeof(int16_t));
-        k->matmul_i16_i16(ctmp, kvl, s->kqt + p0 * kvl, s->ones, kvl, ATTN_I16_TILE, z->aq, z->as,
-                          ATTN_I16_TILE, tb);
-        for (size_t i = 0; i < tb; i++) {
-            float *dst = s->chat + ((t0 + i) * nh + h) * kvl;
-            for (size_t c = 0; c < kvl; c++) dst[c] += ctmp[i * kvl + c];
-        }
     }
 }
 
@@ -706,11 +742,12 @@ static void attn_tiled(const attn_job *j, size_t hb, size_t he, float *scores, f
             size_t tb = n - t0 < nh ? n - t0 : nh;
             size_t seen = pos0 + t0 + tb; /* positions the block's last token attends to */
             if (z) {
-                attn_block_i16(j, h, t0, tb, seen, scores, chat_t, z);
+                attn_block_i16(j, s->qabs + (t0 * nh + h) * kvrow, nh * kvrow, tb, pos0 + t0 + 1, 1,
+                               s->chat + (t0 * nh + h) * kvl, nh * kvl, scores, chat_t, z);
                 continue;
             }
             const float *qb = s->qabs + (t0 * nh + h) * kvrow;
-            if (s->engine->text->kv_bf16)
+            if (s->engine->text->kv_dtype == KVL_KV_BF16)
                 k->matmul_bf16(scores, seen, (const uint16_t *)j->kv, seen, kvrow, qb, nh * kvrow, tb);
             else
                 k->matmul_f32(scores, seen, (const float *)j->kv, seen, kvrow, qb, nh * kvrow, tb);
@@ -790,7 +827,7 @@ static void attn_worker(void *ctx, int ti, int nt)
         if (n >= ATTN_TILED_MIN)
             attn_tiled(j, hb, he, scores, chat_t, wukt, 1, z);
         else
-            attn_per_token(j, hb, he, scores, conv);
+            attn_per_token(j, hb, he, scores, conv, chat_t, z);
     }
     for (size_t h = hb; h < he; h++) {
         size_t r = h * (nope + vd) + nope; /* W_uv: rows r .. r + vd of kv_b_proj */
@@ -816,8 +853,18 @@ static void store_kv(kvl_session *s, int layer, int n, int pos0)
         kvl_rmsnorm(tmp, a, t->layers[layer].kva_ln, kvl, hp->kva_eps);
         memcpy(tmp + kvl, a + kvl, (size_t)hp->rope * 4);
         rope_apply(tmp + kvl, rtmp, hp->rope, pos0 + i, hp->rope_theta);
-        size_t idx = ((size_t)(layer - t->layer_begin) * layer_rows + (size_t)(pos0 + i)) * kvrow;
-        if (t->kv_bf16)
+        size_t p = (size_t)(pos0 + i);
+        if (t->kv_dtype == KVL_KV_I16) {
+            /* the row once as int16 with its scale, its latents also into their tile's column */
+            kv_i16_layer l = kv_i16_at(s, layer);
+            int16_t *q = l.rows + p * kvrow;
+            s->engine->k->quantize_i16_act(q, l.scales + p, tmp, kvrow, 1, kvrow, kvrow, kvrow, ATTN_I16_ROW_MAX);
+            int16_t *tile = l.tiles + (p / ATTN_I16_TILE) * ATTN_I16_TILE * kvl + p % ATTN_I16_TILE;
+            for (size_t c = 0; c < kvl; c++) tile[c * ATTN_I16_TILE] = q[c];
+            continue;
+        }
+        size_t idx = ((size_t)(layer - t->layer_begin) * layer_rows + p) * kvrow;
+        if (t->kv_dtype == KVL_KV_BF16)
             s->engine->k->f32_to_bf16((uint16_t *)s->kv + idx, tmp, kvrow);
         else
             memcpy((float *)s->kv + idx, tmp, kvrow * 4);
@@ -863,25 +910,21 @@ static kvl_status attention(kvl_session *s, int layer, int n, int pos0)
         j.kvb_q = (const int8_t *)(const void *)w;
         j.kvb_s = q8_rows_scale(w, rows, (size_t)hp->kv_lora);
     }
-    size_t elt = t->kv_bf16 ? 2u : 4u;
-    j.kv = (const char *)s->kv +
-           (size_t)(layer - t->layer_begin) * (size_t)s->max_context * kvrow * elt;
-    if (n >= ATTN_TILED_MIN) {
-        /* for attn_tiled: the cached latents transposed; with attn_i16 the cached rows quantised
-         * (one scale per row) and their latents transposed in tiles */
+    memset(&j.kvq, 0, sizeof j.kvq);
+    if (attn_i16(t)) {
+        j.kv = NULL;
+        j.kvq = kv_i16_at(s, layer);
+    } else {
+        size_t elt = t->kv_dtype == KVL_KV_BF16 ? 2u : 4u;
+        j.kv = (const char *)s->kv + (size_t)(layer - t->layer_begin) * (size_t)s->max_context * kvrow * elt;
+    }
+    if (n >= ATTN_TILED_MIN && !attn_i16(t)) {
+        /* for attn_tiled: the cached latents transposed (an i16 cache keeps its own tiles) */
         size_t kvl = (size_t)hp->kv_lora, ptot = (size_t)(pos0 + n);
         float *conv = s->thread_scratch; /* no pool job is running */
-        const int int_attn = attn_i16(t);
         for (size_t p = 0; p < ptot; p++) {
             const float *row = kv_row(&j, (int)p, conv);
-            if (!int_attn) {
-                for (size_t c = 0; c < kvl; c++) s->kvt[c * ptot + p] = row[c];
-                continue;
-            }
-            int16_t *q = s->kq + p * kvrow;
-            e->k->quantize_i16_act(q, s->ks + p, row, kvrow, 1, kvrow, kvrow, kvrow, ATTN_I16_ROW_MAX);
-            int16_t *tile = s->kqt + (p / ATTN_I16_TILE) * ATTN_I16_TILE * kvl + p % ATTN_I16_TILE;
-            for (size_t c = 0; c < kvl; c++) tile[c * ATTN_I16_TILE] = q[c];
+            for (size_t c = 0; c < kvl; c++) s->kvt[c * ptot + p] = row[c];
         }
     }
     kvl_pool_run(e->pool, attn_worker, &j);
