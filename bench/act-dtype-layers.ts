@@ -9,11 +9,12 @@
  *
  * KVL_BENCH_LAYERS=B,E runs layers [B, E) instead; a range that ends before the last layer has no
  * lm_head, so its decode step is the layers alone (lm_head alone is most of a two-layer step).
+ * KVL_BENCH_KERNELS=avx2 (or any kernel set) picks the kernels; default the best the CPU has.
  *
  * PACK: `kvl pack --synth-preset full --seed 0 PACK`. DIST_DIR: another WebAssembly build of the
  * core (wasm-core/build-wasm.sh OUT_DIR) to compare a variant.
  */
-import type { ActDtype } from "../host/engine-api.js";
+import type { ActDtype, KernelChoice } from "../host/engine-api.js";
 import { NativeBackend } from "../host/native-backend.js";
 import { WasmBackend } from "../host/wasm-backend.js";
 
@@ -29,7 +30,8 @@ const core = backend === "wasm"
 const extent = 9 * 2 ** 20; // >= one extent; the core rounds down to whole extents
 const t0 = performance.now();
 const [layerBegin, layerEnd] = (process.env.KVL_BENCH_LAYERS ?? "25,27").split(",").map(Number) as [number, number];
-const engine = core.openEngine(pack, { nThreads: 2, layerBegin, layerEnd, trunkCacheBytes: 0, expertCacheBytes: (layerEnd - layerBegin) * 64 * extent, actDtype: act });
+const kernels = (process.env.KVL_BENCH_KERNELS ?? "auto") as KernelChoice;
+const engine = core.openEngine(pack, { nThreads: 2, layerBegin, layerEnd, kernels, trunkCacheBytes: 0, expertCacheBytes: (layerEnd - layerBegin) * 64 * extent, actDtype: act });
 const info = engine.info();
 const logits = layerEnd < info.nLayers ? "none" : "last"; // not the last range: hidden states out
 const H = info.hiddenSize;
