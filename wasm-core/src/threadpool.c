@@ -77,10 +77,19 @@ static void cond_broadcast(kvl_cond *c) { pthread_cond_broadcast(c); }
 static void cond_signal(kvl_cond *c) { pthread_cond_signal(c); }
 #endif
 
-/* Spin iterations before blocking. A pause is ~10-140 cycles depending on the core, so this is
- * some tens of microseconds: longer than the gap between two runs inside one decode step,
- * shorter than anything a human (or an oversubscribed machine) would notice. */
+/* Spin iterations before blocking: some tens of microseconds, longer than the gap between two
+ * runs inside one decode step, shorter than anything a human (or an oversubscribed machine) would
+ * notice. On x86 an iteration is a pause (~10-140 cycles depending on the core). WebAssembly has
+ * no pause instruction, so there an iteration is one atomic load, about a nanosecond, and 4096 of
+ * them gave up after ~2 us: workers then slept between the runs of a decode step and every run
+ * paid a wake through Atomics.wait/notify (tens of microseconds in V8). 32x the iterations spin
+ * about as long as native does (kernel bench, 2 threads, q8 x int16 decode from DRAM: 15-18 GB/s
+ * before, 20-28 after, session 14). */
+#ifdef __wasm__
+#define KVL_SPIN_ITERS (4096 * 32)
+#else
 #define KVL_SPIN_ITERS 4096
+#endif
 
 typedef struct kvl_worker {
     struct kvl_pool *pool;
