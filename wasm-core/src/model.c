@@ -848,15 +848,16 @@ static void store_kv(kvl_session *s, int layer, int n, int pos0)
     size_t layer_rows = (size_t)s->max_context;
     float *tmp = s->thread_scratch; /* thread 0's scratch; no pool job is running */
     float *rtmp = tmp + kvrow;
+    const int i16 = t->kv_dtype == KVL_KV_I16;
+    const kv_i16_layer l = i16 ? kv_i16_at(s, layer) : (kv_i16_layer){NULL, NULL, NULL};
     for (int i = 0; i < n; i++) {
         float *a = s->a + (size_t)i * kvrow;
         kvl_rmsnorm(tmp, a, t->layers[layer].kva_ln, kvl, hp->kva_eps);
         memcpy(tmp + kvl, a + kvl, (size_t)hp->rope * 4);
         rope_apply(tmp + kvl, rtmp, hp->rope, pos0 + i, hp->rope_theta);
         size_t p = (size_t)(pos0 + i);
-        if (t->kv_dtype == KVL_KV_I16) {
+        if (i16) {
             /* the row once as int16 with its scale, its latents also into their tile's column */
-            kv_i16_layer l = kv_i16_at(s, layer);
             int16_t *q = l.rows + p * kvrow;
             s->engine->k->quantize_i16_act(q, l.scales + p, tmp, kvrow, 1, kvrow, kvrow, kvrow, ATTN_I16_ROW_MAX);
             int16_t *tile = l.tiles + (p / ATTN_I16_TILE) * ATTN_I16_TILE * kvl + p % ATTN_I16_TILE;
@@ -913,18 +914,18 @@ static kvl_status attention(kvl_session *s, int layer, int n, int pos0)
     memset(&j.kvq, 0, sizeof j.kvq);
     if (attn_i16(t)) {
         j.kv = NULL;
-        j.kvq = kv_i16_at(s, layer);
+        j.kvq = kv_i16_at(s, layer); /* keeps its own transposed tiles */
     } else {
         size_t elt = t->kv_dtype == KVL_KV_BF16 ? 2u : 4u;
         j.kv = (const char *)s->kv + (size_t)(layer - t->layer_begin) * (size_t)s->max_context * kvrow * elt;
-    }
-    if (n >= ATTN_TILED_MIN && !attn_i16(t)) {
-        /* for attn_tiled: the cached latents transposed (an i16 cache keeps its own tiles) */
-        size_t kvl = (size_t)hp->kv_lora, ptot = (size_t)(pos0 + n);
-        float *conv = s->thread_scratch; /* no pool job is running */
-        for (size_t p = 0; p < ptot; p++) {
-            const float *row = kv_row(&j, (int)p, conv);
-            for (size_t c = 0; c < kvl; c++) s->kvt[c * ptot + p] = row[c];
+        if (n >= ATTN_TILED_MIN) {
+            /* for attn_tiled: the cached latents transposed */
+            size_t kvl = (size_t)hp->kv_lora, ptot = (size_t)(pos0 + n);
+            float *conv = s->thread_scratch; /* no pool job is running */
+            for (size_t p = 0; p < ptot; p++) {
+                const float *row = kv_row(&j, (int)p, conv);
+                for (size_t c = 0; c < kvl; c++) s->kvt[c * ptot + p] = row[c];
+            }
         }
     }
     kvl_pool_run(e->pool, attn_worker, &j);
