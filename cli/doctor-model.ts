@@ -9,7 +9,8 @@
  * and hparams against config.json (model-spec.ts); provenance (SOURCE_REVISION.txt against the
  * indexes and the pinned revision); which backend runs and why (backend.ts's record); the RAM
  * plan (planner.ts) against --ram-mib and the RAM available now; the engine opened from that plan
- * in its worker and direct I/O where the model lives; a short greedy generation.
+ * in its worker, direct I/O where the model lives and, on Linux, whether the cache's memory gets
+ * huge pages (huge-pages.ts); a short greedy generation.
  * A failed pack check stops before the engine checks (they would only repeat the failure).
  *
  * Owns: running and rendering the checks. Does not own: any checked machinery.
@@ -22,6 +23,7 @@ import { type BackendRecord, BackendError, chooseBackend } from "../host/backend
 import { ChatTemplate } from "../host/chat-template.js";
 import { buildPrompt } from "../host/conversation.js";
 import { EngineClient } from "../host/engine-client.js";
+import { hugePageAdvice, readThpMode } from "../host/huge-pages.js";
 import { checkpointNotPack, configProblems, missingRuntimeFiles } from "../host/pack-check.js";
 import { PackReader, SOURCE_REVISION_FILE } from "../host/pack-format.js";
 import { type RamPlan, MIB, plan } from "../host/planner.js";
@@ -234,6 +236,8 @@ async function checkEngine(model: string, record: BackendRecord, ramPlan: RamPla
       ? { status: "OK", name: "direct I/O", detail: `trunk and expert reads bypass the page cache in ${model}` }
       : { status: "WARN", name: "direct I/O", detail: `${buffered.join(" and ")} reads are buffered: the filesystem of ${model} refuses ` +
         "direct I/O, so the page cache holds model data outside the RAM plan; move the model to ext4/xfs/NTFS for a hard cap" });
+    const hugePages = hugePageAdvice(record.chosen, readThpMode());
+    if (hugePages) checks.push({ status: hugePages.status, name: "huge pages", detail: hugePages.detail });
     checks.push(await checkGeneration(model, client, ramPlan));
   } finally {
     await client.close().catch(() => undefined);

@@ -8,6 +8,7 @@
  */
 import { type BackendRecord, BackendError, chooseBackend, openBackend } from "../host/backend.js";
 import type { BackendName, ConformanceReport } from "../host/core-api.js";
+import { type ThpMode, hugePageAdvice, readThpMode } from "../host/huge-pages.js";
 
 export interface SelfTestResult {
   readonly backend: BackendName;
@@ -23,6 +24,8 @@ export interface DoctorReport {
   readonly backend: BackendRecord | null;
   readonly backendError: string | null;
   readonly selfTests: readonly SelfTestResult[];
+  /** Linux's transparent huge page mode (null elsewhere): whether direct reads land in huge pages. */
+  readonly thp: ThpMode | null;
   readonly pass: boolean;
 }
 
@@ -63,13 +66,13 @@ export async function runDoctor(backendOption: string | undefined): Promise<Doct
     record = chooseBackend({ option: backendOption });
   } catch (err) {
     if (!(err instanceof BackendError)) throw err;
-    return { backend: null, backendError: err.message, selfTests: [], pass: false };
+    return { backend: null, backendError: err.message, selfTests: [], thp: readThpMode(), pass: false };
   }
   const selfTests: SelfTestResult[] = [];
   if (record.native.loads) selfTests.push(...(await selfTest("native", record)));
   if (record.wasm.usable) selfTests.push(...(await selfTest("wasm", record)));
   const pass = selfTests.length > 0 && selfTests.every((t) => t.failed === 0);
-  return { backend: record, backendError: null, selfTests, pass };
+  return { backend: record, backendError: null, selfTests, thp: readThpMode(), pass };
 }
 
 const yes = (b: boolean) => (b ? "yes" : "no");
@@ -93,6 +96,10 @@ export function renderDoctor(report: DoctorReport): string {
   lines.push(`WebAssembly: ${r.wasm.dist}`);
   lines.push(`  SIMD128 ${yes(r.wasm.features.simd128)}, threads ${yes(r.wasm.features.threads)}, ` +
     `relaxed SIMD ${yes(r.wasm.features.relaxedSimd)}${r.wasm.usable ? "" : `; not usable: ${r.wasm.error}`}`);
+  for (const name of ["native", "wasm"] as const) {
+    const advice = hugePageAdvice(name, report.thp);
+    if (advice) lines.push(`huge pages, ${name}: ${advice.detail}`);
+  }
   lines.push("kernel self-test (every entry against the scalar reference):");
   for (const t of report.selfTests) {
     const status = t.failed === 0 ? "ok" : `FAILED ${t.failed}${t.error ? `: ${t.error}` : ""}`;

@@ -24,6 +24,7 @@ import { randomPrompt } from "./bench-prompt.js";
 import type { BackendName } from "./core-api.js";
 import { CoreError, type CoreSession, type EngineStats, type ActDtype, type KernelChoice } from "./engine-api.js";
 import { type HostedEngine, openHostedEngine } from "./engine-host.js";
+import { type ThpMode, readThpMode } from "./huge-pages.js";
 import { plan } from "./planner.js";
 import { peakRssBytes } from "./process-memory.js";
 import { UserError } from "./user-error.js";
@@ -89,6 +90,8 @@ export interface BenchResult {
   /** whether VmHWM could be reset before each run (Linux); else peaks include all before */
   peak_rss_reset: boolean;
   ru_maxrss_bytes: number;
+  /** Linux's transparent huge page mode (host/huge-pages.ts; null elsewhere) */
+  transparent_huge_pages: ThpMode | null;
 }
 
 // ---- process memory -------------------------------------------------------------------------
@@ -314,6 +317,7 @@ export async function runBench(o: BenchOptions, pb: PackBytes, limits: Limits, o
       drop_caches: o.dropCaches, act_dtype: o.actDtype, kernels: o.kernels ?? "auto", backend: o.backendRequest, instances: o.instances ?? null,
     },
     limits, pack_bytes: pb, runs: [], peak_rss_bytes: null, peak_rss_reset: rssReset, ru_maxrss_bytes: 0,
+    transparent_huge_pages: readThpMode(),
   };
   for (const backend of o.backends) {
     for (const n of lens) {

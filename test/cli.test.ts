@@ -1,6 +1,6 @@
 /** The `kvl` command as a user runs it (the compiled dist/cli/kvl.js, in a child process). */
 import { spawnSync } from "node:child_process";
-import { existsSync, mkdtempSync, rmSync } from "node:fs";
+import { existsSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 
@@ -52,6 +52,16 @@ describe("kvl doctor without a model", () => {
     expect(r.stdout).toMatch(/^ {2}wasm +simd128 +\d+ checks {2}ok$/m);
     expect(r.stdout).toMatch(/^ {2}native +avx2 +\d+ checks {2}ok$/m);
     expect(r.stdout).toMatch(/^ {2}wasm +scalar +\d+ checks {2}ok$/m);
+    // Linux: what the transparent huge page mode means for each backend's direct reads
+    const thpFile = "/sys/kernel/mm/transparent_hugepage/enabled";
+    const mode = existsSync(thpFile) ? /\[(\w+)\]/.exec(readFileSync(thpFile, "utf8"))?.[1] : undefined;
+    if (mode) {
+      expect(r.stdout).toMatch(new RegExp(`^huge pages, native: .*"?${mode}"?`, "m"));
+      expect(r.stdout).toMatch(mode === "always" ? /^huge pages, wasm: .*the WebAssembly memory gets them too$/m
+        : /^huge pages, wasm: .*echo always \| sudo tee/m);
+    } else {
+      expect(r.stdout).not.toContain("huge pages");
+    }
   });
 
   it("--json gives the backend record; KVL_BACKEND=wasm chooses WebAssembly", () => {

@@ -6,7 +6,7 @@
  * the plan cannot fit, and a backend that cannot load. (Ported from tests/test_doctor.py.)
  */
 import { spawnSync } from "node:child_process";
-import { cpSync, openSync, readFileSync, rmSync, truncateSync, writeFileSync, writeSync, closeSync, statSync } from "node:fs";
+import { cpSync, existsSync, openSync, readFileSync, rmSync, truncateSync, writeFileSync, writeSync, closeSync, statSync } from "node:fs";
 import { join } from "node:path";
 
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -20,7 +20,11 @@ import { nativeBuilt } from "./helpers.js";
 import { tempDir, tinyCheckpoint } from "./support/pack-fixtures.js";
 
 const KVL = join(packageRoot, "dist", "cli", "kvl.js");
-const CHECKS = ["pack", "data", "tensor directory", "provenance", "backend", "RAM", "engine", "direct I/O", "generation"];
+/** Linux's transparent huge page mode, read here as the test's own expectation (null: none). */
+const THP_FILE = "/sys/kernel/mm/transparent_hugepage/enabled";
+const THP_MODE = existsSync(THP_FILE) ? /\[(\w+)\]/.exec(readFileSync(THP_FILE, "utf8"))?.[1] ?? null : null;
+const CHECKS = ["pack", "data", "tensor directory", "provenance", "backend", "RAM", "engine", "direct I/O",
+  ...(THP_MODE ? ["huge pages"] : []), "generation"];
 
 let tmp: { dir: string; cleanup: () => void };
 let ckpt: string;
@@ -99,6 +103,12 @@ describe("kvl doctor MODEL on a good tiny pack", () => {
     expect(r.checks.get("RAM")!.line).toMatch(new RegExp(`${backend} plan \\d+ MiB of --ram-mib 1024 .*, \\d+ MiB available`));
     expect(r.checks.get("engine")!.line).toContain(`kernels ${backend === "wasm" ? "simd128" : ""}`);
     expect(r.checks.get("direct I/O")!.line).toMatch(/trunk and expert reads bypass the page cache|reads are buffered: the filesystem/);
+    if (THP_MODE) {
+      // native asks for huge pages itself; a WebAssembly memory has them only with "always"
+      const hugePagesOk = backend === "wasm" ? THP_MODE === "always" : THP_MODE !== "never";
+      expect(r.checks.get("huge pages")!.status, r.stdout).toBe(hugePagesOk ? "OK" : "WARN");
+      expect(r.checks.get("huge pages")!.line).toContain(`"${THP_MODE}"`);
+    }
     expect(r.checks.get("generation")!.line).toMatch(/: \d+ greedy tokens? \((length|stop)\) in [\d.]+ s/);
     if (r.checks.get("generation")!.line.includes("(length)")) expect(r.checks.get("generation")!.line).toContain(": 8 greedy tokens");
     // the plan's table only with --verbose
