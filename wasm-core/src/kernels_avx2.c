@@ -20,10 +20,13 @@
 
 #if defined(_MSC_VER) && !defined(__clang__)
 #define KVL_INLINE static __forceinline
+#define KVL_NOINLINE __declspec(noinline)
 #elif defined(__GNUC__) || defined(__clang__)
 #define KVL_INLINE static inline __attribute__((always_inline))
+#define KVL_NOINLINE __attribute__((noinline))
 #else
 #define KVL_INLINE static inline
+#define KVL_NOINLINE
 #endif
 
 /* The tile loops below run over compile-time constants (R, T <= 4) and must be fully unrolled so
@@ -528,6 +531,156 @@ KVL_INLINE void tile_int(int kind, float *Y, size_t ldy, const void *W, const fl
 
 #include "kernels_matmul_driver.h"
 
+/* ---- Q8 x int16 prefill: rows in lanes --------------------------------------------------
+ * The AVX-512 file's design (kernels_avx512.c, "rows in lanes") on 8 rows: tile_int's per-block
+ * reductions go, each VPMADDWD multiplies one column pair of 8 rows by one token's pair; the
+ * block sums are exact, then added in block order as the reference does: bit-identical. */
+
+#define Q8_STRIP_CHUNK 256 /* columns repacked at a time: 4 blocks, 4 KiB of pairs */
+#define Q8_STRIP_TOKENS 8
+
+KVL_INLINE int32_t pair_at(const int16_t *p)
+{
+    int32_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+/* 8 x 8 int32 transpose in registers: r[i] lane j <-> r[j] lane i. */
+KVL_INLINE void transpose8_epi32(__m256i r[8])
+{
+    __m256i t[8];
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm256_unpacklo_epi32(r[i], r[i + 1]);
+        t[i + 1] = _mm256_unpackhi_epi32(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 8; i += 4) {
+        r[i] = _mm256_unpacklo_epi64(t[i], t[i + 2]);
+        r[i + 1] = _mm256_unpackhi_epi64(t[i], t[i + 2]);
+        r[i + 2] = _mm256_unpacklo_epi64(t[i + 1], t[i + 3]);
+        r[i + 3] = _mm256_unpackhi_epi64(t[i + 1], t[i + 3]);
+    }
+    for (int i = 0; i < 4; i++) {
+        t[i] = _mm256_permute2x128_si256(r[i], r[i + 4], 0x20);
+        t[i + 4] = _mm256_permute2x128_si256(r[i], r[i + 4], 0x31);
+    }
+    for (int i = 0; i < 8; i++)
+        r[i] = t[i];
+}
+
+/* Rows [r0, r0 + nr) (nr <= 8), columns [c0, c0 + nc) as int16 pairs: P[p * 8 + i] = the pair
+ * (c0 + 2p, c0 + 2p + 1) of row r0 + i, zero outside the matrix. */
+static void pack_q8_strip(int32_t *P, const int8_t *W, size_t cols, size_t r0, size_t nr, size_t c0, size_t nc)
+{
+    for (size_t c = 0; c < nc; c += 16) {
+        const size_t k = nc - c < 16 ? nc - c : 16;
+        __m256i r[8];
+        for (size_t i = 0; i < 8; i++) {
+            if (i >= nr) {
+                r[i] = _mm256_setzero_si256();
+            } else if (k == 16) {
+                r[i] = load_q8x16_i16(W + (r0 + i) * cols + c0 + c);
+            } else { /* a column tail: no byte-masked loads on AVX2 */
+                int8_t tail[16] = {0};
+                memcpy(tail, W + (r0 + i) * cols + c0 + c, k);
+                r[i] = load_q8x16_i16(tail);
+            }
+        }
+        transpose8_epi32(r);
+        for (int p = 0; p < 8; p++)
+            _mm256_storeu_si256((__m256i *)(void *)(P + (c / 2 + (size_t)p) * 8), r[p]);
+    }
+}
+
+/* The int32 sums of 8 tokens over npairs packed pairs, added to ia[0..7] (not inlined: see the
+ * AVX-512 file's block_pairs8). */
+static KVL_NOINLINE void block_pairs8(__m256i ia[8], const int32_t *P, size_t npairs, const int16_t *x, size_t ldx)
+{
+    __m256i a0 = ia[0], a1 = ia[1], a2 = ia[2], a3 = ia[3], a4 = ia[4], a5 = ia[5], a6 = ia[6], a7 = ia[7];
+    for (size_t p = 0; p < npairs; p++) {
+        const __m256i w = _mm256_loadu_si256((const __m256i *)(const void *)(P + p * 8));
+        const int16_t *xp = x + 2 * p;
+        a0 = _mm256_add_epi32(a0, _mm256_madd_epi16(w, _mm256_set1_epi32(pair_at(xp))));
+        a1 = _mm256_add_epi32(a1, _mm256_madd_epi16(w, _mm256_set1_epi32(pair_at(xp + ldx))));
+        a2 = _mm256_add_epi32(a2, _mm256_madd_epi16(w, _mm256_set1_epi32(pair_at(xp + 2 * ldx))));
+        a3 = _mm256_add_epi32(a3, _mm256_madd_epi16(w, _mm256_set1_epi32(pair_at(xp + 3 * ldx))));
+        a4 = _mm256_add_epi32(a4, _mm256_madd_epi16(w, _mm256_set1_epi32(pair_at(xp + 4 * ldx))));
+        a5 = _mm256_add_epi32(a5, _mm256_madd_epi16(w, _mm256_set1_epi32(pair_at(xp + 5 * ldx))));
+        a6 = _mm256_add_epi32(a6, _mm256_madd_epi16(w, _mm256_set1_epi32(pair_at(xp + 6 * ldx))));
+        a7 = _mm256_add_epi32(a7, _mm256_madd_epi16(w, _mm256_set1_epi32(pair_at(xp + 7 * ldx))));
+    }
+    ia[0] = a0; ia[1] = a1; ia[2] = a2; ia[3] = a3; ia[4] = a4; ia[5] = a5; ia[6] = a6; ia[7] = a7;
+}
+
+/* One token tile over one packed chunk: T tokens x 8 rows (rm: the rows that exist). */
+KVL_INLINE void strip_tile(const int T, float *Y, size_t ldy, const int32_t *P, size_t nc, size_t c0,
+                           __m256i rm, size_t r0, const int16_t *X, size_t ldx, const float *xs, size_t nb,
+                           size_t cols, int first, int last, __m256 sc)
+{
+    __m256 fa[Q8_STRIP_TOKENS];
+    KVL_UNROLL
+    for (int t = 0; t < T; t++)
+        fa[t] = first ? _mm256_setzero_ps() : _mm256_maskload_ps(Y + (size_t)t * ldy + r0, rm);
+    for (size_t b = 0; b < nc; b += KVL_I16_BLOCK) {
+        const size_t e = nc - b < KVL_I16_BLOCK ? nc : b + KVL_I16_BLOCK;
+        const size_t full = c0 + e <= cols - (cols & 1) ? e : e - 1; /* an odd last column: alone */
+        __m256i ia[Q8_STRIP_TOKENS];
+        KVL_UNROLL
+        for (int t = 0; t < T; t++)
+            ia[t] = _mm256_setzero_si256();
+        size_t c = b;
+        if (T == 8) {
+            block_pairs8(ia, P + b / 2 * 8, (full - b) / 2, X + c0 + b, ldx);
+            c = b + (full - b) / 2 * 2;
+        }
+        for (; c + 2 <= full; c += 2) {
+            const __m256i w = _mm256_loadu_si256((const __m256i *)(const void *)(P + c / 2 * 8));
+            KVL_UNROLL
+            for (int t = 0; t < T; t++)
+                ia[t] = _mm256_add_epi32(ia[t], _mm256_madd_epi16(w, _mm256_set1_epi32(pair_at(X + (size_t)t * ldx + c0 + c))));
+        }
+        if (c < e) { /* the odd last column: its pair's second weight is zero */
+            const __m256i w = _mm256_loadu_si256((const __m256i *)(const void *)(P + c / 2 * 8));
+            KVL_UNROLL
+            for (int t = 0; t < T; t++)
+                ia[t] = _mm256_add_epi32(ia[t], _mm256_madd_epi16(w, _mm256_set1_epi32((int32_t)(uint16_t)X[(size_t)t * ldx + c0 + c])));
+        }
+        const size_t bi = (c0 + b) / KVL_I16_BLOCK;
+        KVL_UNROLL
+        for (int t = 0; t < T; t++)
+            fa[t] = _mm256_add_ps(fa[t], _mm256_mul_ps(_mm256_cvtepi32_ps(ia[t]), _mm256_set1_ps(xs[(size_t)t * nb + bi])));
+    }
+    KVL_UNROLL
+    for (int t = 0; t < T; t++)
+        _mm256_maskstore_ps(Y + (size_t)t * ldy + r0, rm, last ? _mm256_mul_ps(fa[t], sc) : fa[t]);
+}
+
+/* matmul_q8_i16 for n >= Q8_STRIP_TOKENS tokens: strips of 8 rows, chunks of columns, tiles of
+ * tokens. */
+static void matmul_q8_i16_strips(float *Y, size_t ldy, const int8_t *W, const float *scale, size_t rows,
+                                 size_t cols, const int16_t *Xq, const float *xs, size_t ldx, size_t n)
+{
+    int32_t P[Q8_STRIP_CHUNK / 2 * 8];
+    const size_t nb = kvl_i16_nblocks(cols, KVL_I16_BLOCK);
+    for (size_t r0 = 0; r0 < rows; r0 += 8) {
+        const size_t nr = rows - r0 < 8 ? rows - r0 : 8;
+        const __m256i rm = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)nr), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        const __m256 sc = _mm256_maskload_ps(scale + r0, rm);
+        for (size_t c0 = 0; c0 < cols; c0 += Q8_STRIP_CHUNK) {
+            const size_t nc = cols - c0 < Q8_STRIP_CHUNK ? cols - c0 : Q8_STRIP_CHUNK;
+            const int first = c0 == 0, last = c0 + nc == cols;
+            pack_q8_strip(P, W, cols, r0, nr, c0, nc);
+            size_t t = 0;
+            for (; t + Q8_STRIP_TOKENS <= n; t += Q8_STRIP_TOKENS)
+                strip_tile(Q8_STRIP_TOKENS, Y + t * ldy, ldy, P, nc, c0, rm, r0, Xq + t * ldx, ldx, xs + t * nb, nb, cols, first, last, sc);
+            for (; t + 4 <= n; t += 4)
+                strip_tile(4, Y + t * ldy, ldy, P, nc, c0, rm, r0, Xq + t * ldx, ldx, xs + t * nb, nb, cols, first, last, sc);
+            for (; t < n; t++)
+                strip_tile(1, Y + t * ldy, ldy, P, nc, c0, rm, r0, Xq + t * ldx, ldx, xs + t * nb, nb, cols, first, last, sc);
+        }
+    }
+}
+
 static void avx2_quantize_i16_act(int16_t *Xq, float *xs, const float *X, size_t cols, size_t n,
                                   size_t ldx_in, size_t ldx_out, size_t block, int lim)
 {
@@ -568,6 +721,10 @@ static void avx2_matmul_q8_i16(float *Y, size_t ldy, const int8_t *W, const floa
                                size_t rows, size_t cols, const int16_t *Xq, const float *xs,
                                size_t ldx, size_t n)
 {
+    if (n >= Q8_STRIP_TOKENS && cols > 0) {
+        matmul_q8_i16_strips(Y, ldy, W, scale, rows, cols, Xq, xs, ldx, n);
+        return;
+    }
     matmul_int_generic(IKIND_Q8, Y, ldy, W, scale, rows, cols, Xq, xs, ldx, n);
 }
 
