@@ -529,22 +529,25 @@ KVL_INLINE void tile_int(int kind, float *Y, size_t ldy, const void *W, const fl
 #define AXPY_SPLAT(a) _mm256_set1_ps(a)
 #define AXPY_MADD(a, x, y) _mm256_fmadd_ps(a, x, y)
 
-#include "kernels_matmul_driver.h"
+/* ---- Q8 x int16 prefill with rows in the lanes (matmul_q8_i16_strips, kernels_matmul_driver.h):
+ * 8 rows per vector, STRIP_DOT one VPMADDWD and one VPADDD. */
 
-/* ---- Q8 x int16 prefill: rows in lanes --------------------------------------------------
- * The AVX-512 file's design (kernels_avx512.c, "rows in lanes") on 8 rows: tile_int's per-block
- * reductions go, each VPMADDWD multiplies one column pair of 8 rows by one token's pair; the
- * block sums are exact, then added in block order as the reference does: bit-identical. */
-
-#define Q8_STRIP_CHUNK 256 /* columns repacked at a time: 4 blocks, 4 KiB of pairs */
-#define Q8_STRIP_TOKENS 8
-
-KVL_INLINE int32_t pair_at(const int16_t *p)
-{
-    int32_t v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
+#define STRIP_ROWS 8
+#define STRIP_IVEC __m256i
+#define STRIP_FVEC __m256
+#define STRIP_RMASK __m256i
+#define STRIP_RMASK_OF(nr) _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(nr)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7))
+#define STRIP_ILOAD(p) _mm256_loadu_si256((const __m256i *)(const void *)(p))
+#define STRIP_IZERO() _mm256_setzero_si256()
+#define STRIP_ISPLAT(v) _mm256_set1_epi32(v)
+#define STRIP_DOT(acc, w, x) _mm256_add_epi32(acc, _mm256_madd_epi16(w, x))
+#define STRIP_CVT(v) _mm256_cvtepi32_ps(v)
+#define STRIP_FZERO() _mm256_setzero_ps()
+#define STRIP_FSPLAT(v) _mm256_set1_ps(v)
+#define STRIP_FADD(a, b) _mm256_add_ps(a, b)
+#define STRIP_FMUL(a, b) _mm256_mul_ps(a, b)
+#define STRIP_FLOAD(m, p) _mm256_maskload_ps(p, m)
+#define STRIP_FSTORE(m, p, v) _mm256_maskstore_ps(p, m, v)
 
 /* 8 x 8 int32 transpose in registers: r[i] lane j <-> r[j] lane i. */
 KVL_INLINE void transpose8_epi32(__m256i r[8])
@@ -588,98 +591,11 @@ static void pack_q8_strip(int32_t *P, const int8_t *W, size_t cols, size_t r0, s
         }
         transpose8_epi32(r);
         for (int p = 0; p < 8; p++)
-            _mm256_storeu_si256((__m256i *)(void *)(P + (c / 2 + (size_t)p) * 8), r[p]);
+            _mm256_storeu_si256((__m256i *)(void *)(P + (c / 2 + (size_t)p) * STRIP_ROWS), r[p]);
     }
 }
 
-/* The int32 sums of 8 tokens over npairs packed pairs, added to ia[0..7] (not inlined: see the
- * AVX-512 file's block_pairs8). */
-static KVL_NOINLINE void block_pairs8(__m256i ia[8], const int32_t *P, size_t npairs, const int16_t *x, size_t ldx)
-{
-    __m256i a0 = ia[0], a1 = ia[1], a2 = ia[2], a3 = ia[3], a4 = ia[4], a5 = ia[5], a6 = ia[6], a7 = ia[7];
-    for (size_t p = 0; p < npairs; p++) {
-        const __m256i w = _mm256_loadu_si256((const __m256i *)(const void *)(P + p * 8));
-        const int16_t *xp = x + 2 * p;
-        a0 = _mm256_add_epi32(a0, _mm256_madd_epi16(w, _mm256_set1_epi32(pair_at(xp))));
-        a1 = _mm256_add_epi32(a1, _mm256_madd_epi16(w, _mm256_set1_epi32(pair_at(xp + ldx))));
-        a2 = _mm256_add_epi32(a2, _mm256_madd_epi16(w, _mm256_set1_epi32(pair_at(xp + 2 * ldx))));
-        a3 = _mm256_add_epi32(a3, _mm256_madd_epi16(w, _mm256_set1_epi32(pair_at(xp + 3 * ldx))));
-        a4 = _mm256_add_epi32(a4, _mm256_madd_epi16(w, _mm256_set1_epi32(pair_at(xp + 4 * ldx))));
-        a5 = _mm256_add_epi32(a5, _mm256_madd_epi16(w, _mm256_set1_epi32(pair_at(xp + 5 * ldx))));
-        a6 = _mm256_add_epi32(a6, _mm256_madd_epi16(w, _mm256_set1_epi32(pair_at(xp + 6 * ldx))));
-        a7 = _mm256_add_epi32(a7, _mm256_madd_epi16(w, _mm256_set1_epi32(pair_at(xp + 7 * ldx))));
-    }
-    ia[0] = a0; ia[1] = a1; ia[2] = a2; ia[3] = a3; ia[4] = a4; ia[5] = a5; ia[6] = a6; ia[7] = a7;
-}
-
-/* One token tile over one packed chunk: T tokens x 8 rows (rm: the rows that exist). */
-KVL_INLINE void strip_tile(const int T, float *Y, size_t ldy, const int32_t *P, size_t nc, size_t c0,
-                           __m256i rm, size_t r0, const int16_t *X, size_t ldx, const float *xs, size_t nb,
-                           size_t cols, int first, int last, __m256 sc)
-{
-    __m256 fa[Q8_STRIP_TOKENS];
-    KVL_UNROLL
-    for (int t = 0; t < T; t++)
-        fa[t] = first ? _mm256_setzero_ps() : _mm256_maskload_ps(Y + (size_t)t * ldy + r0, rm);
-    for (size_t b = 0; b < nc; b += KVL_I16_BLOCK) {
-        const size_t e = nc - b < KVL_I16_BLOCK ? nc : b + KVL_I16_BLOCK;
-        const size_t full = c0 + e <= cols - (cols & 1) ? e : e - 1; /* an odd last column: alone */
-        __m256i ia[Q8_STRIP_TOKENS];
-        KVL_UNROLL
-        for (int t = 0; t < T; t++)
-            ia[t] = _mm256_setzero_si256();
-        size_t c = b;
-        if (T == 8) {
-            block_pairs8(ia, P + b / 2 * 8, (full - b) / 2, X + c0 + b, ldx);
-            c = b + (full - b) / 2 * 2;
-        }
-        for (; c + 2 <= full; c += 2) {
-            const __m256i w = _mm256_loadu_si256((const __m256i *)(const void *)(P + c / 2 * 8));
-            KVL_UNROLL
-            for (int t = 0; t < T; t++)
-                ia[t] = _mm256_add_epi32(ia[t], _mm256_madd_epi16(w, _mm256_set1_epi32(pair_at(X + (size_t)t * ldx + c0 + c))));
-        }
-        if (c < e) { /* the odd last column: its pair's second weight is zero */
-            const __m256i w = _mm256_loadu_si256((const __m256i *)(const void *)(P + c / 2 * 8));
-            KVL_UNROLL
-            for (int t = 0; t < T; t++)
-                ia[t] = _mm256_add_epi32(ia[t], _mm256_madd_epi16(w, _mm256_set1_epi32((int32_t)(uint16_t)X[(size_t)t * ldx + c0 + c])));
-        }
-        const size_t bi = (c0 + b) / KVL_I16_BLOCK;
-        KVL_UNROLL
-        for (int t = 0; t < T; t++)
-            fa[t] = _mm256_add_ps(fa[t], _mm256_mul_ps(_mm256_cvtepi32_ps(ia[t]), _mm256_set1_ps(xs[(size_t)t * nb + bi])));
-    }
-    KVL_UNROLL
-    for (int t = 0; t < T; t++)
-        _mm256_maskstore_ps(Y + (size_t)t * ldy + r0, rm, last ? _mm256_mul_ps(fa[t], sc) : fa[t]);
-}
-
-/* matmul_q8_i16 for n >= Q8_STRIP_TOKENS tokens: strips of 8 rows, chunks of columns, tiles of
- * tokens. */
-static void matmul_q8_i16_strips(float *Y, size_t ldy, const int8_t *W, const float *scale, size_t rows,
-                                 size_t cols, const int16_t *Xq, const float *xs, size_t ldx, size_t n)
-{
-    int32_t P[Q8_STRIP_CHUNK / 2 * 8];
-    const size_t nb = kvl_i16_nblocks(cols, KVL_I16_BLOCK);
-    for (size_t r0 = 0; r0 < rows; r0 += 8) {
-        const size_t nr = rows - r0 < 8 ? rows - r0 : 8;
-        const __m256i rm = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)nr), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-        const __m256 sc = _mm256_maskload_ps(scale + r0, rm);
-        for (size_t c0 = 0; c0 < cols; c0 += Q8_STRIP_CHUNK) {
-            const size_t nc = cols - c0 < Q8_STRIP_CHUNK ? cols - c0 : Q8_STRIP_CHUNK;
-            const int first = c0 == 0, last = c0 + nc == cols;
-            pack_q8_strip(P, W, cols, r0, nr, c0, nc);
-            size_t t = 0;
-            for (; t + Q8_STRIP_TOKENS <= n; t += Q8_STRIP_TOKENS)
-                strip_tile(Q8_STRIP_TOKENS, Y + t * ldy, ldy, P, nc, c0, rm, r0, Xq + t * ldx, ldx, xs + t * nb, nb, cols, first, last, sc);
-            for (; t + 4 <= n; t += 4)
-                strip_tile(4, Y + t * ldy, ldy, P, nc, c0, rm, r0, Xq + t * ldx, ldx, xs + t * nb, nb, cols, first, last, sc);
-            for (; t < n; t++)
-                strip_tile(1, Y + t * ldy, ldy, P, nc, c0, rm, r0, Xq + t * ldx, ldx, xs + t * nb, nb, cols, first, last, sc);
-        }
-    }
-}
+#include "kernels_matmul_driver.h"
 
 static void avx2_quantize_i16_act(int16_t *Xq, float *xs, const float *X, size_t cols, size_t n,
                                   size_t ldx_in, size_t ldx_out, size_t block, int lim)
@@ -721,7 +637,7 @@ static void avx2_matmul_q8_i16(float *Y, size_t ldy, const int8_t *W, const floa
                                size_t rows, size_t cols, const int16_t *Xq, const float *xs,
                                size_t ldx, size_t n)
 {
-    if (n >= Q8_STRIP_TOKENS && cols > 0) {
+    if (n >= STRIP_TOKENS && cols > 0) {
         matmul_q8_i16_strips(Y, ldy, W, scale, rows, cols, Xq, xs, ldx, n);
         return;
     }

@@ -750,23 +750,25 @@ KVL_INLINE void tile_int(int kind, float *Y, size_t ldy, const void *W, const fl
             Y[(size_t)t * ldy + r0 + (size_t)i] = (hsum512(fa[i][t]) * scale[r0 + (size_t)i]) * xs[t];
 }
 
-#include "kernels_matmul_driver.h"
+/* ---- Q8 x int16 prefill with rows in the lanes (matmul_q8_i16_strips, kernels_matmul_driver.h):
+ * 16 rows per vector, STRIP_DOT one VPDPWSSD. */
 
-/* ---- Q8 x int16 prefill: rows in lanes --------------------------------------------------
- *
- * tile_int keeps columns in the lanes, so every 64-column block of every (row, token) pair ends
- * in a horizontal reduction: on Zen 4 that ran the batched product at half the rate of the BF16
- * one (96 against 180 GFLOP/s per thread, kernel bench, session 14). Here the lanes are 16 rows:
- * a strip of 16 rows is repacked, a chunk of columns at a time, as int16 column pairs
- * [pair][16 rows][2] (a 16 x 16 transpose of int32 lanes), and each VPDPWSSD multiplies one pair
- * of all 16 rows by one token's pair of activations broadcast to every lane. A block's int32 sums
- * are exact in any order; they are converted, scaled and added to the FP32 accumulators in block
- * order exactly as the reference does ((float)sum * xs, then + acc, separately rounded), the
- * accumulators live in Y between chunks (stores and loads are exact), and the last chunk
- * multiplies by the row scales: bit-identical to the reference. */
-
-#define Q8_STRIP_CHUNK 256 /* columns repacked at a time: 4 blocks, 8 KiB of pairs */
-#define Q8_STRIP_TOKENS 8  /* tokens per register tile: 8 int32 + 8 FP32 accumulators */
+#define STRIP_ROWS 16
+#define STRIP_IVEC __m512i
+#define STRIP_FVEC __m512
+#define STRIP_RMASK __mmask16
+#define STRIP_RMASK_OF(nr) ((nr) == 16 ? (__mmask16)0xffff : tail_mask16(nr))
+#define STRIP_ILOAD(p) _mm512_loadu_si512((const void *)(p))
+#define STRIP_IZERO() _mm512_setzero_si512()
+#define STRIP_ISPLAT(v) _mm512_set1_epi32(v)
+#define STRIP_DOT(acc, w, x) _mm512_dpwssd_epi32(acc, w, x)
+#define STRIP_CVT(v) _mm512_cvtepi32_ps(v)
+#define STRIP_FZERO() _mm512_setzero_ps()
+#define STRIP_FSPLAT(v) _mm512_set1_ps(v)
+#define STRIP_FADD(a, b) _mm512_add_ps(a, b)
+#define STRIP_FMUL(a, b) _mm512_mul_ps(a, b)
+#define STRIP_FLOAD(m, p) _mm512_maskz_loadu_ps(m, p)
+#define STRIP_FSTORE(m, p, v) _mm512_mask_storeu_ps(p, m, v)
 
 /* 16 x 16 int32 transpose in registers: r[i] lane j <-> r[j] lane i. */
 KVL_INLINE void transpose16_epi32(__m512i r[16])
@@ -797,7 +799,7 @@ KVL_INLINE void transpose16_epi32(__m512i r[16])
     }
 }
 
-/* Rows [r0, r0 + nr) (nr <= 16), columns [c0, c0 + nc) (nc <= Q8_STRIP_CHUNK) as int16 pairs:
+/* Rows [r0, r0 + nr) (nr <= 16), columns [c0, c0 + nc) (nc <= STRIP_CHUNK) as int16 pairs:
  * P[p * 16 + i] = the pair (c0 + 2p, c0 + 2p + 1) of row r0 + i, zero outside the matrix. */
 static void pack_q8_strip(int32_t *P, const int8_t *W, size_t cols, size_t r0, size_t nr, size_t c0, size_t nc)
 {
@@ -808,109 +810,11 @@ static void pack_q8_strip(int32_t *P, const int8_t *W, size_t cols, size_t r0, s
             r[i] = i < nr ? load_q8x32_i16_masked(W + (r0 + i) * cols + c0 + c, m) : _mm512_setzero_si512();
         transpose16_epi32(r);
         for (int p = 0; p < 16; p++)
-            _mm512_storeu_si512((void *)(P + (c / 2 + (size_t)p) * 16), r[p]);
+            _mm512_storeu_si512((void *)(P + (c / 2 + (size_t)p) * STRIP_ROWS), r[p]);
     }
 }
 
-/* Two adjacent int16 as one int32 lane (memory order), for a broadcast. */
-KVL_INLINE int32_t pair_at(const int16_t *p)
-{
-    int32_t v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
-
-/* The int32 sums of 8 tokens over npairs packed pairs, added to ia[0..7]. Not inlined: inside
- * strip_tile GCC 12 kept only 18 vector registers live and spilled two accumulators per pair. */
-static KVL_NOINLINE void block_pairs8(__m512i ia[8], const int32_t *P, size_t npairs, const int16_t *x, size_t ldx)
-{
-    __m512i a0 = ia[0], a1 = ia[1], a2 = ia[2], a3 = ia[3], a4 = ia[4], a5 = ia[5], a6 = ia[6], a7 = ia[7];
-    for (size_t p = 0; p < npairs; p++) {
-        const __m512i w = _mm512_loadu_si512((const void *)(P + p * 16));
-        const int16_t *xp = x + 2 * p;
-        a0 = _mm512_dpwssd_epi32(a0, w, _mm512_set1_epi32(pair_at(xp)));
-        a1 = _mm512_dpwssd_epi32(a1, w, _mm512_set1_epi32(pair_at(xp + ldx)));
-        a2 = _mm512_dpwssd_epi32(a2, w, _mm512_set1_epi32(pair_at(xp + 2 * ldx)));
-        a3 = _mm512_dpwssd_epi32(a3, w, _mm512_set1_epi32(pair_at(xp + 3 * ldx)));
-        a4 = _mm512_dpwssd_epi32(a4, w, _mm512_set1_epi32(pair_at(xp + 4 * ldx)));
-        a5 = _mm512_dpwssd_epi32(a5, w, _mm512_set1_epi32(pair_at(xp + 5 * ldx)));
-        a6 = _mm512_dpwssd_epi32(a6, w, _mm512_set1_epi32(pair_at(xp + 6 * ldx)));
-        a7 = _mm512_dpwssd_epi32(a7, w, _mm512_set1_epi32(pair_at(xp + 7 * ldx)));
-    }
-    ia[0] = a0; ia[1] = a1; ia[2] = a2; ia[3] = a3; ia[4] = a4; ia[5] = a5; ia[6] = a6; ia[7] = a7;
-}
-
-/* One token tile over one packed chunk: T tokens x 16 rows, blocks [b0, b0 + nblk) of the chunk. */
-KVL_INLINE void strip_tile(const int T, float *Y, size_t ldy, const int32_t *P, size_t nc, size_t c0,
-                           __mmask16 rm, size_t r0, const int16_t *X, size_t ldx, const float *xs, size_t nb,
-                           size_t cols, int first, int last, __m512 sc)
-{
-    __m512 fa[Q8_STRIP_TOKENS];
-    KVL_UNROLL
-    for (int t = 0; t < T; t++)
-        fa[t] = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(rm, Y + (size_t)t * ldy + r0);
-    for (size_t b = 0; b < nc; b += KVL_I16_BLOCK) {
-        const size_t e = nc - b < KVL_I16_BLOCK ? nc : b + KVL_I16_BLOCK;
-        const size_t full = c0 + e <= cols - (cols & 1) ? e : e - 1; /* an odd last column: alone */
-        __m512i ia[Q8_STRIP_TOKENS];
-        KVL_UNROLL
-        for (int t = 0; t < T; t++)
-            ia[t] = _mm512_setzero_si512();
-        size_t c = b;
-        if (T == 8) {
-            block_pairs8(ia, P + b / 2 * 16, (full - b) / 2, X + c0 + b, ldx);
-            c = b + (full - b) / 2 * 2;
-        }
-        for (; c + 2 <= full; c += 2) {
-            const __m512i w = _mm512_loadu_si512((const void *)(P + c / 2 * 16));
-            KVL_UNROLL
-            for (int t = 0; t < T; t++)
-                ia[t] = _mm512_dpwssd_epi32(ia[t], w, _mm512_set1_epi32(pair_at(X + (size_t)t * ldx + c0 + c)));
-        }
-        if (c < e) { /* the odd last column: its pair's second weight is zero */
-            const __m512i w = _mm512_loadu_si512((const void *)(P + c / 2 * 16));
-            KVL_UNROLL
-            for (int t = 0; t < T; t++)
-                ia[t] = _mm512_dpwssd_epi32(ia[t], w, _mm512_set1_epi32((int32_t)(uint16_t)X[(size_t)t * ldx + c0 + c]));
-        }
-        const size_t bi = (c0 + b) / KVL_I16_BLOCK;
-        KVL_UNROLL
-        for (int t = 0; t < T; t++)
-            fa[t] = _mm512_add_ps(fa[t], _mm512_mul_ps(_mm512_cvtepi32_ps(ia[t]), _mm512_set1_ps(xs[(size_t)t * nb + bi])));
-    }
-    KVL_UNROLL
-    for (int t = 0; t < T; t++)
-        _mm512_mask_storeu_ps(Y + (size_t)t * ldy + r0, rm, last ? _mm512_mul_ps(fa[t], sc) : fa[t]);
-}
-
-/* matmul_q8_i16 for n >= Q8_STRIP_TOKENS tokens: strips of 16 rows, chunks of columns, tiles of
- * tokens (see above). */
-static void matmul_q8_i16_strips(float *Y, size_t ldy, const int8_t *W, const float *scale, size_t rows,
-                                 size_t cols, const int16_t *Xq, const float *xs, size_t ldx, size_t n)
-{
-    /* aligned by hand, and used with unaligned loads and stores: GCC does not align the stack
-     * beyond 16 bytes on Windows x64 (mingw-w64), where an aligned access to it can fault */
-    int32_t buf[Q8_STRIP_CHUNK / 2 * 16 + 16];
-    int32_t *P = (int32_t *)(((uintptr_t)buf + 63) & ~(uintptr_t)63);
-    const size_t nb = kvl_i16_nblocks(cols, KVL_I16_BLOCK);
-    for (size_t r0 = 0; r0 < rows; r0 += 16) {
-        const size_t nr = rows - r0 < 16 ? rows - r0 : 16;
-        const __mmask16 rm = nr == 16 ? (__mmask16)0xffff : tail_mask16(nr);
-        const __m512 sc = _mm512_maskz_loadu_ps(rm, scale + r0);
-        for (size_t c0 = 0; c0 < cols; c0 += Q8_STRIP_CHUNK) {
-            const size_t nc = cols - c0 < Q8_STRIP_CHUNK ? cols - c0 : Q8_STRIP_CHUNK;
-            const int first = c0 == 0, last = c0 + nc == cols;
-            pack_q8_strip(P, W, cols, r0, nr, c0, nc);
-            size_t t = 0;
-            for (; t + Q8_STRIP_TOKENS <= n; t += Q8_STRIP_TOKENS)
-                strip_tile(Q8_STRIP_TOKENS, Y + t * ldy, ldy, P, nc, c0, rm, r0, Xq + t * ldx, ldx, xs + t * nb, nb, cols, first, last, sc);
-            for (; t + 4 <= n; t += 4)
-                strip_tile(4, Y + t * ldy, ldy, P, nc, c0, rm, r0, Xq + t * ldx, ldx, xs + t * nb, nb, cols, first, last, sc);
-            for (; t < n; t++)
-                strip_tile(1, Y + t * ldy, ldy, P, nc, c0, rm, r0, Xq + t * ldx, ldx, xs + t * nb, nb, cols, first, last, sc);
-        }
-    }
-}
+#include "kernels_matmul_driver.h"
 
 static void avx512_quantize_i16_act(int16_t *Xq, float *xs, const float *X, size_t cols, size_t n,
                                     size_t ldx_in, size_t ldx_out, size_t block, int lim)
@@ -952,7 +856,7 @@ static void avx512_matmul_q8_i16(float *Y, size_t ldy, const int8_t *W, const fl
                                  size_t rows, size_t cols, const int16_t *Xq, const float *xs,
                                  size_t ldx, size_t n)
 {
-    if (n >= Q8_STRIP_TOKENS && cols > 0) {
+    if (n >= STRIP_TOKENS && cols > 0) {
         matmul_q8_i16_strips(Y, ldy, W, scale, rows, cols, Xq, xs, ldx, n);
         return;
     }
