@@ -323,6 +323,18 @@ async function send() {
   let lastAt = null;
   let deltas = 0;
   let replyText = "";
+  // The reply is drawn at most once per frame, appending only what is new: setting the whole
+  // text and scrolling on every delta made a fast long reply (thousands of tokens a second on
+  // a small model) quadratic, and the page stopped answering clicks, Stop included.
+  let drawn = 0;
+  let frame = 0;
+  const draw = () => {
+    frame = 0;
+    if (drawn === replyText.length) return;
+    reply.body.append(replyText.slice(drawn));
+    drawn = replyText.length;
+    scrollToEnd();
+  };
   let usage = null;
   let finishReason = null;
   let failure = null;
@@ -350,14 +362,15 @@ async function send() {
           lastAt = now;
           deltas++;
           replyText += piece;
-          reply.body.textContent = replyText;
-          scrollToEnd();
+          frame ||= requestAnimationFrame(draw);
         }
       });
     }
   } catch (err) {
     if (!controller.signal.aborted) failure = `the connection failed: ${err.message}`;
   }
+  if (frame) cancelAnimationFrame(frame);
+  draw(); // all of it, before the state says the reply is over
   const stopped = controller.signal.aborted;
   setRunning(null);
 
