@@ -61,18 +61,19 @@ function failedKernels(report: ConformanceReport): string | null {
 }
 
 export async function runDoctor(backendOption: string | undefined): Promise<DoctorReport> {
+  const thp = readThpMode();
   let record: BackendRecord;
   try {
     record = chooseBackend({ option: backendOption });
   } catch (err) {
     if (!(err instanceof BackendError)) throw err;
-    return { backend: null, backendError: err.message, selfTests: [], thp: readThpMode(), pass: false };
+    return { backend: null, backendError: err.message, selfTests: [], thp, pass: false };
   }
   const selfTests: SelfTestResult[] = [];
   if (record.native.loads) selfTests.push(...(await selfTest("native", record)));
   if (record.wasm.usable) selfTests.push(...(await selfTest("wasm", record)));
   const pass = selfTests.length > 0 && selfTests.every((t) => t.failed === 0);
-  return { backend: record, backendError: null, selfTests, thp: readThpMode(), pass };
+  return { backend: record, backendError: null, selfTests, thp, pass };
 }
 
 const yes = (b: boolean) => (b ? "yes" : "no");

@@ -637,10 +637,6 @@ static void avx2_matmul_q8_i16(float *Y, size_t ldy, const int8_t *W, const floa
                                size_t rows, size_t cols, const int16_t *Xq, const float *xs,
                                size_t ldx, size_t n)
 {
-    if (n >= STRIP_TOKENS && cols > 0) {
-        matmul_q8_i16_strips(Y, ldy, W, scale, rows, cols, Xq, xs, ldx, n);
-        return;
-    }
     matmul_int_generic(IKIND_Q8, Y, ldy, W, scale, rows, cols, Xq, xs, ldx, n);
 }
 

@@ -11,8 +11,9 @@
  * matmul_int_generic, which needs TRI, TTI, tile_int() and decode_row_int(); each gets xs from
  * its first token on. quantize_i16_generic runs the ISA's quantize_block() over the blocks.
  * axpy_rows_generic (where the file defines AXPY_VW and the AXPY_* vector primitives) is
- * axpy_rows_f32. matmul_q8_i16_strips (where the file defines STRIP_ROWS, the STRIP_* primitives
- * and pack_q8_strip) is the batched Q8 x int16 product with rows in the lanes.
+ * axpy_rows_f32. Where the file defines STRIP_ROWS, the STRIP_* primitives and pack_q8_strip,
+ * matmul_int_generic runs a Q8 product of STRIP_TOKENS or more tokens with rows in the lanes
+ * (matmul_q8_i16_strips).
  */
 #ifndef KVL_KERNELS_MATMUL_DRIVER_H
 #define KVL_KERNELS_MATMUL_DRIVER_H
@@ -94,6 +95,7 @@ KVL_INLINE void axpy_rows_generic(float *Y, size_t ldy, const float *A, size_t l
 
 #define STRIP_CHUNK 256 /* columns repacked at a time: 4 blocks, STRIP_ROWS * 512 bytes of pairs */
 #define STRIP_TOKENS 8  /* tokens per register tile: 8 int32 + 8 FP32 accumulators */
+_Static_assert(STRIP_TOKENS == 8, "block_pairs8 names eight accumulators");
 
 /* Two adjacent int16 as one int32 lane (memory order), for a broadcast. */
 KVL_INLINE int32_t pair_at(const int16_t *p)
@@ -242,6 +244,12 @@ KVL_INLINE void matmul_int_generic(int kind, float *Y, size_t ldy, const void *W
                                    size_t rows, size_t cols, const int16_t *Xq, const float *xs,
                                    size_t ldx, size_t n)
 {
+#ifdef STRIP_ROWS
+    if (kind == IKIND_Q8 && n >= STRIP_TOKENS && cols > 0) {
+        matmul_q8_i16_strips(Y, ldy, (const int8_t *)W, scale, rows, cols, Xq, xs, ldx, n);
+        return;
+    }
+#endif
     const size_t xstride = kind == IKIND_Q8 ? kvl_i16_nblocks(cols, KVL_I16_BLOCK) : 1;
     size_t r = 0;
     if (n == 1) {
