@@ -11,7 +11,8 @@
  *     cache: what the kernel could do with infinite bandwidth), for every product: bf16, q8 (FP32
  *     activations), bf16xb, q8xb (BF16-rounded activations), and the integer mode q8i16
  *     (matmul_q8_i16, int8 weights, 16-bit activations with a scale per 64 columns) and i16i16
- *     (matmul_i16_i16, int16 weights, 15-bit activations with one scale per vector), whose
+ *     (matmul_i16_i16, int16 weights, 15-bit activations with one scale per vector), q8i8
+ *     (matmul_q8_i8: 8-bit activations, --act-dtype i8; decode only), whose
  *     activations are quantised once per token outside the timing, as the engine does;
  *   - GFLOP/s for a 64-token batch against one [1408 x 2048] matrix.
  *
@@ -81,7 +82,7 @@ static double now_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static const char *const kind_names[] = {"bf16", "q8", "q8i16", "bf16xb", "q8xb", "i16i16"};
+static const char *const kind_names[] = {"bf16", "q8", "q8i16", "bf16xb", "q8xb", "i16i16", "q8i8"};
 static int g_results; /* print RESULT lines */
 static size_t g_i16_terms = 1; /* "i16x2": vectors per decode token, integer kinds */
 
@@ -117,8 +118,8 @@ static void sum_fn(void *p, int i, int n)
 typedef struct {
     const kvl_kernels *K;
     int kind; /* 0 bf16, 1 q8, 3 bf16 and 4 q8 with BF16-rounded activations (the *_xb entries),
-                 2 q8 x i16 and 5 i16 x i16 (integer mode: activations quantised once, outside
-                 the timing) */
+                 2 q8 x i16, 6 q8 x i8 and 5 i16 x i16 (integer mode: activations quantised
+                 once, outside the timing) */
     const int16_t *Xq;
     const float *xs;
     const void *W;
@@ -135,7 +136,10 @@ static void mm_fn(void *p, int i, int nt)
     kvl_split_range(c->rows, 16, i, nt, &b, &e);
     if (b >= e)
         return;
-    if (c->kind == 2)
+    if (c->kind == 6)
+        c->K->matmul_q8_i8(c->Y + b, c->rows, (const int8_t *)c->W + b * c->cols, c->scale + b,
+                           e - b, c->cols, c->Xq, c->xs, c->cols, c->n);
+    else if (c->kind == 2)
         c->K->matmul_q8_i16(c->Y + b, c->rows, (const int8_t *)c->W + b * c->cols, c->scale + b,
                             e - b, c->cols, c->Xq, c->xs, c->cols, c->n);
     else if (c->kind == 5)
@@ -160,8 +164,8 @@ static void mm_fn(void *p, int i, int nt)
 static void quantize_for(const kvl_kernels *K, int kind, int16_t *Xq, float *xs, const float *X,
                          size_t cols, size_t n)
 {
-    if (kind == 2)
-        K->quantize_i16_act(Xq, xs, X, cols, n, cols, cols, KVL_I16_BLOCK, KVL_I16_Q8_MAX);
+    if (kind == 2 || kind == 6)
+        K->quantize_i16_act(Xq, xs, X, cols, n, cols, cols, KVL_I16_BLOCK, kind == 6 ? KVL_I8_MAX : KVL_I16_Q8_MAX);
     else
         K->quantize_i16_act(Xq, xs, X, cols, n, cols, cols, cols, KVL_I16_MAX);
 }
@@ -191,7 +195,7 @@ static void bench_decode(kvl_pool *pool, const kvl_kernels *K, int kind, size_t 
     size_t mbytes = rows * cols * esz;
     unsigned char *W = (unsigned char *)malloc(mbytes * nmat);
     float *scale = (float *)malloc(rows * sizeof(float));
-    const size_t nv = kind == 2 || kind == 5 ? g_i16_terms : 1; /* vectors per token */
+    const size_t nv = kind == 2 || kind == 5 ? g_i16_terms : 1; /* vectors per token (q8i8: --act-dtype i8, one) */
     float *X = (float *)malloc(nv * cols * sizeof(float));
     float *Y = (float *)malloc(nv * rows * sizeof(float));
     if (!W || !scale || !X || !Y) {
@@ -350,13 +354,14 @@ static void bench_table(const kvl_kernels *K, int decode_only)
             printf("  kvl_pool_run fork/join of an empty task after a 50 us gap, %d thr: %.2f us\n",
                    nt, in_runs / 2000 * 1e6);
             /* ~1.1 GB of distinct weights per product (more than any L3), then in cache */
-            static const int kinds[] = {0, 1, 3, 4, 2, 5};
-            for (int k = 0; k < 6; k++)
+            static const int kinds[] = {0, 1, 3, 4, 2, 5, 6};
+            for (int k = 0; k < 7; k++)
                 bench_decode(pool, K, kinds[k], 1408, 2048, kind_esz(kinds[k]) == 2 ? 192 : 384);
             /* dense-size matrices: 8x the work per pool run */
             bench_decode(pool, K, 2, 11264, 2048, 48);
             bench_decode(pool, K, 5, 11264, 2048, 24);
-            for (int k = 0; k < 6; k++)
+            bench_decode(pool, K, 6, 11264, 2048, 48);
+            for (int k = 0; k < 7; k++)
                 bench_decode(pool, K, kinds[k], 256, 2048, 1);
             kvl_pool_free(pool);
             continue;
@@ -372,12 +377,14 @@ static void bench_table(const kvl_kernels *K, int decode_only)
         bench_decode(pool, K, 1, 1408, 2048, 384);
         bench_decode(pool, K, 1, 11264, 2048, 48);
         bench_decode(pool, K, 2, 1408, 2048, 384);
+        bench_decode(pool, K, 6, 1408, 2048, 384);
         bench_decode(pool, K, 5, 1408, 2048, 192);
         /* one matrix over and over: in-cache speed, i.e. what the kernel could do with
          * infinite bandwidth */
         bench_decode(pool, K, 0, 256, 2048, 1);
         bench_decode(pool, K, 1, 256, 2048, 1);
         bench_decode(pool, K, 2, 256, 2048, 1);
+        bench_decode(pool, K, 6, 256, 2048, 1);
         bench_decode(pool, K, 5, 256, 2048, 1);
         bench_decode(pool, K, 3, 1408, 2048, 192);
         bench_decode(pool, K, 4, 1408, 2048, 384);

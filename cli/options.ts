@@ -58,6 +58,7 @@ export function megapixelsToPixels(mp: number | undefined): number | undefined {
 export function actDtypeOption(): Option {
   return new Option("--act-dtype <dtype>", "inputs of the Linear layers: f32 (exact), bf16 (as the checkpoint's own " +
     "BF16 inference: faster prefill on CPUs with AVX512_BF16, logits move by BF16 rounding), i16 (inputs as two " +
-    "16-bit integer terms, integer products: WebAssembly's fast mode, logits within 1e-3) or i16x1 (one term: " +
-    "faster still, logits move by ~2e-3 on the test models; README \"Numerics\")").choices([...ACT_DTYPE_NAMES]).default("f32");
+    "16-bit integer terms, integer products: WebAssembly's fast mode, logits within 1e-3), i16x1 (one term: " +
+    "faster still, logits move by ~2e-3 on the test models) or i8 (i16x1 with the routed experts' inputs 8-bit, as llama.cpp: " +
+    "8-bit dot products in decoding on AVX2 and AVX-512 VNNI; README \"Numerics\")").choices([...ACT_DTYPE_NAMES]).default("f32");
 }

@@ -14,21 +14,25 @@ import { KVL_STATUS_NAMES } from "./core-api.js";
 export type IoMode = "auto" | "direct" | "buffered";
 export type KernelChoice = "auto" | "scalar" | "avx2" | "avx512" | "simd128";
 export type NumericDtype = "f32" | "bf16";
-/** Inputs of the Linear layers (kvl_core.h KVL_ACT_*): f32 exact, bf16 rounded, i16 and i16x1
- * the integer modes (two terms per input, or one: README "Numerics"). */
-export type ActDtype = NumericDtype | "i16" | "i16x1";
-export const ACT_DTYPE_NAMES: readonly ActDtype[] = ["f32", "bf16", "i16", "i16x1"];
+/** Inputs of the Linear layers (kvl_core.h KVL_ACT_*): f32 exact, bf16 rounded, i16, i16x1 and i8
+ * the integer modes (two terms per input, one, or one with the Q8 products' inputs 8-bit: README
+ * "Numerics"). */
+export type ActDtype = NumericDtype | "i16" | "i16x1" | "i8";
+export const ACT_DTYPE_NAMES: readonly ActDtype[] = ["f32", "bf16", "i16", "i16x1", "i8"];
 
 /** The integer modes: resident BF16 trunk weights become int16 rows, and a workspace holds the
  * quantised inputs (the RAM plan counts both). */
-export const isIntegerAct = (a: ActDtype): boolean => a === "i16" || a === "i16x1";
+export const isIntegerAct = (a: ActDtype): boolean => a === "i16" || a === "i16x1" || a === "i8";
+
+/** The one-term integer modes, which keep an int16 KV cache and run attention on integers. */
+export const hasIntegerKv = (a: ActDtype): boolean => a === "i16x1" || a === "i8";
 
 /** The KV cache's rows (kvl_core.h KVL_KV_*): f32, bf16, or i16 (int16 rows with a scale each
- * and the latents in transposed tiles), which goes with act dtype i16x1 and only with it. */
+ * and the latents in transposed tiles), which goes with act dtype i16x1 or i8 and only with them. */
 export type KvDtype = NumericDtype | "i16";
 export const KV_DTYPE_NAMES: readonly KvDtype[] = ["f32", "bf16", "i16"];
-/** The core's default (KVL_KV_DEFAULT): i16 with act dtype i16x1, else f32. */
-export const defaultKvDtype = (act: ActDtype): KvDtype => (act === "i16x1" ? "i16" : "f32");
+/** The core's default (KVL_KV_DEFAULT): i16 with act dtype i16x1 or i8, else f32. */
+export const defaultKvDtype = (act: ActDtype): KvDtype => (hasIntegerKv(act) ? "i16" : "f32");
 
 export interface EngineOptions {
   /** Worker threads of the engine's pool; 0 or absent = every core. */
@@ -186,7 +190,7 @@ export interface EngineOptionCodes {
 const IO_MODES: Record<IoMode, number> = { auto: 0, direct: 1, buffered: 2 };
 const KERNELS: Record<KernelChoice, number> = { auto: 0, scalar: 1, avx2: 2, avx512: 3, simd128: 4 };
 const KV_DTYPES: Record<KvDtype, number> = { f32: 1, bf16: 2, i16: 3 };
-const ACT_DTYPES: Record<ActDtype, number> = { f32: 1, bf16: 2, i16: 3, i16x1: 4 };
+const ACT_DTYPES: Record<ActDtype, number> = { f32: 1, bf16: 2, i16: 3, i16x1: 4, i8: 5 };
 
 function nonNegativeInteger(name: string, value: number | undefined, min = 0): number {
   const v = value ?? 0;

@@ -70,7 +70,7 @@ import { readFileSync, statSync } from "node:fs";
 import { join } from "node:path";
 
 import type { BackendName } from "./core-api.js";
-import { ACT_DTYPE_NAMES, KV_DTYPE_NAMES, defaultKvDtype, isIntegerAct, type ActDtype, type EngineInfo, type KvDtype } from "./engine-api.js";
+import { ACT_DTYPE_NAMES, KV_DTYPE_NAMES, defaultKvDtype, hasIntegerKv, isIntegerAct, type ActDtype, type EngineInfo, type KvDtype } from "./engine-api.js";
 import { requestedInstances } from "./engine-host.js";
 import { DTYPE_BF16, PackReader } from "./pack-format.js";
 import { layerRanges } from "./split-engine.js";
@@ -772,9 +772,9 @@ function settingsOf(facts: PackFacts, options: PlanOptions): PlanSettings {
   if (s.backend !== "wasm" && s.backend !== "native") throw new UserError(`backend must be wasm or native, got ${JSON.stringify(s.backend)}`);
   if (!KV_DTYPE_NAMES.includes(s.kvDtype)) throw new UserError(`kv dtype '${s.kvDtype}' unknown; use one of ${KV_DTYPE_NAMES.join(", ")}`);
   if (!ACT_DTYPE_NAMES.includes(s.actDtype)) throw new UserError(`act dtype '${s.actDtype}' unknown; use one of ${ACT_DTYPE_NAMES.join(", ")}`);
-  if ((s.kvDtype === "i16") !== (s.actDtype === "i16x1")) {
-    throw new UserError(`kv dtype ${s.kvDtype} does not go with act dtype ${s.actDtype}: act dtype i16x1 keeps the KV cache as int16 rows ` +
-      "(kv dtype i16), and only it does; leave the kv dtype out to get the one that goes with the act dtype");
+  if ((s.kvDtype === "i16") !== hasIntegerKv(s.actDtype)) {
+    throw new UserError(`kv dtype ${s.kvDtype} does not go with act dtype ${s.actDtype}: act dtypes i16x1 and i8 keep the KV cache as ` +
+      "int16 rows (kv dtype i16), and only they do; leave the kv dtype out to get the one that goes with the act dtype");
   }
   if (!Number.isInteger(s.maxContext) || s.maxContext < 1 || s.maxContext > m.maxPositions) {
     throw new UserError(`--max-context ${s.maxContext} is outside 1..${m.maxPositions} (the model's max_position_embeddings)`);

@@ -146,12 +146,12 @@ describe.each(RUNS)("kvl chat on $label", ({ label, env: runEnv }) => {
     console.log(`[chat ${label}] reply ${JSON.stringify(report.reply)} ids ${report.output_token_ids.join(" ")}`);
   });
 
-  it("--act-dtype i16x1 runs the one-term integer mode inside the RAM plan", () => {
-    const r = chat([pack, "What is 2+2?", "--json", ...COMMON, "--act-dtype", "i16x1"], runEnv);
+  it.each(["i16x1", "i8"])("--act-dtype %s runs the one-term integer mode inside the RAM plan", (act) => {
+    const r = chat([pack, "What is 2+2?", "--json", ...COMMON, "--act-dtype", act], runEnv);
     expect(r.stderr).toBe("");
     expect(r.status).toBe(0);
     const report = JSON.parse(r.stdout) as Reply;
-    expect(report.io.act_dtype).toBe("i16x1");
+    expect(report.io.act_dtype).toBe(act);
     expect(report.prompt_token_ids).toEqual(golden("text"));
     expect(report.output_token_ids.length).toBeGreaterThan(0);
     expect(report.peak_rss_bytes!).toBeLessThanOrEqual(report.plan_bytes);

@@ -36,7 +36,8 @@ import { WasmBackend } from "../host/wasm-backend.js";
 import { packCheckpoint } from "../packer/pack.js";
 import { argmax } from "./reference/math.js";
 import {
-  GREEDY_TOKENS, TOLERANCE, actModeBound, engineGreedy, maxAbsDiff, openHalfTrunkEngine, prefillError, promptIds, referenceGreedy,
+  GREEDY_TOKENS, TOLERANCE, actModeBound, engineGreedy, expectGreedy, maxAbsDiff, openHalfTrunkEngine, prefillError, promptIds,
+  referenceGreedy, type RoundedReferences,
 } from "./support/engine-checks.js";
 import { TextReference } from "./reference/text.js";
 import { tempDir, tinyCheckpoint } from "./support/pack-fixtures.js";
@@ -50,8 +51,8 @@ interface Model {
   name: string;
   pack: string;
   reference: TextReference;
-  /** The same, with the integer products' inputs rounded as --act-dtype i16x1 does. */
-  i16x1Reference: TextReference;
+  /** The same, with the integer products' inputs rounded as --act-dtype i16x1 and i8 do. */
+  rounded: RoundedReferences;
   mediaTokenId: number;
 }
 
@@ -78,7 +79,11 @@ beforeAll(async () => {
     const config = JSON.parse(readFileSync(join(ckpt, "config.json"), "utf8")) as { media_placeholder_token_id: number };
     models.push({
       name, pack, reference: TextReference.load(ckpt, { q8Experts: true }),
-      i16x1Reference: TextReference.load(ckpt, { q8Experts: true, i16x1Inputs: true }), mediaTokenId: config.media_placeholder_token_id,
+      rounded: {
+        i16x1: TextReference.load(ckpt, { q8Experts: true, intInputs: "i16x1" }),
+        i8: TextReference.load(ckpt, { q8Experts: true, intInputs: "i8" }),
+      },
+      mediaTokenId: config.media_placeholder_token_id,
     });
   }
 }, 300_000);
@@ -347,12 +352,14 @@ describe.each(BACKENDS)("a model split over instances on %s", (backend) => {
   });
 });
 
-/** The integer modes, each checked within actModeBound (i16: TOLERANCE; i16x1: its own bound). */
-const INT_MODES = ["i16", "i16x1"] as const;
+/** The integer modes, each checked within actModeBound (i16: TOLERANCE; i16x1 and i8: their own bounds). */
+const INT_MODES = ["i16", "i16x1", "i8"] as const;
+/** The one-term modes: an int16 KV cache and attention on integers. */
+const KV_INT_MODES = ["i16x1", "i8"] as const;
 const intModeBound = (m: Model, mode: (typeof INT_MODES)[number], ids: number[]): number =>
-  actModeBound(mode, m.reference, m.i16x1Reference, ids);
+  actModeBound(mode, m.reference, m.rounded, ids);
 
-describe.each(BACKENDS)("the integer-activation modes (act_dtype i16, i16x1) on %s", (backend) => {
+describe.each(BACKENDS)("the integer-activation modes (act_dtype i16, i16x1, i8) on %s", (backend) => {
   const SETS: Record<BackendName, KernelChoice[]> = { wasm: ["scalar", "simd128"], native: ["scalar", "avx2", "avx512"] };
 
   describe.each(SETS[backend])("on the %s kernel set", (set) => {
@@ -372,10 +379,10 @@ describe.each(BACKENDS)("the integer-activation modes (act_dtype i16, i16x1) on 
           expect(engine.info().actDtype).toBe(mode);
           const err = prefillError(engine, m.reference, ids);
           const bound = intModeBound(m, mode, ids);
-          console.log(`[engine ${backend} ${mode}] ${set} ${name} prefill logits: max |diff| ${err.toExponential(2)} (bound ${bound.toExponential(2)})`);
+          const greedy = expectGreedy(engine, m.reference, mode, bound);
+          console.log(`[engine ${backend} ${mode}] ${set} ${name} prefill logits: max |diff| ${err.toExponential(2)} (bound ${bound.toExponential(2)}), ` +
+            `greedy ${greedy.agreed}/${GREEDY_TOKENS} (${greedy.clear} clear)`);
           expect(err).toBeLessThanOrEqual(bound);
-          const { ids: prompt, want } = referenceGreedy(m.reference);
-          expect(engineGreedy(engine, prompt)).toEqual(want);
         } finally {
           engine.close();
         }
@@ -392,8 +399,7 @@ describe.each(BACKENDS)("the integer-activation modes (act_dtype i16, i16x1) on 
       const err = prefillError(engine, m.reference, ids);
       console.log(`[engine ${backend} ${mode}] partly streamed trunk: max |diff| ${err.toExponential(2)}`);
       expect(err).toBeLessThanOrEqual(intModeBound(m, mode, ids));
-      const { ids: prompt, want } = referenceGreedy(m.reference);
-      expect(engineGreedy(engine, prompt)).toEqual(want);
+      expectGreedy(engine, m.reference, mode, intModeBound(m, mode, ids));
       expect(engine.stats().trunkMisses).toBeGreaterThan(0);
     } finally {
       engine.close();
@@ -414,9 +420,8 @@ describe.each(BACKENDS)("the integer-activation modes (act_dtype i16, i16x1) on 
         } finally {
           session.close();
         }
-        const { ids: prompt, want } = referenceGreedy(m.reference);
-        runs.at(-1)!.tokens = engineGreedy(hosted.engine, prompt);
-        expect(runs.at(-1)!.tokens).toEqual(want);
+        runs.at(-1)!.tokens = engineGreedy(hosted.engine, referenceGreedy(m.reference).ids);
+        expectGreedy(hosted.engine, m.reference, mode, intModeBound(m, mode, ids));
       } finally {
         hosted.close();
       }
@@ -426,6 +431,7 @@ describe.each(BACKENDS)("the integer-activation modes (act_dtype i16, i16x1) on 
     expect(err).toBeLessThanOrEqual(intModeBound(m, mode, ids));
     // the same kernels on the same rows with the same quantised inputs: the split changes no bit
     expect(maxAbsDiff(runs[1]!.logits, runs[0]!.logits)).toBe(0);
+    expect(runs[1]!.tokens).toEqual(runs[0]!.tokens);
   });
 
   it("i16x1 runs a long prompt's attention on integers: 300 tokens in chunks of 120, within the mode's bound of the reference, and the same over 3 instances", async () => {
@@ -457,13 +463,13 @@ describe.each(BACKENDS)("the integer-activation modes (act_dtype i16, i16x1) on 
     expect(maxAbsDiff(runs[1]!, runs[0]!)).toBe(0);
   });
 
-  it("i16x1 decodes on integers from its int16 KV cache: token by token across a tile edge, within the mode's bound of the reference, the same after a truncate and over 3 instances", async () => {
+  it.each(KV_INT_MODES)("%s decodes on integers from its int16 KV cache: token by token across a tile edge, within the mode's bound of the reference, the same after a truncate and over 3 instances", async (mode) => {
     const m = models[1]!;
     const ids = promptIds(17, 140, m.reference.cfg.vocab_size);
     const prompt = 100; // then 40 single-token steps, positions 100..139: the first tile fills at 128
     const runs: Float32Array[][] = [];
     for (const instances of [1, 3]) {
-      const hosted = await openHostedEngine(backend, m.pack, { nThreads: THREADS, instances, instanceMemoryBytes: 256 * 2 ** 20, actDtype: "i16x1" });
+      const hosted = await openHostedEngine(backend, m.pack, { nThreads: THREADS, instances, instanceMemoryBytes: 256 * 2 ** 20, actDtype: mode });
       try {
         expect(hosted.engine.parts.map((p) => p.info().kvDtype)).toEqual(Array(instances).fill("i16"));
         const session = hosted.engine.newSession({ maxContext: 160, maxBatch: 64 });
@@ -488,24 +494,26 @@ describe.each(BACKENDS)("the integer-activation modes (act_dtype i16, i16x1) on 
     runs[0]!.forEach((got, i) => {
       err = Math.max(err, maxAbsDiff(got, want.subarray((prompt - 1 + i) * V, (prompt + i) * V)));
     });
-    const bound = intModeBound(m, "i16x1", ids);
-    console.log(`[engine ${backend} i16x1] 100-token prompt, 40 steps: max |diff| ${err.toExponential(2)} (bound ${bound.toExponential(2)})`);
+    const bound = intModeBound(m, mode, ids);
+    console.log(`[engine ${backend} ${mode}] 100-token prompt, 40 steps: max |diff| ${err.toExponential(2)} (bound ${bound.toExponential(2)})`);
     expect(err).toBeLessThanOrEqual(bound);
     runs[1]!.forEach((got, i) => expect(maxAbsDiff(got, runs[0]![i]!)).toBe(0));
   });
 
-  it("keeps an int16 KV cache with act_dtype i16x1 and only with it, refusing the other pairings by name", () => {
-    const engine = openEngine(backend, models[0]!.pack, { actDtype: "i16x1" });
-    try {
-      expect(engine.info().kvDtype).toBe("i16");
-    } finally {
-      engine.close();
+  it("keeps an int16 KV cache with act_dtype i16x1 or i8 and only with them, refusing the other pairings by name", () => {
+    for (const actDtype of KV_INT_MODES) {
+      const engine = openEngine(backend, models[0]!.pack, { actDtype });
+      try {
+        expect(engine.info().kvDtype).toBe("i16");
+      } finally {
+        engine.close();
+      }
     }
-    expect(() => openEngine(backend, models[0]!.pack, { kvDtype: "i16" })).toThrow(/act_dtype i16x1 keeps the KV cache as int16 rows, and only it does/);
-    expect(() => openEngine(backend, models[0]!.pack, { kvDtype: "bf16", actDtype: "i16x1" })).toThrow(/use kv_dtype i16 with act_dtype i16x1/);
+    expect(() => openEngine(backend, models[0]!.pack, { kvDtype: "i16" })).toThrow(/act_dtype i16x1 and i8 keep the KV cache as int16 rows, and only they do/);
+    expect(() => openEngine(backend, models[0]!.pack, { kvDtype: "bf16", actDtype: "i8" })).toThrow(/use kv_dtype i16 with act_dtype i16x1 or i8/);
   });
 
   it("refuses an act_dtype the core does not know", () => {
-    expect(() => openEngine(backend, models[0]!.pack, { actDtype: "i8" as never })).toThrow(RangeError);
+    expect(() => openEngine(backend, models[0]!.pack, { actDtype: "i4" as never })).toThrow(RangeError);
   });
 });

@@ -91,6 +91,7 @@ describe.each(BACKENDS)("the plan on %s", (backend) => {
       // --act-dtype i16: int16 trunk rows with their scales, the quantised-input workspace
       { trunk: "auto", kvDtype: "f32", actDtype: "i16" }, { trunk: "part", kvDtype: "f32", actDtype: "i16" },
       { trunk: "auto", kvDtype: "i16", actDtype: "i16x1" }, { trunk: "part", kvDtype: "i16", actDtype: "i16x1" },
+      { trunk: "part", kvDtype: "i16", actDtype: "i8" },
     ] as const)("equals what each range's engine reports (trunk $trunk, KV $kvDtype, Linear inputs $actDtype)", async ({ trunk, kvDtype, actDtype }) => {
       const order = trunkTensorBytes(facts, actDtype);
       const all = order.reduce((a, b) => a + b, 0);
@@ -147,6 +148,7 @@ describe.each(BACKENDS)("the plan of a Q8-trunk pack (kvl pack --trunk-dtype q8)
     { instances: 1, trunk: "auto", actDtype: "f32" }, { instances: 2, trunk: "part", actDtype: "f32" },
     { instances: 1, trunk: "auto", actDtype: "i16" }, { instances: 2, trunk: "part", actDtype: "i16" },
     { instances: 1, trunk: "auto", actDtype: "bf16" }, { instances: 2, trunk: "auto", actDtype: "i16x1" },
+    { instances: 2, trunk: "part", actDtype: "i8" },
   ] as const)("equals what each range's engine reports ($instances instance(s), trunk $trunk, Linear inputs $actDtype)", async ({ instances, trunk, actDtype }) => {
     const order = trunkTensorBytes(q8Facts, actDtype);
     const all = order.reduce((a, b) => a + b, 0);
@@ -457,9 +459,10 @@ describe("bad inputs", () => {
     ["instances past the layers", { instances: 5 }, /only 4 decoder layers/],
     ["batch 0", { maxBatch: 0 }, /max batch/],
     ["kv dtype", { kvDtype: "f16" as never }, /kv dtype 'f16' unknown/],
-    ["an i16 KV cache without act dtype i16x1", { kvDtype: "i16" as const }, /kv dtype i16 does not go with act dtype f32: act dtype i16x1 keeps/],
+    ["an i16 KV cache without act dtype i16x1 or i8", { kvDtype: "i16" as const }, /kv dtype i16 does not go with act dtype f32: act dtypes i16x1 and i8 keep/],
     ["act dtype i16x1 with an f32 KV cache", { kvDtype: "f32" as const, actDtype: "i16x1" as const }, /kv dtype f32 does not go with act dtype i16x1/],
-    ["act dtype", { actDtype: "i8" as never }, /act dtype 'i8' unknown/],
+    ["act dtype i8 with a bf16 KV cache", { kvDtype: "bf16" as const, actDtype: "i8" as const }, /kv dtype bf16 does not go with act dtype i8/],
+    ["act dtype", { actDtype: "i4" as never }, /act dtype 'i4' unknown/],
     ["instance limit below the module's minimum", { backend: "wasm" as const, maxInstanceBytes: 16 * MIB }, /instance memory limit/],
   ] as const)("%s is a UserError", (_name, change, pattern) => {
     expect(() => planOf({ ...ok, ...change })).toThrow(UserError);

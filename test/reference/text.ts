@@ -57,8 +57,9 @@ export interface TextOptions {
   ropeAngles?: "f32" | "f64";
   /**
    * The inputs of every Linear the runtime runs as an integer product quantised by `--act-dtype
-   * i16x1`'s rule (README "Numerics", the core's kernels.h quantize_i16_act): where the weight is
-   * Q8 (the routed experts; with q8Trunk the trunk's too) one 16-bit term per I16_BLOCK columns;
+   * i16x1`'s or `i8`'s rule (README "Numerics", the core's kernels.h quantize_i16_act): where the
+   * weight is Q8 (the routed experts; with q8Trunk the trunk's too) one 16-bit term per I16_BLOCK
+   * columns (i8: the routed experts' inputs one 8-bit term, I8_MAX);
    * where it is a BF16 trunk weight (converted to int16 rows, all resident) one 15-bit term per
    * vector. Not kv_b_proj (attention applies it to FP32 values) or the router. And attention's
    * two products as the runtime runs them in prefill and decode (the core's model.c attn_i16,
@@ -67,12 +68,14 @@ export interface TextOptions {
    * and tile of ATTN_I16_TILE positions (I16_MAX). The weights stay exact: this measures what the
    * input rounding alone moves, in float64.
    */
-  i16x1Inputs?: boolean;
+  intInputs?: "i16x1" | "i8";
 }
 
 /** The core's kernels.h: KVL_I16_BLOCK, KVL_I16_Q8_MAX (Q8 weights), KVL_I16_MAX (int16 weights). */
 export const I16_BLOCK = 64;
 export const I16_Q8_MAX = 32767;
+/** kernels.h KVL_I8_MAX: the Q8 products' activation range with --act-dtype i8. */
+export const I8_MAX = 127;
 export const I16_MAX = 16383;
 /** The core's model.c ATTN_I16_TILE and ATTN_I16_ROW_MAX (attention on integers, i16 KV cache). */
 export const ATTN_I16_TILE = 128;
@@ -197,7 +200,7 @@ export class TextReference {
   /** How the input of a Linear weight (name without the language_model. prefix) is quantised:
    * null for exact inputs. */
   private readonly inputRule: (name: string, cols: number) => { block: number; lim: number } | null;
-  /** i16x1Inputs: attention's products quantised as the runtime runs them (attentionInt). */
+  /** intInputs: attention's products quantised as the runtime runs them (attentionInt). */
   private readonly intAttention: boolean;
 
   private constructor(cfg: TextConfig, mediaTokenId: number | undefined,
@@ -205,10 +208,10 @@ export class TextReference {
     this.cfg = cfg;
     this.mediaTokenId = mediaTokenId;
     this.ropeMode = options.ropeAngles ?? "f32";
-    this.intAttention = options.i16x1Inputs === true;
+    this.intAttention = options.intInputs !== undefined;
     const q8Trunk = options.q8Trunk === true;
-    this.inputRule = options.i16x1Inputs !== true ? () => null : (name, cols) => {
-      if (ROUTED_EXPERT_WEIGHT.test(name)) return { block: I16_BLOCK, lim: I16_Q8_MAX };
+    this.inputRule = options.intInputs === undefined ? () => null : (name, cols) => {
+      if (ROUTED_EXPERT_WEIGHT.test(name)) return { block: I16_BLOCK, lim: options.intInputs === "i8" ? I8_MAX : I16_Q8_MAX };
       if (name.endsWith(".kv_b_proj.weight") || !isQ8TrunkWeight(PREFIX + name)) return null; // the trunk's Linear weights
       return q8Trunk ? { block: I16_BLOCK, lim: I16_Q8_MAX } : { block: cols, lim: I16_MAX };
     };
@@ -241,7 +244,7 @@ export class TextReference {
     return need(this.w, name, shape);
   }
 
-  /** linear() with the weight `name` [out, in], its input quantised where i16x1Inputs says so. */
+  /** linear() with the weight `name` [out, in], its input quantised where intInputs says so. */
   private linearOf(x: Float64Array, n: number, name: string, shape: readonly number[]): Float64Array {
     const rule = this.inputRule(name, shape[1]!);
     const input = rule ? quantizeI16Blocks(x, n, shape[1]!, rule.block, rule.lim) : x;
@@ -318,7 +321,7 @@ export class TextReference {
 
   /**
    * The attention of n positions 0..n-1 in the absorbed form, on the integers the runtime uses
-   * with `--act-dtype i16x1` (the core's model.c attn_block_i16; TextOptions.i16x1Inputs):
+   * with `--act-dtype i16x1` (the core's model.c attn_block_i16; TextOptions.intInputs):
    * score(s, t) = Q(W_uk^T q_nope | q_rope)_s . Q_row(c_kv | k_rope)_t / sqrt(qk); the context
    * sum_t Q_tile(p_t * rowscale_t) * int_row_t over tiles of ATTN_I16_TILE positions; out = W_uv
    * context. Returns [n, heads * v] like attention()'s.

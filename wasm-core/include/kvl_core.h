@@ -81,8 +81,12 @@ enum { KVL_KV_DEFAULT = 0, KVL_KV_F32 = 1, KVL_KV_BF16 = 2, KVL_KV_I16 = 3 };
  * trunk). I16X1 is the same with one term (half the integer multiply-adds), and keeps the KV
  * cache as KVL_KV_I16, so that attention's products run on integers too: logits move by
  * 1.4-4e-3 on the test models, which its own test bound allows for (test/engine.test.ts
- * intModeBound). */
-enum { KVL_ACT_DEFAULT = 0, KVL_ACT_F32 = 1, KVL_ACT_BF16 = 2, KVL_ACT_I16 = 3, KVL_ACT_I16X1 = 4 };
+ * intModeBound). I8 is I16X1 with the routed experts' inputs quantised to 8 bits (|x| <= 127)
+ * per 64 columns, as llama.cpp quantises activations (a Q8 trunk keeps 16 bits: 8 moved the test
+ * models' logits 35x as far, model.c mm_add_expert): decoding runs them on
+ * 8-bit dot products (AVX2 VPMADDUBSW, AVX-512 VNNI VPDPBUSD; SIMD128 has none and runs the
+ * int16 product on the same integers), at a coarser rounding that its test bound measures. */
+enum { KVL_ACT_DEFAULT = 0, KVL_ACT_F32 = 1, KVL_ACT_BF16 = 2, KVL_ACT_I16 = 3, KVL_ACT_I16X1 = 4, KVL_ACT_I8 = 5 };
 
 typedef struct kvl_engine_options {
     int32_t n_threads;             /* 0 = every core */
@@ -95,7 +99,7 @@ typedef struct kvl_engine_options {
     int32_t io_mode;               /* KVL_IO_*: AUTO tries direct I/O and falls back to buffered,
                                       reporting which one it got in kvl_engine_info */
     int32_t kernels;               /* KVL_KERNELS_*: AUTO = best the CPU supports */
-    int32_t kv_dtype;              /* KVL_KV_*; DEFAULT = F32, or I16 with act_dtype I16X1 (BF16
+    int32_t kv_dtype;              /* KVL_KV_*; DEFAULT = F32, or I16 with act_dtype I16X1 or I8 (BF16
                                       moved tiny-model logits by 4e-2, over the 1e-3 correctness
                                       tolerance) */
     int32_t load_vision;           /* 1 = open vision.idx/vision.bin too */

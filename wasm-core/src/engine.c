@@ -882,13 +882,15 @@ kvl_status kvl_engine_open(const char *pack_dir, const kvl_engine_options *optio
         return oerr(&c, KVL_ERR_INVALID_ARG, "kernels = %d is invalid", (int)o.kernels);
     if (o.kv_dtype < KVL_KV_DEFAULT || o.kv_dtype > KVL_KV_I16)
         return oerr(&c, KVL_ERR_INVALID_ARG, "kv_dtype = %d is invalid", (int)o.kv_dtype);
-    if (o.act_dtype < KVL_ACT_DEFAULT || o.act_dtype > KVL_ACT_I16X1)
+    if (o.act_dtype < KVL_ACT_DEFAULT || o.act_dtype > KVL_ACT_I8)
         return oerr(&c, KVL_ERR_INVALID_ARG, "act_dtype = %d is invalid", (int)o.act_dtype);
+    /* the one-term integer modes run attention on integers, over an int16 KV cache */
+    const int int_kv = o.act_dtype == KVL_ACT_I16X1 || o.act_dtype == KVL_ACT_I8;
     if (o.kv_dtype == KVL_KV_DEFAULT)
-        o.kv_dtype = o.act_dtype == KVL_ACT_I16X1 ? KVL_KV_I16 : KVL_KV_F32;
-    if ((o.kv_dtype == KVL_KV_I16) != (o.act_dtype == KVL_ACT_I16X1))
-        return oerr(&c, KVL_ERR_INVALID_ARG, "act_dtype i16x1 keeps the KV cache as int16 rows, and only it "
-                    "does: use kv_dtype i16 with act_dtype i16x1 and f32 or bf16 otherwise");
+        o.kv_dtype = int_kv ? KVL_KV_I16 : KVL_KV_F32;
+    if ((o.kv_dtype == KVL_KV_I16) != int_kv)
+        return oerr(&c, KVL_ERR_INVALID_ARG, "act_dtype i16x1 and i8 keep the KV cache as int16 rows, and only "
+                    "they do: use kv_dtype i16 with act_dtype i16x1 or i8 and f32 or bf16 otherwise");
 
     join_path(path, sizeof path, pack_dir, "PACK_COMPLETE.json");
     if (file_exists(path) != KVL_OK)
@@ -970,8 +972,9 @@ kvl_status kvl_engine_open(const char *pack_dir, const kvl_engine_options *optio
     if (!e->pool) { st = oerr(&c, KVL_ERR_NOMEM, "cannot create the thread pool"); goto fail; }
     e->text->kv_dtype = o.kv_dtype;
     e->text->act_bf16 = o.act_dtype == KVL_ACT_BF16;
-    e->text->act_i16 = o.act_dtype == KVL_ACT_I16 || o.act_dtype == KVL_ACT_I16X1;
-    e->text->act_i16_terms = o.act_dtype == KVL_ACT_I16X1 ? 1 : 2;
+    e->text->act_i16 = o.act_dtype == KVL_ACT_I16 || o.act_dtype == KVL_ACT_I16X1 || o.act_dtype == KVL_ACT_I8;
+    e->text->act_i16_terms = o.act_dtype == KVL_ACT_I16 ? 2 : 1;
+    e->text->act_i8 = o.act_dtype == KVL_ACT_I8;
     if ((st = load_text(&c, &o)) != KVL_OK) goto fail;
     *out_engine = e;
     return KVL_OK;
@@ -1009,7 +1012,7 @@ kvl_status kvl_engine_get_info(const kvl_engine *e, kvl_engine_info *out)
     snprintf(out->kv_dtype, sizeof out->kv_dtype, "%s",
              t->kv_dtype == KVL_KV_I16 ? "i16" : t->kv_dtype == KVL_KV_BF16 ? "bf16" : "f32");
     snprintf(out->act_dtype, sizeof out->act_dtype, "%s",
-             t->act_i16 ? (t->act_i16_terms == 1 ? "i16x1" : "i16") : t->act_bf16 ? "bf16" : "f32");
+             t->act_i8 ? "i8" : t->act_i16 ? (t->act_i16_terms == 1 ? "i16x1" : "i16") : t->act_bf16 ? "bf16" : "f32");
     out->global_bytes = t->global_bytes;
     out->trunk_cache_bytes = t->trunk_bytes;
     out->expert_cache_bytes = t->ecache ? kvl_expert_cache_bytes(t->ecache) : 0;

@@ -100,8 +100,10 @@ typedef struct kvl_engine_text {
     uint64_t extent_bytes;               /* padded */
     int kv_dtype;                        /* KVL_KV_F32, _BF16 or _I16 (never DEFAULT) */
     int act_bf16;                        /* Linear inputs rounded to BF16 (KVL_ACT_BF16) */
-    int act_i16;                         /* Linear inputs quantised to integers (KVL_ACT_I16, _I16X1) */
-    int act_i16_terms;                   /* act_i16: integer terms per input, 2 (I16) or 1 (I16X1) */
+    int act_i16;                         /* Linear inputs quantised to integers (KVL_ACT_I16, _I16X1, _I8) */
+    int act_i16_terms;                   /* act_i16: integer terms per input, 2 (I16) or 1 (I16X1, I8) */
+    int act_i8;                          /* KVL_ACT_I8: act_i16 with one term, the Q8 products' inputs
+                                            8-bit (matmul_q8_i8) */
     /* trunk counters (one driver thread at a time, plain integers) */
     uint64_t trunk_hits, trunk_misses, trunk_bytes_read, trunk_stall_ns;
     uint64_t tokens_prefilled, tokens_decoded;

@@ -59,6 +59,14 @@ typedef struct kvl_kernels {
      * bit-identical results. */
     void (*matmul_q8_i16)(float *Y, size_t ldy, const int8_t *W, const float *scale, size_t rows,
                           size_t cols, const int16_t *Xq, const float *xs, size_t ldx, size_t n);
+    /* The same product with 8-bit activations (|x| <= KVL_I8_MAX, quantize_i16_act with that
+     * lim, still stored as int16): bit-identical to matmul_q8_i16 on the same input, since every
+     * block sum is exact either way. What the bound buys is an 8-bit dot product, where the ISA
+     * has one: AVX2 VPMADDUBSW (|x| as u8 times w with x's sign; pairs <= 2*127*127, no
+     * saturation) and AVX-512 VNNI VPDPBUSD, four products per int32 lane, in decoding (n == 1);
+     * other n and SIMD128 (no 8-bit dot product before relaxed SIMD) run matmul_q8_i16. */
+    void (*matmul_q8_i8)(float *Y, size_t ldy, const int8_t *W, const float *scale, size_t rows,
+                         size_t cols, const int16_t *Xq, const float *xs, size_t ldx, size_t n);
     /* Row-wise int16 weights (|W| <= 32767, kvl_quantize_rows_i16) x 15-bit activations: same
      * bytes as BF16 but an integer dot product. A group of 4 products is exact in int32
      * (4*32767*16383 < 2^31); group sums are added in FP32 in any order (SIMD lanes), so
@@ -86,6 +94,7 @@ typedef struct kvl_kernels {
 
 #define KVL_I16_MAX 16383    /* activation range of matmul_i16_i16 (4 products exact in int32) */
 #define KVL_I16_Q8_MAX 32767 /* activation range of matmul_q8_i16 */
+#define KVL_I8_MAX 127       /* activation range of matmul_q8_i8 (--act-dtype i8) */
 #define KVL_I16_BLOCK 64     /* columns per activation scale (and exact int32 block) of matmul_q8_i16 */
 
 /* blocks of `block` columns in a row of cols (the last one may be shorter) */

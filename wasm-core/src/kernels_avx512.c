@@ -628,6 +628,48 @@ KVL_INLINE void decode_rows4_q8(float *Y, const int8_t *W, const float *scale, s
     _mm_storeu_ps(Y + r, _mm_mul_ps(acc, _mm_loadu_ps(scale + r)));
 }
 
+/* One row's sums of (w * sign(x)) * |x| over up to 64 columns (mask m), 4 products per lane. */
+KVL_INLINE __m512i dot_i8_block(__m512i ax, __mmask64 neg, __mmask64 m, const int8_t *w)
+{
+    const __m512i v = _mm512_maskz_loadu_epi8(m, w);
+    return _mm512_dpbusd_epi32(_mm512_setzero_si512(), ax, _mm512_mask_sub_epi8(v, neg, _mm512_setzero_si512(), v));
+}
+
+/* Q8 x 8-bit decode (matmul_q8_i8), four rows at a time: a block's 64 activations are narrowed
+ * to int8 once for the four rows (|x| <= 127: exact); per row, the weights take the activations'
+ * signs (a masked byte subtraction from zero; |w| <= 127, so no overflow) and VPDPBUSD adds |x|
+ * (as u8) times them, four products per int32 lane: one load, one negation and one product per
+ * 64 weights, where the int16 product widens twice and takes two VPDPWSSD. Block sums exact;
+ * then as decode_rows4_q8, so identical to it. */
+KVL_INLINE void decode_rows4_q8_i8(float *Y, const int8_t *W, const float *scale, size_t r,
+                                   size_t cols, const int16_t *x, const float *xs, int prefetch)
+{
+    const int8_t *w0 = W + r * cols, *w1 = w0 + cols, *w2 = w1 + cols, *w3 = w2 + cols;
+    __m128 acc = _mm_setzero_ps(); /* lane i: row r + i */
+    for (size_t b = 0; b < cols; b += KVL_I16_BLOCK) {
+        const size_t len = cols - b < KVL_I16_BLOCK ? cols - b : KVL_I16_BLOCK; /* <= 64 */
+        const __mmask32 m0 = len >= 32 ? (__mmask32)0xffffffffu : tail_mask32(len);
+        const __mmask32 m1 = len >= 64 ? (__mmask32)0xffffffffu : len > 32 ? tail_mask32(len - 32) : (__mmask32)0;
+        const __mmask64 m = (__mmask64)m0 | ((__mmask64)m1 << 32);
+        if (prefetch) {
+            _mm_prefetch((const char *)(w3 + cols + b), _MM_HINT_T1);
+            _mm_prefetch((const char *)(w3 + 2 * cols + b), _MM_HINT_T1);
+            _mm_prefetch((const char *)(w3 + 3 * cols + b), _MM_HINT_T1);
+            _mm_prefetch((const char *)(w3 + 4 * cols + b), _MM_HINT_T1);
+        }
+        const __m512i x8 = _mm512_inserti64x4(
+            _mm512_castsi256_si512(_mm512_cvtepi16_epi8(_mm512_maskz_loadu_epi16(m0, x + b))),
+            _mm512_cvtepi16_epi8(_mm512_maskz_loadu_epi16(m1, x + b + 32)), 1);
+        const __m512i ax = _mm512_abs_epi8(x8);
+        const __mmask64 neg = _mm512_movepi8_mask(x8);
+        const __m512i a0 = dot_i8_block(ax, neg, m, w0 + b), a1 = dot_i8_block(ax, neg, m, w1 + b);
+        const __m512i a2 = dot_i8_block(ax, neg, m, w2 + b), a3 = dot_i8_block(ax, neg, m, w3 + b);
+        __m128 p = _mm_mul_ps(_mm_cvtepi32_ps(reduce4_epi32(a0, a1, a2, a3)), _mm_set1_ps(xs[b / KVL_I16_BLOCK]));
+        acc = _mm_add_ps(acc, p);
+    }
+    _mm_storeu_ps(Y + r, _mm_mul_ps(acc, _mm_loadu_ps(scale + r)));
+}
+
 /* R rows x T tokens (constants at every call site): each weight vector is loaded once per T
  * tokens, each activation vector once per R rows. */
 KVL_INLINE void tile_int(int kind, float *Y, size_t ldy, const void *W, const float *scale,
@@ -859,6 +901,21 @@ static void avx512_matmul_q8_i16(float *Y, size_t ldy, const int8_t *W, const fl
     matmul_int_generic(IKIND_Q8, Y, ldy, W, scale, rows, cols, Xq, xs, ldx, n);
 }
 
+static void avx512_matmul_q8_i8(float *Y, size_t ldy, const int8_t *W, const float *scale,
+                                size_t rows, size_t cols, const int16_t *Xq, const float *xs,
+                                size_t ldx, size_t n)
+{
+    if (n != 1) {
+        matmul_int_generic(IKIND_Q8, Y, ldy, W, scale, rows, cols, Xq, xs, ldx, n);
+        return;
+    }
+    size_t r = 0;
+    for (; r + 4 <= rows; r += 4)
+        decode_rows4_q8_i8(Y, W, scale, r, cols, Xq, xs, r + 8 <= rows);
+    for (; r < rows; r++)
+        decode_row_int(IKIND_Q8, Y, W, scale, r, cols, Xq, xs);
+}
+
 static void avx512_matmul_i16_i16(float *Y, size_t ldy, const int16_t *W, const float *scale,
                                   size_t rows, size_t cols, const int16_t *Xq, const float *xs,
                                   size_t ldx, size_t n)
@@ -1071,7 +1128,8 @@ static void avx512_gelu_tanh(float *x, size_t n)
 #define AVX512_TABLE(NAME, BF16_DOT, MATMUL_BF16_XB, MATMUL_Q8_XB)                              \
     {                                                                                            \
         NAME, BF16_DOT, avx512_matmul_bf16, avx512_matmul_q8, avx512_matmul_f32, MATMUL_BF16_XB, \
-            MATMUL_Q8_XB, avx512_quantize_i16_act, avx512_matmul_q8_i16, avx512_matmul_i16_i16,        \
+            MATMUL_Q8_XB, avx512_quantize_i16_act, avx512_matmul_q8_i16, avx512_matmul_q8_i8,               \
+            avx512_matmul_i16_i16,                                                             \
             avx512_dot_f32,                                                                      \
             avx512_axpy_f32, avx512_axpy_rows_f32, avx512_bf16_to_f32, avx512_f32_to_bf16, avx512_softmax,            \
             avx512_gelu_tanh                                                                     \

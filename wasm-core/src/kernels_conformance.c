@@ -120,10 +120,10 @@ static double bf16_value(uint16_t h)
 
 /* ---- matrix products ------------------------------------------------------------------- */
 
-enum { P_BF16, P_Q8, P_F32, P_BF16_XB, P_Q8_XB, P_I16_I16, P_Q8_I16, P_KINDS };
+enum { P_BF16, P_Q8, P_F32, P_BF16_XB, P_Q8_XB, P_I16_I16, P_Q8_I16, P_Q8_I8, P_KINDS };
 static const char *const product_name[P_KINDS] = {"matmul_bf16",    "matmul_q8",     "matmul_f32",
                                                   "matmul_bf16_xb", "matmul_q8_xb",  "matmul_i16_i16",
-                                                  "matmul_q8_i16"};
+                                                  "matmul_q8_i16",  "matmul_q8_i8"};
 
 typedef struct buffers {
     uint16_t *wb;   /* BF16 weights */
@@ -141,6 +141,11 @@ typedef struct buffers {
     float *xs8;     /* their scales [n, nb] */
     int16_t *xq8_ref;
     float *xs8_ref;
+    int16_t *xq7;   /* 8-bit activations (|x| <= KVL_I8_MAX) as int16, a scale per KVL_I16_BLOCK
+                       (matmul_q8_i8) */
+    float *xs7;
+    int16_t *xq7_ref;
+    float *xs7_ref;
     float *y, *y_ref;
 } buffers;
 
@@ -163,10 +168,14 @@ static int alloc_buffers(buffers *b, size_t rows, size_t cols, size_t n, size_t 
     b->xs8 = malloc(n * nb * sizeof *b->xs8);
     b->xq8_ref = calloc(n * ldx, sizeof *b->xq8_ref);
     b->xs8_ref = malloc(n * nb * sizeof *b->xs8_ref);
+    b->xq7 = calloc(n * ldx, sizeof *b->xq7);
+    b->xs7 = malloc(n * nb * sizeof *b->xs7);
+    b->xq7_ref = calloc(n * ldx, sizeof *b->xq7_ref);
+    b->xs7_ref = malloc(n * nb * sizeof *b->xs7_ref);
     b->y = malloc(n * rows * sizeof *b->y);
     b->y_ref = malloc(n * rows * sizeof *b->y_ref);
     return b->wb && b->wq && b->wf && b->wi && b->scale && b->iscale && b->x && b->xq && b->xs &&
-           b->xq_ref && b->xs_ref && b->xq8 && b->xs8 && b->xq8_ref && b->xs8_ref && b->y && b->y_ref;
+           b->xq_ref && b->xs_ref && b->xq8 && b->xs8 && b->xq8_ref && b->xs8_ref && b->xq7 && b->xs7 && b->xq7_ref && b->xs7_ref && b->y && b->y_ref;
 }
 
 static void free_buffers(buffers *b)
@@ -174,6 +183,7 @@ static void free_buffers(buffers *b)
     free(b->wb), free(b->wq), free(b->wf), free(b->wi), free(b->scale), free(b->iscale);
     free(b->x), free(b->xq), free(b->xs), free(b->xq_ref), free(b->xs_ref), free(b->y), free(b->y_ref);
     free(b->xq8), free(b->xs8), free(b->xq8_ref), free(b->xs8_ref);
+    free(b->xq7), free(b->xs7), free(b->xq7_ref), free(b->xs7_ref);
 }
 
 /* The exact value of term (r, c) for token t, as the kernel's definition multiplies it. */
@@ -211,7 +221,8 @@ static void run_product(int kind, const kvl_kernels *K, const buffers *b, float 
     case P_BF16_XB: K->matmul_bf16_xb(y, rows, b->wb, rows, cols, b->x, ldx, n); break;
     case P_Q8_XB: K->matmul_q8_xb(y, rows, b->wq, b->scale, rows, cols, b->x, ldx, n); break;
     case P_I16_I16: K->matmul_i16_i16(y, rows, b->wi, b->iscale, rows, cols, b->xq, b->xs, ldx, n); break;
-    default: K->matmul_q8_i16(y, rows, b->wq, b->scale, rows, cols, b->xq8, b->xs8, ldx, n); break;
+    case P_Q8_I16: K->matmul_q8_i16(y, rows, b->wq, b->scale, rows, cols, b->xq8, b->xs8, ldx, n); break;
+    default: K->matmul_q8_i8(y, rows, b->wq, b->scale, rows, cols, b->xq7, b->xs7, ldx, n); break;
     }
 }
 
@@ -244,6 +255,8 @@ static int test_products(report *rep, const kvl_kernels *K, const kvl_kernels *r
     ref->quantize_i16_act(b.xq_ref, b.xs_ref, b.x, cols, n, ldx, ldx, cols, KVL_I16_MAX);
     K->quantize_i16_act(b.xq8, b.xs8, b.x, cols, n, ldx, ldx, KVL_I16_BLOCK, KVL_I16_Q8_MAX);
     ref->quantize_i16_act(b.xq8_ref, b.xs8_ref, b.x, cols, n, ldx, ldx, KVL_I16_BLOCK, KVL_I16_Q8_MAX);
+    K->quantize_i16_act(b.xq7, b.xs7, b.x, cols, n, ldx, ldx, KVL_I16_BLOCK, KVL_I8_MAX);
+    ref->quantize_i16_act(b.xq7_ref, b.xs7_ref, b.x, cols, n, ldx, ldx, KVL_I16_BLOCK, KVL_I8_MAX);
     double qdiff = 0.0;
     for (size_t t = 0; t < n; t++) {
         if (memcmp(&b.xs[t], &b.xs_ref[t], sizeof(float)) != 0)
@@ -251,9 +264,13 @@ static int test_products(report *rep, const kvl_kernels *K, const kvl_kernels *r
         for (size_t k = 0; k < nb; k++)
             if (memcmp(&b.xs8[t * nb + k], &b.xs8_ref[t * nb + k], sizeof(float)) != 0)
                 qdiff = fmax(qdiff, fabs((double)b.xs8[t * nb + k] - b.xs8_ref[t * nb + k]) + 1e-30);
+        for (size_t k = 0; k < nb; k++)
+            if (memcmp(&b.xs7[t * nb + k], &b.xs7_ref[t * nb + k], sizeof(float)) != 0)
+                qdiff = fmax(qdiff, fabs((double)b.xs7[t * nb + k] - b.xs7_ref[t * nb + k]) + 1e-30);
         for (size_t c = 0; c < cols; c++) {
             qdiff = fmax(qdiff, fabs((double)b.xq[t * ldx + c] - b.xq_ref[t * ldx + c]));
             qdiff = fmax(qdiff, fabs((double)b.xq8[t * ldx + c] - b.xq8_ref[t * ldx + c]));
+            qdiff = fmax(qdiff, fabs((double)b.xq7[t * ldx + c] - b.xq7_ref[t * ldx + c]));
         }
     }
     check(rep, "quantize_i16_act", shape, qdiff, 0.0);
@@ -262,7 +279,7 @@ static int test_products(report *rep, const kvl_kernels *K, const kvl_kernels *r
         run_product(kind, K, &b, b.y, rows, cols, n, ldx);
         double worst = 0.0; /* error / bound, so shapes of every size report on one scale */
         double worst_abs = 0.0, worst_bound = 0.0;
-        if (kind == P_Q8_I16) {
+        if (kind == P_Q8_I16 || kind == P_Q8_I8) { /* defined bit for bit by the reference */
             run_product(kind, ref, &b, b.y_ref, rows, cols, n, ldx);
             for (size_t i = 0; i < rows * n; i++)
                 if (memcmp(&b.y[i], &b.y_ref[i], sizeof(float)) != 0)

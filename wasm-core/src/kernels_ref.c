@@ -287,6 +287,7 @@ const kvl_kernels kvl_kernels_scalar_table = {
     ref_matmul_q8_xb,
     ref_quantize_i16_act,
     ref_matmul_q8_i16,
+    ref_matmul_q8_i16, /* matmul_q8_i8: the same exact sums (kernels.h) */
     ref_matmul_i16_i16,
     ref_dot_f32,
     ref_axpy_f32,

@@ -847,6 +847,7 @@ const kvl_kernels kvl_kernels_simd128_table = {
     simd128_matmul_q8_xb,
     simd128_quantize_i16_act,
     simd128_matmul_q8_i16,
+    simd128_matmul_q8_i16, /* matmul_q8_i8: no 8-bit dot product in SIMD128 (kernels.h) */
     simd128_matmul_i16_i16,
     simd128_dot_f32,
     simd128_axpy_f32,

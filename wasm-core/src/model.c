@@ -55,7 +55,7 @@ static void act_workspace(const kvl_engine_text *t, uint64_t B, uint64_t *xq_ele
  * (attn_per_token), which needs no transposed copy of the cache. */
 #define ATTN_TILED_MIN 8
 
-/* attn_i16: with --act-dtype i16x1 the KV cache is KVL_KV_I16 and attention's two products run
+/* attn_i16: with --act-dtype i16x1 (or i8) the KV cache is KVL_KV_I16 and attention's two products run
  * on integers, in prefill chunks (attn_tiled) and decode (attn_per_token) alike: each cached row
  * quantised to int16 once, as store_kv writes it, with one scale per row (|q| <=
  * ATTN_I16_ROW_MAX, the weight range of matmul_i16_i16), and its latents also written
@@ -268,6 +268,7 @@ typedef struct mm_seg {
                            a scale per KVL_I16_BLOCK columns, MM_I16 one per vector (nb = 1) */
     const float *xs;
     size_t ldq;
+    int expert;         /* a routed expert's weight (mm_add_expert): act_i8 makes its input 8-bit */
     size_t block_rows;  /* rows per work item */
     int first_item;     /* index of this segment's first work item */
 } mm_seg;
@@ -275,8 +276,9 @@ typedef struct mm_seg {
 typedef struct mm_job {
     const kvl_kernels *k;
     int act_bf16;       /* the engine's activation mode (KVL_ACT_BF16) */
-    int act_i16;        /* KVL_ACT_I16 or KVL_ACT_I16X1 */
-    int i16_terms;      /* act_i16: integer terms per input (2: I16, 1: I16X1) */
+    int act_i16;        /* KVL_ACT_I16, KVL_ACT_I16X1 or KVL_ACT_I8 */
+    int i16_terms;      /* act_i16: integer terms per input (2: I16, 1: I16X1 and I8) */
+    int act_i8;         /* KVL_ACT_I8: the routed experts' inputs 8-bit, matmul_q8_i8 */
     int16_t *xq;        /* act_i16: the session's workspace (act_workspace sizes it) */
     float *xs;
     float *yq;          /* per thread yq_per floats */
@@ -317,6 +319,7 @@ static void mm_init(mm_job *j, const kvl_session *s)
     j->act_bf16 = e->text->act_bf16;
     j->act_i16 = e->text->act_i16;
     j->i16_terms = e->text->act_i16_terms;
+    j->act_i8 = e->text->act_i8;
     j->xq = s->xq;
     j->xs = s->xs;
     j->yq = s->yq;
@@ -339,8 +342,19 @@ static void mm_add(mm_job *j, int kind, float *Y, size_t ldy, const void *W, con
     g->kind = kind; g->Y = Y; g->ldy = ldy; g->W = W; g->scale = scale;
     g->rows = rows; g->cols = cols; g->X = X; g->ldx = ldx; g->n = n;
     g->Xq = NULL; g->xs = NULL; g->ldq = cols;
+    g->expert = 0;
     j->bytes += (uint64_t)rows * cols * (kind == MM_Q8 ? 1u : 2u);
     j->macs += (uint64_t)rows * cols * n;
+}
+
+/* A routed expert's Q8 weight. With act_i8 only these take 8-bit inputs: on the test models,
+ * 8-bit inputs to a Q8 trunk as well moved the logits by 9.6 (the largest is 25) where the experts alone
+ * moved them by 0.26 (test/trunk-q8-engine.test.ts), so the trunk keeps its 16-bit term. */
+static void mm_add_expert(mm_job *j, float *Y, size_t ldy, const int8_t *W, const float *scale,
+                          size_t rows, size_t cols, const float *X, size_t ldx, size_t n)
+{
+    mm_add(j, MM_Q8, Y, ldy, W, scale, rows, cols, X, ldx, n);
+    j->seg[j->n_seg - 1].expert = 1;
 }
 
 /* The f32 row scales of a Q8_ROWS record at w (int8 [rows, cols], then the scales) */
@@ -416,7 +430,7 @@ static int mm_quantize(mm_job *j, int first)
         const mm_seg *same = NULL;
         for (int p = first; p < i && !same; p++) {
             const mm_seg *h = &j->seg[p];
-            if (h->Xq && (h->kind == MM_Q8) == q8 && h->X == g->X && h->ldx == g->ldx &&
+            if (h->Xq && (h->kind == MM_Q8) == q8 && h->expert == g->expert && h->X == g->X && h->ldx == g->ldx &&
                 h->cols == g->cols && h->n == g->n)
                 same = h;
         }
@@ -426,10 +440,11 @@ static int mm_quantize(mm_job *j, int first)
         }
         size_t off = (used + XQ_ALIGN - 1) / XQ_ALIGN * XQ_ALIGN;
         const size_t len = g->n * g->cols;
-        /* Q8 weights: a scale per KVL_I16_BLOCK columns and 16-bit range (matmul_q8_i16);
-         * int16 weights: one per vector and 15 bits (matmul_i16_i16's exact groups) */
+        /* Q8 weights: a scale per KVL_I16_BLOCK columns and 16-bit range (matmul_q8_i16), or 8-bit
+         * with act_i8 (matmul_q8_i8); int16 weights: one per vector and 15 bits (matmul_i16_i16's
+         * exact groups) */
         const size_t block = q8 ? KVL_I16_BLOCK : g->cols;
-        const int lim = q8 ? KVL_I16_Q8_MAX : KVL_I16_MAX;
+        const int lim = !q8 ? KVL_I16_MAX : j->act_i8 && g->expert ? KVL_I8_MAX : KVL_I16_Q8_MAX;
         const size_t terms = (size_t)j->i16_terms, per = g->n * kvl_i16_nblocks(g->cols, block);
         if (i > first && (off + terms * len > j->xq_cap || used_s + terms * per > j->xs_cap)) break;
         int16_t *q = j->xq + off;
@@ -454,8 +469,8 @@ static void mm_int(const mm_job *j, const mm_seg *g, float *Y, size_t ldy, size_
         j->k->matmul_i16_i16(Y, ldy, (const int16_t *)g->W + r0 * g->cols, g->scale + r0, m,
                              g->cols, g->Xq, g->xs, g->ldq, nv);
     else
-        j->k->matmul_q8_i16(Y, ldy, (const int8_t *)g->W + r0 * g->cols, g->scale + r0, m, g->cols,
-                            g->Xq, g->xs, g->ldq, nv);
+        (j->act_i8 && g->expert ? j->k->matmul_q8_i8 : j->k->matmul_q8_i16)(
+            Y, ldy, (const int8_t *)g->W + r0 * g->cols, g->scale + r0, m, g->cols, g->Xq, g->xs, g->ldq, nv);
 }
 
 static void mm_do_i16(const mm_job *j, const mm_seg *g, size_t b, size_t e, int ti)
@@ -1063,8 +1078,8 @@ static void moe_wave_run(kvl_session *s, int layer, int n, const moe_wave *wv, i
         size_t off = small ? b : 0;
         /* one token needs no copy; several were gathered into xg rows off.. */
         const float *X = cnt == 1 ? s->xn + (size_t)(s->elist[b] / (int)K) * H : s->xg + off * H;
-        mm_add(&mj, MM_Q8, gbase + off * I, I, wv->v[i].gate_q, wv->v[i].gate_s, I, H, X, H, cnt);
-        mm_add(&mj, MM_Q8, ubase + off * I, I, wv->v[i].up_q, wv->v[i].up_s, I, H, X, H, cnt);
+        mm_add_expert(&mj, gbase + off * I, I, wv->v[i].gate_q, wv->v[i].gate_s, I, H, X, H, cnt);
+        mm_add_expert(&mj, ubase + off * I, I, wv->v[i].up_q, wv->v[i].up_s, I, H, X, H, cnt);
     }
     mm_run(e, &mj);
     if (with_shared) kvl_silu_mul(s->gate, s->up, (size_t)n * R);
@@ -1077,8 +1092,8 @@ static void moe_wave_run(kvl_session *s, int layer, int n, const moe_wave *wv, i
         size_t b = (size_t)s->ecount[x], cnt = (size_t)(s->ecount[x + 1] - s->ecount[x]);
         size_t off = small ? b : 0;
         kvl_silu_mul(gbase + off * I, ubase + off * I, cnt * I);
-        mm_add(&mj, MM_Q8, s->yg + off * H, H, wv->v[i].down_q, wv->v[i].down_s, H, I,
-               gbase + off * I, I, cnt);
+        mm_add_expert(&mj, s->yg + off * H, H, wv->v[i].down_q, wv->v[i].down_s, H, I,
+                      gbase + off * I, I, cnt);
     }
     mm_run(e, &mj);
     for (int i = 0; i < wv->n; i++) kvl_expert_cache_release(t->ecache, layer, wv->x[i]);

@@ -320,7 +320,8 @@ static void test_quantize_i16(const kvl_kernels *K, const kvl_kernels *ref, size
     free(sr);
 }
 
-/* int8 (q8 = 1) weights with 16-bit activations (a scale per KVL_I16_BLOCK columns), or int16
+/* int8 (q8 = 1) weights with 16-bit activations (a scale per KVL_I16_BLOCK columns), the same
+ * with 8-bit activations (q8 = 2: matmul_q8_i8, weights within +-127 as it requires), or int16
  * weights with 15-bit activations (one scale per token). extreme: every product has the largest
  * magnitude and the same sign (w = +-127 (some -128) / +-32767 with x = +-32767 / +-16383 of the
  * same sign), so the int32 block (q8) and group (i16) sums sit at the top of their range. Q8:
@@ -331,6 +332,7 @@ static void test_int_matmul(const kvl_kernels *K, const kvl_kernels *ref, int q8
                             size_t cols, size_t n, int extreme)
 {
     size_t ldx = cols + 5, ldy = rows + 3;
+    const int i8 = q8 == 2;
     void *W = xmalloc(rows * cols * (q8 ? 1 : 2));
     float *ws = (float *)xmalloc(rows * sizeof(float));
     float *X = (float *)xmalloc(n * cols * sizeof(float));
@@ -347,9 +349,9 @@ static void test_int_matmul(const kvl_kernels *K, const kvl_kernels *ref, int q8
         if (extreme)
             v = sg[i % cols] * (q8 ? 127 : 32767);
         else
-            v = q8 ? (int)(rnd32() % 256) - 128 : (int)(rnd32() % 65535) - 32767;
+            v = i8 ? (int)(rnd32() % 255) - 127 : q8 ? (int)(rnd32() % 256) - 128 : (int)(rnd32() % 65535) - 32767;
         if (q8)
-            ((int8_t *)W)[i] = (int8_t)(extreme && v < 0 && (i % 3) == 0 ? -128 : v);
+            ((int8_t *)W)[i] = (int8_t)(extreme && !i8 && v < 0 && (i % 3) == 0 ? -128 : v);
         else
             ((int16_t *)W)[i] = (int16_t)v;
     }
@@ -358,7 +360,7 @@ static void test_int_matmul(const kvl_kernels *K, const kvl_kernels *ref, int q8
     if (extreme) {
         for (size_t t = 0; t < n; t++) {
             for (size_t c = 0; c < cols; c++)
-                Xq[t * ldx + c] = (int16_t)(sg[c] * (q8 ? 32767 : 16383));
+                Xq[t * ldx + c] = (int16_t)(sg[c] * (i8 ? KVL_I8_MAX : q8 ? 32767 : 16383));
             for (size_t k = 0; k < nb; k++)
                 xs[t * nb + k] = ldexpf(1.0f + (float)((t + k) % 8) / 8.0f, -14);
         }
@@ -366,13 +368,16 @@ static void test_int_matmul(const kvl_kernels *K, const kvl_kernels *ref, int q8
         for (size_t i = 0; i < n * cols; i++)
             X[i] = rnd_normalish();
         if (q8)
-            ref->quantize_i16_act(Xq, xs, X, cols, n, cols, ldx, KVL_I16_BLOCK, KVL_I16_Q8_MAX);
+            ref->quantize_i16_act(Xq, xs, X, cols, n, cols, ldx, KVL_I16_BLOCK, i8 ? KVL_I8_MAX : KVL_I16_Q8_MAX);
         else
             ref->quantize_i16_act(Xq, xs, X, cols, n, cols, ldx, cols, KVL_I16_MAX);
     }
     for (size_t i = 0; i < n * ldy; i++)
         Y[i] = Yr[i] = 12345.0f;
-    if (q8) {
+    if (i8) {
+        K->matmul_q8_i8(Y, ldy, (const int8_t *)W, ws, rows, cols, Xq, xs, ldx, n);
+        ref->matmul_q8_i8(Yr, ldy, (const int8_t *)W, ws, rows, cols, Xq, xs, ldx, n);
+    } else if (q8) {
         K->matmul_q8_i16(Y, ldy, (const int8_t *)W, ws, rows, cols, Xq, xs, ldx, n);
         ref->matmul_q8_i16(Yr, ldy, (const int8_t *)W, ws, rows, cols, Xq, xs, ldx, n);
     } else {
@@ -434,7 +439,7 @@ static void test_int_matmul(const kvl_kernels *K, const kvl_kernels *ref, int q8
                 ok_gap = 0;
     }
     char what[128];
-    snprintf(what, sizeof what, "%s%s rows=%zu cols=%zu n=%zu", q8 ? "matmul_q8_i16" : "matmul_i16_i16",
+    snprintf(what, sizeof what, "%s%s rows=%zu cols=%zu n=%zu", i8 ? "matmul_q8_i8" : q8 ? "matmul_q8_i16" : "matmul_i16_i16",
              extreme ? " (extreme)" : "", rows, cols, n);
     check(ok, K->name, what, "got %.9g want %.9g", bad_a, bad_b);
     check(ok_gap, K->name, what, "wrote outside rows (%g %g)", 0, 0);
@@ -1001,23 +1006,29 @@ int main(void)
             for (size_t nn = 1; nn <= 17; nn++) {
                 test_quantize_i16(K, ref, icols[b], nn, icols[b], KVL_I16_MAX);
                 test_quantize_i16(K, ref, icols[b], nn, KVL_I16_BLOCK, KVL_I16_Q8_MAX);
+                test_quantize_i16(K, ref, icols[b], nn, KVL_I16_BLOCK, KVL_I8_MAX);
                 for (size_t a = 0; a < sizeof irows / sizeof irows[0]; a++) {
                     /* all n in 1..17 on a few row counts, a subset elsewhere (run time) */
                     if (irows[a] > 5 && nn % 4 != 1 && nn != 2)
                         continue;
                     test_int_matmul(K, ref, 1, irows[a], icols[b], nn, 0);
                     test_int_matmul(K, ref, 0, irows[a], icols[b], nn, 0);
+                    if (nn <= 2) /* matmul_q8_i8: its own code decodes (n = 1), n > 1 is matmul_q8_i16's */
+                        test_int_matmul(K, ref, 2, irows[a], icols[b], nn, 0);
                 }
             }
             test_int_matmul(K, ref, 1, 9, icols[b], 5, 1);
             test_int_matmul(K, ref, 0, 9, icols[b], 5, 1);
             test_int_matmul(K, ref, 1, 5, icols[b], 1, 1);
             test_int_matmul(K, ref, 0, 5, icols[b], 1, 1);
+            test_int_matmul(K, ref, 2, 9, icols[b], 1, 1);
         }
         test_int_matmul(K, ref, 1, 33, 5000, 3, 1);
         test_int_matmul(K, ref, 0, 33, 5000, 3, 0);
         test_int_matmul(K, ref, 1, 2, 16500, 1, 0);
         test_int_matmul(K, ref, 0, 2, 16500, 1, 1);
+        test_int_matmul(K, ref, 2, 2, 16500, 1, 1);
+        test_int_matmul(K, ref, 2, 43, 11264, 1, 0);
         report_int_accuracy(K);
         static const size_t vn[] = {0, 1, 3, 15, 16, 17, 31, 33, 64, 65, 257, 2048, 2051};
         for (size_t i = 0; i < sizeof vn / sizeof vn[0]; i++)
