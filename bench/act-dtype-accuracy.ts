@@ -19,19 +19,11 @@ import { NativeBackend } from "../host/native-backend.js";
 import { packCheckpoint } from "../packer/pack.js";
 import { argmax } from "../test/reference/math.js";
 import { tempDir, tinyCheckpoint } from "../test/support/pack-fixtures.js";
+import { promptIds } from "../test/support/prompt-ids.js";
 
 const argTokens = process.argv.indexOf("--tokens");
 const TOKENS = argTokens > 0 ? Number(process.argv[argTokens + 1]) : 128;
 const MODES: ActDtype[] = ["i16", "i16x1", "i8"];
-
-/** The fixed prompt of test/support/engine-checks.ts promptIds (which imports vitest). */
-function promptIds(seed: number, n: number, vocab: number): number[] {
-  let s = seed >>> 0;
-  return Array.from({ length: n }, () => {
-    s = (Math.imul(s, 1664525) + 1013904223) >>> 0;
-    return 16 + (s % (vocab - 16));
-  });
-}
 
 const native = new NativeBackend();
 const tmp = tempDir("act-dtype-accuracy");

@@ -26,19 +26,12 @@ import { DTYPE_BF16, DTYPE_F32, DTYPE_Q8_ROWS, recordNbytes } from "../host/pack
 import { packCheckpoint } from "../packer/pack.js";
 import { presetConfigText } from "../packer/synth.js";
 import { tempDir, tinyCheckpoint } from "../test/support/pack-fixtures.js";
+import { promptIds } from "../test/support/prompt-ids.js";
 import { argmax } from "../test/reference/math.js";
 import { TextReference } from "../test/reference/text.js";
 
 const argTokens = process.argv.indexOf("--tokens");
 const TOKENS = argTokens > 0 ? Number(process.argv[argTokens + 1]) : 128;
-
-function promptIds(seed: number, n: number, vocab: number): number[] {
-  let s = seed >>> 0;
-  return Array.from({ length: n }, () => {
-    s = (Math.imul(s, 1664525) + 1013904223) >>> 0;
-    return 16 + (s % (vocab - 16));
-  });
-}
 
 function maxAbs(a: ArrayLike<number>, b: ArrayLike<number>): number {
   let m = 0;

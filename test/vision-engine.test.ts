@@ -44,6 +44,7 @@ import { argmax } from "./reference/math.js";
 import { TextReference } from "./reference/text.js";
 import { VisionReference } from "./reference/vision.js";
 import { tempDir, tinyPack } from "./support/pack-fixtures.js";
+import { promptIds } from "./support/prompt-ids.js";
 
 const TOLERANCE = 1e-3;
 const GREEDY_TOKENS = 8;
@@ -73,15 +74,6 @@ function seededPixels(seed: number, n: number): Float32Array {
   return Float32Array.from({ length: n }, () => {
     s = (Math.imul(s, 1664525) + 1013904223) >>> 0;
     return s / 2 ** 31 - 1;
-  });
-}
-
-/** Deterministic token ids in [16, vocab). */
-function promptIds(seed: number, n: number, vocab: number): number[] {
-  let s = seed >>> 0;
-  return Array.from({ length: n }, () => {
-    s = (Math.imul(s, 1664525) + 1013904223) >>> 0;
-    return 16 + (s % (vocab - 16));
   });
 }
 

@@ -9,20 +9,14 @@ import { expect } from "vitest";
 import type { ActDtype, CoreEngine, EngineOptions } from "../../host/engine-api.js";
 import { argmax } from "../reference/math.js";
 import type { TextReference } from "../reference/text.js";
+import { promptIds } from "./prompt-ids.js";
 
 /** Logits must stay this close to the float64 reference (absolute). */
 export const TOLERANCE = 1e-3;
 /** Greedy tokens an engine must share with the reference. */
 export const GREEDY_TOKENS = 32;
 
-/** Deterministic token ids in [16, vocab): a small LCG, so prompts need no fixture. */
-export function promptIds(seed: number, n: number, vocab: number): number[] {
-  let s = seed >>> 0;
-  return Array.from({ length: n }, () => {
-    s = (Math.imul(s, 1664525) + 1013904223) >>> 0;
-    return 16 + (s % (vocab - 16));
-  });
-}
+export { promptIds };
 
 export function maxAbsDiff(got: ArrayLike<number>, want: ArrayLike<number>): number {
   expect(got.length).toBe(want.length);

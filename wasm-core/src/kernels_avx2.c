@@ -341,6 +341,25 @@ KVL_INLINE __m128i reduce4_epi32(__m256i a, __m256i b, __m256i c, __m256i d)
 #undef HALVES
 }
 
+/* The end of one block of four Q8 rows: their exact int32 sums s plus the scalar tail [c, e),
+ * then, lane by lane, the reference's (float)sum * block scale (rounded) + acc (rounded). */
+KVL_INLINE __m128 add_block4(__m128 acc, __m128i s, const int8_t *w0, const int8_t *w1, const int8_t *w2,
+                             const int8_t *w3, const int16_t *x, size_t c, size_t e, float xsb)
+{
+    if (c < e) {
+        int32_t tail[4] = {0, 0, 0, 0};
+        for (size_t k = c; k < e; k++) {
+            tail[0] += (int32_t)w0[k] * (int32_t)x[k];
+            tail[1] += (int32_t)w1[k] * (int32_t)x[k];
+            tail[2] += (int32_t)w2[k] * (int32_t)x[k];
+            tail[3] += (int32_t)w3[k] * (int32_t)x[k];
+        }
+        s = _mm_add_epi32(s, _mm_loadu_si128((const __m128i *)(const void *)tail));
+    }
+    const __m128 p = _mm_mul_ps(_mm_cvtepi32_ps(s), _mm_set1_ps(xsb));
+    return _mm_add_ps(acc, p);
+}
+
 KVL_INLINE void decode_rows4_q8(float *Y, const int8_t *W, const float *scale, size_t r,
                                 size_t cols, const int16_t *x, const float *xs, int prefetch)
 {
@@ -363,19 +382,7 @@ KVL_INLINE void decode_rows4_q8(float *Y, const int8_t *W, const float *scale, s
             a2 = _mm256_add_epi32(a2, _mm256_madd_epi16(load_q8x16_i16(w2 + c), xv));
             a3 = _mm256_add_epi32(a3, _mm256_madd_epi16(load_q8x16_i16(w3 + c), xv));
         }
-        __m128i s = reduce4_epi32(a0, a1, a2, a3);
-        if (c < e) {
-            int32_t tail[4] = {0, 0, 0, 0};
-            for (size_t k = c; k < e; k++) {
-                tail[0] += (int32_t)w0[k] * (int32_t)x[k];
-                tail[1] += (int32_t)w1[k] * (int32_t)x[k];
-                tail[2] += (int32_t)w2[k] * (int32_t)x[k];
-                tail[3] += (int32_t)w3[k] * (int32_t)x[k];
-            }
-            s = _mm_add_epi32(s, _mm_loadu_si128((const __m128i *)(const void *)tail));
-        }
-        __m128 p = _mm_mul_ps(_mm_cvtepi32_ps(s), _mm_set1_ps(xs[b / KVL_I16_BLOCK]));
-        acc = _mm_add_ps(acc, p);
+        acc = add_block4(acc, reduce4_epi32(a0, a1, a2, a3), w0, w1, w2, w3, x, c, e, xs[b / KVL_I16_BLOCK]);
     }
     _mm_storeu_ps(Y + r, _mm_mul_ps(acc, _mm_loadu_ps(scale + r)));
 }
@@ -385,6 +392,7 @@ KVL_INLINE void decode_rows4_q8(float *Y, const int8_t *W, const float *scale, s
  * no overflow), VPMADDUBSW multiplies by |x| as u8 and adds pairs (<= 2*127*127: no saturation),
  * VPMADDWD by ones adds pairs again into int32: four instructions per 32 weights where the int16
  * product takes six. Block sums exact; then as decode_rows4_q8, so identical to it. */
+#define KVL_DECODE_ROWS4_I8 1 /* matmul_q8_i8_generic (kernels_matmul_driver.h) */
 KVL_INLINE void decode_rows4_q8_i8(float *Y, const int8_t *W, const float *scale, size_t r,
                                    size_t cols, const int16_t *x, const float *xs, int prefetch)
 {
@@ -412,19 +420,7 @@ KVL_INLINE void decode_rows4_q8_i8(float *Y, const int8_t *W, const float *scale
             I8_DOT(a2, w2);
             I8_DOT(a3, w3);
         }
-        __m128i s = reduce4_epi32(a0, a1, a2, a3);
-        if (c < e) {
-            int32_t tail[4] = {0, 0, 0, 0};
-            for (size_t k = c; k < e; k++) {
-                tail[0] += (int32_t)w0[k] * (int32_t)x[k];
-                tail[1] += (int32_t)w1[k] * (int32_t)x[k];
-                tail[2] += (int32_t)w2[k] * (int32_t)x[k];
-                tail[3] += (int32_t)w3[k] * (int32_t)x[k];
-            }
-            s = _mm_add_epi32(s, _mm_loadu_si128((const __m128i *)(const void *)tail));
-        }
-        __m128 p = _mm_mul_ps(_mm_cvtepi32_ps(s), _mm_set1_ps(xs[b / KVL_I16_BLOCK]));
-        acc = _mm_add_ps(acc, p);
+        acc = add_block4(acc, reduce4_epi32(a0, a1, a2, a3), w0, w1, w2, w3, x, c, e, xs[b / KVL_I16_BLOCK]);
     }
 #undef I8_DOT
     _mm_storeu_ps(Y + r, _mm_mul_ps(acc, _mm_loadu_ps(scale + r)));
@@ -694,15 +690,7 @@ static void avx2_matmul_q8_i8(float *Y, size_t ldy, const int8_t *W, const float
                               size_t rows, size_t cols, const int16_t *Xq, const float *xs,
                               size_t ldx, size_t n)
 {
-    if (n != 1) {
-        matmul_int_generic(IKIND_Q8, Y, ldy, W, scale, rows, cols, Xq, xs, ldx, n);
-        return;
-    }
-    size_t r = 0;
-    for (; r + 4 <= rows; r += 4)
-        decode_rows4_q8_i8(Y, W, scale, r, cols, Xq, xs, r + 8 <= rows);
-    for (; r < rows; r++)
-        decode_row_int(IKIND_Q8, Y, W, scale, r, cols, Xq, xs);
+    matmul_q8_i8_generic(Y, ldy, W, scale, rows, cols, Xq, xs, ldx, n);
 }
 
 static void avx2_matmul_i16_i16(float *Y, size_t ldy, const int16_t *W, const float *scale,

@@ -641,6 +641,7 @@ KVL_INLINE __m512i dot_i8_block(__m512i ax, __mmask64 neg, __mmask64 m, const in
  * (as u8) times them, four products per int32 lane: one load, one negation and one product per
  * 64 weights, where the int16 product widens twice and takes two VPDPWSSD. Block sums exact;
  * then as decode_rows4_q8, so identical to it. */
+#define KVL_DECODE_ROWS4_I8 1 /* matmul_q8_i8_generic (kernels_matmul_driver.h) */
 KVL_INLINE void decode_rows4_q8_i8(float *Y, const int8_t *W, const float *scale, size_t r,
                                    size_t cols, const int16_t *x, const float *xs, int prefetch)
 {
@@ -905,15 +906,7 @@ static void avx512_matmul_q8_i8(float *Y, size_t ldy, const int8_t *W, const flo
                                 size_t rows, size_t cols, const int16_t *Xq, const float *xs,
                                 size_t ldx, size_t n)
 {
-    if (n != 1) {
-        matmul_int_generic(IKIND_Q8, Y, ldy, W, scale, rows, cols, Xq, xs, ldx, n);
-        return;
-    }
-    size_t r = 0;
-    for (; r + 4 <= rows; r += 4)
-        decode_rows4_q8_i8(Y, W, scale, r, cols, Xq, xs, r + 8 <= rows);
-    for (; r < rows; r++)
-        decode_row_int(IKIND_Q8, Y, W, scale, r, cols, Xq, xs);
+    matmul_q8_i8_generic(Y, ldy, W, scale, rows, cols, Xq, xs, ldx, n);
 }
 
 static void avx512_matmul_i16_i16(float *Y, size_t ldy, const int16_t *W, const float *scale,

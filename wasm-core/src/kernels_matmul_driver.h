@@ -13,7 +13,8 @@
  * axpy_rows_generic (where the file defines AXPY_VW and the AXPY_* vector primitives) is
  * axpy_rows_f32. Where the file defines STRIP_ROWS, the STRIP_* primitives and pack_q8_strip,
  * matmul_int_generic runs a Q8 product of STRIP_TOKENS or more tokens with rows in the lanes
- * (matmul_q8_i16_strips).
+ * (matmul_q8_i16_strips). Where it defines KVL_DECODE_ROWS4_I8 and decode_rows4_q8_i8,
+ * matmul_q8_i8_generic is matmul_q8_i8.
  */
 #ifndef KVL_KERNELS_MATMUL_DRIVER_H
 #define KVL_KERNELS_MATMUL_DRIVER_H
@@ -295,6 +296,25 @@ KVL_INLINE void matmul_int_generic(int kind, float *Y, size_t ldy, const void *W
         for (; t < n; t++)
             tile_int(kind, Y + t * ldy, ldy, W, scale, r, cols, Xq + t * ldx, xs + t * xstride, ldx, 0, 1, 1);
     }
+}
+#endif
+
+#ifdef KVL_DECODE_ROWS4_I8
+/* matmul_q8_i8 (kernels.h): a decoded token (n == 1) on the ISA's 8-bit dot products, four rows
+ * at a time (decode_rows4_q8_i8), the last rows and any other n on the int16 product, which gives
+ * the same bits. */
+KVL_INLINE void matmul_q8_i8_generic(float *Y, size_t ldy, const int8_t *W, const float *scale, size_t rows,
+                                     size_t cols, const int16_t *Xq, const float *xs, size_t ldx, size_t n)
+{
+    if (n != 1) {
+        matmul_int_generic(IKIND_Q8, Y, ldy, W, scale, rows, cols, Xq, xs, ldx, n);
+        return;
+    }
+    size_t r = 0;
+    for (; r + 4 <= rows; r += 4)
+        decode_rows4_q8_i8(Y, W, scale, r, cols, Xq, xs, r + 8 <= rows);
+    for (; r < rows; r++)
+        decode_row_int(IKIND_Q8, Y, W, scale, r, cols, Xq, xs);
 }
 #endif
 
