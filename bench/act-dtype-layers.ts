@@ -10,6 +10,7 @@
  * KVL_BENCH_LAYERS=B,E runs layers [B, E) instead; a range that ends before the last layer has no
  * lm_head, so its decode step is the layers alone (lm_head alone is most of a two-layer step).
  * KVL_BENCH_KERNELS=avx2 (or any kernel set) picks the kernels; default the best the CPU has.
+ * KVL_BENCH_STEPS=N times N decode steps (default 8): more for a steadier median on a shared machine.
  *
  * PACK: `kvl pack --synth-preset full --seed 0 PACK`. DIST_DIR: another WebAssembly build of the
  * core (wasm-core/build-wasm.sh OUT_DIR) to compare a variant.
@@ -23,7 +24,7 @@ const backend = process.argv[3] ?? "wasm";
 const act = (process.argv[4] ?? "f32") as ActDtype;
 const P = Number(process.argv[5] ?? 256);
 const distDir = process.argv[6];
-const D = 8;
+const D = Number(process.env.KVL_BENCH_STEPS ?? 8); // decode steps timed
 const core = backend === "wasm"
   ? await WasmBackend.create({ memoryBytes: 4 * 2 ** 30 - 65536, pthreads: WasmBackend.pthreadsForEngine(2), ...(distDir ? { distDir } : {}) })
   : new NativeBackend();

@@ -61,7 +61,8 @@ export interface TextOptions {
    * weight is Q8 (the routed experts; with q8Trunk the trunk's too) one 16-bit term per I16_BLOCK
    * columns (i8: the routed experts' inputs one 8-bit term, I8_MAX);
    * where it is a BF16 trunk weight (converted to int16 rows, all resident) one 15-bit term per
-   * vector. Not kv_b_proj (attention applies it to FP32 values) or the router. And attention's
+   * vector. Not kv_b_proj (attention applies it to FP32 values; with q8Trunk W_uv takes the
+   * quantised context, below) or the router. And attention's
    * two products as the runtime runs them in prefill and decode (the core's model.c attn_i16,
    * over its int16 KV cache): the cached rows [latent | roped key] quantised per row (ATTN_I16_ROW_MAX), the absorbed queries [W_uk^T q_nope
    * | roped q] per vector (I16_MAX), and the probabilities times their rows' scales per vector
@@ -202,6 +203,8 @@ export class TextReference {
   private readonly inputRule: (name: string, cols: number) => { block: number; lim: number } | null;
   /** intInputs: attention's products quantised as the runtime runs them (attentionInt). */
   private readonly intAttention: boolean;
+  /** intInputs with q8Trunk: W_uv's input (the context) quantised as any Q8 product's is. */
+  private readonly intWuv: boolean;
 
   private constructor(cfg: TextConfig, mediaTokenId: number | undefined,
     private readonly w: Map<string, Tensor>, options: TextOptions) {
@@ -210,6 +213,7 @@ export class TextReference {
     this.ropeMode = options.ropeAngles ?? "f32";
     this.intAttention = options.intInputs !== undefined;
     const q8Trunk = options.q8Trunk === true;
+    this.intWuv = this.intAttention && q8Trunk;
     this.inputRule = options.intInputs === undefined ? () => null : (name, cols) => {
       if (ROUTED_EXPERT_WEIGHT.test(name)) return { block: I16_BLOCK, lim: options.intInputs === "i8" ? I8_MAX : I16_Q8_MAX };
       if (name.endsWith(".kv_b_proj.weight") || !isQ8TrunkWeight(PREFIX + name)) return null; // the trunk's Linear weights
@@ -324,7 +328,8 @@ export class TextReference {
    * with `--act-dtype i16x1` (the core's model.c attn_block_i16; TextOptions.intInputs):
    * score(s, t) = Q(W_uk^T q_nope | q_rope)_s . Q_row(c_kv | k_rope)_t / sqrt(qk); the context
    * sum_t Q_tile(p_t * rowscale_t) * int_row_t over tiles of ATTN_I16_TILE positions; out = W_uv
-   * context. Returns [n, heads * v] like attention()'s.
+   * context (with q8Trunk the context quantised per I16_BLOCK columns first, as the runtime's Q8
+   * products quantise their inputs: model.c attn_wuv_int). Returns [n, heads * v] like attention()'s.
    */
   private attentionInt(layer: number, q: Float64Array, cKv: Float64Array, qRope: Float64Array, kRope: Float64Array, n: number): Float64Array {
     const { heads, nope, rope, vDim, latent: lat, qk } = this.mlaDims();
@@ -368,9 +373,10 @@ export class TextReference {
           }
         }
         const o = (s * heads + h) * vDim;
+        const c = this.intWuv ? quantizeI16Blocks(context, 1, lat, I16_BLOCK, I16_Q8_MAX) : context;
         for (let d = 0; d < vDim; d++) {
           let sum = 0;
-          for (let i = 0; i < lat; i++) sum += kvb[base + (nope + d) * lat + i]! * context[i]!;
+          for (let i = 0; i < lat; i++) sum += kvb[base + (nope + d) * lat + i]! * c[i]!;
           out[o + d] = sum;
         }
       }

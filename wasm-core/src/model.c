@@ -615,6 +615,7 @@ typedef struct attn_job {
     const float *kvb_s;    /* ... and their f32 scales [n_heads*(nope+v)]; else NULL */
     const void *kv;        /* this layer's cache rows (f32 or bf16) */
     kv_i16_layer kvq;      /* ... or, with an i16 cache, its parts */
+    int wuv_int;           /* W_uv left to attention(): a Q8 kv_b_proj with act_i16 (attn_wuv_int) */
     int n, pos0;
 } attn_job;
 
@@ -844,7 +845,7 @@ static void attn_worker(void *ctx, int ti, int nt)
         else
             attn_per_token(j, hb, he, scores, conv, chat_t, z);
     }
-    for (size_t h = hb; h < he; h++) {
+    for (size_t h = hb; h < he && !j->wuv_int; h++) {
         size_t r = h * (nope + vd) + nope; /* W_uv: rows r .. r + vd of kv_b_proj */
         if (j->kvb_q)
             k->matmul_q8(s->o + h * vd, nh * vd, j->kvb_q + r * kvl, j->kvb_s + r, vd, kvl,
@@ -887,6 +888,27 @@ static void store_kv(kvl_session *s, int layer, int n, int pos0)
     }
 }
 
+/* o = W_uv chat for every head, on a Q8 kv_b_proj with act_i16: as the trunk's other Q8 Linear
+ * layers run (mm_run: the context quantised per KVL_I16_BLOCK columns, the integer product), not
+ * the FP32 product attn_worker runs otherwise, which SIMD128 widens slowly (8 % of a WebAssembly
+ * decode step, bench/RESULTS.md session 15). */
+static void attn_wuv_int(kvl_session *s, const attn_job *j)
+{
+    const kvl_text_hparams *hp = &s->engine->text->hp;
+    const size_t nh = (size_t)hp->n_heads, kvl = (size_t)hp->kv_lora, vd = (size_t)hp->v_dim;
+    const size_t nope = (size_t)hp->nope;
+    for (size_t h0 = 0; h0 < nh; h0 += MM_MAX_SEGS) {
+        mm_job mj;
+        mm_init(&mj, s);
+        for (size_t h = h0; h < nh && h < h0 + MM_MAX_SEGS; h++) {
+            size_t r = h * (nope + vd) + nope; /* W_uv: rows r .. r + vd of kv_b_proj */
+            mm_add(&mj, MM_Q8, s->o + h * vd, nh * vd, j->kvb_q + r * kvl, j->kvb_s + r, vd, kvl,
+                   s->chat + h * kvl, nh * kvl, (size_t)j->n);
+        }
+        mm_run(s->engine, &mj);
+    }
+}
+
 static kvl_status attention(kvl_session *s, int layer, int n, int pos0)
 {
     kvl_engine *e = s->engine;
@@ -919,12 +941,13 @@ static kvl_status attention(kvl_session *s, int layer, int n, int pos0)
     store_kv(s, layer, n, pos0);
     if ((st = kvl_trunk_get(e, base + KVL_TT_KVB, &w)) != KVL_OK) return st;
     attn_job j;
-    j.s = s; j.kvb = w; j.kvb_q = NULL; j.kvb_s = NULL; j.n = n; j.pos0 = pos0;
+    j.s = s; j.kvb = w; j.kvb_q = NULL; j.kvb_s = NULL; j.n = n; j.pos0 = pos0; j.wuv_int = 0;
     if (t->tt[base + KVL_TT_KVB].rec->dtype == KVL_DTYPE_Q8_ROWS) {
         size_t rows = nh * (size_t)(hp->nope + hp->v_dim);
         j.kvb = NULL;
         j.kvb_q = (const int8_t *)(const void *)w;
         j.kvb_s = q8_rows_scale(w, rows, (size_t)hp->kv_lora);
+        j.wuv_int = t->act_i16;
     }
     memset(&j.kvq, 0, sizeof j.kvq);
     if (attn_i16(t)) {
@@ -944,6 +967,7 @@ static kvl_status attention(kvl_session *s, int layer, int n, int pos0)
         }
     }
     kvl_pool_run(e->pool, attn_worker, &j);
+    if (j.wuv_int) attn_wuv_int(s, &j); /* before the O weight may take kv_b_proj's streaming buffer */
     if ((st = kvl_trunk_get(e, base + KVL_TT_O, &w)) != KVL_OK) return st;
     size_t od = nh * (size_t)hp->v_dim;
     par_mm_trunk(s, base + KVL_TT_O, w, s->xn, H, H, od, s->o, od, (size_t)n);
