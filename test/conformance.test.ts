@@ -10,7 +10,7 @@ import { NativeBackend } from "../host/native-backend.js";
 import { WasmBackend } from "../host/wasm-backend.js";
 
 const ENTRIES = ["matmul_bf16", "matmul_q8", "matmul_f32", "matmul_bf16_xb", "matmul_q8_xb",
-  "quantize_i16_act", "matmul_q8_i16", "matmul_q8_i8", "matmul_i16_i16", "dot_f32", "axpy_f32", "axpy_rows_f32", "bf16_to_f32",
+  "quantize_i16_act", "matmul_q8_i16", "matmul_q8_i8", "matmul_i16_i16", "dot_f32", "axpy_f32", "axpy_rows_f32", "bf16_to_f32", "q8_to_f32",
   "f32_to_bf16", "softmax", "gelu_tanh"];
 
 const flags = readCpuInfo().flags ?? [];
@@ -45,7 +45,7 @@ describe.each(["wasm", "native"] as const)("%s backend", (name) => {
     expect(failures).toEqual([]);
     expect(report.failed).toBe(0);
     // bit-exact entries really are exact
-    for (const c of report.checks.filter((c) => ["quantize_i16_act", "matmul_q8_i16", "matmul_q8_i8", "f32_to_bf16", "bf16_to_f32"].includes(c.kernel))) {
+    for (const c of report.checks.filter((c) => ["quantize_i16_act", "matmul_q8_i16", "matmul_q8_i8", "f32_to_bf16", "bf16_to_f32", "q8_to_f32"].includes(c.kernel))) {
       expect(c.max_err).toBe(0);
     }
   });

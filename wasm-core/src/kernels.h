@@ -85,6 +85,9 @@ typedef struct kvl_kernels {
     void (*axpy_rows_f32)(float *Y, size_t ldy, const float *A, size_t lda, size_t nh,
                           const float *X, size_t ldx, size_t np, size_t cols);
     void (*bf16_to_f32)(float *dst, const uint16_t *src, size_t n);
+    /* dst[i] = (float)src[i] * scale: a Q8 row dequantised (one rounding, so every table gives the
+     * same bits). Attention's query absorption on a Q8 kv_b_proj. */
+    void (*q8_to_f32)(float *dst, const int8_t *src, float scale, size_t n);
     void (*f32_to_bf16)(uint16_t *dst, const float *src, size_t n);      /* round to nearest even */
     /* In place, the same functions as kvl_softmax and kvl_gelu_tanh (their references) with a
      * vectorised exp; agree with them to a few ulp. */

@@ -743,6 +743,19 @@ static void avx2_bf16_to_f32(float *dst, const uint16_t *src, size_t n)
         dst[i] = bf16_scalar(src[i]);
 }
 
+static void avx2_q8_to_f32(float *dst, const int8_t *src, float scale, size_t n)
+{
+    const __m256 s = _mm256_set1_ps(scale);
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m128i b = _mm_loadu_si128((const __m128i *)(const void *)(src + i));
+        _mm256_storeu_ps(dst + i, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)), s));
+        _mm256_storeu_ps(dst + i + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(b, 8))), s));
+    }
+    for (; i < n; i++)
+        dst[i] = (float)src[i] * scale;
+}
+
 static void avx2_f32_to_bf16(uint16_t *dst, const float *src, size_t n)
 {
     const __m256i absmask = _mm256_set1_epi32(0x7fffffff);
@@ -783,6 +796,7 @@ const kvl_kernels kvl_kernels_avx2_table = {
     avx2_axpy_f32,
     avx2_axpy_rows_f32,
     avx2_bf16_to_f32,
+    avx2_q8_to_f32,
     avx2_f32_to_bf16,
     kvl_softmax,   /* no AVX2 exp yet: the scalar references */
     kvl_gelu_tanh,

@@ -1007,6 +1007,19 @@ static void avx512_bf16_to_f32(float *dst, const uint16_t *src, size_t n)
     }
 }
 
+static void avx512_q8_to_f32(float *dst, const int8_t *src, float scale, size_t n)
+{
+    const __m512 s = _mm512_set1_ps(scale);
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(dst + i, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+                                                    _mm_loadu_si128((const __m128i *)(const void *)(src + i)))), s));
+    if (i < n) {
+        __mmask16 m = tail_mask16(n - i);
+        _mm512_mask_storeu_ps(dst + i, m, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, src + i))), s));
+    }
+}
+
 KVL_INLINE __m256i f32x16_to_bf16(__m512 v)
 {
     /* Same bit recipe as the reference: RNE by adding 0x7fff + lsb; NaNs made quiet. */
@@ -1124,7 +1137,7 @@ static void avx512_gelu_tanh(float *x, size_t n)
             MATMUL_Q8_XB, avx512_quantize_i16_act, avx512_matmul_q8_i16, avx512_matmul_q8_i8,               \
             avx512_matmul_i16_i16,                                                             \
             avx512_dot_f32,                                                                      \
-            avx512_axpy_f32, avx512_axpy_rows_f32, avx512_bf16_to_f32, avx512_f32_to_bf16, avx512_softmax,            \
+            avx512_axpy_f32, avx512_axpy_rows_f32, avx512_bf16_to_f32, avx512_q8_to_f32, avx512_f32_to_bf16, avx512_softmax,            \
             avx512_gelu_tanh                                                                     \
     }
 

@@ -372,6 +372,17 @@ static int test_vectors(report *rep, const kvl_kernels *K, rng *g, size_t n)
             worst = 1.0;
     }
     check(rep, "bf16_to_f32", shape, worst, 0.0);
+    for (size_t i = 0; i < n; i++)
+        ((int8_t *)(void *)h2)[i] = (int8_t)((int)(rnd32(g) % 255u) - 127);
+    const float q8s = 0.0123f + (float)(rnd32(g) % 100) * 1e-4f;
+    K->q8_to_f32(y2, (const int8_t *)(const void *)h2, q8s, n);
+    worst = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        const float e = (float)((const int8_t *)(const void *)h2)[i] * q8s; /* exact int times scale: one rounding */
+        if (memcmp(&e, &y2[i], sizeof e) != 0)
+            worst = 1.0;
+    }
+    check(rep, "q8_to_f32", shape, worst, 0.0);
 
     /* softmax over attention-like scores with masked entries; GELU over its useful range. */
     for (size_t i = 0; i < n; i++)

@@ -62,6 +62,12 @@ static void ref_bf16_to_f32(float *dst, const uint16_t *src, size_t n)
         dst[i] = kvl_bf16_to_float(src[i]);
 }
 
+static void ref_q8_to_f32(float *dst, const int8_t *src, float scale, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        dst[i] = (float)src[i] * scale;
+}
+
 static void ref_f32_to_bf16(uint16_t *dst, const float *src, size_t n)
 {
     for (size_t i = 0; i < n; i++)
@@ -293,6 +299,7 @@ const kvl_kernels kvl_kernels_scalar_table = {
     ref_axpy_f32,
     ref_axpy_rows_f32,
     ref_bf16_to_f32,
+    ref_q8_to_f32,
     ref_f32_to_bf16,
     kvl_softmax,
     kvl_gelu_tanh,

@@ -718,6 +718,22 @@ static void simd128_bf16_to_f32(float *dst, const uint16_t *src, size_t n)
         dst[i] = bf16_scalar(src[i]);
 }
 
+static void simd128_q8_to_f32(float *dst, const int8_t *src, float scale, size_t n)
+{
+    const v128_t s = wasm_f32x4_splat(scale);
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const v128_t b = wasm_v128_load(src + i);
+        const v128_t lo = wasm_i16x8_extend_low_i8x16(b), hi = wasm_i16x8_extend_high_i8x16(b);
+        wasm_v128_store(dst + i, wasm_f32x4_mul(wasm_f32x4_convert_i32x4(wasm_i32x4_extend_low_i16x8(lo)), s));
+        wasm_v128_store(dst + i + 4, wasm_f32x4_mul(wasm_f32x4_convert_i32x4(wasm_i32x4_extend_high_i16x8(lo)), s));
+        wasm_v128_store(dst + i + 8, wasm_f32x4_mul(wasm_f32x4_convert_i32x4(wasm_i32x4_extend_low_i16x8(hi)), s));
+        wasm_v128_store(dst + i + 12, wasm_f32x4_mul(wasm_f32x4_convert_i32x4(wasm_i32x4_extend_high_i16x8(hi)), s));
+    }
+    for (; i < n; i++)
+        dst[i] = (float)src[i] * scale;
+}
+
 /* Same bit recipe as the reference: RNE by adding 0x7fff + lsb; NaNs made quiet. Result: the
  * 16-bit value in each 32-bit lane. */
 KVL_INLINE v128_t f32x4_to_bf16_bits(v128_t u)
@@ -853,6 +869,7 @@ const kvl_kernels kvl_kernels_simd128_table = {
     simd128_axpy_f32,
     simd128_axpy_rows_f32,
     simd128_bf16_to_f32,
+    simd128_q8_to_f32,
     simd128_f32_to_bf16,
     simd128_softmax,
     simd128_gelu_tanh,

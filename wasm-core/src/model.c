@@ -831,8 +831,7 @@ static void attn_worker(void *ctx, int ti, int nt)
             for (size_t d = 0; d < nope; d++) {
                 size_t r = h * (nope + vd) + d;
                 if (j->kvb_q)
-                    for (size_t c = 0; c < kvl; c++)
-                        rowbuf[c] = (float)j->kvb_q[r * kvl + c] * j->kvb_s[r];
+                    k->q8_to_f32(rowbuf, j->kvb_q + r * kvl, j->kvb_s[r], kvl);
                 else
                     k->bf16_to_f32(rowbuf, j->kvb + r * kvl, kvl);
                 for (int t = 0; t < n; t++)

@@ -575,6 +575,29 @@ static void report_int_accuracy(const kvl_kernels *K)
 
 /* ---- vector ops ------------------------------------------------------------------------ */
 
+/* q8_to_f32 against its definition, (float)w * scale rounded once, bit for bit, over every int8
+ * (the -128 the packer never writes included), with an element past n left alone. */
+static void test_q8_to_f32(const kvl_kernels *K, size_t n)
+{
+    int8_t *w = (int8_t *)xmalloc(n + 1);
+    float *y = (float *)xmalloc((n + 1) * sizeof(float));
+    const float scale = 0.00731f + (float)(n % 7) * 1e-3f;
+    for (size_t i = 0; i < n + 1; i++) {
+        w[i] = (int8_t)(int)((i * 37u + n) % 256u - 128u);
+        y[i] = -1.0f;
+    }
+    K->q8_to_f32(y, w, scale, n);
+    int ok = y[n] == -1.0f;
+    for (size_t i = 0; i < n; i++)
+        if (f_to_bits(y[i]) != f_to_bits((float)((double)w[i] * (double)scale)))
+            ok = 0;
+    char what[64];
+    snprintf(what, sizeof what, "q8_to_f32 n=%zu", n);
+    check(ok, K->name, what, "(%g %g)", 0, 0);
+    free(w);
+    free(y);
+}
+
 static void test_vec(const kvl_kernels *K, size_t n)
 {
     float *a = (float *)xmalloc((n + 1) * sizeof(float));
@@ -1031,8 +1054,10 @@ int main(void)
         test_int_matmul(K, ref, 2, 43, 11264, 1, 0);
         report_int_accuracy(K);
         static const size_t vn[] = {0, 1, 3, 15, 16, 17, 31, 33, 64, 65, 257, 2048, 2051};
-        for (size_t i = 0; i < sizeof vn / sizeof vn[0]; i++)
+        for (size_t i = 0; i < sizeof vn / sizeof vn[0]; i++) {
             test_vec(K, vn[i]);
+            test_q8_to_f32(K, vn[i]);
+        }
         static const size_t ah[] = {1, 2, 3, 4, 5, 8, 9}, ap[] = {0, 1, 2, 7, 65};
         static const size_t acols[] = {1, 3, 4, 7, 8, 15, 16, 17, 31, 32, 33, 63, 64, 65, 100, 512, 513, 576};
         for (size_t i = 0; i < sizeof ah / sizeof ah[0]; i++)
