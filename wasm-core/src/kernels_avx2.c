@@ -329,6 +329,14 @@ KVL_INLINE void decode_row_int(int kind, float *Y, const void *W, const float *s
     Y[r] = (s * scale[r]) * xs[0];
 }
 
+/* Decode, four rows at a time: the next four rows' block b (from w3, the current fourth row), as
+ * tile() prefetches its next tile. */
+KVL_INLINE void prefetch_next_rows4(const int8_t *w3, size_t cols, size_t b)
+{
+    for (size_t i = 1; i <= 4; i++)
+        _mm_prefetch((const char *)(w3 + i * cols + b), _MM_HINT_T1);
+}
+
 /* Q8 x int16 decode, four rows at a time: a 64-column block is four VPMADDWD per row, so the
  * four rows' block sums are reduced together (halves added, then two rounds of horizontal adds),
  * exactly, into one vector whose lanes then take the reference's (float)sum * scale, rounded,
@@ -368,12 +376,8 @@ KVL_INLINE void decode_rows4_q8(float *Y, const int8_t *W, const float *scale, s
     for (size_t b = 0; b < cols; b += KVL_I16_BLOCK) {
         size_t e = cols - b < KVL_I16_BLOCK ? cols : b + KVL_I16_BLOCK;
         __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
-        if (prefetch) { /* the next four rows' block, as tile() prefetches its next tile */
-            _mm_prefetch((const char *)(w3 + cols + b), _MM_HINT_T1);
-            _mm_prefetch((const char *)(w3 + 2 * cols + b), _MM_HINT_T1);
-            _mm_prefetch((const char *)(w3 + 3 * cols + b), _MM_HINT_T1);
-            _mm_prefetch((const char *)(w3 + 4 * cols + b), _MM_HINT_T1);
-        }
+        if (prefetch)
+            prefetch_next_rows4(w3, cols, b);
         size_t c = b;
         for (; c + 16 <= e; c += 16) {
             __m256i xv = load_i16x16(x + c);
@@ -404,12 +408,8 @@ KVL_INLINE void decode_rows4_q8_i8(float *Y, const int8_t *W, const float *scale
     for (size_t b = 0; b < cols; b += KVL_I16_BLOCK) {
         size_t e = cols - b < KVL_I16_BLOCK ? cols : b + KVL_I16_BLOCK;
         __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
-        if (prefetch) {
-            _mm_prefetch((const char *)(w3 + cols + b), _MM_HINT_T1);
-            _mm_prefetch((const char *)(w3 + 2 * cols + b), _MM_HINT_T1);
-            _mm_prefetch((const char *)(w3 + 3 * cols + b), _MM_HINT_T1);
-            _mm_prefetch((const char *)(w3 + 4 * cols + b), _MM_HINT_T1);
-        }
+        if (prefetch)
+            prefetch_next_rows4(w3, cols, b);
         size_t c = b;
         for (; c + 32 <= e; c += 32) {
             /* packs works per 128-bit lane: restore column order */

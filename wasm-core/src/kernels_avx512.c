@@ -585,6 +585,14 @@ KVL_INLINE void decode_row_int(int kind, float *Y, const void *W, const float *s
     Y[r] = (s * scale[r]) * xs[0];
 }
 
+/* Decode, four rows at a time: the next four rows' block b (from w3, the current fourth row), as
+ * tile() prefetches its next tile. */
+KVL_INLINE void prefetch_next_rows4(const int8_t *w3, size_t cols, size_t b)
+{
+    for (size_t i = 1; i <= 4; i++)
+        _mm_prefetch((const char *)(w3 + i * cols + b), _MM_HINT_T1);
+}
+
 /* Q8 x int16 decode, four rows at a time. A 64-column block is only two VPDPWSSD per row, so
  * reducing each row's block sum on its own (_mm512_reduce_add_epi32) would cost more than the
  * products: the four rows' sums are reduced together (halves added, then two rounds of
@@ -608,12 +616,8 @@ KVL_INLINE void decode_rows4_q8(float *Y, const int8_t *W, const float *scale, s
     for (size_t b = 0; b < cols; b += KVL_I16_BLOCK) {
         size_t e = cols - b < KVL_I16_BLOCK ? cols : b + KVL_I16_BLOCK;
         __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
-        if (prefetch) { /* the next four rows' block, as tile() prefetches its next tile */
-            _mm_prefetch((const char *)(w3 + cols + b), _MM_HINT_T1);
-            _mm_prefetch((const char *)(w3 + 2 * cols + b), _MM_HINT_T1);
-            _mm_prefetch((const char *)(w3 + 3 * cols + b), _MM_HINT_T1);
-            _mm_prefetch((const char *)(w3 + 4 * cols + b), _MM_HINT_T1);
-        }
+        if (prefetch)
+            prefetch_next_rows4(w3, cols, b);
         for (size_t c = b; c < e; c += 32) {
             __mmask32 m = e - c >= 32 ? (__mmask32)0xffffffffu : tail_mask32(e - c);
             __m512i xv = _mm512_maskz_loadu_epi16(m, x + c);
@@ -652,12 +656,8 @@ KVL_INLINE void decode_rows4_q8_i8(float *Y, const int8_t *W, const float *scale
         const __mmask32 m0 = len >= 32 ? (__mmask32)0xffffffffu : tail_mask32(len);
         const __mmask32 m1 = len >= 64 ? (__mmask32)0xffffffffu : len > 32 ? tail_mask32(len - 32) : (__mmask32)0;
         const __mmask64 m = (__mmask64)m0 | ((__mmask64)m1 << 32);
-        if (prefetch) {
-            _mm_prefetch((const char *)(w3 + cols + b), _MM_HINT_T1);
-            _mm_prefetch((const char *)(w3 + 2 * cols + b), _MM_HINT_T1);
-            _mm_prefetch((const char *)(w3 + 3 * cols + b), _MM_HINT_T1);
-            _mm_prefetch((const char *)(w3 + 4 * cols + b), _MM_HINT_T1);
-        }
+        if (prefetch)
+            prefetch_next_rows4(w3, cols, b);
         const __m512i x8 = _mm512_inserti64x4(
             _mm512_castsi256_si512(_mm512_cvtepi16_epi8(_mm512_maskz_loadu_epi16(m0, x + b))),
             _mm512_cvtepi16_epi8(_mm512_maskz_loadu_epi16(m1, x + b + 32)), 1);
