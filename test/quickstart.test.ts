@@ -21,7 +21,7 @@ describe.runIf(process.platform !== "win32")("scripts/quickstart --demo", () => 
     spawnSync("mkdir", ["-p", bin]);
     writeFileSync(join(bin, "npm"), `#!/bin/sh\necho "$@" >> '${npmLog}'\n`);
     chmodSync(join(bin, "npm"), 0o755);
-    const env = { ...process.env, PATH: [bin, process.env.PATH].join(delimiter), XDG_CACHE_HOME: join(scratch, "cache") };
+    const env: NodeJS.ProcessEnv = { ...process.env, PATH: [bin, process.env.PATH].join(delimiter), XDG_CACHE_HOME: join(scratch, "cache") };
     delete env.KVL_BACKEND;
     const r = spawnSync("bash", [join(packageRoot, "scripts", "quickstart"), "--demo"], {
       cwd: scratch,
