@@ -33,7 +33,7 @@ interface BenchCliOptions {
   backend?: string;
   instances?: number;
   ramMib: number;
-  cacheMib: number;
+  cacheMib: string;
   trunkCacheMib: string;
   threads: number;
   promptLens: string;
@@ -66,10 +66,10 @@ export function parsePromptLens(text: string): number[] {
   return [...new Set(parts.map(Number))].sort((a, b) => a - b);
 }
 
-/** --trunk-cache-mib: "auto" or a whole number of MiB (0 streams the trunk). */
-function checkTrunkCacheMib(text: string): string {
+/** --cache-mib and --trunk-cache-mib: "auto" or a whole number of MiB (0 streams the trunk). */
+function checkCacheMib(flag: string, text: string): string {
   if (text === "auto") return text;
-  if (!/^\s*\+?\d+\s*$/.test(text)) throw new UserError(`--trunk-cache-mib ${JSON.stringify(text)}: use auto or a MiB number`);
+  if (!/^\s*\+?\d+\s*$/.test(text)) throw new UserError(`${flag} ${JSON.stringify(text)}: use auto or a MiB number`);
   return String(Number(text));
 }
 
@@ -246,7 +246,8 @@ async function runBenchCommand(model: string, opts: BenchCliOptions): Promise<vo
   if (!promptLens.length || promptLens[0]! < 1 || opts.decodeTokens < 1) {
     throw new UserError("--prompt-lens needs positive lengths and --decode-tokens >= 1");
   }
-  const trunkCacheMib = checkTrunkCacheMib(opts.trunkCacheMib);
+  const trunkCacheMib = checkCacheMib("--trunk-cache-mib", opts.trunkCacheMib);
+  const cacheMib = checkCacheMib("--cache-mib", opts.cacheMib);
   const fileLimits = opts.limits !== undefined ? loadLimits(opts.limits) : null;
   if (opts.membw !== undefined) checkExecutable("--membw", opts.membw);
   const { backends, request, reason } = backendsFor(opts.backend);
@@ -254,7 +255,7 @@ async function runBenchCommand(model: string, opts: BenchCliOptions): Promise<vo
   const threads = opts.threads > 0 ? opts.threads : availableParallelism();
   const limits = fileLimits ?? await measureLimits({ model, extent: pb.extent_data, threads, dropCaches: opts.dropCaches === true, membw: opts.membw });
   const result = await runBench({
-    model, backends, backendRequest: request, backendReason: reason, ramMib: opts.ramMib, cacheMib: opts.cacheMib, trunkCacheMib,
+    model, backends, backendRequest: request, backendReason: reason, ramMib: opts.ramMib, cacheMib, trunkCacheMib,
     threads, promptLens, decodeTokens: opts.decodeTokens, warm: opts.warm === true, warmupTokens: opts.warmupTokens, maxBatch: opts.maxBatch,
     seed: opts.seed, actDtype: opts.actDtype, kernels: opts.kernels, dropCaches: opts.dropCaches === true, membw: opts.membw, instances: opts.instances,
   }, pb, limits, (run) => {
@@ -281,7 +282,7 @@ export function addBenchCommand(program: Command): void {
       "(env KVL_BACKEND); both: native, then WebAssembly, in one run with their ratios").choices([...BACKEND_REQUESTS, "both"]))
     .addOption(instancesOption())
     .option("--ram-mib <mib>", "RAM budget of the plan", positiveInt, 4096)
-    .option("--cache-mib <mib>", "expert cache MiB", nonNegativeInt, 512)
+    .option("--cache-mib <mib>", "auto (what the budget leaves once the trunk cache is full) or MiB", "auto")
     .option("--trunk-cache-mib <mib>", "auto (what the budget leaves), 0 = stream the trunk, or MiB", "auto")
     .option("--threads <n>", "engine threads (0 = every core)", nonNegativeInt, 0)
     .option("--prompt-lens <list>", "comma-separated prompt lengths in tokens", "16,512")

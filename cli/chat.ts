@@ -30,7 +30,7 @@ const HELP_LINE = "commands: /reset  /stats  /image PATH  /quit   (Ctrl-C stops 
 interface ChatOptions {
   backend?: string;
   ramMib: number;
-  cacheMib: number;
+  cacheMib?: number;
   trunkCacheMib?: number;
   maxNew: number;
   temperature: number;
@@ -310,7 +310,7 @@ export function addChatCommand(program: Command): void {
     .argument("[prompt]", "one-shot prompt ('-' reads stdin); omit for an interactive chat")
     .addOption(backendOption())
     .option("--ram-mib <mib>", "total RAM budget", positiveInt, 4096)
-    .option("--cache-mib <mib>", "expert cache", nonNegativeInt, 512)
+    .option("--cache-mib <mib>", "expert cache (default: what the RAM budget leaves once the trunk cache is full)", nonNegativeInt)
     .option("--trunk-cache-mib <mib>", "trunk cache (default: what the RAM budget leaves)", nonNegativeInt)
     .option("--max-new <n>", "max new tokens", positiveInt, DEFAULT_MAX_NEW_TOKENS)
     .option("--temperature <t>", "sampling temperature, 0 = greedy", finiteNumber, DEFAULT_TEMPERATURE)

@@ -22,7 +22,7 @@ interface ServeCommandOptions {
   backend?: string;
   instances?: number;
   ramMib: number;
-  cacheMib: number;
+  cacheMib?: number;
   trunkCacheMib?: number;
   maxQueue: number;
   maxContext: number;
@@ -54,7 +54,7 @@ export function addServeCommand(program: Command): void {
     .addOption(backendOption())
     .addOption(instancesOption())
     .option("--ram-mib <mib>", "total RAM budget", positiveInt, 4096)
-    .option("--cache-mib <mib>", "expert cache", nonNegativeInt, 512)
+    .option("--cache-mib <mib>", "expert cache (default: what the RAM budget leaves once the trunk cache is full)", nonNegativeInt)
     .option("--trunk-cache-mib <mib>", "trunk cache (default: what the RAM budget leaves)", nonNegativeInt)
     .option("--max-queue <n>", "requests that may wait while one generates; more get HTTP 429", positiveInt, 8)
     .option("--max-context <n>", "context length in tokens", positiveInt, 4096)

@@ -37,7 +37,8 @@ export interface BenchOptions {
   backendRequest: string;
   backendReason: string;
   ramMib: number;
-  cacheMib: number;
+  /** as given: "auto" or MiB */
+  cacheMib: string;
   /** as given: "auto", "0" or MiB (the settings record keeps the text, as the Python did) */
   trunkCacheMib: string;
   /** resolved (no 0) */
@@ -228,7 +229,7 @@ async function benchOne(o: BenchOptions, backend: BackendName, n: number, pb: Pa
   const { maxBatch, maxContext } = sizes;
   if (o.dropCaches) dropPageCache();
   const ramPlan = await plan(o.model, {
-    backend, ramMib: o.ramMib, cacheMib: o.cacheMib, trunkCacheMib: o.trunkCacheMib === "auto" ? null : Number(o.trunkCacheMib),
+    backend, ramMib: o.ramMib, cacheMib: o.cacheMib === "auto" ? null : Number(o.cacheMib), trunkCacheMib: o.trunkCacheMib === "auto" ? null : Number(o.trunkCacheMib),
     maxContext, maxBatch, loadVision: false, threads: o.threads, actDtype: o.actDtype, check: true, ...(o.instances !== undefined ? { instances: o.instances } : {}),
   });
   await collectGarbage();
@@ -312,7 +313,7 @@ export async function runBench(o: BenchOptions, pb: PackBytes, limits: Limits, o
     backend: o.backends.length > 1 ? "both" : o.backends[0]!,
     backend_reason: o.backendReason,
     settings: {
-      ram_mib: o.ramMib, cache_mib: o.cacheMib, trunk_cache_mib: o.trunkCacheMib, threads: o.threads, prompt_lens: lens,
+      ram_mib: o.ramMib, cache_mib: o.cacheMib === "auto" ? o.cacheMib : Number(o.cacheMib), trunk_cache_mib: o.trunkCacheMib, threads: o.threads, prompt_lens: lens,
       decode_tokens: o.decodeTokens, warm: o.warm, max_batch: sizes.maxBatch, max_context: sizes.maxContext, seed: o.seed,
       drop_caches: o.dropCaches, act_dtype: o.actDtype, kernels: o.kernels ?? "auto", backend: o.backendRequest, instances: o.instances ?? null,
     },

@@ -36,7 +36,8 @@ import { UserError } from "./user-error.js";
 export interface ChatModelOptions {
   backend: BackendName;
   ramMib: number;
-  cacheMib: number;
+  /** absent = auto (what the budget leaves once the trunk cache is full) */
+  cacheMib?: number | undefined;
   /** null = what the budget leaves. */
   trunkCacheMib: number | null;
   maxContext: number;
@@ -100,7 +101,7 @@ export class ChatModel {
   static async open(packDir: string, options: ChatModelOptions): Promise<ChatModel> {
     await openRunnablePack(packDir);
     const ramPlan = await plan(packDir, {
-      backend: options.backend, ramMib: options.ramMib, cacheMib: options.cacheMib, trunkCacheMib: options.trunkCacheMib,
+      backend: options.backend, ramMib: options.ramMib, cacheMib: options.cacheMib ?? null, trunkCacheMib: options.trunkCacheMib,
       maxContext: options.maxContext, loadVision: options.loadVision, threads: options.threads, actDtype: options.actDtype, check: true,
       ...(options.instances !== undefined ? { instances: options.instances } : {}),
       ...(options.requests !== undefined ? { requests: options.requests } : {}),

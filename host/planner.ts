@@ -438,8 +438,9 @@ export interface PlanOptions {
   backend: BackendName;
   /** The budget, MiB; default 4096. */
   ramMib?: number;
-  /** Expert cache over all ranges, MiB (whole extents); default 512. */
-  cacheMib?: number;
+  /** Expert cache over all ranges, MiB (whole extents); null or absent = auto: what the budget
+   * leaves once the trunk cache has what it can hold (see resolveAutoLimits). */
+  cacheMib?: number | null;
   /** Trunk cache over all ranges, MiB; null or absent = auto (whatever the budget leaves). */
   trunkCacheMib?: number | null;
   /** Tokens; default 4096; 1..max_position_embeddings. */
@@ -472,7 +473,9 @@ export interface PlanOptions {
 export interface PlanSettings {
   backend: BackendName;
   ramMib: number;
+  /** Always a number in a plan; while cacheAuto, resolveAutoLimits picks it. */
   cacheMib: number;
+  cacheAuto: boolean;
   trunkCacheMib: number | null;
   maxContext: number;
   loadVision: boolean;
@@ -647,7 +650,7 @@ export class RamPlan {
       } else if (c === "trunkCache") {
         note = `${this.trunkAuto ? "auto, " : ""}${((100 * this.components.trunkCache) / Math.max(this.trunkCacheable, 1)).toFixed(0)}% of ${mib(this.trunkCacheable)} MiB`;
       } else if (c === "expertCache" && expertSlots) {
-        note = `${expertSlots} extents`;
+        note = `${this.settings.cacheAuto ? "auto, " : ""}${expertSlots} extents`;
       } else if (c === "tokenizer") {
         note = "tiktoken";
       } else if (c === "vision" && this.visionGrid) {
@@ -756,7 +759,8 @@ function settingsOf(facts: PackFacts, options: PlanOptions): PlanSettings {
   const s: PlanSettings = {
     backend: options.backend,
     ramMib: options.ramMib ?? 4096,
-    cacheMib: options.cacheMib ?? 512,
+    cacheMib: options.cacheMib ?? 0,
+    cacheAuto: options.cacheMib === undefined || options.cacheMib === null,
     trunkCacheMib: options.trunkCacheMib ?? null,
     maxContext: options.maxContext ?? 4096,
     loadVision: options.loadVision ?? true,
@@ -1060,7 +1064,7 @@ function adviceFor(facts: PackFacts, s: PlanSettings): string[] {
 
 /** Plans a run of a pack already read (no I/O); refuses (UserError) a plan over the budget when check is set. */
 export function planFromFacts(facts: PackFacts, options: PlanOptions): RamPlan {
-  const s = resolveAutoLimits(settingsOf(facts, options), (t) => fits(facts, t));
+  const s = resolveAutoLimits(facts, settingsOf(facts, options));
   let result: RamPlan;
   try {
     result = build(facts, s);
@@ -1191,9 +1195,48 @@ function requestBodiesNote(r: RequestBodies): string {
   return `${r.slots} bodies of up to ${mib(r.bodyBytes)} MiB`;
 }
 
-/** Settings with the auto limits (null) replaced by the largest that fit (their floors when none do). */
-function resolveAutoLimits(s: PlanSettings, fits: (t: PlanSettings) => boolean): PlanSettings {
+/**
+ * The auto expert cache's range, in extents: from the fewest every range with MoE layers accepts
+ * (top-k each) to every extent of the model; and the cache (MiB) of k extents. null without MoE.
+ */
+function autoCacheBounds(facts: PackFacts, s: PlanSettings): { floor: number; top: number; mibOf: (k: number) => number } | null {
+  const m = modelOf(facts);
+  if (m.extent === 0) return null;
+  // half a byte over k extents, so that build's floor(cacheMib * MIB) is k extents whatever the
+  // rounding of the division
+  const mibOf = (k: number): number => (k * m.extent + 0.5) / MIB;
+  const top = m.moe.filter(Boolean).length * m.nRouted;
+  let floor = 0;
+  for (let hi = top; floor < hi;) {
+    const mid = Math.floor((floor + hi) / 2);
+    if (fitOf(facts, { ...s, cacheMib: mibOf(mid) }) === "floor") floor = mid + 1;
+    else hi = mid;
+  }
+  return { floor, top, mibOf };
+}
+
+/** Whether settings plan within the budget with the trunk cache at least `trunk` bytes. */
+function fitsKeepingTrunk(facts: PackFacts, s: PlanSettings, trunk: number): boolean {
+  try {
+    const p = build(facts, s);
+    return p.total <= Math.floor(s.ramMib * MIB) && p.components.trunkCache >= trunk;
+  } catch (err) {
+    if (err instanceof UserError) return false;
+    throw err;
+  }
+}
+
+/**
+ * Settings with the auto limits (null) replaced by the largest that fit (their floors when none
+ * do). The request bodies and the image limit, which have ceilings, go first (planned with the
+ * smallest expert cache); the auto expert cache then takes what is left without shrinking the
+ * resident trunk: the larger the cache, the more of each token's routed experts it already holds.
+ */
+function resolveAutoLimits(facts: PackFacts, s: PlanSettings): PlanSettings {
+  const fits = (t: PlanSettings): boolean => fitOf(facts, t) === "fits";
   let t = s;
+  const bounds = t.cacheAuto ? autoCacheBounds(facts, t) : null;
+  if (t.cacheAuto) t = { ...t, cacheMib: bounds ? bounds.mibOf(bounds.floor) : 0 };
   if (t.requests && t.requests.bodyBytes === null) {
     const requests = t.requests;
     const best = largestTrue(BODY_BYTES_FLOOR / MIB, DEFAULT_BODY_BYTES / MIB,
@@ -1204,6 +1247,14 @@ function resolveAutoLimits(s: PlanSettings, fits: (t: PlanSettings) => boolean):
     const step = 100_000;
     const best = largestTrue(IMAGE_PIXELS_FLOOR / step, IMAGE_PIXELS_MAX / step, (k) => fits({ ...t, imagePixels: k * step }));
     t = { ...t, imagePixels: (best ?? IMAGE_PIXELS_FLOOR / step) * step };
+  }
+  if (bounds && fits(t)) {
+    // the trunk is read on every token, an expert extent only when routed to: the auto cache
+    // takes nothing from the resident trunk
+    const keep = build(facts, t).components.trunkCache;
+    const mibOf = bounds.mibOf;
+    const k = largestTrue(bounds.floor, bounds.top, (n) => fitsKeepingTrunk(facts, { ...t, cacheMib: mibOf(n) }, keep));
+    if (k !== null) t = { ...t, cacheMib: mibOf(k) };
   }
   return t;
 }

@@ -35,7 +35,8 @@ export interface ServeOptions {
   backend?: string | undefined;
   instances?: number | undefined;
   ramMib: number;
-  cacheMib: number;
+  /** absent = auto (what the budget leaves once the trunk cache is full) */
+  cacheMib?: number | undefined;
   trunkCacheMib: number | null;
   maxQueue: number;
   maxContext: number;

@@ -443,6 +443,79 @@ describe("the instance split", () => {
   });
 });
 
+describe("the auto expert cache (no --cache-mib)", () => {
+  const base = { maxContext: 512, loadVision: false } as const;
+  const extentOf = (p: RamPlan): number => p.instances.find((i) => i.expertExtent > 0)!.expertExtent;
+  /** Every extent of the model cached, and the trunk resident. */
+  const allOf = (backend: BackendName): RamPlan => planOf({ ...base, backend, ramMib: 65_536, cacheMib: 10_000 });
+  /** The fewest extents the planner accepts (top-k per range with MoE layers), found by trying. */
+  const floorOf = (backend: BackendName, extent: number): number => {
+    for (let k = 1; ; k++) {
+      try {
+        planOf({ ...base, backend, ramMib: 65_536, cacheMib: (k * extent) / MIB });
+        return k;
+      } catch (err) {
+        expect((err as Error).message).toMatch(/raise --cache-mib to at least/);
+      }
+    }
+  };
+
+  it.each(BACKENDS)("holds every extent when the budget allows, and says it is auto (%s)", (backend) => {
+    const all = allOf(backend);
+    const auto = planOf({ ...base, backend, ramMib: 65_536 });
+    expect(auto.components.expertCache).toBe(all.components.expertCache);
+    expect(auto.components.trunkCache).toBe(auto.trunkCacheable);
+    const extents = all.components.expertCache / extentOf(all);
+    expect(auto.describe()).toMatch(new RegExp(`expert cache \\(whole extents\\) +[\\d.,]+ +auto, ${extents} extents`));
+    expect(all.describe()).not.toMatch(/auto, \d+ extents/);
+  });
+
+  it.each(BACKENDS)("takes what the budget leaves once the trunk is resident, to the extent (%s)", (backend) => {
+    const all = allOf(backend);
+    const extent = extentOf(all);
+    const low = planOf({ ...base, backend, ramMib: 65_536, cacheMib: (floorOf(backend, extent) * extent) / MIB });
+    // natively every extent counts; a WebAssembly instance's padding can hold several
+    if (backend === "native") expect(all.total - low.total).toBeGreaterThan(3 * extent);
+    // budgets between the trunk with the fewest extents and every extent: the trunk stays whole,
+    // the cache does not shrink as the budget grows, and one more extent would not fit
+    let previous = low.components.expertCache;
+    for (const f of [0.3, 0.6, 0.9]) {
+      const ramMib = (low.total + f * (all.total - low.total)) / MIB;
+      const p = planOf({ ...base, backend, ramMib });
+      expect(p.total).toBeLessThanOrEqual(ramMib * MIB);
+      expect(p.components.trunkCache).toBe(p.trunkCacheable);
+      expect(p.components.expertCache).toBeGreaterThanOrEqual(previous);
+      if (backend === "native") expect(p.components.expertCache).toBeGreaterThan(previous);
+      previous = p.components.expertCache;
+      if (p.components.expertCache === all.components.expertCache) continue;
+      const more = planOf({ ...base, backend, ramMib, cacheMib: (p.components.expertCache + extent) / MIB, check: false });
+      expect(more.total > ramMib * MIB || more.components.trunkCache < more.trunkCacheable).toBe(true);
+    }
+  });
+
+  // natively: a WebAssembly instance's smallest memory (64 MiB) holds the tiny model's whole trunk
+  // and every extent, so no budget leaves part of its trunk streamed
+  it("takes nothing from a trunk that does not fit whole", () => {
+    const backend = "native";
+    const all = allOf(backend);
+    const extent = extentOf(all);
+    const fewest = (floorOf(backend, extent) * extent) / MIB;
+    const streamed = planOf({ ...base, backend, ramMib: 65_536, cacheMib: fewest, trunkCacheMib: 0 });
+    // a budget where the fewest extents leave part of the trunk streamed
+    let partial: { ramMib: number; trunk: number } | undefined;
+    for (let f = 0.05; f < 1 && !partial; f += 0.05) {
+      const ramMib = (streamed.total + f * (all.total - streamed.total)) / MIB;
+      const trunk = planOf({ ...base, backend, ramMib, cacheMib: fewest, check: false }).components.trunkCache;
+      if (trunk > 0 && trunk < all.trunkCacheable) partial = { ramMib, trunk };
+    }
+    expect(partial).toBeDefined();
+    const p = planOf({ ...base, backend, ramMib: partial!.ramMib });
+    expect(p.components.trunkCache).toBe(partial!.trunk);
+    expect(p.components.expertCache).toBeGreaterThanOrEqual(fewest * MIB - 1);
+    expect(p.total).toBeLessThanOrEqual(partial!.ramMib * MIB);
+  });
+});
+
 describe("bad inputs", () => {
   const ok: PlanOptions = { backend: "native", ramMib: 4096, cacheMib: 1, maxContext: 256 };
   it.each([
