@@ -18,7 +18,7 @@ import type { ActDtype } from "../host/engine-api.js";
 import { NativeBackend } from "../host/native-backend.js";
 import { packCheckpoint } from "../packer/pack.js";
 import { argmax } from "../test/reference/math.js";
-import { tempDir, tinyCheckpoint } from "../test/support/pack-fixtures.js";
+import { tempDir, TINY_MODELS, tinyCheckpoint } from "../test/support/pack-fixtures.js";
 import { promptIds } from "../test/support/prompt-ids.js";
 
 const argTokens = process.argv.indexOf("--tokens");
@@ -28,10 +28,7 @@ const MODES: ActDtype[] = ["i16", "i16x1", "i8"];
 const native = new NativeBackend();
 const tmp = tempDir("act-dtype-accuracy");
 try {
-  for (const { name, seed, extra } of [
-    { name: "tiny-seed0", seed: 0, extra: {} },
-    { name: "tiny-seed1-grouped", seed: 1, extra: { nGroup: 4, topkGroup: 2 } },
-  ]) {
+  for (const { name, seed, extra } of TINY_MODELS) {
     const ckpt = await tinyCheckpoint(join(tmp.dir, `${name}-ckpt`), native, seed, extra);
     for (const trunk of ["bf16", "q8"] as const) {
       const pack = await packCheckpoint(ckpt, join(tmp.dir, `${name}-${trunk}`), { core: native, allowRevision: true, trunkDtype: trunk });

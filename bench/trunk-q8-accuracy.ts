@@ -25,7 +25,7 @@ import { NativeBackend } from "../host/native-backend.js";
 import { DTYPE_BF16, DTYPE_F32, DTYPE_Q8_ROWS, recordNbytes } from "../host/pack-format.js";
 import { packCheckpoint } from "../packer/pack.js";
 import { presetConfigText } from "../packer/synth.js";
-import { tempDir, tinyCheckpoint } from "../test/support/pack-fixtures.js";
+import { tempDir, TINY_MODELS, tinyCheckpoint } from "../test/support/pack-fixtures.js";
 import { promptIds } from "../test/support/prompt-ids.js";
 import { argmax } from "../test/reference/math.js";
 import { TextReference } from "../test/reference/text.js";
@@ -42,10 +42,7 @@ function maxAbs(a: ArrayLike<number>, b: ArrayLike<number>): number {
 const native = new NativeBackend();
 const tmp = tempDir("trunk-q8-accuracy");
 try {
-  for (const { name, seed, extra } of [
-    { name: "tiny-seed0", seed: 0, extra: {} },
-    { name: "tiny-seed1-grouped", seed: 1, extra: { nGroup: 4, topkGroup: 2 } },
-  ]) {
+  for (const { name, seed, extra } of TINY_MODELS) {
     const ckpt = await tinyCheckpoint(join(tmp.dir, `${name}-ckpt`), native, seed, extra);
     const bf16 = await packCheckpoint(ckpt, join(tmp.dir, `${name}-bf16`), { core: native, allowRevision: true });
     const q8 = await packCheckpoint(ckpt, join(tmp.dir, `${name}-q8`), { core: native, allowRevision: true, trunkDtype: "q8" });

@@ -995,6 +995,17 @@ function fits(facts: PackFacts, s: PlanSettings): boolean {
   return fitOf(facts, s) === "fits";
 }
 
+/** The smallest integer in [lo, hi] where ok holds, given ok is false up to some point and true
+ * after (hi when it holds nowhere below hi). */
+function smallestTrue(lo: number, hi: number, ok: (v: number) => boolean): number {
+  while (lo < hi) {
+    const mid = Math.floor((lo + hi) / 2);
+    if (ok(mid)) hi = mid;
+    else lo = mid + 1;
+  }
+  return lo;
+}
+
 /** The largest integer in [lo, hi] where ok holds, given ok is true up to some point and false after. */
 function largestTrue(lo: number, hi: number, ok: (v: number) => boolean): number | null {
   if (hi < lo || !ok(lo)) return null;
@@ -1018,12 +1029,7 @@ function adviceFor(facts: PackFacts, s: PlanSettings): string[] {
   // expert cache: fits is monotone in the cache (extents are handed out one at a time)
   // above its floor (top-k extents per range with MoE layers); whole MiB below the current value
   const cacheTop = Math.ceil(s.cacheMib) - 1;
-  let cacheFloor = 0;
-  for (let hi = cacheTop; cacheFloor < hi;) {
-    const mid = Math.floor((cacheFloor + hi) / 2);
-    if (fitOf(facts, { ...s, cacheMib: mid }) === "floor") cacheFloor = mid + 1;
-    else hi = mid;
-  }
+  const cacheFloor = smallestTrue(0, cacheTop, (c) => fitOf(facts, { ...s, cacheMib: c }) !== "floor");
   const cache = largestTrue(cacheFloor, cacheTop, (c) => fits(facts, { ...s, cacheMib: c }));
   if (cache !== null) hints.push(lower("--cache-mib", s.cacheMib, cache));
   if (s.trunkCacheMib !== null) {
@@ -1046,15 +1052,7 @@ function adviceFor(facts: PackFacts, s: PlanSettings): string[] {
   let hi = Math.floor(s.ramMib) + 1;
   let fit = fitOf(facts, { ...s, ramMib: hi });
   for (let probes = 0; fit === "over" && probes < 60; probes++) fit = fitOf(facts, { ...s, ramMib: (hi *= 2) });
-  if (fit === "fits") {
-    let lo = Math.floor(s.ramMib) + 1;
-    while (lo < hi) {
-      const mid = Math.floor((lo + hi) / 2);
-      if (fits(facts, { ...s, ramMib: mid })) hi = mid;
-      else lo = mid + 1;
-    }
-    hints.push(`raise --ram-mib to ${hi}`);
-  }
+  if (fit === "fits") hints.push(`raise --ram-mib to ${smallestTrue(Math.floor(s.ramMib) + 1, hi, (r) => fits(facts, { ...s, ramMib: r }))}`);
   hints.push(...requestAdvice(s, (t) => fits(facts, t)));
   if (s.backend === "wasm" && hints.length === 0 && fits(facts, { ...s, backend: "native", instances: 1 })) {
     hints.push("use the native backend (--backend native)");
@@ -1206,12 +1204,7 @@ function autoCacheBounds(facts: PackFacts, s: PlanSettings): { floor: number; to
   // rounding of the division
   const mibOf = (k: number): number => (k * m.extent + 0.5) / MIB;
   const top = m.moe.filter(Boolean).length * m.nRouted;
-  let floor = 0;
-  for (let hi = top; floor < hi;) {
-    const mid = Math.floor((floor + hi) / 2);
-    if (fitOf(facts, { ...s, cacheMib: mibOf(mid) }) === "floor") floor = mid + 1;
-    else hi = mid;
-  }
+  const floor = smallestTrue(0, top, (k) => fitOf(facts, { ...s, cacheMib: mibOf(k) }) !== "floor");
   return { floor, top, mibOf };
 }
 
@@ -1233,22 +1226,21 @@ function fitsKeepingTrunk(facts: PackFacts, s: PlanSettings, trunk: number): boo
  * resident trunk: the larger the cache, the more of each token's routed experts it already holds.
  */
 function resolveAutoLimits(facts: PackFacts, s: PlanSettings): PlanSettings {
-  const fits = (t: PlanSettings): boolean => fitOf(facts, t) === "fits";
   let t = s;
   const bounds = t.cacheAuto ? autoCacheBounds(facts, t) : null;
   if (t.cacheAuto) t = { ...t, cacheMib: bounds ? bounds.mibOf(bounds.floor) : 0 };
   if (t.requests && t.requests.bodyBytes === null) {
     const requests = t.requests;
     const best = largestTrue(BODY_BYTES_FLOOR / MIB, DEFAULT_BODY_BYTES / MIB,
-      (k) => fits({ ...t, requests: { ...requests, bodyBytes: k * MIB } }));
+      (k) => fits(facts, { ...t, requests: { ...requests, bodyBytes: k * MIB } }));
     t = { ...t, requests: { ...requests, bodyBytes: (best ?? BODY_BYTES_FLOOR / MIB) * MIB } };
   }
   if (t.loadVision && t.imagePixels === null) {
     const step = 100_000;
-    const best = largestTrue(IMAGE_PIXELS_FLOOR / step, IMAGE_PIXELS_MAX / step, (k) => fits({ ...t, imagePixels: k * step }));
+    const best = largestTrue(IMAGE_PIXELS_FLOOR / step, IMAGE_PIXELS_MAX / step, (k) => fits(facts, { ...t, imagePixels: k * step }));
     t = { ...t, imagePixels: (best ?? IMAGE_PIXELS_FLOOR / step) * step };
   }
-  if (bounds && fits(t)) {
+  if (bounds && fits(facts, t)) {
     // the trunk is read on every token, an expert extent only when routed to: the auto cache
     // takes nothing from the resident trunk
     const keep = build(facts, t).components.trunkCache;

@@ -40,7 +40,7 @@ import {
   referenceGreedy, type RoundedReferences,
 } from "./support/engine-checks.js";
 import { TextReference } from "./reference/text.js";
-import { tempDir, tinyCheckpoint } from "./support/pack-fixtures.js";
+import { tempDir, TINY_MODELS, tinyCheckpoint } from "./support/pack-fixtures.js";
 
 const THREADS = 2;
 
@@ -69,11 +69,7 @@ beforeAll(async () => {
   tmp = tempDir("engine");
   native = new NativeBackend();
   wasm = await WasmBackend.create({ memoryBytes: 512 * 2 ** 20, pthreads: WasmBackend.pthreadsForEngine(THREADS) });
-  const specs = [
-    { name: "tiny-seed0", seed: 0, extra: {} },
-    { name: "tiny-seed1-grouped", seed: 1, extra: { nGroup: 4, topkGroup: 2 } },
-  ];
-  for (const { name, seed, extra } of specs) {
+  for (const { name, seed, extra } of TINY_MODELS) {
     const ckpt = await tinyCheckpoint(join(tmp.dir, `${name}-ckpt`), native, seed, extra);
     const pack = await packCheckpoint(ckpt, join(tmp.dir, `${name}-pack`), { core: native, allowRevision: true });
     const config = JSON.parse(readFileSync(join(ckpt, "config.json"), "utf8")) as { media_placeholder_token_id: number };

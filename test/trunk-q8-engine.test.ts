@@ -30,7 +30,7 @@ import {
   referenceGreedy, type RoundedReferences,
 } from "./support/engine-checks.js";
 import { TextReference } from "./reference/text.js";
-import { tempDir, tinyCheckpoint } from "./support/pack-fixtures.js";
+import { tempDir, TINY_MODELS, tinyCheckpoint } from "./support/pack-fixtures.js";
 
 const THREADS = 2;
 /** BF16 activations move logits by BF16 rounding (README "Numerics": about 0.1 on these models),
@@ -71,10 +71,7 @@ beforeAll(async () => {
   tmp = tempDir("trunk-q8-engine");
   native = new NativeBackend();
   wasm = await WasmBackend.create({ memoryBytes: 512 * 2 ** 20, pthreads: WasmBackend.pthreadsForEngine(THREADS) });
-  for (const { name, seed, extra } of [
-    { name: "tiny-seed0", seed: 0, extra: {} },
-    { name: "tiny-seed1-grouped", seed: 1, extra: { nGroup: 4, topkGroup: 2 } },
-  ]) {
+  for (const { name, seed, extra } of TINY_MODELS) {
     const ckpt = await tinyCheckpoint(join(tmp.dir, `${name}-ckpt`), native, seed, extra);
     const pack = await packCheckpoint(ckpt, join(tmp.dir, `${name}-q8`), { core: native, allowRevision: true, trunkDtype: "q8" });
     const bf16Pack = await packCheckpoint(ckpt, join(tmp.dir, `${name}-bf16`), { core: native, allowRevision: true });

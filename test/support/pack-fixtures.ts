@@ -25,6 +25,12 @@ export async function tinyCheckpoint(dir: string, core: PackingCore, seed = 0, e
   return synthesize(dir, { preset: "tiny", seed, core, ...extra });
 }
 
+/** The two tiny test models, by their goldens' names: plain routing, and grouped routing. */
+export const TINY_MODELS: ReadonlyArray<{ name: string; seed: number; extra: { nGroup?: number; topkGroup?: number } }> = [
+  { name: "tiny-seed0", seed: 0, extra: {} },
+  { name: "tiny-seed1-grouped", seed: 1, extra: { nGroup: 4, topkGroup: 2 } },
+];
+
 /** Every file under `dir` (recursively) with its bytes, by relative path. */
 export function treeBytes(dir: string): Map<string, Buffer> {
   const out = new Map<string, Buffer>();
