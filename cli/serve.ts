@@ -9,6 +9,7 @@
 import { type Command, InvalidArgumentError } from "commander";
 
 import type { KernelChoice, ActDtype } from "../host/engine-api.js";
+import { envString } from "../host/env.js";
 import { DEFAULT_MODEL_ID } from "../server/app.js";
 import { DEFAULT_HOST } from "../server/auth.js";
 import { runServer } from "../server/serve.js";
@@ -32,7 +33,14 @@ interface ServeCommandOptions {
   actDtype: ActDtype;
   vision: boolean;
   maxImageMp?: number;
+  allowOrigin?: string[];
+  allowHost?: string[];
   verbose?: boolean;
+}
+
+/** A repeatable option: each use adds one value. */
+function collect(value: string, previous: string[] | undefined): string[] {
+  return [...(previous ?? []), value];
 }
 
 function port(value: string): number {
@@ -51,6 +59,10 @@ export function addServeCommand(program: Command): void {
     .option("--api-key <key>", "require this key (x-api-key or Authorization: Bearer) on every endpoint except /healthz " +
       "(default: $KVL_API_KEY, which keeps the key out of the process list)")
     .option("--model-id <id>", "the model id clients must send", DEFAULT_MODEL_ID)
+    .option("--allow-origin <origin>", "let web pages at this origin (e.g. http://localhost:3000; * matches any characters) use the " +
+      "API from the browser; repeatable. Pages of other origins are refused (docs/SERVER.md)", collect)
+    .option("--allow-host <name>", "also answer requests whose Host header is this name (a reverse proxy, a LAN name); repeatable. " +
+      "Otherwise only localhost, loopback addresses and the address the server was reached at", collect)
     .addOption(backendOption())
     .addOption(instancesOption())
     .option("--ram-mib <mib>", "total RAM budget", positiveInt, 4096)
@@ -67,13 +79,13 @@ export function addServeCommand(program: Command): void {
     .addOption(maxImageMpOption())
     .option("--verbose", "also print the RAM plan's table")
     .action(async (model: string, opts: ServeCommandOptions) => {
-      const envKey = process.env.KVL_API_KEY;
       process.exitCode = await runServer({
-        model, host: opts.host, port: opts.port, apiKey: opts.apiKey ?? (envKey ? envKey : null), modelId: opts.modelId,
+        model, host: opts.host, port: opts.port, apiKey: opts.apiKey ?? envString("KVL_API_KEY") ?? null, modelId: opts.modelId,
         backend: opts.backend, instances: opts.instances, ramMib: opts.ramMib, cacheMib: opts.cacheMib,
         trunkCacheMib: opts.trunkCacheMib ?? null, maxQueue: opts.maxQueue, maxContext: opts.maxContext, threads: opts.threads,
         maxBodyMib: opts.maxBodyMib ?? null, kernels: opts.kernels, actDtype: opts.actDtype, vision: opts.vision,
-        imageMaxPixels: megapixelsToPixels(opts.maxImageMp), verbose: opts.verbose ?? false,
+        imageMaxPixels: megapixelsToPixels(opts.maxImageMp), allowOrigins: opts.allowOrigin ?? [], allowHosts: opts.allowHost ?? [],
+        verbose: opts.verbose ?? false,
       });
     });
 }

@@ -4,8 +4,10 @@
  *
  * Owns: the routing table (/ and its assets: the web chat page, web.ts; /healthz; OpenAI /v1/models, /v1/models/{id}, /v1/chat/completions;
  * Anthropic /v1/messages, /v1/messages/count_tokens; Ollama /api/chat, /api/generate, /api/tags,
- * /api/show, /api/version), the order every request goes through (key → body → the dialect's
- * parse → model id → ready → images → prompt size → queue → answer), rendering any error in the
+ * /api/show, /api/version), the order every request goes through (Host and Origin, then a body
+ * slot, both before the app: guard.ts, body.ts; then key → body → the dialect's parse → model id →
+ * ready → images, each decoded whole → prompt size → queue → answer: everything that can be checked
+ * is checked before a stream's 200 goes out), rendering any error in the
  * route's dialect (an unknown path or method too), a 500 for a bug that keeps the server serving,
  * and the log line.
  * Does not own: body reading (body.ts), the dialects (openai.ts, anthropic.ts, ollama.ts), images
@@ -20,7 +22,7 @@ import { validateReplyParams } from "../host/reply-params.js";
 import { UserError } from "../host/user-error.js";
 import * as anthropic from "./anthropic.js";
 import { KeyCheck } from "./auth.js";
-import { ClientGone, readJsonBody } from "./body.js";
+import { ClientGone, DEFAULT_READ_DEADLINES, type ReadDeadlines, readJsonBody } from "./body.js";
 import { ApiError, type Dialect, dialectOfPath, errorBody, invalid } from "./errors.js";
 import { type RequestMessage, loadImages } from "./images.js";
 import type { ServedModel } from "./model.js";
@@ -45,6 +47,8 @@ export interface ServerConfig {
   /** What /api/tags says of the pack. */
   pack: { sizeBytes: number; digest: string; modifiedAt: string };
   keepaliveMs?: number;
+  /** How long headers and bodies may take to arrive (body.ts; default DEFAULT_READ_DEADLINES). */
+  deadlines?: ReadDeadlines;
   /** Where log lines go (default stderr). */
   log?: (line: string) => void;
 }
@@ -55,6 +59,8 @@ export function createApp(queue: EngineQueue, config: ServerConfig): Koa {
   const created = Math.floor(Date.now() / 1000);
   const keys = new KeyCheck(config.apiKey);
   const keepaliveMs = config.keepaliveMs ?? KEEPALIVE_MS;
+  const deadlines = config.deadlines ?? DEFAULT_READ_DEADLINES;
+  const body = (ctx: Koa.Context): Promise<unknown> => readJsonBody(ctx.req, config.maxBodyBytes, deadlines);
   const emit = config.log ?? ((line: string) => process.stderr.write(`${line}\n`));
   const facts: ollama.OllamaModelFacts = {
     modelId: config.modelId, created, maxContext: config.maxContext, vision: config.vision, ...config.pack,
@@ -63,7 +69,8 @@ export function createApp(queue: EngineQueue, config: ServerConfig): Koa {
   const sendError = (ctx: Koa.Context, dialect: Dialect, error: ApiError): void => {
     ctx.status = error.status;
     ctx.set(error.headers());
-    if (error.kind === "too_large") ctx.set("connection", "close");
+    // the rest of a refused body (drained, or never coming) must not be read as the next request
+    if (error.kind === "too_large" || error.kind === "request_timeout") ctx.set("connection", "close");
     ctx.body = errorBody(dialect, error);
   };
 
@@ -185,7 +192,7 @@ export function createApp(queue: EngineQueue, config: ServerConfig): Koa {
   }));
 
   router.post("/v1/chat/completions", endpoint("openai", async (ctx, log) => {
-    const req = openai.parseChatRequest(await readJsonBody(ctx.req, config.maxBodyBytes), config.maxContext);
+    const req = openai.parseChatRequest(await body(ctx), config.maxContext);
     checkModel("openai", req.model);
     validateParams(req.params);
     const { messages } = await prepare(req.messages);
@@ -199,7 +206,7 @@ export function createApp(queue: EngineQueue, config: ServerConfig): Koa {
 
   // -- Anthropic ---------------------------------------------------------------------------
   router.post("/v1/messages", endpoint("anthropic", async (ctx, log) => {
-    const req = anthropic.parseMessagesRequest(await readJsonBody(ctx.req, config.maxBodyBytes), config.maxContext);
+    const req = anthropic.parseMessagesRequest(await body(ctx), config.maxContext);
     checkModel("anthropic", req.model);
     validateParams(req.params);
     const { messages, promptTokens } = await prepare(req.messages);
@@ -212,7 +219,7 @@ export function createApp(queue: EngineQueue, config: ServerConfig): Koa {
   }));
 
   router.post("/v1/messages/count_tokens", endpoint("anthropic", async (ctx, log) => {
-    const req = anthropic.parseCountTokensRequest(await readJsonBody(ctx.req, config.maxBodyBytes));
+    const req = anthropic.parseCountTokensRequest(await body(ctx));
     checkModel("anthropic", req.model);
     const { promptTokens } = await prepare(req.messages, false);
     log.promptTokens = promptTokens;
@@ -221,7 +228,7 @@ export function createApp(queue: EngineQueue, config: ServerConfig): Koa {
 
   // -- Ollama ------------------------------------------------------------------------------
   const ollamaReply = (endpointName: ollama.OllamaEndpoint, parse: typeof ollama.parseChatRequest) => endpoint("ollama", async (ctx, log) => {
-    const req = parse(await readJsonBody(ctx.req, config.maxBodyBytes), config.maxContext);
+    const req = parse(await body(ctx), config.maxContext);
     checkModel("ollama", req.model);
     if (req.load) {
       queue.requireReady();
@@ -246,8 +253,8 @@ export function createApp(queue: EngineQueue, config: ServerConfig): Koa {
   }));
 
   router.post("/api/show", endpoint("ollama", async (ctx) => {
-    const body = await readJsonBody(ctx.req, config.maxBodyBytes);
-    const obj = body !== null && typeof body === "object" && !Array.isArray(body) ? (body as Record<string, unknown>) : null;
+    const json = await body(ctx);
+    const obj = json !== null && typeof json === "object" && !Array.isArray(json) ? (json as Record<string, unknown>) : null;
     const model = obj?.model ?? obj?.name;
     if (typeof model !== "string" || !model) throw invalid("model is required", "model");
     checkModel("ollama", model);

@@ -12,7 +12,11 @@
  * else raw-body), draining what a refused body still sends
  * before the 413 goes out (so a client that reads nothing until it has sent everything gets the
  * answer, not a broken pipe; one that sends far more than the limit is cut off), telling a client that went away mid-body (ClientGone) from bad input,
- * and the scan that finds the depth and bare NaN/Infinity tokens outside strings.
+ * and the scan that finds the depth and bare NaN/Infinity tokens outside strings; the body's read
+ * deadlines (ReadDeadlines: no byte for bodyIdleMs, or not complete after bodyTotalMs, is a 408 and
+ * the connection closes, so a client that stalls mid-body frees its slot; the headers' deadline is
+ * Node's headersTimeout, set in serve.ts); answering a request refused before its body is read
+ * (refuseUnread: its body drained, the error in its path's API shape, the log line).
  * Does not own: what the JSON must contain (the dialect modules), the error shapes (errors.ts).
  */
 import type { IncomingMessage, RequestListener, ServerResponse } from "node:http";
@@ -25,6 +29,27 @@ import { ApiError, RETRY_AFTER_S, dialectOfPath, errorBody, invalid } from "./er
 
 /** Deeper nesting than this is refused (the APIs' own bodies nest about 10 levels, tool schemas a few more). */
 export const MAX_JSON_DEPTH = 128;
+
+/**
+ * How long a request may take to arrive. Every client sends its headers at once and its body
+ * without pauses, so a silence is a stalled or hostile client holding a body slot (BodyGate): the
+ * defaults free it after 30 s of silence; a whole body gets 300 s (Node's own default for a whole
+ * request), time for 20 MiB at about 0.6 Mbit/s.
+ */
+export interface ReadDeadlines {
+  /** Headers complete within this (Node's headersTimeout; a bare 408, the path is not known yet). */
+  headersMs: number;
+  /** No byte of the body for this long: 408. */
+  bodyIdleMs: number;
+  /** The body not complete after this long: 408. */
+  bodyTotalMs: number;
+}
+
+export const DEFAULT_READ_DEADLINES: Readonly<ReadDeadlines> = Object.freeze({ headersMs: 30_000, bodyIdleMs: 30_000, bodyTotalMs: 300_000 });
+
+function seconds(ms: number): string {
+  return `${+(ms / 1000).toFixed(3)} s`;
+}
 
 /** The client closed the connection before its request or reply was complete. */
 export class ClientGone extends Error {
@@ -40,9 +65,10 @@ function tooLarge(size: number | null, limit: number): ApiError {
 }
 
 /** Reads and discards the rest of a refused body, so the client, which may read nothing until it
- * has sent everything, gets the answer instead of a broken pipe. Resolves when the body has ended;
- * past `cap` more bytes or `timeoutMs` the connection is destroyed instead. */
-export function drain(req: IncomingMessage, cap: number, timeoutMs = 30_000): Promise<void> {
+ * has sent everything, gets the answer instead of a broken pipe. Resolves when the body has ended,
+ * or when no byte of it came for bodyIdleMs (a stalled client gets its answer then; the answer
+ * closes the connection); past `cap` more bytes or bodyTotalMs the connection is destroyed instead. */
+export function drain(req: IncomingMessage, cap: number, deadlines: ReadDeadlines): Promise<void> {
   return new Promise((resolve) => {
     if (req.complete || req.destroyed) {
       resolve();
@@ -50,7 +76,8 @@ export function drain(req: IncomingMessage, cap: number, timeoutMs = 30_000): Pr
     }
     let seen = 0;
     const done = (): void => {
-      clearTimeout(timer);
+      clearTimeout(idle);
+      clearTimeout(total);
       req.off("data", onData);
       resolve();
     };
@@ -61,8 +88,10 @@ export function drain(req: IncomingMessage, cap: number, timeoutMs = 30_000): Pr
     const onData = (chunk: Buffer): void => {
       seen += chunk.length;
       if (seen > cap) cut();
+      else idle.refresh();
     };
-    const timer = setTimeout(cut, timeoutMs);
+    const idle = setTimeout(done, deadlines.bodyIdleMs);
+    const total = setTimeout(cut, deadlines.bodyTotalMs);
     req.on("data", onData);
     req.once("end", done);
     req.once("close", done);
@@ -207,21 +236,57 @@ function readKnownLength(req: IncomingMessage, length: number): Promise<Buffer> 
   });
 }
 
-/** Reads the request's JSON body under `maxBytes`. Throws ApiError (413, 400) or ClientGone. */
-export async function readJsonBody(req: IncomingMessage, maxBytes: number): Promise<unknown> {
+/**
+ * `reading` (the body being read from `req`) under the deadlines: a 408 ApiError when no byte came
+ * for bodyIdleMs or the body is not complete after bodyTotalMs. The read left behind ends when the
+ * connection closes (the 408 goes out with Connection: close).
+ */
+function underDeadlines<T>(req: IncomingMessage, deadlines: ReadDeadlines, reading: Promise<T>): Promise<T> {
+  return new Promise((resolve, reject) => {
+    const expire = (message: string): void => {
+      cleanup();
+      reading.catch(() => undefined);
+      reject(new ApiError("request_timeout", message));
+    };
+    const idle = setTimeout(() => expire(`the request body stopped arriving: no byte for ${seconds(deadlines.bodyIdleMs)}; ` +
+      "send the whole body without pausing"), deadlines.bodyIdleMs);
+    const total = setTimeout(() => expire(`the request body was not complete after ${seconds(deadlines.bodyTotalMs)}; ` +
+      "send it faster, or send less (smaller images)"), deadlines.bodyTotalMs);
+    const onData = (): void => {
+      idle.refresh();
+    };
+    const cleanup = (): void => {
+      clearTimeout(idle);
+      clearTimeout(total);
+      req.off("data", onData);
+    };
+    req.on("data", onData); // after the reader's own listener (attached when `reading` began): no chunk is lost
+    reading.then((value) => {
+      cleanup();
+      resolve(value);
+    }, (err: unknown) => {
+      cleanup();
+      reject(err);
+    });
+  });
+}
+
+/** Reads the request's JSON body under `maxBytes` and the deadlines. Throws ApiError (413, 408, 400) or ClientGone. */
+export async function readJsonBody(req: IncomingMessage, maxBytes: number, deadlines: ReadDeadlines = DEFAULT_READ_DEADLINES): Promise<unknown> {
   const declared = req.headers["content-length"];
   const length = declared !== undefined && /^\d+$/.test(declared) ? Number(declared) : null;
   if (length !== null && length > maxBytes) {
-    await drain(req, drainCap(maxBytes));
+    await drain(req, drainCap(maxBytes), deadlines);
     throw tooLarge(length, maxBytes);
   }
   let raw: Buffer;
   try {
-    raw = length !== null ? await readKnownLength(req, length) : await getRawBody(req, { limit: maxBytes });
+    raw = await underDeadlines(req, deadlines, length !== null ? readKnownLength(req, length) : getRawBody(req, { limit: maxBytes }));
   } catch (err) {
+    if (err instanceof ApiError) throw err;
     const type = (err as { type?: string }).type;
     if (type === "entity.too.large") {
-      await drain(req, drainCap(maxBytes));
+      await drain(req, drainCap(maxBytes), deadlines);
       throw tooLarge(null, maxBytes);
     }
     if (type === "request.aborted" || req.destroyed) throw new ClientGone();
@@ -279,12 +344,35 @@ export class BodyGate {
 }
 
 /**
+ * Answers `error` to a request refused before its body is read (no slot, still loading, a Host or
+ * Origin the server refuses): the body is drained first (drain: until it ends or stalls), then
+ * the error goes out in the path's API shape with Connection: close, and the request gets its log
+ * line.
+ */
+export function refuseUnread(req: IncomingMessage, res: ServerResponse, error: ApiError, log: (line: string) => void,
+  deadlines: ReadDeadlines): void {
+  const path = (req.url ?? "/").split("?")[0]!;
+  const started = performance.now();
+  void drain(req, drainCap(0), deadlines).then(() => {
+    if (res.writableEnded || res.destroyed) return;
+    const body = JSON.stringify(errorBody(dialectOfPath(path), error));
+    res.writeHead(error.status, {
+      "content-type": "application/json; charset=utf-8", "content-length": String(Buffer.byteLength(body)), connection: "close", ...error.headers(),
+    });
+    res.end(body);
+    log(`kvl serve: ${req.method} ${path} ${error.status} prompt=- reused=- images=- completion=- ` +
+      `${((performance.now() - started) / 1000).toFixed(3)}s (${error.message})`);
+  });
+}
+
+/**
  * Wraps the app's request listener: a POST (the only method whose routes read a body) first
  * passes `admit` (which throws the ApiError to answer instead, e.g. 503 while loading), then takes
  * a slot of `gate` (429 when none is free) that it keeps until its response closes. A refused
  * request's body is drained unread, answered in its path's dialect and logged.
  */
-export function gateBodies(listener: RequestListener, gate: BodyGate, admit: () => void, log: (line: string) => void): RequestListener {
+export function gateBodies(listener: RequestListener, gate: BodyGate, admit: () => void, log: (line: string) => void,
+  deadlines: ReadDeadlines): RequestListener {
   return (req: IncomingMessage, res: ServerResponse) => {
     if (req.method !== "POST") {
       listener(req, res);
@@ -302,16 +390,7 @@ export function gateBodies(listener: RequestListener, gate: BodyGate, admit: () 
         "the running one and those being read); retry shortly (see Retry-After)", null, RETRY_AFTER_S);
     }
     if (refusal) {
-      const error = refusal;
-      const path = (req.url ?? "/").split("?")[0]!;
-      const started = performance.now();
-      void drain(req, drainCap(0)).then(() => {
-        if (res.writableEnded || res.destroyed) return;
-        res.writeHead(error.status, { "content-type": "application/json; charset=utf-8", connection: "close", ...error.headers() });
-        res.end(JSON.stringify(errorBody(dialectOfPath(path), error)));
-        log(`kvl serve: ${req.method} ${path} ${error.status} prompt=- reused=- images=- completion=- ` +
-          `${((performance.now() - started) / 1000).toFixed(3)}s (${error.message})`);
-      });
+      refuseUnread(req, res, refusal, log, deadlines);
       return;
     }
     let released = false;

@@ -15,9 +15,11 @@ export type Dialect = "openai" | "anthropic" | "ollama";
 const KINDS = {
   invalid_request: [400, "invalid_request_error", "invalid_request_error"],
   authentication: [401, "authentication_error", "authentication_error"],
+  forbidden: [403, "invalid_request_error", "permission_error"],
   not_found: [404, "invalid_request_error", "not_found_error"],
   model_not_found: [404, "invalid_request_error", "not_found_error"],
   method_not_allowed: [405, "invalid_request_error", "invalid_request_error"],
+  request_timeout: [408, "invalid_request_error", "invalid_request_error"],
   too_large: [413, "invalid_request_error", "request_too_large"],
   rate_limit: [429, "rate_limit_error", "rate_limit_error"],
   server: [500, "server_error", "api_error"],
@@ -33,6 +35,8 @@ const OPENAI_CODES: Partial<Record<ErrorKind, string>> = {
   rate_limit: "rate_limit_exceeded",
   authentication: "invalid_api_key",
   not_found: "not_found",
+  forbidden: "forbidden",
+  request_timeout: "request_timeout",
 };
 
 /** Seconds a client should wait before retrying a 429 or a 503 while loading. */

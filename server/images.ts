@@ -8,7 +8,8 @@
  * the server never fetches), the accepted media types and the magic-number check (JPEG, PNG,
  * WebP, GIF), and turning a request's messages with ImageData parts into model messages, each
  * UserError of the model's image loading (a truncated header, too many pixels, a grid it cannot
- * make) a 400 naming the field.
+ * make, pixel data that does not decode: model.ts decodes each image whole before the reply) a
+ * 400 naming the field.
  * Does not own: decoding pixels or sizing images (host/image-decode.ts via ChatModel.loadImage).
  */
 import type { ImageInput, Message } from "../host/conversation.js";

@@ -7,7 +7,8 @@
  * and opening the real one: ChatModel.open + one persistent Conversation (one KV timeline: each
  * request reuses the longest prefix it shares with what the previous one left); refusing, before
  * tokenizing it, text too long for the context by characters alone (the tokenizer's memory would
- * otherwise grow with any body the server accepts).
+ * otherwise grow with any body the server accepts). Each image of a request is decoded whole before
+ * its reply starts (ChatModel.loadImage), so a bad image is a 400, never an error after a stream's 200.
  * Does not own: anything of the model itself (host/chat-model.ts): prompts, sampling, stop
  * strings, image encoding and prefix reuse all happen there.
  */

@@ -4,25 +4,30 @@
  * loading, then ready), serves until SIGINT/SIGTERM, then shuts down cleanly. Port of run() and
  * bind() in the former Python server (app.py).
  *
- * Owns: option checks (UserErrors), the listen socket, the startup and ready lines on stderr, a
- * failed load stopping the server with exit status 1 (the reason on stderr), and shutdown (the
+ * Owns: option checks (UserErrors), the HTTP server and its listen socket (createHttpServer: the
+ * Host/Origin rules, the body slots and the headers' deadline in front of the app), the startup
+ * and ready lines on stderr, a failed load stopping the server with exit status 1 (the reason on
+ * stderr), and shutdown (the
  * running reply stops, open streams end with an error event, waiting requests get 503, then
  * connections close and the engine closes; a second signal exits at once).
  * Does not own: the routes (app.ts), the queue (queue.ts), the model (model.ts).
  */
 import { createHash } from "node:crypto";
 import { readFileSync, readdirSync, statSync } from "node:fs";
-import { type Server, createServer } from "node:http";
+import { type RequestListener, type Server, createServer } from "node:http";
 import type { AddressInfo } from "node:net";
 import { join } from "node:path";
 
 import { chooseBackend } from "../host/backend.js";
 import type { KernelChoice, ActDtype } from "../host/engine-api.js";
+import { imageLimitsText } from "../host/image-budget.js";
+import { checkPackFolder } from "../host/pack-format.js";
 import { BODY_BYTES_FLOOR, MIB, bodySlots } from "../host/planner.js";
 import { UserError } from "../host/user-error.js";
 import { type ServerConfig, createApp } from "./app.js";
 import { isLoopbackHost } from "./auth.js";
-import { BodyGate, gateBodies } from "./body.js";
+import { BodyGate, DEFAULT_READ_DEADLINES, gateBodies } from "./body.js";
+import { AccessRules, guardRequests } from "./guard.js";
 import { ChatServedModel } from "./model.js";
 import { EngineQueue } from "./queue.js";
 
@@ -48,6 +53,10 @@ export interface ServeOptions {
   vision: boolean;
   /** The largest image (pixels) the plan reserves decode memory for; undefined: the most that fits. */
   imageMaxPixels?: number | undefined;
+  /** --allow-host: more names the Host header may carry (guard.ts); "*" any. */
+  allowHosts?: string[];
+  /** --allow-origin: origins whose web pages may use the API (guard.ts). */
+  allowOrigins?: string[];
   verbose?: boolean;
 }
 
@@ -75,13 +84,7 @@ function packFacts(dir: string): ServerConfig["pack"] {
 }
 
 export function checkServeOptions(o: ServeOptions): void {
-  let isDir = false;
-  try {
-    isDir = statSync(o.model).isDirectory();
-  } catch {
-    isDir = false;
-  }
-  if (!isDir) throw new UserError(`model directory '${o.model}' not found; pack one with \`kvl pack\` or \`kvl prepare\``);
+  checkPackFolder(o.model);
   const ranges: Array<[string, number, number, number]> = [
     ["--port", o.port, 0, 65535], ["--max-queue", o.maxQueue, 1, 1 << 20], ["--max-context", o.maxContext, 2, 1 << 24],
   ];
@@ -91,6 +94,25 @@ export function checkServeOptions(o: ServeOptions): void {
   }
   if (o.apiKey !== null && o.apiKey.length === 0) throw new UserError("--api-key must not be empty");
   if (!o.modelId) throw new UserError("--model-id must not be empty");
+}
+
+/**
+ * The HTTP server over the app, in the order a request meets them: the Host and Origin rules
+ * (guard.ts), a body slot (body.ts gateBodies, `admit` first: 503 while loading), the app; Node's
+ * headersTimeout is the headers' deadline (the bodies' are in readJsonBody), and its
+ * requestTimeout, past both, only ends connections whose body no route reads.
+ */
+export function createHttpServer(app: RequestListener, config: ServerConfig, rules: AccessRules, gate: BodyGate, admit: () => void,
+  log: (line: string) => void): Server {
+  const deadlines = config.deadlines ?? DEFAULT_READ_DEADLINES;
+  const server = createServer({
+    headersTimeout: deadlines.headersMs,
+    requestTimeout: deadlines.headersMs + deadlines.bodyTotalMs + 1000,
+    // how often Node looks for connections past headersTimeout (its default, 30 s, would double the deadline)
+    connectionsCheckingInterval: Math.max(50, Math.min(1000, Math.floor(deadlines.headersMs / 4))),
+  }, guardRequests(gateBodies(app, gate, admit, log, deadlines), rules, log, deadlines));
+  server.keepAliveTimeout = 5000;
+  return server;
 }
 
 function listen(server: Server, host: string, port: number): Promise<AddressInfo> {
@@ -113,6 +135,7 @@ function listen(server: Server, host: string, port: number): Promise<AddressInfo
 
 /** Runs the server until a signal (exit status 0) or a failed load (1). */
 export async function runServer(o: ServeOptions): Promise<number> {
+  const rules = new AccessRules({ bindHost: o.host, allowHosts: o.allowHosts ?? [], allowOrigins: o.allowOrigins ?? [] });
   checkServeOptions(o);
   if (!isLoopbackHost(o.host) && !o.apiKey) {
     say(`kvl serve: warning: listening on ${o.host} without --api-key; anyone who can reach this port can use the model`);
@@ -126,12 +149,11 @@ export async function runServer(o: ServeOptions): Promise<number> {
     pack: packFacts(o.model),
   };
   const app = createApp(queue, config);
-  const gate = new BodyGate(bodySlots(o.maxQueue));
-  const server = createServer(gateBodies(app.callback(), gate, () => queue.requireReady(), say));
-  server.keepAliveTimeout = 5000;
+  const server = createHttpServer(app.callback(), config, rules, new BodyGate(bodySlots(o.maxQueue)), () => queue.requireReady(), say);
   const address = await listen(server, o.host, o.port);
   const shown = address.family === "IPv6" ? `[${address.address}]` : address.address;
-  say(`kvl serve: loading ${o.model}; listening on http://${shown}:${address.port} (GET /healthz says when the model is ready)`);
+  const pages = rules.listedOrigins.length ? `web pages of ${rules.listedOrigins.join(", ")} allowed` : "web pages of other origins refused (--allow-origin)";
+  say(`kvl serve: loading ${o.model}; listening on http://${shown}:${address.port} (GET /healthz says when the model is ready; ${pages})`);
 
   let stopping = false;
   let exitCode = 0;
@@ -181,7 +203,7 @@ export async function runServer(o: ServeOptions): Promise<number> {
       const by = record.requestedBy === "default" ? "" : record.requestedBy === "option" ? " (--backend)" : " (KVL_BACKEND)";
       say(`kvl serve: ${record.chosen}${by}, ${p.instances.length} ${record.chosen === "wasm" ? "instance" : "engine"}${p.instances.length > 1 ? "s" : ""}, ` +
         `kernels ${model.client.info.kernels}; RAM plan ${(p.total / MIB).toFixed(0)} MiB of --ram-mib ${o.ramMib}; bodies up to ${(bodies.bodyBytes / MIB).toFixed(0)} MiB` +
-        `${p.imageBudget ? `, images up to ${(p.imageBudget.pixels / 1e6).toFixed(1)} MP` : ""}; loaded in ${model.loadSeconds.toFixed(1)} s`);
+        `${p.imageBudget ? `, images ${imageLimitsText(p.imageBudget, "first")}` : ""}; loaded in ${model.loadSeconds.toFixed(1)} s`);
       if (o.verbose) say(p.describe());
       say(`kvl serve: model ready as '${o.modelId}'; chat in a browser at http://${shown}:${address.port}/`);
     }

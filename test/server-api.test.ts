@@ -440,6 +440,47 @@ describe(`kvl serve on ${MAIN.label}: keys, bad input, queueing, disconnects`, (
     expect(server.child.exitCode).toBeNull();
   });
 
+  it("a streamed request whose image does not decode is a 400 in the API's shape before any 200, in every API", async () => {
+    const whole = await png(64, 48, 9);
+    const cut = whole.subarray(0, whole.length - 40); // the header whole, the pixel data cut short
+    const image = (data: Uint8Array): Record<string, unknown> => ({ type: "image", source: { type: "base64", media_type: "image/png", data: b64(data) } });
+    // [path, body, the field the error names]
+    const requests = (data: Uint8Array): Array<[string, unknown, string]> => [
+      ["/v1/chat/completions", { model: MODEL, max_tokens: 2, stream: true,
+        messages: [{ role: "user", content: [{ type: "image_url", image_url: { url: dataUrl(data) } }, { type: "text", text: "What is this?" }] }] }, "messages[0].content[0]"],
+      ["/v1/messages", { model: MODEL, max_tokens: 2, stream: true, messages: [{ role: "user", content: [image(data), { type: "text", text: "What is this?" }] }] },
+        "messages[0].content[0].source.data"],
+      ["/api/chat", { model: MODEL, stream: true, messages: [{ role: "user", content: "What is this?", images: [b64(data)] }], options: { num_predict: 2 } },
+        "messages[0].images[0]"],
+      ["/api/generate", { model: MODEL, stream: true, prompt: "What is this?", images: [b64(data)], options: { num_predict: 2 } }, "images[0]"],
+    ];
+    const start = server.log().length;
+    for (const [path, body, field] of requests(cut)) {
+      const response = await server.post(path, body);
+      const what = `${path}: ${response.text.slice(0, 300)}`;
+      expect(response.status, what).toBe(400);
+      expect(response.headers.get("content-type"), what).toMatch(/^application\/json/);
+      let message: string;
+      if (path.startsWith("/api/")) {
+        message = response.json.error;
+      } else if (path === "/v1/messages") {
+        expect(response.json, what).toMatchObject({ type: "error", error: { type: "invalid_request_error" } });
+        message = response.json.error.message;
+      } else {
+        expect(response.json.error.type, what).toBe("invalid_request_error");
+        message = response.json.error.message;
+      }
+      expect(message.startsWith(`${field}: image data (${cut.length} bytes) is corrupt or truncated and cannot be decoded (`), what).toBe(true);
+      expect(message.endsWith("); re-export the image"), what).toBe(true);
+    }
+    expect(server.log().slice(start)).not.toMatch(/ 200 /);
+    // the same requests with the whole image stream as usual
+    for (const [path, body] of requests(whole)) {
+      const response = await server.post(path, body);
+      expect(response.status, `${path}: ${response.text.slice(0, 300)}`).toBe(200);
+    }
+  });
+
   it("a full queue is 429 with Retry-After; clients that leave are cancelled or skipped; the next request is normal", async () => {
     const start = server.log().length;
     const slow = { model: MODEL, max_tokens: SLOW, temperature: 0, stream: true, messages: [{ role: "user", content: "Write a very long story." }] };

@@ -7,8 +7,10 @@
  * and the real koa app, served on 127.0.0.1 in this process; the official openai and
  * @anthropic-ai/sdk clients talk to it over HTTP.
  */
-import { createServer, type Server } from "node:http";
-import type { AddressInfo } from "node:net";
+import { readFileSync, readdirSync } from "node:fs";
+import { createServer, request, type Server } from "node:http";
+import { type AddressInfo, connect } from "node:net";
+import { join } from "node:path";
 
 import Anthropic from "@anthropic-ai/sdk";
 import OpenAI from "openai";
@@ -17,18 +19,23 @@ import { afterEach, describe, expect, it } from "vitest";
 
 import type { ReplyReport } from "../host/chat-model.js";
 import { ImageInput, type Message, sha256Hex } from "../host/conversation.js";
+import { checkImage, decodeImage } from "../host/image-decode.js";
+import { packageRoot } from "../host/paths.js";
+import { bodySlots } from "../host/planner.js";
 import { DEFAULT_TEMPERATURE, type ReplyParams } from "../host/reply-params.js";
 import { UserError } from "../host/user-error.js";
 import * as anthropic from "../server/anthropic.js";
 import { createApp } from "../server/app.js";
 import { KeyCheck, presentedKey } from "../server/auth.js";
-import { MAX_JSON_DEPTH, parseJsonText, scanJson } from "../server/body.js";
+import { BodyGate, MAX_JSON_DEPTH, type ReadDeadlines, parseJsonText, scanJson } from "../server/body.js";
 import { ApiError, anthropicErrorBody, openaiErrorBody } from "../server/errors.js";
+import { AccessRules } from "../server/guard.js";
 import { ImageData, decodeImageBase64, loadImages, sniffImage } from "../server/images.js";
 import type { ServedModel } from "../server/model.js";
 import * as ollama from "../server/ollama.js";
 import * as openai from "../server/openai.js";
 import { EngineQueue } from "../server/queue.js";
+import { createHttpServer } from "../server/serve.js";
 
 const MODEL = "kimi-vl-a3b-instruct-q8";
 const CTX = 256;
@@ -271,6 +278,24 @@ describe("body, images and keys", () => {
     expect(() => decodeImageBase64("", "x")).toThrowError(/empty/);
   });
 
+  it("checks an image whole without keeping it: checkImage refuses exactly what decodeImage refuses", async () => {
+    const dir = join(packageRoot, "test", "fixtures", "images");
+    let refused = 0;
+    for (const name of readdirSync(dir)) {
+      const whole = readFileSync(join(dir, name));
+      const flipped = Buffer.from(whole);
+      for (let i = whole.length >> 1; i < (whole.length >> 1) + 8; i++) flipped[i]! ^= 0xff;
+      const variants = [whole, flipped, ...[0.25, 0.5, 0.75].map((f) => whole.subarray(0, Math.floor(whole.length * f))), whole.subarray(0, whole.length - 16)];
+      for (const [k, bytes] of variants.entries()) {
+        const verdict = (work: Promise<unknown>): Promise<string> => work.then(() => "ok", (err: Error) => (err instanceof UserError ? err.message : `not a UserError: ${err.stack}`));
+        const expected = await verdict(decodeImage(bytes));
+        expect(await verdict(checkImage(bytes)), `${name} variant ${k}`).toBe(expected);
+        if (expected !== "ok") refused++;
+      }
+    }
+    expect(refused).toBeGreaterThan(50); // the cut and flipped files mostly fail: the comparison has teeth
+  });
+
   it("takes the key from x-api-key or a bearer token and compares it whole", () => {
     expect(presentedKey({ "x-api-key": "a" })).toBe("a");
     expect(presentedKey({ authorization: "Bearer  b " })).toBe("b");
@@ -490,15 +515,32 @@ afterEach(async () => {
   }
 });
 
-async function serve(options: { maxQueue?: number; apiKey?: string | null; open?: () => Promise<ServedModel>; maxBodyBytes?: number } = {}): Promise<Served> {
+/** `http`: serve through the whole HTTP stack of `kvl serve` (serve.ts createHttpServer: the Host
+ * and Origin rules, the body slots, the read deadlines) instead of the bare app. */
+interface ServeOptions {
+  maxQueue?: number;
+  apiKey?: string | null;
+  open?: () => Promise<ServedModel>;
+  maxBodyBytes?: number;
+  http?: { deadlines?: ReadDeadlines; allowOrigins?: string[]; allowHosts?: string[] };
+}
+
+async function serve(options: ServeOptions = {}): Promise<Served> {
   const model = new FakeModel();
-  const queue = new EngineQueue(options.maxQueue ?? 2, (line) => lines.push(line));
+  const maxQueue = options.maxQueue ?? 2;
+  const queue = new EngineQueue(maxQueue, (line) => lines.push(line));
   const lines: string[] = [];
-  const app = createApp(queue, {
+  const config = {
     modelId: MODEL, apiKey: options.apiKey === undefined ? KEY : options.apiKey, maxContext: CTX, maxBodyBytes: options.maxBodyBytes ?? 64 * 1024,
-    vision: true, pack: { sizeBytes: 1, digest: "d", modifiedAt: new Date(0).toISOString() }, log: (line) => lines.push(line),
-  });
-  const server = createServer(app.callback());
+    vision: true, pack: { sizeBytes: 1, digest: "d", modifiedAt: new Date(0).toISOString() }, log: (line: string) => lines.push(line),
+    ...(options.http?.deadlines ? { deadlines: options.http.deadlines } : {}),
+  };
+  const app = createApp(queue, config);
+  const http = options.http;
+  const server = http
+    ? createHttpServer(app.callback(), config, new AccessRules({ bindHost: "127.0.0.1", allowHosts: http.allowHosts ?? [], allowOrigins: http.allowOrigins ?? [] }),
+      new BodyGate(bodySlots(maxQueue)), () => queue.requireReady(), (line) => lines.push(line))
+    : createServer(app.callback());
   await new Promise<void>((r) => server.listen(0, "127.0.0.1", r));
   const served = { url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`, model, queue, server, lines };
   opened.push(served);
@@ -772,5 +814,208 @@ describe("the app over a stand-in model", () => {
     } };
     await expect(loadImages([{ role: "user", parts: [new ImageData(PNG, "messages[0].content[1]")] }], loader))
       .rejects.toMatchObject({ status: 400, param: "messages[0].content[1]", message: "messages[0].content[1]: an image of 9000x9000 pixels is too large" });
+  });
+});
+
+// -- the HTTP server in front of the app: web pages and slow clients -----------------------------
+
+/** One request over node:http, which (unlike fetch) sends whatever Host header it is given. */
+function raw(s: Served, method: string, path: string, headers: Record<string, string>, body?: string):
+  Promise<{ status: number; headers: Record<string, string | string[] | undefined>; json: any }> {
+  return new Promise((resolve, reject) => {
+    const req = request(`${s.url}${path}`, { method, headers, agent: false }, (res) => {
+      let text = "";
+      res.setEncoding("utf8");
+      res.on("data", (chunk: string) => {
+        text += chunk;
+      });
+      res.on("end", () => resolve({ status: res.statusCode!, headers: res.headers, json: text ? JSON.parse(text) : null }));
+    });
+    req.on("error", reject);
+    req.end(body);
+  });
+}
+
+/** A connection that sends `head` and then nothing: everything it received, once the server closed it. */
+function stall(s: Served, head: string): Promise<string> {
+  return new Promise((resolve) => {
+    const socket = connect((s.server.address() as AddressInfo).port, "127.0.0.1", () => socket.write(head));
+    let got = "";
+    socket.setEncoding("utf8");
+    socket.on("data", (chunk: string) => {
+      got += chunk;
+    });
+    socket.on("error", () => undefined); // a reset after the answer is still a close
+    socket.on("close", () => resolve(got));
+  });
+}
+
+/** An HTTP response's status and JSON body, from the raw text. */
+function parseRaw(text: string): { status: number; json: any } {
+  const [head = "", body = ""] = text.split("\r\n\r\n");
+  return { status: Number(/^HTTP\/1\.1 (\d{3})/.exec(head)?.[1]), json: body ? JSON.parse(body) : null };
+}
+
+/** The error of `json` in the API of `path`: type (OpenAI / Anthropic; null for Ollama) and message. */
+function errorOf(path: string, json: any): { type: string | null; message: string } {
+  if (path.startsWith("/api/")) {
+    expect(Object.keys(json)).toEqual(["error"]);
+    return { type: null, message: json.error };
+  }
+  if (path.startsWith("/v1/messages")) {
+    expect(json.type).toBe("error");
+    return { type: json.error.type, message: json.error.message };
+  }
+  return { type: json.error.type, message: json.error.message };
+}
+
+describe("web pages: the Host and Origin rules", () => {
+  it("allows loopback names, the address a request arrived at, --host and --allow-host names; nothing else", () => {
+    const rules = new AccessRules({ bindHost: "127.0.0.1", allowHosts: [], allowOrigins: [] });
+    for (const host of ["localhost", "LocalHost:8000", "127.0.0.1:8000", "127.9.9.9", "[::1]:8000", "[0:0:0:0:0:0:0:1]", "[::ffff:127.0.0.1]:80"]) {
+      expect(rules.hostAllowed(host, "127.0.0.1"), host).toBe(true);
+    }
+    for (const host of ["evil.example", "evil.example:8000", "localhost.evil.example", "app.localhost", "10.0.0.5:8000", "2130706433", "", "a b", "x/y", "u@localhost"]) {
+      expect(rules.hostAllowed(host, "127.0.0.1"), host).toBe(false);
+    }
+    expect(rules.hostAllowed(undefined, "127.0.0.1")).toBe(true); // HTTP/1.0 without Host: no browser sends that
+    // bound to 0.0.0.0 or a LAN address: the address the connection arrived at, not any other
+    expect(rules.hostAllowed("192.168.1.5:8000", "192.168.1.5")).toBe(true);
+    expect(rules.hostAllowed("192.168.1.5:8000", "::ffff:192.168.1.5")).toBe(true);
+    expect(rules.hostAllowed("192.168.1.6:8000", "192.168.1.5")).toBe(false);
+    expect(rules.hostAllowed("[fe80::1]:8000", "fe80::1")).toBe(true);
+    const named = new AccessRules({ bindHost: "box.lan", allowHosts: ["proxy.example", "[fd00::2]"], allowOrigins: [] });
+    for (const host of ["box.lan:8000", "proxy.example", "PROXY.example:443", "[fd00::2]:1"]) expect(named.hostAllowed(host, "10.0.0.1"), host).toBe(true);
+    expect(named.hostAllowed("other.example", "10.0.0.1")).toBe(false);
+    expect(new AccessRules({ bindHost: "127.0.0.1", allowHosts: ["*"], allowOrigins: [] }).hostAllowed("anything.example", "127.0.0.1")).toBe(true);
+  });
+
+  it("passes the server's own page and listed origins; refuses every other Origin, null included", () => {
+    const rules = new AccessRules({ bindHost: "127.0.0.1", allowHosts: [], allowOrigins: ["http://localhost:5173", "chrome-extension://*", "http://127.0.0.1:*"] });
+    expect(rules.originVerdict(undefined, "127.0.0.1:8000")).toEqual({ kind: "none" });
+    expect(rules.originVerdict("http://127.0.0.1:8000", "127.0.0.1:8000")).toEqual({ kind: "same" });
+    expect(rules.originVerdict("https://kvl.example", "kvl.example")).toEqual({ kind: "same" }); // behind a TLS proxy
+    expect(rules.originVerdict("http://localhost:5173", "127.0.0.1:8000")).toEqual({ kind: "listed", origin: "http://localhost:5173" });
+    expect(rules.originVerdict("chrome-extension://abcdef", "127.0.0.1:8000").kind).toBe("listed");
+    expect(rules.originVerdict("http://127.0.0.1:3000", "localhost:8000").kind).toBe("listed");
+    for (const origin of ["http://localhost:5174", "https://localhost:5173", "http://evil.example", "null", "http://127.0.0.1.evil.example"]) {
+      expect(rules.originVerdict(origin, "127.0.0.1:8000").kind, origin).toBe("refused");
+    }
+    const none = new AccessRules({ bindHost: "127.0.0.1", allowHosts: [], allowOrigins: [] });
+    expect(none.originVerdict("http://127.0.0.1:8001", "127.0.0.1:8000").kind).toBe("refused"); // another port is another origin
+    const any = new AccessRules({ bindHost: "127.0.0.1", allowHosts: [], allowOrigins: ["*"] });
+    expect(any.originVerdict("null", "127.0.0.1:8000").kind).toBe("listed");
+  });
+
+  it("says how to write a malformed --allow-origin or --allow-host", () => {
+    const make = (allowOrigins: string[], allowHosts: string[] = []) => () => new AccessRules({ bindHost: "127.0.0.1", allowHosts, allowOrigins });
+    expect(make(["http://localhost:3000/"])).toThrowError(new UserError("--allow-origin 'http://localhost:3000/' is not an origin: an origin has no path, write http://localhost:3000"));
+    expect(make(["localhost:3000"])).toThrowError(/--allow-origin 'localhost:3000' is not an origin: .*scheme:\/\/host\[:port\]/);
+    expect(make([], ["http://box.lan"])).toThrowError(/--allow-host 'http:\/\/box.lan' is not a host name; .*without scheme or port/);
+    expect(make([], ["box.lan:8000"])).toThrowError(/--allow-host 'box.lan:8000' is not a host name/);
+  });
+
+  it("a forged Host or another origin's page gets 403 in the API's shape before the key and the body; listed origins get CORS", async () => {
+    const s = await serve({ http: { allowOrigins: ["http://allowed.example:5173", "chrome-extension://*"] } });
+    const host = new URL(s.url).host;
+    const chat = JSON.stringify({ model: MODEL, max_tokens: 1, messages: [user("x")] });
+    const requests: Array<[string, string]> = [
+      ["/v1/chat/completions", chat], ["/v1/messages", JSON.stringify({ model: MODEL, max_tokens: 1, messages: [user("x")] })],
+      ["/api/generate", JSON.stringify({ model: MODEL, prompt: "x" })],
+    ];
+    for (const [path, body] of requests) {
+      // no key either: the Host and Origin rules come first, and say how to allow the request
+      const forged = await raw(s, "POST", path, { host: "evil.example", "content-type": "text/plain" }, body);
+      expect(forged.status, path).toBe(403);
+      const hostError = errorOf(path, forged.json);
+      expect(hostError.message).toContain("--allow-host evil.example");
+      const cross = await raw(s, "POST", path, { host, origin: "http://evil.example:8080", "content-type": "text/plain" }, body);
+      expect(cross.status, path).toBe(403);
+      expect(cross.headers["access-control-allow-origin"]).toBeUndefined();
+      const originError = errorOf(path, cross.json);
+      expect(originError.message).toContain("--allow-origin http://evil.example:8080");
+      if (path === "/v1/messages") expect(originError.type).toBe("permission_error");
+      if (path === "/v1/chat/completions") expect(cross.json.error.code).toBe("forbidden");
+    }
+    expect((await raw(s, "GET", "/v1/models", { host: "evil.example", "x-api-key": KEY })).status).toBe(403); // reading, through DNS rebinding
+    expect((await raw(s, "GET", "/", { host: "evil.example" })).status).toBe(403);
+    expect(s.model.calls).toHaveLength(0);
+    expect(s.lines.filter((l) => / 403 .*--allow-(host|origin)/.test(l))).toHaveLength(8);
+
+    // the server's own page (same origin), loopback names on any port, and clients without Origin
+    const own = await raw(s, "POST", "/v1/chat/completions", { host, origin: `http://${host}`, "content-type": "application/json", "x-api-key": KEY }, chat);
+    expect(own.status).toBe(200);
+    expect(own.headers["access-control-allow-origin"]).toBeUndefined();
+    for (const name of ["localhost:1234", "127.0.0.2", "[::1]:99"]) expect((await raw(s, "GET", "/healthz", { host: name })).status, name).toBe(200);
+    // curl -d: a form content type, a JSON body all the same
+    const curlish = await raw(s, "POST", "/api/generate", { host, "content-type": "application/x-www-form-urlencoded", "x-api-key": KEY },
+      JSON.stringify({ model: MODEL, prompt: "hi", stream: false, options: { num_predict: 1 } }));
+    expect(curlish.status).toBe(200);
+    expect(curlish.json.response).toBe("alpha ");
+
+    // a listed origin: its preflight is answered, and every answer (a 401 too) is readable by its page
+    const allowed = "http://allowed.example:5173";
+    const preflight = await raw(s, "OPTIONS", "/v1/chat/completions", {
+      host, origin: allowed, "access-control-request-method": "POST", "access-control-request-headers": "authorization, content-type",
+    });
+    expect(preflight.status).toBe(204);
+    expect(preflight.headers).toMatchObject({
+      "access-control-allow-origin": allowed, "access-control-allow-methods": "GET, POST, OPTIONS",
+      "access-control-allow-headers": "authorization, content-type", vary: "Origin",
+    });
+    const listed = await raw(s, "POST", "/v1/chat/completions", { host, origin: allowed, "content-type": "application/json", authorization: `Bearer ${KEY}` }, chat);
+    expect(listed.status).toBe(200);
+    expect(listed.headers["access-control-allow-origin"]).toBe(allowed);
+    expect(listed.json.choices[0].message.content).toBe("alpha ");
+    const keyless = await raw(s, "POST", "/v1/chat/completions", { host, origin: allowed, "content-type": "application/json" }, chat);
+    expect(keyless.status).toBe(401);
+    expect(keyless.headers["access-control-allow-origin"]).toBe(allowed);
+    const extension = await raw(s, "GET", "/v1/models", { host, origin: "chrome-extension://abcdefgh", "x-api-key": KEY });
+    expect(extension.status).toBe(200);
+    expect(extension.headers["access-control-allow-origin"]).toBe("chrome-extension://abcdefgh");
+    // a preflight from an origin not listed: refused, nothing a browser would accept
+    const refused = await raw(s, "OPTIONS", "/v1/chat/completions", { host, origin: "http://evil.example", "access-control-request-method": "POST" });
+    expect(refused.status).toBe(403);
+    expect(refused.headers["access-control-allow-origin"]).toBeUndefined();
+    expect(s.model.calls).toHaveLength(3); // own, curl-like, listed
+  });
+});
+
+describe("slow clients", () => {
+  it("clients that stall mid-body get 408 in their API's shape and free their slots; stalled headers get 408; others are served", async () => {
+    const maxQueue = 10;
+    const slots = bodySlots(maxQueue);
+    const s = await serve({ maxQueue, http: { deadlines: { headersMs: 500, bodyIdleMs: 300, bodyTotalMs: 60_000 } } });
+    const host = new URL(s.url).host;
+    const paths = ["/v1/chat/completions", "/v1/messages", "/api/chat"];
+    // as many as there are body slots: each sends its headers and a few bytes of its body, then nothing
+    const stalled = Array.from({ length: slots }, (_, i) => paths[i % paths.length]!).map((path) => ({
+      path,
+      answer: stall(s, `POST ${path} HTTP/1.1\r\nHost: ${host}\r\nx-api-key: ${KEY}\r\ncontent-type: application/json\r\ncontent-length: 200\r\n\r\n{"model": "`),
+    }));
+    const headless = [stall(s, `POST /v1/chat/completions HTTP/1.1\r\nHost: ${host}\r\n`), stall(s, "GET /v1/mod")];
+    // refused before its body is read (a forged Host): its answer goes out once the body stalls
+    const refused = stall(s, `POST /v1/messages HTTP/1.1\r\nHost: evil.example\r\ncontent-type: application/json\r\ncontent-length: 200\r\n\r\n{"mo`);
+    for (const { path, answer } of stalled) {
+      const { status, json } = parseRaw(await answer);
+      expect(status, path).toBe(408);
+      const error = errorOf(path, json);
+      expect(error.message).toMatch(/the request body stopped arriving: no byte for 0\.3 s; send the whole body without pausing/);
+      if (path !== "/api/chat") expect(error.type).toBe("invalid_request_error");
+      if (path === "/v1/chat/completions") expect(json.error.code).toBe("request_timeout");
+    }
+    // headers that never end: Node's bare 408 (no API is known before the path), connection closed
+    for (const answer of headless) expect(await answer).toMatch(/^HTTP\/1\.1 408 Request Timeout\r\n/);
+    const forged = parseRaw(await refused);
+    expect(forged.status).toBe(403);
+    expect(errorOf("/v1/messages", forged.json).type).toBe("permission_error");
+    expect(s.lines.filter((l) => / 408 .*stopped arriving/.test(l))).toHaveLength(slots);
+    // every slot is free again: normal requests are served, not refused with 429
+    const reply = await oai(s).chat.completions.create({ model: MODEL, max_tokens: 2, messages: [{ role: "user", content: "hi" }] });
+    expect(reply.choices[0]!.message.content).toBe("alpha beta ");
+    const answers = await Promise.all(paths.map((path) => post(s, path, path === "/api/chat"
+      ? { model: MODEL, stream: false, messages: [user("x")], options: { num_predict: 1 } }
+      : { model: MODEL, max_tokens: 1, messages: [user("x")] })));
+    expect(answers.map((a) => a.status)).toEqual([200, 200, 200]);
   });
 });
