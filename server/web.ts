@@ -1,6 +1,6 @@
 /**
- * web.ts — the web chat page at `/`: the files of server/web/ (HTML, CSS, one ES module), served
- * as they are in the repository — there is nothing to build.
+ * web.ts — the web chat page at `/`: the files of server/web/ (HTML, CSS, one ES module, its icon),
+ * served as they are in the repository — there is nothing to build.
  *
  * Owns: which paths are page assets, their content types, and their headers: revalidated on every
  * load (no-cache + ETag, so an upgraded server never serves a stale page), and a content security
@@ -24,6 +24,10 @@ const ASSETS: Record<string, { file: string; type: string }> = {
   "/": { file: "index.html", type: "text/html; charset=utf-8" },
   "/chat.js": { file: "chat.js", type: "text/javascript; charset=utf-8" },
   "/chat.css": { file: "chat.css", type: "text/css; charset=utf-8" },
+  // the icon: the SVG the page links, and /favicon.ico for clients that ask for it without a link
+  // (favicon.svg drawn at 32x32 by sharp, a palette PNG in an ICO container: 438 bytes)
+  "/favicon.svg": { file: "favicon.svg", type: "image/svg+xml" },
+  "/favicon.ico": { file: "favicon.ico", type: "image/x-icon" },
 };
 
 const CONTENT_SECURITY_POLICY = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data: blob:; " +

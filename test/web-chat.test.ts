@@ -13,11 +13,17 @@
  *     next turn is normal;
  *   - a request the server refuses shows the server's message and gives the turn back (text and
  *     images in the composer again), losing nothing.
+ * And its layout at phone (390 px) and desktop (1280 px) width, asserted by element boxes: the open
+ * settings inside the window and clear of the messages and the composer, the composer's placeholder
+ * whole, Escape closing the settings; screenshots of both are left in SCREENSHOTS for a person. The
+ * icon: /favicon.ico and the SVG the page links.
  */
-import { existsSync } from "node:fs";
+import { existsSync, mkdirSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
 
 import sharp from "sharp";
-import { type Browser, type Page, chromium } from "playwright-core";
+import { type Browser, type Page, type ViewportSize, chromium } from "playwright-core";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 
 import { nativeBuilt } from "./helpers.js";
@@ -108,10 +114,10 @@ async function signedInPage(server: LiveServer): Promise<{ page: Page; requests:
 }
 
 async function settings(page: Page, maxTokens: number, temperature: number): Promise<void> {
-  await page.click("#settings summary");
+  await page.click("#settings-toggle");
   await page.fill("#max-tokens", String(maxTokens));
   await page.fill("#temperature", String(temperature));
-  await page.click("#settings summary");
+  await page.click("#settings-toggle");
 }
 
 /** Sends `text` with Enter and waits for the n-th reply (1-based) to leave the streaming state. */
@@ -276,6 +282,112 @@ describe.each(BACKENDS)("the web chat page on $label", ({ env }) => {
       expect(await page.inputValue("#input")).toBe("Look at this.");
       expect(await page.locator("#attachments img").count()).toBe(1);
       expect(await page.locator(".msg.user").count()).toBe(0);
+    } finally {
+      await page.close();
+    }
+  });
+});
+
+/** Where the layout tests leave their screenshots, for a person to look at (the tests assert
+ * element boxes, never pixels); kept after the run, overwritten by the next one. */
+const SCREENSHOTS = join(tmpdir(), "kvl-web-screenshots");
+
+
+interface Box { x: number; y: number; width: number; height: number }
+
+function intersects(a: Box, b: Box): boolean {
+  return a.x < b.x + b.width && b.x < a.x + a.width && a.y < b.y + b.height && b.y < a.y + a.height;
+}
+
+async function box(page: Page, selector: string): Promise<Box> {
+  const found = await page.locator(selector).boundingBox();
+  if (!found) throw new Error(`${selector} is not visible`);
+  return found;
+}
+
+/** The composer's placeholder against the room it has: the text's width in the box's own font
+ * (measured on a canvas, as the browser draws it) and the width inside the box's padding. */
+async function placeholderFit(page: Page): Promise<{ placeholder: string; textWidth: number; room: number }> {
+  return page.locator("#input").evaluate((el) => {
+    const input = el as HTMLTextAreaElement;
+    const style = getComputedStyle(input);
+    const context = document.createElement("canvas").getContext("2d")!;
+    context.font = style.font;
+    return {
+      placeholder: input.placeholder,
+      textWidth: context.measureText(input.placeholder).width,
+      room: input.clientWidth - parseFloat(style.paddingLeft) - parseFloat(style.paddingRight),
+    };
+  });
+}
+
+describe("the web chat page's layout, at phone and desktop width", () => {
+  let server: LiveServer;
+  beforeAll(async () => {
+    server = await startServer(pack, ["--api-key", KEY, "--max-context", String(CTX)], { KVL_BACKEND: "wasm" });
+    mkdirSync(SCREENSHOTS, { recursive: true });
+  }, 180_000);
+  afterAll(async () => {
+    expect(await server?.stop()).toBe(0);
+  });
+
+  it("serves an icon: /favicon.ico and the SVG icon the page links", async () => {
+    const ico = await fetch(`${server.url}/favicon.ico`);
+    expect(ico.status).toBe(200);
+    expect(ico.headers.get("content-type")).toMatch(/^image\//);
+    const bytes = Buffer.from(await ico.arrayBuffer());
+    expect([...bytes.subarray(0, 4)]).toEqual([0, 0, 1, 0]); // an ICO file's header: reserved 0, type 1 (icon)
+    const html = await (await fetch(`${server.url}/`)).text();
+    const href = /<link rel="icon" href="([^"]+)" type="image\/svg\+xml">/.exec(html)?.[1];
+    expect(href).toBeDefined();
+    const svg = await fetch(`${server.url}${href}`);
+    expect(svg.status).toBe(200);
+    expect(svg.headers.get("content-type")).toMatch(/^image\/svg\+xml/);
+    expect(await svg.text()).toMatch(/^<svg /);
+  });
+
+  const SIZES: Array<{ label: string; viewport: ViewportSize }> = [
+    { label: "phone", viewport: { width: 390, height: 844 } },
+    { label: "desktop", viewport: { width: 1280, height: 800 } },
+  ];
+
+  it.each(SIZES)("at $label width ($viewport.width px) the open settings lie inside the window, beside the messages, and the placeholder is whole", async ({ label, viewport }) => {
+    const page = await browser.newPage({ viewport });
+    try {
+      await page.goto(`${server.url}/`);
+      await enterKey(page, KEY);
+      await ready(page);
+      await settings(page, 12, 0);
+      await turn(page, "Hello, who are you?", 1);
+
+      const fit = await placeholderFit(page);
+      expect(fit.placeholder).toMatch(/^Message/);
+      expect(fit.textWidth).toBeLessThanOrEqual(fit.room);
+
+      await page.click("#settings-toggle");
+      // taken before the checks, so a failing layout can be seen too
+      await page.screenshot({ path: join(SCREENSHOTS, `settings-${label}.png`) });
+      const panel = await box(page, "#settings");
+      expect(panel.x).toBeGreaterThanOrEqual(0);
+      expect(panel.x + panel.width).toBeLessThanOrEqual(viewport.width);
+      expect(panel.y).toBeGreaterThanOrEqual(0);
+      expect(panel.y + panel.height).toBeLessThanOrEqual(viewport.height);
+      // the messages and the composer stay in view and uncovered while the settings are open
+      const log = await box(page, "#log");
+      const composer = await box(page, "#composer");
+      expect(log.height).toBeGreaterThan(100);
+      expect(intersects(panel, log)).toBe(false);
+      expect(intersects(panel, composer)).toBe(false);
+      // nothing is wider than the window (no sideways scrolling)
+      expect(await page.evaluate(() => document.documentElement.scrollWidth)).toBeLessThanOrEqual(viewport.width);
+
+      // the keyboard: opening moves into the panel, Escape closes it and goes back to its button
+      expect(await page.getAttribute("#settings-toggle", "aria-expanded")).toBe("true");
+      expect(await page.evaluate(() => document.activeElement?.id)).toBe("system");
+      await page.keyboard.press("Escape");
+      expect(await page.locator("#settings").isVisible()).toBe(false);
+      expect(await page.getAttribute("#settings-toggle", "aria-expanded")).toBe("false");
+      expect(await page.evaluate(() => document.activeElement?.id)).toBe("settings-toggle");
     } finally {
       await page.close();
     }

@@ -5,7 +5,9 @@
 // /v1/chat/completions (SSE, usage in the final chunk), stop (aborting the request: the server
 // cancels the generation when its client leaves), images attached by button, drop or paste (sent
 // as data URLs, as any OpenAI client sends them), the API key (asked when the server answers 401,
-// kept in localStorage), per-reply statistics, and showing every error the server sends.
+// kept in localStorage), per-reply statistics, showing every error the server sends, the settings
+// panel (opened and closed by its button or Escape, focus moved in and back), and the composer's
+// placeholder (its short form when the long one does not fit the box on one line).
 // Text from the model and the user goes into the page with textContent only, never as HTML.
 
 const KEY_STORAGE = "kvl.apiKey";
@@ -15,7 +17,7 @@ const ui = {
   log: $("log"), hint: $("empty-hint"), status: $("status"), model: $("model"),
   form: $("composer"), input: $("input"), send: $("send"), stop: $("stop"),
   attach: $("attach"), file: $("file"), attachments: $("attachments"), overlay: $("drop-overlay"),
-  newChat: $("new-chat"), system: $("system"), maxTokens: $("max-tokens"), temperature: $("temperature"),
+  newChat: $("new-chat"), settings: $("settings"), settingsToggle: $("settings-toggle"), system: $("system"), maxTokens: $("max-tokens"), temperature: $("temperature"),
   forgetKey: $("forget-key"), keyDialog: $("key-dialog"), keyForm: $("key-form"), keyInput: $("key-input"),
   keyError: $("key-error"),
 };
@@ -68,6 +70,35 @@ ui.forgetKey.addEventListener("click", () => {
   apiKey = null;
   setStatus("idle", "API key forgotten");
 });
+
+// -- the settings panel and the composer's placeholder -------------------------------------
+
+function showSettings(open) {
+  ui.settings.hidden = !open;
+  ui.settingsToggle.setAttribute("aria-expanded", String(open));
+  if (open) ui.system.focus();
+}
+
+ui.settingsToggle.addEventListener("click", () => showSettings(ui.settings.hidden));
+// Escape in the panel (or on its button) closes it, and the keyboard goes back to the button
+document.addEventListener("keydown", (event) => {
+  if (event.key !== "Escape" || ui.settings.hidden) return;
+  const focus = document.activeElement;
+  if (focus !== ui.settingsToggle && !ui.settings.contains(focus)) return;
+  showSettings(false);
+  ui.settingsToggle.focus();
+});
+
+// The long placeholder (with the keys) where it fits on one line, the short one where it would be
+// cut: measured in the box's own font, again whenever the box changes width.
+const longPlaceholder = ui.input.placeholder;
+const measure = document.createElement("canvas").getContext("2d");
+new ResizeObserver(() => {
+  const style = getComputedStyle(ui.input);
+  measure.font = style.font;
+  const room = ui.input.clientWidth - parseFloat(style.paddingLeft) - parseFloat(style.paddingRight);
+  ui.input.placeholder = measure.measureText(longPlaceholder).width <= room ? longPlaceholder : ui.input.dataset.shortPlaceholder;
+}).observe(ui.input);
 
 // -- server status --------------------------------------------------------------------------
 
