@@ -23,6 +23,7 @@ import { type DecodeRecord, type PromptRecord, packBytes } from "../host/bench-m
 import { type BenchResult, type RunRecord, runBench } from "../host/bench-run.js";
 import type { BackendName } from "../host/core-api.js";
 import { ACT_DTYPE_NAMES, type ActDtype, type KernelChoice } from "../host/engine-api.js";
+import { checkOutputFile } from "../host/output-path.js";
 import { UserError } from "../host/user-error.js";
 import { instancesOption, kernelsOption, nonNegativeInt, positiveInt } from "./options.js";
 
@@ -119,7 +120,8 @@ function units(run: RunRecord): string {
 /** One run as kvl/bench.py format_run printed it, with its backend in the header. */
 export function formatRun(run: RunRecord): string {
   const info = run.info as Record<string, unknown>;
-  const lines = [`== prompt ${run.prompt_tokens} tokens [${run.backend}, ${units(run)}]: engine open ${run.open_s.toFixed(2)} s, ` +
+  const lines = [`== prompt ${run.prompt_tokens} tokens [${run.backend}, ${units(run)}]: engine open ${run.open_s.toFixed(2)} s ` +
+    `(CRC checks ${run.open_verify_s.toFixed(2)} s of ${g(run.open_verify_bytes)}), ` +
     `RAM plan ${mibText(run.plan_total_bytes)} MiB, kernels ${String(info.kernels)} (Linear inputs ${String(info.act_dtype ?? "f32")}), ` +
     `direct I/O trunk=${pyBool(info.trunk_direct_io)} experts=${pyBool(info.expert_direct_io)}, streamed trunk ${g(run.streamed_trunk_bytes)}`];
   for (const [key, label] of [["cold_prompt", "cold"], ["warm_prompt", "warm"]] as const) {
@@ -128,7 +130,8 @@ export function formatRun(run: RunRecord): string {
     const extra = p.flop_floor_s !== undefined
       ? `, FLOP floor ${p.flop_floor_s.toFixed(2)} s (ratio to max bound ${p.ratio_to_max_bound!.toFixed(2)})` : "";
     lines.push(`  ${label} prefill: ${p.prefill_tokens_per_s.toFixed(2)} tok/s, first token ${p.first_token_s.toFixed(2)} s, ` +
-      `SSD ${g(p.ssd_bytes)}, distinct experts ${p.distinct_experts}, bound ${p.bound_s!.toFixed(2)} s -> ratio ${p.ratio!.toFixed(2)}${extra}`);
+      `SSD ${g(p.ssd_bytes)}, distinct experts ${p.distinct_experts}, bound ${p.bound_s!.toFixed(2)} s -> ratio ${p.ratio!.toFixed(2)}${extra}; ` +
+      `CRC checks ${p.verify_s.toFixed(3)} s of ${g(p.verify_bytes)}`);
   }
   for (const [key, label] of [["decode_after_cold", "decode"], ["decode_warm", "warm decode"]] as const) {
     const d = run[key];
@@ -136,7 +139,8 @@ export function formatRun(run: RunRecord): string {
     lines.push(`  ${label}: ${d.s_per_token_mean.toFixed(3)} s/token (median ${d.s_per_token_median.toFixed(3)}), ` +
       `SSD ${g(d.ssd_bytes_per_token)}/token, RAM ${g(d.ram_bytes_per_token!)}/token, hit rate ${hitRateText(d)}, ` +
       `bound ${d.bound_s!.toFixed(3)} s (SSD ${d.bound_ssd_s!.toFixed(3)} + RAM ${d.bound_ram_s!.toFixed(3)} = ${d.bound_sum_s!.toFixed(3)}) ` +
-      `-> ratio ${d.ratio!.toFixed(2)} (to sum ${d.ratio_to_sum!.toFixed(2)})`);
+      `-> ratio ${d.ratio!.toFixed(2)} (to sum ${d.ratio_to_sum!.toFixed(2)}); CRC checks ${(1000 * d.verify_s_per_token).toFixed(2)} ms/token ` +
+      `of ${g(d.verify_bytes_per_token)}/token = ${(100 * d.verify_share).toFixed(1)}% of the step`);
     if (d.adjacent) {
       const a = d.adjacent;
       lines.push(`    adjacent probes: DRAM ${g(a.dram_bytes_per_s)}/s, direct read ${g(a.ssd_bytes_per_s)}/s -> bound ` +
@@ -217,8 +221,8 @@ export function markdownReport(results: ReadonlyArray<[string, BenchResult]>): s
   }
   out.push("", "| setting | context (tokens) | decode s/token (mean / median) | SSD GB/token | RAM GB/token | expert hit rate " +
     "| SSD bound s | RAM bound s | bound = max s | ratio | ratio to SSD+RAM sum | expert stall s/token " +
-    "| adjacent probes DRAM / direct read GB/s | adjacent bound s | adjacent ratio (median) |",
-  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    "| adjacent probes DRAM / direct read GB/s | adjacent bound s | adjacent ratio (median) | CRC checks % of step |",
+  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
   for (const [label, res] of results) {
     for (const r of res.runs) {
       for (const [key, state] of [["decode_after_cold", "after cold prompt"], ["decode_warm", "warm"]] as const) {
@@ -227,7 +231,8 @@ export function markdownReport(results: ReadonlyArray<[string, BenchResult]>): s
         out.push(`| ${labelOf(label, res, r)} (${state}) | ${d.context_start}+${d.tokens} | ${d.s_per_token_mean.toFixed(3)} / ` +
           `${d.s_per_token_median.toFixed(3)} | ${(d.ssd_bytes_per_token / GB).toFixed(3)} | ${(d.ram_bytes_per_token! / GB).toFixed(3)} | ` +
           `${hitRateText(d)} | ${d.bound_ssd_s!.toFixed(3)} | ${d.bound_ram_s!.toFixed(3)} | ${d.bound_s!.toFixed(3)} | ` +
-          `**${d.ratio!.toFixed(2)}** | ${d.ratio_to_sum!.toFixed(2)} | ${d.expert_stall_s_per_token.toFixed(3)} | ${adjacentCells(d)} |`);
+          `**${d.ratio!.toFixed(2)}** | ${d.ratio_to_sum!.toFixed(2)} | ${d.expert_stall_s_per_token.toFixed(3)} | ${adjacentCells(d)} | ` +
+          `${(100 * d.verify_share).toFixed(1)} |`);
       }
     }
   }
@@ -250,6 +255,7 @@ async function runBenchCommand(model: string, opts: BenchCliOptions): Promise<vo
   const cacheMib = checkCacheMib("--cache-mib", opts.cacheMib);
   const fileLimits = opts.limits !== undefined ? loadLimits(opts.limits) : null;
   if (opts.membw !== undefined) checkExecutable("--membw", opts.membw);
+  if (opts.out !== undefined) checkOutputFile(opts.out, "--out"); // before the run, not after it
   const { backends, request, reason } = backendsFor(opts.backend);
   const pb = await packBytes(model);
   const threads = opts.threads > 0 ? opts.threads : availableParallelism();

@@ -1,10 +1,21 @@
 /**
- * options.ts — options shared by several commands, defined once.
+ * options.ts — options shared by several commands, defined once, and the check of the KVL_*
+ * environment variables that stand in for some of them (checkEnvironment, before any command).
  */
 import { InvalidArgumentError, Option } from "commander";
 
 import { BACKEND_REQUESTS } from "../host/backend.js";
 import { ACT_DTYPE_NAMES } from "../host/engine-api.js";
+import { envChoice, envPositiveInt } from "../host/env.js";
+
+/** Every KVL_* variable with a restricted value is checked before any command runs, so a bad one
+ * is one line naming it whatever the command (free-text ones, KVL_ADDON and KVL_API_KEY, need no
+ * check; KVL_PACK_TEST_KILL_AT is a test hook). */
+export function checkEnvironment(env: NodeJS.ProcessEnv = process.env): void {
+  envChoice("KVL_BACKEND", BACKEND_REQUESTS, env);
+  envPositiveInt("KVL_INSTANCES", env);
+  envPositiveInt("KVL_PACK_FLUSH_ITEMS", env);
+}
 
 /** Option argument parsers: a clear commander error for anything but a whole number. */
 export function nonNegativeInt(value: string): number {

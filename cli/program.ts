@@ -2,21 +2,28 @@
  * program.ts — the `kvl` command tree (commander): parses arguments and renders results; no model
  * logic. cli/kvl.ts runs it.
  *
- * Owns: the command tree, its help, and exit statuses, and how errors reach the user: an error
- * the user can fix (UserError, BackendError) is one line `kvl CMD: error: ...` and exit status 1;
- * anything else is a bug and keeps its stack. Every command is TypeScript: `chat`, `serve`,
- * `bench`, `doctor` (with or without a model), `synth`, `pack`, `prepare`.
+ * Owns: the command tree, its help, --version, and exit statuses, and how errors reach the user:
+ * an error the user can fix (UserError, BackendError, a file-system error such as ENOSPC or
+ * EACCES: user-error.ts fsUserError; a bad KVL_* variable, checked before any command runs) is
+ * one line `kvl CMD: error: ...` and exit status 1; a mistyped command line is commander's one
+ * line (no help dump: --help shows it); anything else is a bug and keeps its stack. Every command
+ * is TypeScript: `chat`, `serve`, `bench`, `doctor` (with or without a model), `synth`, `pack`,
+ * `prepare`.
  */
+import { readFileSync } from "node:fs";
+import { join } from "node:path";
+
 import { Command } from "commander";
 
 import { BackendError } from "../host/backend.js";
-import { UserError } from "../host/user-error.js";
+import { packageRoot } from "../host/paths.js";
+import { UserError, fsUserError } from "../host/user-error.js";
 import { silentProgress, stderrProgress } from "../packer/progress.js";
 import { addBenchCommand } from "./bench.js";
 import { addChatCommand } from "./chat.js";
 import { DEFAULT_RAM_MIB, renderModelDoctor, runModelDoctor } from "./doctor-model.js";
 import { renderDoctor, runDoctor } from "./doctor.js";
-import { backendOption, instancesOption, positiveInt } from "./options.js";
+import { backendOption, checkEnvironment, instancesOption, positiveInt } from "./options.js";
 import { addPackCommand } from "./pack.js";
 import { addPrepareCommand } from "./prepare.js";
 import { addServeCommand } from "./serve.js";
@@ -33,10 +40,12 @@ interface DoctorOptions {
 }
 
 export function buildProgram(): Command {
+  const { version } = JSON.parse(readFileSync(join(packageRoot, "package.json"), "utf8")) as { version: string };
   const program = new Command("kvl")
     .description("CPU-first, low-RAM inference runtime for Kimi-VL-A3B-Instruct")
-    .showHelpAfterError()
-    .exitOverride();
+    .version(version, "-V, --version", "print kvl's version")
+    .exitOverride()
+    .hook("preAction", () => checkEnvironment());
 
   program
     .command("doctor")
@@ -88,8 +97,9 @@ export async function runKvl(argv: string[]): Promise<void> {
     }
     const command = argv.slice(2).find((a) => !a.startsWith("-"));
     const who = command && program.commands.some((c) => c.name() === command) ? `kvl ${command}` : "kvl";
-    if (err instanceof UserError || err instanceof BackendError) {
-      process.stderr.write(`${who}: error: ${err.message}\n`);
+    const userError = err instanceof UserError || err instanceof BackendError ? err : fsUserError(err);
+    if (userError !== null) {
+      process.stderr.write(`${who}: error: ${userError.message}\n`);
     } else {
       process.stderr.write(`${who}: internal error (a bug; please report it with this output):\n` +
         `${err instanceof Error ? (err.stack ?? err.message) : String(err)}\n`);

@@ -5,9 +5,10 @@
  *
  * Owns: where the limits come from, in order of preference, and saying which (Limits.source):
  *   1. --limits FILE: the JSON lines of bench/membw.c (bench/run_all.sh writes them);
- *   2. a membw binary: the one given with --membw, else bench/membw.c built once with the system
- *      C compiler as bench/run_all.sh builds it (cc -std=c11 -O2 -mavx2 -mfma ... -lpthread),
- *      cached under os.tmpdir() by a hash of the source and the compiler (Linux x86-64 only);
+ *   2. a membw binary: the one given with --membw, else bench/membw.c built with the system C
+ *      compiler as bench/run_all.sh builds it (cc -std=c11 -O2 -mavx2 -mfma ... -lpthread; Linux
+ *      x86-64 only) in a kvl-membw-* folder under os.tmpdir() that the run removes when it ends,
+ *      also when it fails (the build takes about half a second);
  *   3. a measurement in Node: worker_threads each scanning its slice of one large
  *      SharedArrayBuffer with Buffer.indexOf (memchr) for DRAM; fs reads of 4 KiB-aligned
  *      extents of experts.bin opened with fs.constants.O_DIRECT into a WebAssembly memory (page
@@ -17,8 +18,7 @@
  * limit. Also owns --drop-caches (dropPageCache). Does not own the bounds (bench-model.ts).
  */
 import { spawnSync } from "node:child_process";
-import { createHash } from "node:crypto";
-import { accessSync, constants as fsConstants, existsSync, mkdirSync, mkdtempSync, readFileSync, renameSync, rmSync, statSync, writeFileSync } from "node:fs";
+import { constants as fsConstants, existsSync, mkdtempSync, readFileSync, rmSync, statSync, writeFileSync } from "node:fs";
 import { open as openAsync } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -94,63 +94,25 @@ export function runMembw(binary: string, argv: readonly string[]): { rows: Row[]
   }
 }
 
-function compilerVersion(cc: string): string | null {
-  const r = spawnSync(cc, ["--version"], { encoding: "utf8", timeout: 30_000 });
-  return r.status === 0 ? (r.stdout.split("\n")[0] ?? "").trim() : null;
-}
-
-/** A cache directory only this user can have written (else a fresh private one). */
-function privateDir(path: string): string {
-  try {
-    mkdirSync(path, { recursive: true, mode: 0o700 });
-    const st = statSync(path);
-    const uid = process.getuid?.();
-    if (st.isDirectory() && (uid === undefined || st.uid === uid) && (st.mode & 0o022) === 0) return path;
-  } catch {
-    /* fall through */
-  }
-  return mkdtempSync(join(tmpdir(), "kvl-membw-"));
+function compilerFound(cc: string): boolean {
+  return spawnSync(cc, ["--version"], { encoding: "utf8", timeout: 30_000 }).status === 0;
 }
 
 /**
- * bench/membw.c built with the system C compiler (env CC, else cc, gcc, clang) as
- * bench/run_all.sh builds it, cached under os.tmpdir(); or why it cannot be.
+ * bench/membw.c built into `dir` (a private folder the caller removes) with the system C compiler
+ * (env CC, else cc, gcc, clang) as bench/run_all.sh builds it; or why it cannot be.
  */
-export function membwBinary(): { path: string; compiler: string } | { error: string } {
+export function membwBinary(dir: string): { path: string; compiler: string } | { error: string } {
   if (process.platform !== "linux" || process.arch !== "x64") return { error: `bench/membw.c needs Linux on x86-64 (this is ${process.platform} ${process.arch})` };
-  let source: Buffer;
-  try {
-    source = readFileSync(MEMBW_SOURCE);
-  } catch (err) {
-    return { error: `${MEMBW_SOURCE} unreadable (${(err as Error).message})` };
-  }
+  if (!existsSync(MEMBW_SOURCE)) return { error: `${MEMBW_SOURCE} is missing` };
   const candidates = process.env.CC ? [process.env.CC] : ["cc", "gcc", "clang"];
-  let compiler: string | null = null;
-  let version: string | null = null;
-  for (const cc of candidates) {
-    version = compilerVersion(cc);
-    if (version !== null) {
-      compiler = cc;
-      break;
-    }
-  }
+  const compiler = candidates.find((cc) => compilerFound(cc)) ?? null;
   if (compiler === null) return { error: `no C compiler (tried ${candidates.join(", ")})` };
-  const key = createHash("sha256").update(source).update("\0").update(compiler).update("\0").update(version ?? "").digest("hex").slice(0, 16);
-  const dir = privateDir(join(tmpdir(), `kvl-membw-${key}`));
   const binary = join(dir, "membw");
-  try {
-    accessSync(binary, fsConstants.X_OK);
-    return { path: binary, compiler };
-  } catch {
-    /* build it */
-  }
-  const partial = join(dir, `membw.partial-${process.pid}`);
-  const r = spawnSync(compiler, ["-std=c11", "-O2", "-mavx2", "-mfma", MEMBW_SOURCE, "-lpthread", "-o", partial], { encoding: "utf8", timeout: 120_000 });
+  const r = spawnSync(compiler, ["-std=c11", "-O2", "-mavx2", "-mfma", MEMBW_SOURCE, "-lpthread", "-o", binary], { encoding: "utf8", timeout: 120_000 });
   if (r.error || r.status !== 0) {
-    rmSync(partial, { force: true });
     return { error: `${compiler} could not build bench/membw.c: ${(r.error?.message ?? r.stderr.trim()).split("\n")[0]}` };
   }
-  renameSync(partial, binary);
   return { path: binary, compiler };
 }
 
@@ -314,6 +276,16 @@ export interface MeasureOptions {
  * direct reads of experts.bin (extent-sized, queue depth 1 and 2, 64 reads), FMA (membw only).
  */
 export async function measureLimits(o: MeasureOptions): Promise<Limits> {
+  // bench/membw.c is built for this run only, in a folder removed when it ends (also on error)
+  const scratch = o.nodeOnly || o.membw ? null : mkdtempSync(join(tmpdir(), "kvl-membw-"));
+  try {
+    return await measure(o, scratch);
+  } finally {
+    if (scratch !== null) rmSync(scratch, { recursive: true, force: true });
+  }
+}
+
+async function measure(o: MeasureOptions, scratch: string | null): Promise<Limits> {
   const dramBytes = o.dramBytes ?? 1 << 30;
   const reads = o.reads ?? 64;
   const experts = join(o.model, "experts.bin");
@@ -329,11 +301,11 @@ export async function measureLimits(o: MeasureOptions): Promise<Limits> {
     if (o.membw) {
       membw = o.membw;
       membwWhat = `membw ${o.membw} (--membw)`;
-    } else {
-      const built = membwBinary();
+    } else if (scratch !== null) {
+      const built = membwBinary(scratch);
       if ("path" in built) {
         membw = built.path;
-        membwWhat = `membw ${built.path} (bench/membw.c built with ${built.compiler})`;
+        membwWhat = `membw (bench/membw.c built with ${built.compiler})`;
       } else {
         notes.push(built.error);
       }

@@ -14,7 +14,7 @@
  * for other objects an integral number counts as an int.
  */
 import {
-  type JsonObject, isFloatMember, isIntMember, isJsonObject, pyRepr, pyReprMember, pyTruthy,
+  type JsonObject, isFloatMember, isIntMember, isJsonObject, jsonRepr, jsonReprMember, pyTruthy,
 } from "./py-json.js";
 import { UserError } from "./user-error.js";
 
@@ -128,6 +128,7 @@ function section(config: unknown, key: string): JsonObject {
 }
 
 type Kind = "int" | "float" | "bool" | "list";
+const KIND_WORDS: Readonly<Record<Kind, string>> = { int: "an integer", float: "a number", bool: "true or false", list: "a list" };
 
 function get(sec: JsonObject, where: string, key: string, kind: "int" | "float"): number;
 function get(sec: JsonObject, where: string, key: string, kind: "bool"): boolean;
@@ -143,14 +144,14 @@ function get(sec: JsonObject, where: string, key: string, kind: Kind): unknown {
         : kind === "bool" ? typeof value === "boolean"
           : Array.isArray(value);
   if (!ok) {
-    throw new UserError(`config.json: ${where}.${key} = ${pyReprMember(sec, key)} is not a ${kind}; ` +
+    throw new UserError(`config.json: ${where}.${key} = ${jsonReprMember(sec, key)} is not ${KIND_WORDS[kind]}; ` +
       "fix or re-download config.json");
   }
   return value;
 }
 
 function positive(where: string, key: string, value: number): number {
-  if (value <= 0) throw new UserError(`config.json: ${where}.${key} = ${pyRepr(value)} must be positive`);
+  if (value <= 0) throw new UserError(`config.json: ${where}.${key} = ${jsonRepr(value)} must be positive`);
   return value;
 }
 
@@ -165,7 +166,7 @@ export function textDims(config: unknown): TextDims {
   const pos = (key: string): number => positive(w, key, get(t, w, key, "int"));
   const qLora = pyGet(t, "q_lora_rank", null);
   if (qLora !== null && !isIntMember(t, "q_lora_rank")) {
-    throw new UserError(`config.json: text_config.q_lora_rank = ${pyReprMember(t, "q_lora_rank")} must be null or an integer`);
+    throw new UserError(`config.json: text_config.q_lora_rank = ${jsonReprMember(t, "q_lora_rank")} must be null or an integer`);
   }
   const nRouted = get(t, w, "n_routed_experts", "int");
   if (nRouted < 0) throw new UserError(`config.json: text_config.n_routed_experts = ${nRouted} must not be negative`);
@@ -206,7 +207,7 @@ export function visionDims(config: unknown): VisionDims {
   const pos = (key: string): number => positive(w, key, get(v, w, key, "int"));
   const merge = get(v, w, "merge_kernel_size", "list");
   if (merge.length !== 2 || !merge.every((m, i) => isIntMember(merge, i) && (m as number) > 0)) {
-    throw new UserError(`config.json: vision_config.merge_kernel_size = ${pyRepr(merge)} must be two positive integers`);
+    throw new UserError(`config.json: vision_config.merge_kernel_size = ${jsonRepr(merge)} must be two positive integers`);
   }
   const hidden_size = pos("hidden_size");
   const num_hidden_layers = pos("num_hidden_layers");
@@ -241,7 +242,7 @@ export function expectedTensors(config: unknown, biasDtype?: string | null): Inv
   const v = visionDims(config);
   const biasDt = (biasDtype || "BF16").toUpperCase();
   if (!ROUTER_BIAS_DTYPES.includes(biasDt)) {
-    throw new UserError(`router bias dtype ${pyRepr(biasDtype)} must be bf16 or f32`);
+    throw new UserError(`router bias dtype '${biasDtype}' must be bf16 or f32`);
   }
   const out: Inventory = new Map();
   const add = (name: string, shape: number[], dtype: string = DTYPE): void => {
@@ -380,7 +381,7 @@ export function checkSupported(config: unknown): string[] {
   const tc = top.text_config as JsonObject;
   const vc = top.vision_config as JsonObject;
   const tcRepr = (key: string, fallback: unknown): string =>
-    Object.prototype.hasOwnProperty.call(tc, key) ? pyReprMember(tc, key) : pyRepr(fallback);
+    Object.prototype.hasOwnProperty.call(tc, key) ? jsonReprMember(tc, key) : jsonRepr(fallback);
   if (t.q_lora_rank !== null) {
     problems.push(`text_config.q_lora_rank = ${t.q_lora_rank}: low-rank query projection is not supported (Kimi-VL uses null)`);
   }
@@ -443,13 +444,13 @@ export function checkSupported(config: unknown): string[] {
   const media = pyGet(top, "media_placeholder_token_id", null);
   const mediaInt = typeof media === "boolean" ? Number(media) : isIntMember(top, "media_placeholder_token_id") ? (media as number) : null;
   if (mediaInt === null || !(mediaInt >= 0 && mediaInt < t.vocab_size)) {
-    const shown = Object.prototype.hasOwnProperty.call(top, "media_placeholder_token_id")
-      ? pyRepr(media, isFloatMember(top, "media_placeholder_token_id")) : "None";
-    problems.push(`media_placeholder_token_id = ${shown} is not a token id below vocab_size ${t.vocab_size}`);
+    problems.push(Object.prototype.hasOwnProperty.call(top, "media_placeholder_token_id")
+      ? `media_placeholder_token_id = ${jsonRepr(media, isFloatMember(top, "media_placeholder_token_id"))} is not a token id below vocab_size ${t.vocab_size}`
+      : `media_placeholder_token_id is missing; it must be a token id below vocab_size ${t.vocab_size}`);
   }
   const visionAct = pyGet(vc, "hidden_act", "gelu_pytorch_tanh");
   if (visionAct !== "gelu_pytorch_tanh") {
-    problems.push(`vision_config.hidden_act = ${pyRepr(visionAct, isFloatMember(vc, "hidden_act"))}: only the GELU-tanh vision MLP is supported`);
+    problems.push(`vision_config.hidden_act = ${jsonRepr(visionAct, isFloatMember(vc, "hidden_act"))}: only the GELU-tanh vision MLP is supported`);
   }
   return problems;
 }

@@ -16,8 +16,9 @@ import { join } from "node:path";
 import { crc32 as zlibCrc32 } from "node:zlib";
 
 import {
-  type JsonObject, decodeUtf8Strict, isJsonObject, loadsPy, pyBytesRepr, pyEqualsNumber, pyFloatRepr, pyRepr,
+  type JsonObject, decodeUtf8Strict, isJsonObject, jsonRepr, loadsPy, pyBytesRepr, pyEqualsNumber, pyFloatRepr, pyRepr,
 } from "./py-json.js";
+import { requireFolder } from "./file-kind.js";
 import { UserError } from "./user-error.js";
 
 /** The version a pack with a BF16 trunk is written with (every pack before Q8_ROWS existed). */
@@ -395,9 +396,14 @@ export function decodeIndex(data: Uint8Array, where: string, expectedKind?: numb
 // ---------------------------------------------------------------------------------------------
 // Reader
 
-/** Python's str() of a JSON value in a message (strings bare, the rest as repr). */
-function pyStr(value: unknown): string {
-  return typeof value === "string" ? value : pyRepr(value);
+/** Throws a one-line UserError unless `dir` is a folder (a pack's, or to be checked as one). */
+export function checkPackFolder(dir: string): void {
+  requireFolder(dir, "model directory", "create one with kvl pack or kvl prepare");
+}
+
+/** A JSON value in a message: strings bare, the rest as JSON spells them. */
+function shown(value: unknown): string {
+  return typeof value === "string" ? value : jsonRepr(value);
 }
 
 function isFile(path: string): boolean {
@@ -485,13 +491,7 @@ export class PackReader {
   /** Validates the pack's structure; throws UserError saying what is wrong and what to do. */
   static async open(directory: string): Promise<PackReader> {
     const dir = directory;
-    let isDir = false;
-    try {
-      isDir = statSync(dir).isDirectory();
-    } catch {
-      /* reported below */
-    }
-    if (!isDir) throw new UserError(`${dir}: no such pack directory; create one with kvl pack or kvl prepare`);
+    checkPackFolder(dir);
     const completePath = join(dir, COMPLETE_FILE);
     if (!isFile(completePath)) throw new UserError(`${dir}: ${COMPLETE_FILE} is missing — ${INCOMPLETE_HINT}`);
     let complete: unknown;
@@ -516,7 +516,7 @@ export class PackReader {
     }
     const version = FORMAT_VERSIONS.find((v) => pyEqualsNumber(complete.format_version, v));
     if (version === undefined) {
-      throw new UserError(`${completePath}: format version ${pyStr(complete.format_version)}, this kvl reads ` +
+      throw new UserError(`${completePath}: format version ${shown(complete.format_version)}, this kvl reads ` +
         `versions ${FORMAT_VERSIONS.join(" and ")}; repack with this kvl version`);
     }
     const entry = (name: string): JsonObject => (files[name] as JsonObject | undefined) ?? {};
@@ -551,7 +551,7 @@ export class PackReader {
         throw new UserError(`${name}.idx: hparams/config differ from trunk.idx — the stores come from different packs; rerun kvl pack`);
       }
       if (index.revision !== first.revision) {
-        throw new UserError(`${name}.idx: source revision ${pyStr(index.revision)} differs from trunk.idx (${pyStr(first.revision)}); rerun kvl pack`);
+        throw new UserError(`${name}.idx: source revision ${index.revision ?? "unknown"} differs from trunk.idx (${first.revision ?? "unknown"}); rerun kvl pack`);
       }
     }
     return new PackReader(dir, complete, stores);

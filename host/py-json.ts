@@ -7,7 +7,9 @@
  * rejects those), the order of object keys (JSON.parse moves integer-like keys first), NaN and
  * Infinity literals (Python accepts them), a nesting limit (Python's RecursionError) — and
  * json.dumps-compatible output (ensure_ascii, separators, indent) for files whose bytes must
- * match the Python packer's. Does not own: what the JSON means (model-spec.ts, the packer).
+ * match the Python packer's; and a value spelt as JSON spells it (null, true, "text", 64.0) for
+ * messages about a JSON file the user may edit (jsonRepr). Does not own: what the JSON means
+ * (model-spec.ts, the packer).
  */
 
 /** A JSON object as parsed here: a plain object (keys in file order via orderedKeys). */
@@ -292,6 +294,33 @@ export function pyRepr(value: unknown, floatHint = false): string {
     return `{${orderedKeys(obj).map((k) => `${pyRepr(k)}: ${pyRepr(obj[k], isFloatMember(obj, k))}`).join(", ")}}`;
   }
   return String(value);
+}
+
+/**
+ * A parsed JSON value as the file spells it, for a message to someone who edits the file: null,
+ * true / false, "text", 64.0 for a number written as a float (`floatHint`), NaN / Infinity,
+ * [1, 2], {"a": 1} (keys in file order).
+ */
+export function jsonRepr(value: unknown, floatHint = false): string {
+  if (value === null || value === undefined) return "null";
+  if (typeof value === "boolean") return value ? "true" : "false";
+  if (typeof value === "number") {
+    if (Number.isNaN(value)) return "NaN";
+    if (!Number.isFinite(value)) return value > 0 ? "Infinity" : "-Infinity";
+    return floatHint || !Number.isInteger(value) ? pyFloatRepr(value) : intText(value);
+  }
+  if (typeof value === "string") return JSON.stringify(value);
+  if (Array.isArray(value)) return `[${value.map((v, i) => jsonRepr(v, isFloatMember(value, i))).join(", ")}]`;
+  if (typeof value === "object") {
+    const obj = value as JsonObject;
+    return `{${orderedKeys(obj).map((k) => `${JSON.stringify(k)}: ${jsonRepr(obj[k], isFloatMember(obj, k))}`).join(", ")}}`;
+  }
+  return String(value);
+}
+
+/** jsonRepr of container[key] (knows whether a number was written as a float). */
+export function jsonReprMember(container: object, key: string | number): string {
+  return jsonRepr((container as Record<string, unknown>)[String(key)], isFloatMember(container, key));
 }
 
 /** Python's repr() of container[key] (knows whether a number was written as a float). */

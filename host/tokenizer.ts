@@ -20,8 +20,9 @@ import { Buffer } from "node:buffer";
 import { readFileSync, statSync } from "node:fs";
 import { join } from "node:path";
 
-import { Tiktoken } from "tiktoken";
+import type { Tiktoken } from "tiktoken";
 
+import { requireDependency } from "./paths.js";
 import { decodeUtf8Strict, isJsonObject, loadsPy, orderedKeys, pyRepr } from "./py-json.js";
 import { PATTERN } from "./tokenizer-pattern.js";
 import { UserError } from "./user-error.js";
@@ -167,10 +168,10 @@ export function readTiktokenModel(path: string): string[] {
     if (fields.length === 0) continue;
     try {
       if (fields.length !== 2) {
-        throw new Error(fields.length > 2 ? "too many values to unpack (expected 2)" : "not enough values to unpack (expected 2, got 1)");
+        throw new Error(`${fields.length} field${fields.length === 1 ? "" : "s"}, not 2`);
       }
       const token = canonicalBase64(fields[0]!);
-      if (!RANK_RE.test(fields[1]!)) throw new Error(`invalid literal for int() with base 10: b'${fields[1]}'`);
+      if (!RANK_RE.test(fields[1]!)) throw new Error(`the rank '${fields[1]}' is not a whole number`);
       byToken.set(token, Number(fields[1]!.replaceAll("_", "")));
     } catch (err) {
       throw new UserError(`${path}:${lineNo} is not 'base64 rank' (${(err as Error).message}); the tokenizer file is corrupt, rerun kvl pack`);
@@ -268,7 +269,10 @@ export class Tokenizer {
     // tiktoken's own parser panics (a WebAssembly trap) on anything unexpected, so it gets the
     // validated ranks re-encoded, one canonical `base64 rank` line each.
     const bfe = byRank.map((token, rank) => `${token} ${rank}`).join("\n");
-    this.encoding = new Tiktoken(bfe, Object.fromEntries(specials), PATTERN);
+    // loaded at run time where paths.ts says (a single executable's asset folder too): tiktoken
+    // reads its WebAssembly file from beside its own script
+    const tiktoken = requireDependency("tiktoken") as typeof import("tiktoken");
+    this.encoding = new tiktoken.Tiktoken(bfe, Object.fromEntries(specials), PATTERN);
   }
 
   private configTokenId(config: Record<string, unknown>, key: string, fallback: string): number {

@@ -4,8 +4,9 @@
  *
  * Owns: validating a source before anything is written, the deterministic layout of all three
  * stores, the crash-safe work loop (preallocated .bin files, fixed item order,
- * fsync-then-journal), shard release after durable consumption, and the final atomic
- * index/asset/completion writes.
+ * fsync-then-journal), shard release after durable consumption, the final atomic
+ * index/asset/completion writes, and a rerun over a finished pack: nothing to do when it is this
+ * source's, a refusal when it is another's (finishedPackRefusal).
  * Does not own: the byte format (host/pack-format.ts), the expected inventory and hparams
  * (host/model-spec.ts), Q8 quantisation (the core's packExpert and packQ8Rows, on either backend), reading
  * checkpoints (tensor-source.ts, safetensors.ts), downloads (prepare.ts).
@@ -22,7 +23,7 @@
  */
 import { createHash } from "node:crypto";
 import { closeSync, constants, fsyncSync, openSync, readFileSync, readdirSync, statSync, truncateSync, writeSync } from "node:fs";
-import { type FileHandle, mkdir, open, rm, unlink } from "node:fs/promises";
+import { type FileHandle, open, rm, unlink } from "node:fs/promises";
 import { join } from "node:path";
 
 import type { PackingCore } from "../host/core-api.js";
@@ -30,16 +31,18 @@ import { type TensorInfo, checkSource, checkSupported, formatShape, hparams as c
 import {
   ASSET_FILES, BIN_ALIGN, COMPLETE_FILE, DTYPE_BF16, DTYPE_F32, DTYPE_Q8_EXPERT, DTYPE_Q8_ROWS, JOURNAL_DIR,
   SOURCE_REVISION_FILE, STORES, STORE_KINDS, type StoreName, type TensorRecord, type TrunkDtype, alignUp, bf16BitsToF32,
-  crc32, encodeIndex, expertRecordName, formatVersionOf, q8RowsLayout, recordNbytes,
+  PackReader, crc32, encodeIndex, expertRecordName, formatVersionOf, q8RowsLayout, recordNbytes,
 } from "../host/pack-format.js";
 import { decodeUtf8Strict, dumpsPy } from "../host/py-json.js";
 import { UserError } from "../host/user-error.js";
 import { fsyncDir, writeAllAt, writeAtomic } from "./durable-io.js";
 import { PINNED_REPO, PINNED_REVISION } from "./hub.js";
 import { type Progress, silentProgress } from "./progress.js";
-import { DTYPE_SIZES, INDEX_NAME } from "./safetensors.js";
+import { DTYPE_SIZES, INDEX_NAME, findRevision, readIndex } from "./safetensors.js";
 import { CheckpointSource, type InventoryEntry, InventorySource, type ShardHooks, type TensorSource, readAssets } from "./tensor-source.js";
-import { isDir, isFile, pathExists } from "../host/file-kind.js";
+import { isDir, isFile, pathExists, requireFolder } from "../host/file-kind.js";
+import { checkOutputDir, makeOutputDir } from "../host/output-path.js";
+import { envPositiveInt } from "../host/env.js";
 
 export const EXPERT_RE = /^language_model\.model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$/;
 export const ROUTER_BIAS_SUFFIX = ".mlp.gate.e_score_correction_bias";
@@ -369,9 +372,17 @@ export async function packCheckpoint(src: string | TensorSource, dst: string, op
   let source: TensorSource;
   let hooks = options.shardHooks;
   let owned = false;
+  if (!isFile(join(dst, COMPLETE_FILE))) checkOutputDir(dst, "DST");
   if (typeof src === "string") {
-    if (!isDir(src)) throw new UserError(`${src}: no such checkpoint directory`);
-    if (isFile(join(dst, COMPLETE_FILE)) && !pathExists(join(dst, JOURNAL_DIR))) {
+    requireFolder(src, "checkpoint directory", "pass the folder that holds config.json and the .safetensors files");
+    if (isFile(join(dst, COMPLETE_FILE)) && !pathExists(join(dst, JOURNAL_DIR)) && shardsDeleted(src)) {
+      // --delete-consumed-shards took the source's tensors: its config and revision are all
+      // that is left to compare with the finished pack.
+      const packed = await PackReader.open(dst);
+      const config = isFile(join(src, "config.json")) ? readFileSync(join(src, "config.json"), "utf8") : null;
+      if (config !== packed.configText || findRevision(src) !== packed.revision) {
+        throw new UserError(finishedElsewhere(dst, "another config.json or source revision"));
+      }
       log(`${dst} already holds a complete pack; nothing to do`);
       return dst;
     }
@@ -390,37 +401,116 @@ export async function packCheckpoint(src: string | TensorSource, dst: string, op
   }
 }
 
+/** Whether the checkpoint directory's index lists a shard that is gone (deleted by
+ * --delete-consumed-shards once packed). */
+function shardsDeleted(src: string): boolean {
+  const indexPath = join(src, INDEX_NAME);
+  if (!isFile(indexPath)) return false;
+  try {
+    return [...new Set(readIndex(indexPath).values())].some((shard) => !pathExists(join(src, shard)));
+  } catch {
+    return false; // a broken index: opening the source says what is wrong with it
+  }
+}
+
+/** The refusal to pack over a finished pack made with the other --trunk-dtype. */
+function finishedTrunkDtype(dst: string, was: string, now: string): string {
+  return `${dst} is a finished pack made with --trunk-dtype ${was}, not ${now}; choose another destination, or remove ${dst} to repack it`;
+}
+
+/** The refusal to pack over a finished pack of something else. */
+function finishedElsewhere(dst: string, why: string): string {
+  return `${dst} is a finished pack of another source (${why}); choose another destination, or remove ${dst} to pack this source there`;
+}
+
+/**
+ * Why packing `source` with this layout must not accept the finished pack in `dst` as done (one
+ * line, with advice), or null when the pack is this source's: the indexes must hold the same revision, config.json and
+ * records (names, dtypes, shapes, offsets, sizes), and the smallest item of each store and shard
+ * must pack to the CRC the index recorded (a few small reads: a different checkpoint with the same
+ * layout, such as another seed or a fine-tune, differs in every tensor).
+ */
+async function finishedPackRefusal(source: TensorSource, dst: string, layout: Layout, core: PackingCore): Promise<string | null> {
+  let packed: PackReader;
+  try {
+    packed = await PackReader.open(dst);
+  } catch (err) {
+    if (!(err instanceof UserError)) throw err;
+    return `${dst} has ${COMPLETE_FILE} but does not read back as a pack (${err.message.split("\n")[0]}); remove ${dst} and pack again`;
+  }
+  if (packed.trunkDtype !== layout.trunkDtype) return finishedTrunkDtype(dst, packed.trunkDtype, layout.trunkDtype);
+  if (packed.revision !== layout.revision) {
+    return finishedElsewhere(dst, `source revision ${packed.revision ?? "unknown"}; this source's is ${layout.revision ?? "unknown"}`);
+  }
+  if (packed.configText !== layout.configText) return finishedElsewhere(dst, "another config.json");
+  for (const store of STORES) {
+    const records = packed.stores.get(store)!.records;
+    const items = layout.records.get(store)!;
+    const same = records.length === items.length && items.every((it, i) => {
+      const rec = records[i]!;
+      return rec.name === it.key && rec.dtype === it.dtype && rec.offset === it.offset && rec.nbytes === it.nbytes &&
+        rec.shape.length === it.shape.length && rec.shape.every((d, k) => d === it.shape[k]);
+    });
+    if (!same) return finishedElsewhere(dst, `other ${store} tensors`);
+  }
+  const sample = new Map<string, Item>();
+  for (const it of layout.items) {
+    const key = `${it.store} ${it.inputs.map((n) => layout.shards.get(n) ?? "").join(" ")}`;
+    const best = sample.get(key);
+    if (best === undefined || it.nbytes < best.nbytes) sample.set(key, it);
+  }
+  for (const it of sample.values()) {
+    if (crc32(await itemBytes(source, it, core)) !== packed.record(it.key).crc32) return finishedElsewhere(dst, `other data in ${it.key}`);
+  }
+  return null;
+}
+
+/** The --trunk-dtype a journal's fingerprint records ("?" when it does not parse). */
+function trunkDtypeOf(print: string): string {
+  try {
+    return String((JSON.parse(print) as { trunk_dtype?: unknown }).trunk_dtype ?? "bf16");
+  } catch {
+    return "?";
+  }
+}
+
+/**
+ * Whether the journal in `journal` records this pack: null when its fingerprint is `print` and
+ * every shard still present has the digest it had when the pack began; else what differs
+ * (trunkDtype: the --trunk-dtype it was made with, when only that differs; null: the source).
+ */
+function journalMismatch(journal: string, print: string, digests: ReadonlyMap<string, string>): { trunkDtype: string | null } | null {
+  const recordedLayout = readFileSync(join(journal, JOURNAL_LAYOUT), "utf8");
+  if (recordedLayout !== print) {
+    const [was, now] = [trunkDtypeOf(recordedLayout), trunkDtypeOf(print)];
+    return { trunkDtype: was !== now && was !== "?" ? was : null };
+  }
+  // Same layout; the same data? Compare the shards still present with their digests at the start.
+  const shardsPath = join(journal, JOURNAL_SHARDS);
+  const recorded = isFile(shardsPath) ? (JSON.parse(readFileSync(shardsPath, "utf8")) as Array<[string, string]>) : [];
+  for (const [shard, digest] of recorded) {
+    const now = digests.get(shard);
+    if (now !== undefined && now !== digest) return { trunkDtype: null };
+  }
+  return null;
+}
+
 /** Creates or resumes DST; returns the keys of journaled (durably written) items. */
 async function prepareDst(dst: string, print: string, digests: ReadonlyMap<string, string>,
   log: (line: string) => void): Promise<Set<string>> {
   const journal = join(dst, JOURNAL_DIR);
   const layoutPath = join(journal, JOURNAL_LAYOUT);
   const shardsPath = join(journal, JOURNAL_SHARDS);
-  if (pathExists(dst) && !isDir(dst)) throw new UserError(`${dst}: exists and is not a directory`);
+  makeOutputDir(dst, "DST");
   if (isFile(layoutPath)) {
-    const different = new UserError(`${dst}: holds an unfinished pack of a different source or kvl version; ` +
-      "delete the directory or choose another destination");
-    const recordedLayout = readFileSync(layoutPath, "utf8");
-    if (recordedLayout !== print) {
-      const trunkOf = (text: string): string => {
-        try {
-          return String((JSON.parse(text) as { trunk_dtype?: unknown }).trunk_dtype ?? "bf16");
-        } catch {
-          return "?";
-        }
-      };
-      const [was, now] = [trunkOf(recordedLayout), trunkOf(print)];
-      if (was !== now && was !== "?") {
-        throw new UserError(`${dst}: holds an unfinished pack made with --trunk-dtype ${was}, not ${now}; ` +
-          `rerun with --trunk-dtype ${was} to finish it, or delete the directory`);
-      }
-      throw different;
+    const mismatch = journalMismatch(journal, print, digests);
+    if (mismatch?.trunkDtype) {
+      throw new UserError(`${dst}: holds an unfinished pack made with --trunk-dtype ${mismatch.trunkDtype}, not ${trunkDtypeOf(print)}; ` +
+        `rerun with --trunk-dtype ${mismatch.trunkDtype} to finish it, or delete the directory`);
     }
-    // Same layout; the same data? Compare the shards still present with their digests at the start.
-    const recorded = isFile(shardsPath) ? (JSON.parse(readFileSync(shardsPath, "utf8")) as Array<[string, string]>) : [];
-    for (const [shard, digest] of recorded) {
-      const now = digests.get(shard);
-      if (now !== undefined && now !== digest) throw different;
+    if (mismatch) {
+      throw new UserError(`${dst}: holds an unfinished pack of a different source or kvl version; ` +
+        "delete the directory or choose another destination");
     }
     const donePath = join(journal, JOURNAL_DONE);
     if (isFile(donePath)) {
@@ -447,7 +537,7 @@ async function prepareDst(dst: string, print: string, digests: ReadonlyMap<strin
         "choose an empty or new destination");
     }
   }
-  await mkdir(journal, { recursive: true });
+  makeOutputDir(journal, "DST");
   await writeAtomic(shardsPath, Buffer.from(JSON.stringify([...digests]), "utf8"));
   // The layout is fixed before any .bin byte exists, so every rerun writes the same bytes.
   await writeAtomic(layoutPath, Buffer.from(print, "utf8"));
@@ -471,28 +561,38 @@ function readDoneCrcs(dst: string): Map<string, number> {
 async function pack(source: TensorSource, dst: string, options: PackOptions, hooks: ShardHooks | undefined,
   log: (line: string) => void): Promise<string> {
   const journal = join(dst, JOURNAL_DIR);
-  if (isFile(join(dst, COMPLETE_FILE)) && isDir(journal)) {
-    // Killed after the completion marker was written but before the journal was removed.
-    await rm(journal, { recursive: true, force: true });
-    await fsyncDir(dst);
-    return dst;
-  }
-  if (isFile(join(dst, COMPLETE_FILE))) {
-    log(`${dst} already holds a complete pack; nothing to do`);
-    return dst;
-  }
-  const problems = await validateSource(source, options.allowRevision ?? false);
+  const finished = isFile(join(dst, COMPLETE_FILE));
+  // A finished pack is checked against this source whatever its revision (the pack records it).
+  const problems = await validateSource(source, finished || (options.allowRevision ?? false));
   if (problems.length > 0) {
     throw new UserError(`cannot pack this source (${problems.length} problem(s)):\n  - ${problems.join("\n  - ")}`);
   }
   const layout = await computeLayout(source, options.trunkDtype ?? "bf16");
   const inventory = new Map(source.tensorNames().map((n) => [n, source.tensorInfo(n)]));
+  const print = fingerprint(layout, inventory);
   const digests = new Map<string, string>();
   for (const shard of new Set(layout.shards.values())) {
     const digest = shard === null ? null : ((await source.shardDigest?.(shard)) ?? null);
     if (shard !== null && digest !== null) digests.set(shard, digest);
   }
-  const done = await prepareDst(dst, fingerprint(layout, inventory), digests, log);
+  if (finished) {
+    if (isFile(join(journal, JOURNAL_LAYOUT))) {
+      // Killed after the completion marker was written but before the journal was removed: the
+      // journal still says what was packed (the source's shards may be gone by now).
+      const mismatch = journalMismatch(journal, print, digests);
+      if (mismatch?.trunkDtype) throw new UserError(finishedTrunkDtype(dst, mismatch.trunkDtype, layout.trunkDtype));
+      if (mismatch) throw new UserError(finishedElsewhere(dst, "its journal records another source"));
+    } else {
+      const refusal = await finishedPackRefusal(source, dst, layout, options.core);
+      if (refusal !== null) throw new UserError(refusal);
+      log(`${dst} already holds a complete pack; nothing to do`);
+      return dst;
+    }
+    await rm(journal, { recursive: true, force: true });
+    await fsyncDir(dst);
+    return dst;
+  }
+  const done = await prepareDst(dst, print, digests, log);
 
   for (const [store, size] of layout.binSizes) {
     const binPath = join(dst, `${store}.bin`);
@@ -559,8 +659,7 @@ async function pack(source: TensorSource, dst: string, options: PackOptions, hoo
 async function runItems(source: TensorSource, dst: string, layout: Layout, done: Set<string>,
   handles: ReadonlyMap<StoreName, FileHandle>, options: PackOptions, hooks: ShardHooks | undefined): Promise<void> {
   const journalPath = join(dst, JOURNAL_DIR, JOURNAL_DONE);
-  const fromEnv = Number(process.env.KVL_PACK_FLUSH_ITEMS ?? "256");
-  const flushItems = Number.isInteger(fromEnv) && fromEnv > 0 ? fromEnv : 256;
+  const flushItems = envPositiveInt("KVL_PACK_FLUSH_ITEMS") ?? 256;
   // Shard bookkeeping: a shard is released once every item reading from it is journaled.
   const pendingByShard = new Map<string, Set<string>>();
   for (const it of layout.items) {

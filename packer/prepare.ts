@@ -12,11 +12,12 @@
  * Resumable end to end: a rerun after any interruption (network, SIGKILL) continues the pack from
  * its journal and a shard's download from its `.part` file.
  */
-import { existsSync, rmSync, statSync } from "node:fs";
+import { existsSync, rmSync } from "node:fs";
 import { mkdir, readFile } from "node:fs/promises";
 import { join } from "node:path";
 
 import type { BackendName, PackingCore } from "../host/core-api.js";
+import { checkOutputDir, makeOutputDir } from "../host/output-path.js";
 import { plan } from "../host/planner.js";
 import { COMPLETE_FILE, JOURNAL_DIR, verify } from "../host/pack-format.js";
 import { UserError } from "../host/user-error.js";
@@ -168,7 +169,7 @@ export async function prepare(dst: string, options: PrepareOptions): Promise<str
     log(`${dst} already holds a complete pack`);
     return dst;
   }
-  if (existsSync(dst) && !statSync(dst).isDirectory()) throw new UserError(`${dst}: exists and is not a directory`);
+  checkOutputDir(dst, "DST");
   const base = options.endpoint ?? hubEndpoint();
   const hub = new Hub(PINNED_REPO, revision, base, {
     log,
@@ -186,7 +187,7 @@ export async function prepare(dst: string, options: PrepareOptions): Promise<str
     log(`warning: revision ${revision} (${commit}) is not the pinned ${PINNED_REVISION}; kvl was verified only against the pinned one`);
   }
   const scratch = join(dst, SCRATCH_DIR);
-  await mkdir(dst, { recursive: true });
+  makeOutputDir(dst, "DST");
   const bars = new ProgressSwitch(options.progress ?? silentProgress);
   const source = await buildSource(hub, scratch, options.keepDownload === true, bars, log);
   try {

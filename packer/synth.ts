@@ -15,11 +15,12 @@
  * tensor by tensor in 4 Mi-element chunks: memory stays at one chunk.
  */
 import { createHash } from "node:crypto";
-import { mkdirSync, rmSync, statfsSync, writeFileSync } from "node:fs";
+import { rmSync, statfsSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 
 import type { PackingCore, Pcg64State } from "../host/core-api.js";
 import { type Inventory, type TensorInfo, checkSupported, expectedTensors, LM_HEAD, ROUTER_BIAS_SUFFIX, textDims } from "../host/model-spec.js";
+import { makeOutputDir } from "../host/output-path.js";
 import { dumpsPyFile, loadsPy, PyFloat } from "../host/py-json.js";
 import { UserError } from "../host/user-error.js";
 import { silentProgress, type Progress } from "./progress.js";
@@ -293,7 +294,7 @@ export async function synthesize(outDir: string, options: SynthOptions): Promise
   let total = 0;
   for (const { dtype, shape } of inventory.values()) total += tensorBytes(dtype, shape);
 
-  mkdirSync(outDir, { recursive: true });
+  makeOutputDir(outDir, "OUT");
   // A stale index would make a half-rewritten directory look complete.
   rmSync(join(outDir, INDEX_NAME), { force: true });
   const fs = statfsSync(outDir);

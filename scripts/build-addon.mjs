@@ -79,6 +79,8 @@ function build() {
   rmSync(OUTPUT, { force: true });
 
   run('cmake', ['--version'], 'cmake --version');
+  // npm ci shows nothing else while the compile runs (in --optional mode its output goes to the log)
+  console.log(`kvl: building the native addon with cmake (about half a minute)${optional ? '; without it kvl runs on WebAssembly' : ''}…`);
   run('cmake', ['-S', ROOT, '-B', BUILD_DIR, '-DKVL_NODE_ADDON=ON', `-DNODE_API_INCLUDE=${include}`,
     '-DCMAKE_BUILD_TYPE=Release'], 'cmake configure');
   run('cmake', ['--build', BUILD_DIR, '--parallel', '2', '--target', 'kvl_node', '--config', 'Release'],

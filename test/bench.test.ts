@@ -8,7 +8,8 @@
  * the compiled dist/ (dist/cli/kvl.js).
  */
 import { spawnSync } from "node:child_process";
-import { chmodSync, readFileSync, writeFileSync } from "node:fs";
+import { chmodSync, mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
 import { join } from "node:path";
 
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -263,11 +264,32 @@ describe("limits measured here", () => {
     expect(lim.ssd_bytes_per_s).toBeGreaterThan(0);
   });
 
-  const built = process.platform === "linux" && process.arch === "x64" ? membwBinary() : { error: "not Linux x86-64" };
-  it.skipIf("error" in built)("bench/membw.c is built once and cached, and reads experts.bin directly", () => {
+  it("leaves no kvl-membw-* build folder behind, also when the measurement fails", async () => {
+    const pb = await packBytes(pack);
+    const root = mkdtempSync(join(tmpdir(), "kvl-bench-tmpdir-"));
+    const saved = process.env.TMPDIR;
+    process.env.TMPDIR = root; // os.tmpdir(), where measureLimits builds bench/membw.c
+    try {
+      const lim = await measureLimits({ model: pack, extent: pb.extent_data, threads: 1, dropCaches: false, dramBytes: 32 << 20, reads: 4 });
+      expect(lim.dram_bytes_per_s).toBeGreaterThan(0);
+      expect(readdirSync(root)).toEqual([]);
+      // a DRAM buffer of -1 bytes: membw refuses it and the Node fallback throws, after the build
+      await expect(measureLimits({ model: pack, extent: pb.extent_data, threads: 1, dropCaches: false, dramBytes: -1, reads: 4 })).rejects.toThrow();
+      expect(readdirSync(root)).toEqual([]);
+    } finally {
+      if (saved === undefined) delete process.env.TMPDIR;
+      else process.env.TMPDIR = saved;
+      rmSync(root, { recursive: true, force: true });
+    }
+  });
+
+  const membwDir = process.platform === "linux" && process.arch === "x64" ? mkdtempSync(join(tmpdir(), "kvl-membw-test-")) : null;
+  const built = membwDir !== null ? membwBinary(membwDir) : { error: "not Linux x86-64" };
+  afterAll(() => {
+    if (membwDir !== null) rmSync(membwDir, { recursive: true, force: true });
+  });
+  it.skipIf("error" in built)("bench/membw.c builds and reads experts.bin directly", () => {
     if (!("path" in built)) return;
-    const again = membwBinary();
-    expect(again).toEqual(built);
     const r = runMembw(built.path, ["ssd", join(pack, "experts.bin"), "4096", "1", "4", "1"]);
     if ("error" in r) {
       // a filesystem without O_DIRECT: membw says so, and kvl bench falls back to Node

@@ -31,13 +31,14 @@ describe("kvl --help", () => {
     expect(r.stdout.replace(/\s+/g, " ")).toMatch(/--backend <name> .*\(choices: "auto", "native", "wasm"\)/);
   });
 
-  it("an unknown command or backend is an error with help", () => {
+  it("an unknown command or backend is a one-line error, without the help", () => {
     const a = kvl(["frobnicate"]);
     expect(a.status).not.toBe(0);
     expect(a.stderr).toMatch(/unknown command 'frobnicate'/);
     const b = kvl(["doctor", "--backend", "gpu"]);
     expect(b.status).not.toBe(0);
     expect(b.stderr).toMatch(/Allowed choices are auto, native, wasm/);
+    expect(b.stderr.trim().split("\n")).toHaveLength(1);
   });
 });
 
@@ -61,6 +62,11 @@ describe("kvl doctor without a model", () => {
         : /^huge pages, wasm: .*echo always \| sudo tee/m);
     } else {
       expect(r.stdout).not.toContain("huge pages");
+    }
+    // how each backend bypasses the page cache here (test/direct-io.test.ts has the other platforms)
+    if (process.platform === "linux") {
+      expect(r.stdout).toMatch(/^direct reads, native: O_DIRECT, /m);
+      expect(r.stdout).toMatch(/^direct reads, wasm: O_DIRECT through Node's fs, /m);
     }
   });
 

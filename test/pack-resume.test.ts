@@ -3,8 +3,9 @@
  * process SIGKILLed at deterministic points (KVL_PACK_TEST_KILL_AT) and at random times, then
  * rerun, must give byte-identical output; --delete-consumed-shards deletes a shard only once
  * everything from it is journaled; a torn journal line and a lost .bin are redone; shard hooks
- * (kvl prepare's downloads) see acquire/release in a durable order; and the WebAssembly and
- * native cores give byte-identical packs, even when a pack started on one finishes on the other.
+ * (kvl prepare's downloads) see acquire/release in a durable order; a rerun over a finished pack
+ * of another source is refused and leaves it as it was; and the WebAssembly and native cores give
+ * byte-identical packs, even when a pack started on one finishes on the other.
  */
 import { existsSync, readFileSync, readdirSync, rmSync, appendFileSync, unlinkSync, statSync, copyFileSync, mkdirSync } from "node:fs";
 import { join } from "node:path";
@@ -191,6 +192,65 @@ describe("a damaged journal", () => {
     const other = await tinyCheckpoint(join(tmp.dir, "ckpt-seed3"), native, 3);
     await expect(packCheckpoint(other, dst, { core: native, allowRevision: true })).rejects.toThrow(
       new UserError(`${dst}: holds an unfinished pack of a different source or kvl version; delete the directory or choose another destination`));
+  });
+});
+
+describe("a rerun over a finished pack", () => {
+  const refusal = (dst: string): RegExp =>
+    new RegExp(`^kvl pack: error: ${dst} is a finished pack of another source \\((.*)\\); choose another destination, or remove ${dst} to pack this source there\n$`);
+
+  it("of the same source has nothing to do; of another source, or another --trunk-dtype, is refused and changes nothing", async () => {
+    const dst = copyDir(join(tmp.dir, "clean"), out());
+    const same = runPack([ckpt, dst, "--allow-revision", "--backend", "native"]);
+    expect(same.status, same.stderr).toBe(0);
+    expect(same.stderr).toBe(`${dst} already holds a complete pack; nothing to do\n`);
+    // another seed: the same config, layout and inventory, other weights
+    const other = await tinyCheckpoint(join(tmp.dir, "ckpt-seed4"), native, 4);
+    for (const args of [packArgs(other, dst, "native"), ["--synth-preset", "tiny", "--seed", "4", dst, "--quiet", "--backend", "wasm"]]) {
+      const r = runPack(args);
+      expect(r.status, r.stderr).toBe(1);
+      expect(r.stderr).toMatch(refusal(dst));
+      expect(r.stderr).toMatch(/\(other data in language_model\./);
+    }
+    const grouped = await tinyCheckpoint(join(tmp.dir, "ckpt-grouped"), native, 0, { nGroup: 4, topkGroup: 2 });
+    const r = runPack(packArgs(grouped, dst, "native"));
+    expect(r.status).toBe(1);
+    expect(r.stderr).toMatch(refusal(dst));
+    expect(r.stderr).toContain("(another config.json)");
+    const q8 = runPack(packArgs(ckpt, dst, "native", "--trunk-dtype", "q8"));
+    expect(q8.status).toBe(1);
+    expect(q8.stderr).toBe(`kvl pack: error: ${dst} is a finished pack made with --trunk-dtype bf16, not q8; ` +
+      `choose another destination, or remove ${dst} to repack it\n`);
+    expect(treeDiff(treeBytes(dst), clean)).toBeNull();
+  });
+
+  it("killed after its completion marker: another source is refused by the journal, the same one finishes", async () => {
+    const dst = out();
+    const killed = runPack(packArgs(ckpt, dst, "native"), { KVL_PACK_TEST_KILL_AT: "final:complete" });
+    expect(killed.signal, killed.stderr).toBe("SIGKILL");
+    const other = await tinyCheckpoint(join(tmp.dir, "ckpt-seed5"), native, 5);
+    const r = runPack(packArgs(other, dst, "native"));
+    expect(r.status).toBe(1);
+    expect(r.stderr).toMatch(refusal(dst));
+    expect(r.stderr).toContain("(its journal records another source)");
+    expect(existsSync(join(dst, ".pack-journal"))).toBe(true);
+    const again = runPack(packArgs(ckpt, dst, "native"));
+    expect(again.status, again.stderr).toBe(0);
+    expect(treeDiff(treeBytes(dst), clean)).toBeNull();
+  });
+
+  it("whose shards --delete-consumed-shards deleted: compared by config.json and revision", async () => {
+    const src = copyDir(ckpt, join(tmp.dir, "ckpt-consumed"));
+    const dst = out();
+    expect(runPack(packArgs(src, dst, "native", "--delete-consumed-shards")).status).toBe(0);
+    const same = runPack(packArgs(src, dst, "native"));
+    expect(same.status, same.stderr).toBe(0);
+    copyFileSync(join(await tinyCheckpoint(join(tmp.dir, "ckpt-grouped-2"), native, 0, { nGroup: 4, topkGroup: 2 }), "config.json"), join(src, "config.json"));
+    const r = runPack(packArgs(src, dst, "native"));
+    expect(r.status).toBe(1);
+    expect(r.stderr).toMatch(refusal(dst));
+    expect(r.stderr).toContain("(another config.json or source revision)");
+    expect(treeDiff(treeBytes(dst), clean)).toBeNull();
   });
 });
 

@@ -301,7 +301,8 @@ describe("missing or corrupt tokenizer files", () => {
     const dir = copy((d) => writeFileSync(join(d, "tiktoken.model"), "not base64 at all\n"));
     expect(fails(dir).message).toMatch(/tiktoken\.model:1 is not 'base64 rank'.*rerun kvl pack/);
     const lines = readFileSync(join(pack, "tiktoken.model"), "latin1").split("\n");
-    for (const [bad, why] of [["IQ== x", /invalid literal/], ["I!== 3", /Non-base64/], ["IQ 3", /Incorrect padding/], ["IQ==", /not enough values/]] as const) {
+    for (const [bad, why] of [["IQ== x", /\(the rank 'x' is not a whole number\)/], ["I!== 3", /Non-base64/], ["IQ 3", /Incorrect padding/],
+      ["IQ==", /\(1 field, not 2\)/], ["IQ== 3 4", /\(3 fields, not 2\)/]] as const) {
       const edited = [...lines];
       edited[2] = bad;
       writeFileSync(join(dir, "tiktoken.model"), edited.join("\n"), "latin1");

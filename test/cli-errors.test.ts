@@ -1,0 +1,166 @@
+/**
+ * Every `kvl` command fed each kind of bad path and each bad KVL_* value, as a user runs it (the
+ * compiled dist/cli/kvl.js in a child process): exit status 1 and one line naming the path or the
+ * variable, never a stack trace or "internal error", and never a hang (Node's recursive mkdir
+ * loops forever under /proc: the child has a timeout). Paths that refuse even root (the tests
+ * run as root, so a chmod 000 folder would not): /proc and /sys, a symlink loop, a too-long name.
+ */
+import { spawn } from "node:child_process";
+import { mkdirSync, readFileSync, symlinkSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
+
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+
+import { packageRoot } from "../host/paths.js";
+import { tempDir, tinyPack } from "./support/pack-fixtures.js";
+
+const KVL = join(packageRoot, "dist", "cli", "kvl.js");
+
+let tmp: { dir: string; cleanup: () => void };
+let ckpt: string;
+let pack: string;
+let limits: string;
+
+interface Run {
+  status: number | null;
+  signal: NodeJS.Signals | null;
+  stdout: string;
+  stderr: string;
+}
+
+/** `kvl ARGS` in a child (asynchronously: a blocked test worker stops answering vitest), killed
+ * after 60 s. */
+function kvl(args: string[], env: Record<string, string> = {}): Promise<Run> {
+  const base = { ...process.env };
+  for (const name of ["KVL_BACKEND", "KVL_INSTANCES", "KVL_PACK_FLUSH_ITEMS", "KVL_API_KEY"]) delete base[name];
+  // HF_ENDPOINT: a kvl prepare that got past its checks must not reach the network
+  const child = spawn(process.execPath, [KVL, ...args], {
+    env: { ...base, HF_ENDPOINT: "http://127.0.0.1:9", ...env }, timeout: 60_000, killSignal: "SIGKILL", cwd: tmp.dir,
+  });
+  let stdout = "";
+  let stderr = "";
+  child.stdout.setEncoding("utf8").on("data", (s: string) => (stdout += s));
+  child.stderr.setEncoding("utf8").on("data", (s: string) => (stderr += s));
+  return new Promise((resolve, reject) => {
+    child.on("error", reject);
+    child.on("close", (status, signal) => resolve({ status, signal, stdout, stderr }));
+  });
+}
+
+/** The one-line refusal: status 1, one stderr line naming `needle`, no stack. */
+function expectOneLine(r: Run, needle: string): void {
+  expect(r.signal, `killed (hung?): ${r.stderr}`).toBeNull();
+  expect(r.status, r.stderr).toBe(1);
+  expect(r.stderr).not.toMatch(/internal error|\n {4}at |Error:/);
+  expect(r.stderr.endsWith("\n") && r.stderr.trimEnd().split("\n").length === 1, r.stderr).toBe(true);
+  expect(r.stderr).toMatch(/^kvl( \w+)?: error: /);
+  expect(r.stderr).toContain(needle);
+}
+
+beforeAll(async () => {
+  tmp = tempDir("cli-errors");
+  ({ ckpt, pack } = await tinyPack(tmp.dir));
+  writeFileSync(join(tmp.dir, "FILE"), "not a folder\n");
+  symlinkSync("loop", join(tmp.dir, "loop")); // a link to itself
+  limits = join(tmp.dir, "limits.jsonl");
+  writeFileSync(limits, `${JSON.stringify({ mode: "dram", best_bytes_per_s: 10e9 })}\n${JSON.stringify({ mode: "ssd", bytes_per_s: 1e9 })}\n`);
+  mkdirSync(join(tmp.dir, "a-folder"));
+}, 300_000);
+
+afterAll(() => tmp?.cleanup());
+
+/** Bad places to write a folder into (relative to the test's folder, the child's cwd). */
+const BAD_OUTPUT_DIRS = ["FILE", "FILE/x", "/sys/nope", "/proc/nope", "/proc/nope/deeper", "/proc", "loop", `long-${"n".repeat(300)}`];
+/** Bad folders to read a model or checkpoint from. */
+const BAD_INPUT_DIRS = ["missing", "FILE", "FILE/x", "/sys/nope", "/proc/nope", "loop", `long-${"n".repeat(300)}`];
+
+/** How a path shows in the message (a long name by its start). */
+const shown = (path: string): string => path.slice(0, 40);
+
+describe("a bad output path is one line naming it", () => {
+  const cases: Array<[string, (p: string) => string[]]> = [
+    ["pack SRC DST", (p) => ["pack", ckpt, p, "--allow-revision", "--quiet", "--backend", "wasm"]],
+    ["pack --synth-preset tiny DST", (p) => ["pack", "--synth-preset", "tiny", p, "--quiet", "--backend", "wasm"]],
+    ["synth OUT", (p) => ["synth", p, "--backend", "wasm"]],
+    ["prepare DST", (p) => ["prepare", p, "--backend", "wasm", "--quiet"]],
+  ];
+  for (const [name, args] of cases) {
+    it.each(BAD_OUTPUT_DIRS)(`${name} with %s`, async (path) => {
+      expectOneLine(await kvl(args(path)), shown(path));
+    });
+  }
+
+  // (an existing file is fine: --out replaces it)
+  it.each([...BAD_OUTPUT_DIRS.filter((p) => p !== "FILE"), "a-folder", "missing-folder/out.json"])("bench --out %s", async (path) => {
+    expectOneLine(await kvl(["bench", pack, "--limits", limits, "--prompt-lens", "4", "--decode-tokens", "1", "--out", path]), shown(path));
+  });
+});
+
+describe("a bad model or checkpoint path is one line naming it", () => {
+  const cases: Array<[string, (p: string) => string[]]> = [
+    ["pack SRC DST", (p) => ["pack", p, join(tmp.dir, "unused-dst"), "--allow-revision", "--backend", "wasm"]],
+    ["chat MODEL", (p) => ["chat", p, "hello", "--backend", "wasm"]],
+    ["bench MODEL", (p) => ["bench", p, "--limits", limits]],
+    ["serve MODEL", (p) => ["serve", p, "--port", "0", "--backend", "wasm"]],
+  ];
+  for (const [name, args] of cases) {
+    it.each(BAD_INPUT_DIRS)(`${name} with %s`, async (path) => {
+      expectOneLine(await kvl(args(path)), shown(path));
+    });
+  }
+
+  it.each(BAD_INPUT_DIRS)("doctor MODEL with %s: a FAIL line naming it, no stack", async (path) => {
+    const r = await kvl(["doctor", path, "--quiet", "--backend", "wasm"]);
+    expect(r.signal).toBeNull();
+    expect(r.status, r.stderr).toBe(1);
+    expect(r.stderr).toBe("");
+    expect(`${r.stdout}`).not.toMatch(/internal error|\n {4}at |Error:/);
+    expect(r.stdout).toMatch(new RegExp(`^FAIL {2}pack: .*${shown(path).replace(/[/.]/g, "\\$&")}`, "m"));
+  });
+
+  it("doctor says a model path that is a file is a file", async () => {
+    const r = await kvl(["doctor", "FILE", "--quiet"]);
+    expect(r.stdout).toContain(`FAIL  pack: ${join(tmp.dir, "FILE")} is a file, not a model directory; create one with kvl pack or kvl prepare\n`);
+  });
+});
+
+describe("a bad KVL_* value is one line naming the variable and the valid values", () => {
+  const values: Array<[Record<string, string>, RegExp]> = [
+    [{ KVL_BACKEND: "bogus" }, /KVL_BACKEND="bogus" is not valid: expected one of auto, native, wasm; fix or unset the variable/],
+    [{ KVL_INSTANCES: "abc" }, /KVL_INSTANCES="abc" is not valid: expected a whole number of at least 1/],
+    [{ KVL_INSTANCES: "0" }, /KVL_INSTANCES="0" is not valid: expected a whole number of at least 1/],
+    [{ KVL_PACK_FLUSH_ITEMS: "-3" }, /KVL_PACK_FLUSH_ITEMS="-3" is not valid: expected a whole number of at least 1/],
+  ];
+  const commands: Array<[string, () => string[]]> = [
+    ["doctor", () => ["doctor"]],
+    ["doctor MODEL", () => ["doctor", pack, "--quick", "--quiet"]],
+    ["chat", () => ["chat", pack, "hello", "--max-new", "1"]],
+    ["bench", () => ["bench", pack, "--limits", limits, "--prompt-lens", "4", "--decode-tokens", "1"]],
+    ["serve", () => ["serve", pack, "--port", "0"]],
+    ["synth", () => ["synth", join(tmp.dir, "env-synth")]],
+    ["pack", () => ["pack", ckpt, join(tmp.dir, "env-pack"), "--allow-revision", "--quiet"]],
+    ["prepare", () => ["prepare", join(tmp.dir, "env-prepare"), "--quiet"]],
+  ];
+  for (const [env, message] of values) {
+    it.each(commands)(`${Object.entries(env)[0]!.join("=")}: kvl %s`, async (_name, args) => {
+      const r = await kvl(args(), env);
+      expectOneLine(r, Object.keys(env)[0]!);
+      expect(r.stderr).toMatch(message);
+    });
+  }
+});
+
+describe("kvl --version and a bad option value", () => {
+  it("--version prints package.json's version", async () => {
+    const r = await kvl(["--version"]);
+    expect(r.status).toBe(0);
+    expect(r.stdout).toBe(`${(JSON.parse(readFileSync(join(packageRoot, "package.json"), "utf8")) as { version: string }).version}\n`);
+  });
+
+  it("--backend bogus is one line with the valid choices, not the whole help", async () => {
+    const r = await kvl(["doctor", "--backend", "bogus"]);
+    expect(r.status).toBe(1);
+    expect(r.stderr).toBe("error: option '--backend <name>' argument 'bogus' is invalid. Allowed choices are auto, native, wasm.\n");
+    expect(r.stdout).toBe("");
+  });
+});
