@@ -5,9 +5,12 @@
  *
  * Owns: the command's options, the terminal side — streamed text with control characters made
  * visible (never in --json), a load line with progress, the plan's table only where it helps
- * (--verbose, or a refusal), --show-tokens diagnostics — and the interactive loop. Generation
- * runs in the engine worker, so the main thread takes Ctrl-C at any time, also during a long
- * prefill. Does not own: prompts, images, sampling or stop strings (host/chat-model.ts).
+ * (--verbose, or a refusal), --show-tokens diagnostics — and the interactive loop: pending
+ * images (decoded whole when attached, so a damaged one is refused at /image; attached to the
+ * next message only; a stopped turn keeps its own, a failed one drops them and puts the typed
+ * text back on the input line). Generation runs in the engine worker, so
+ * the main thread takes Ctrl-C at any time, also during a long prefill or right after Enter.
+ * Does not own: prompts, images, sampling or stop strings (host/chat-model.ts).
  */
 import { readFileSync } from "node:fs";
 import { createInterface } from "node:readline";
@@ -76,6 +79,7 @@ const SNAKE_STATS: ReadonlyArray<[keyof EngineStats, string]> = [
   ["trunkHits", "trunk_hits"], ["trunkMisses", "trunk_misses"], ["trunkBytesRead", "trunk_bytes_read"], ["trunkStallNs", "trunk_stall_ns"],
   ["expertHits", "expert_hits"], ["expertMisses", "expert_misses"], ["expertBytesRead", "expert_bytes_read"], ["expertStallNs", "expert_stall_ns"],
   ["visionBytesRead", "vision_bytes_read"], ["tokensPrefilled", "tokens_prefilled"], ["tokensDecoded", "tokens_decoded"],
+  ["verifyNs", "verify_ns"], ["verifyBytes", "verify_bytes"],
 ];
 
 function snakeStats(stats: EngineStats, before?: EngineStats): Record<string, number> {
@@ -177,12 +181,17 @@ function systemMessages(opts: ChatOptions): Array<Message<ChatImage>> {
   return opts.system !== undefined ? [{ role: "system", parts: [opts.system] }] : [];
 }
 
-/** Runs one reply, streaming text to stdout unless --json. */
-async function runReply(model: ChatModel, conversation: Conversation, messages: Array<Message<ChatImage>>, opts: ChatOptions): Promise<{ report: ReplyReport; json: Record<string, unknown> }> {
+/** Runs one reply, streaming text to stdout unless --json; `stopped` says whether Ctrl-C came
+ * before the reply started running (then it is stopped as soon as it does). */
+async function runReply(model: ChatModel, conversation: Conversation, messages: Array<Message<ChatImage>>, opts: ChatOptions,
+  stopped: () => boolean = () => false): Promise<{ report: ReplyReport; json: Record<string, unknown> }> {
   const before = await model.stats();
-  const report = await conversation.generate(messages, replyParams(opts), (text) => {
+  const running = conversation.generate(messages, replyParams(opts), (text) => {
     if (!opts.json) process.stdout.write(escapeControls(text));
   });
+  // generate runs synchronously up to its first await, so the conversation is running here
+  if (stopped()) conversation.cancel();
+  const report = await running;
   const json = replyJson(model, report, await model.stats(), before);
   return { report, json };
 }
@@ -200,6 +209,11 @@ async function oneShot(model: ChatModel, prompt: string, images: ChatImage[], op
   }
 }
 
+/** "1 image", "2 images". */
+function plural(n: number, noun: string): string {
+  return `${n} ${noun}${n === 1 ? "" : "s"}`;
+}
+
 function emit(opts: ChatOptions, obj: Record<string, unknown>, text: string): void {
   if (opts.json) process.stdout.write(`${JSON.stringify(obj)}\n`);
   else process.stderr.write(`${text}\n`);
@@ -214,10 +228,20 @@ async function interactive(model: ChatModel, images: ChatImage[], opts: ChatOpti
   let history: Array<Message<ChatImage>> = systemMessages(opts);
   let pending: ChatImage[] = [...images];
   let replying = false;
+  // Ctrl-C stops the turn of the last line sent, also before its reply runs: a line readline has
+  // read but the loop has not taken yet (Enter and Ctrl-C in one read), or one still being prepared
+  let unread = 0;
+  let stopRequested = false;
+  rl.on("line", () => unread++);
   const onInterrupt = (): void => {
-    if (replying) conversation.cancel();
-    else process.stderr.write("\n(use /quit or Ctrl-D to leave)\n");
-    if (tty && !replying) rl.prompt();
+    if (replying || unread > 0) {
+      stopRequested = true;
+      conversation.cancel();
+      return;
+    }
+    const attached = pending.length ? `; ${plural(pending.length, "image")} attached to your next message` : "";
+    process.stderr.write(`\n(use /quit or Ctrl-D to leave${attached})\n`);
+    if (tty) rl.prompt();
   };
   rl.on("SIGINT", onInterrupt); // a terminal: readline sees Ctrl-C as input
   process.on("SIGINT", onInterrupt); // a pipe: the signal itself
@@ -230,8 +254,11 @@ async function interactive(model: ChatModel, images: ChatImage[], opts: ChatOpti
     for (;;) {
       const next = await lines.next();
       if (next.done) break;
+      unread--;
       const line = next.value;
       const text = line.trim();
+      // a Ctrl-C after a command (or an empty line), with no message sent after it, stops nothing
+      if ((!text || text.startsWith("/")) && unread === 0) stopRequested = false;
       if (!text) {
         if (tty) rl.prompt();
         continue;
@@ -271,27 +298,42 @@ async function interactive(model: ChatModel, images: ChatImage[], opts: ChatOpti
       replying = true;
       let result: { report: ReplyReport; json: Record<string, unknown> };
       try {
-        result = await runReply(model, conversation, [...history, message], opts);
+        result = await runReply(model, conversation, [...history, message], opts, () => stopRequested);
       } catch (err) {
         if (!(err instanceof UserError)) throw err;
-        // the turn is not taken; an image that failed to decode is dropped so the next turn can run
-        if (pending.length) {
-          pending = [];
-          emit(opts, { event: "error", error: err.message, dropped_images: true }, `error: ${err.message} (pending images dropped)`);
+        // the turn is not taken (its images could not be encoded, or the engine refused it); the
+        // images are dropped so the next turn can run, and the typed text is kept for the retry:
+        // back on the input line of a terminal
+        const dropped = pending.length;
+        pending = [];
+        if (dropped) {
+          const kept = tty ? "your message is back on the input line: Enter sends it without the image, or edit it first"
+            : "your message was not sent; send it again";
+          emit(opts, { event: "error", error: err.message, dropped_images: true, unsent_message: line },
+            `error: ${err.message}\n(${plural(dropped, "image")} dropped; ${kept})`);
         } else {
           emit(opts, { event: "error", error: err.message }, `error: ${err.message}`);
         }
-        if (tty) rl.prompt();
+        if (tty) {
+          rl.prompt();
+          if (dropped) rl.write(line);
+        }
         continue;
       } finally {
         replying = false;
+        stopRequested = false;
       }
+      // a stopped turn stays in the conversation as the model saw it, with its images; none of
+      // them goes with the next message
+      const stoppedWith = result.report.finishReason === "cancelled" ? pending.length : 0;
       pending = [];
       history = [...history, message, { role: "assistant", parts: [result.report.reply] }];
       if (opts.json) {
         process.stdout.write(`${JSON.stringify({ event: "reply", ...result.json })}\n`);
       } else {
         process.stdout.write(result.report.finishReason === "cancelled" ? " [stopped]\n" : "\n");
+        const its = stoppedWith === 1 ? "its image" : `its ${stoppedWith} images`;
+        if (stoppedWith) process.stderr.write(`(the stopped turn keeps ${its}; nothing is attached to your next message)\n`);
         if (opts.showTokens) process.stderr.write(showTokens(result.json));
       }
       if (tty) rl.prompt();

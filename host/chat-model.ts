@@ -24,7 +24,7 @@ import { ChatTemplate } from "./chat-template.js";
 import { type Message, type Prompt, ImageInput, buildPrompt, mediaKeyStrings, sha256Hex } from "./conversation.js";
 import { EngineClient, type ClientSession } from "./engine-client.js";
 import { type EngineStats, type KernelChoice, type ActDtype, roundToBf16 } from "./engine-api.js";
-import { DEFAULT_DECODE_LIMITS, type DecodeLimits, decodeImage, imageHeader } from "./image-decode.js";
+import { DEFAULT_DECODE_LIMITS, type DecodeLimits, checkImage, decodeImageWith, imageHeader } from "./image-decode.js";
 import { type PreprocessorConfig, gridForSize, loadPreprocessorConfig, mediaTokens, preprocessImage } from "./image-preprocess.js";
 import { openRunnablePack } from "./pack-check.js";
 import { type RamPlan, type RequestPlanOptions, plan } from "./planner.js";
@@ -92,7 +92,13 @@ function processReadBytes(): number | null {
   }
 }
 
+/** Image digests remembered as decoding whole: a conversation resends its images every turn. */
+const CHECKED_IMAGES_KEPT = 256;
+
 export class ChatModel {
+  /** Digests of images that decoded whole, oldest first (a Set keeps insertion order). */
+  readonly #checkedImages = new Set<string>();
+
   private constructor(readonly packDir: string, readonly plan: RamPlan, readonly client: EngineClient, readonly tokenizer: Tokenizer,
     readonly template: ChatTemplate, readonly preprocess: PreprocessorConfig | null, readonly loadSeconds: number) {}
 
@@ -144,9 +150,9 @@ export class ChatModel {
     return this.plan.backend;
   }
 
-  /** Reads an image file (or takes encoded bytes) and sizes it from its header; pixels are
-   * decoded when a conversation first encodes it. UserError for anything that is not a usable
-   * image. */
+  /** Reads an image file (or takes encoded bytes), sizes it from its header and checks that it
+   * decodes whole (checkImage, once per digest); its pixels are kept only when a conversation
+   * first encodes it. UserError for anything that is not a usable image. */
   async loadImage(source: string | Uint8Array, name = typeof source === "string" ? source : "image data"): Promise<ChatImage> {
     if (!this.preprocess) throw new UserError("this model was opened without vision (--no-vision); images are not accepted");
     let bytes: Uint8Array;
@@ -184,7 +190,16 @@ export class ChatModel {
       if (err instanceof UserError) throw new UserError(`${name}: ${err.message}`);
       throw err;
     }
-    return new ChatImage(bytes, name, width, height, grid, mediaTokens(grid, this.preprocess.mergeKernel));
+    const image = new ChatImage(bytes, name, width, height, grid, mediaTokens(grid, this.preprocess.mergeKernel));
+    // decoded whole once now (keeping no pixels), so a damaged image is refused when it is given —
+    // before a server's stream has started, before a chat turn joins the history — never when
+    // the turn that carries it is encoded
+    if (!this.#checkedImages.has(image.digest)) {
+      await checkImage(bytes, this.decodeLimits());
+      this.#checkedImages.add(image.digest);
+      if (this.#checkedImages.size > CHECKED_IMAGES_KEPT) this.#checkedImages.delete(this.#checkedImages.values().next().value!);
+    }
+    return image;
   }
 
   /** The decoder's limits: the hard ones, and the RAM plan's image decode budget (image-budget.ts). */
@@ -257,8 +272,7 @@ export class Conversation {
       if (this.#embeddings.has(image.digest)) continue;
       if (this.#cancelled) break;
       if (!config) throw new UserError("this model was opened without vision (--no-vision); images are not accepted");
-      const decoded = await decodeImage(image.bytes, this.model.decodeLimits());
-      const { pixelValues, grid } = preprocessImage(decoded, config);
+      const { pixelValues, grid } = await decodeImageWith(image.bytes, this.model.decodeLimits(), (decoded) => preprocessImage(decoded, config));
       if (grid[0] !== image.grid[0] || grid[1] !== image.grid[1]) {
         throw new UserError(`${image.name}: the decoded image gives a ${grid[0]}x${grid[1]} patch grid, its header promised ` +
           `${image.grid[0]}x${image.grid[1]}; the file is inconsistent, re-export it`);

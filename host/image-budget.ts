@@ -4,9 +4,10 @@
  *
  * Owns: the bytes one decode + preprocessing holds at its peak for an image of a given size and
  * kind (the encoded file, libvips' buffers, the raw pixels, the resize passes), the byte budget
- * the plan reserves for "an image of P pixels" (imageDecodeBudget), the largest image a budget
- * admits (admittedPixels), the auto pixel limit's range (IMAGE_PIXELS_FLOOR..IMAGE_PIXELS_MAX)
- * and the message for an image over the budget.
+ * the plan reserves for "an image of P pixels" (imageDecodeBudget), the auto pixel limit's range
+ * (IMAGE_PIXELS_FLOOR..IMAGE_PIXELS_MAX), and admission: the one rule that admits or refuses an
+ * image under the plan's budget (imageRefusal, with its message), the limit per decode kind it
+ * admits (imagePixelLimit) and how every message shows megapixels (megapixels, imageLimitsText).
  * Does not own: parsing headers or decoding (image-decode.ts), the resize itself
  * (image-preprocess.ts), choosing the limit for a plan (planner.ts "Image decode budget").
  *
@@ -76,7 +77,7 @@ export function imageDecodeBudget(pixels: number, shape: ResizeShape): number {
 }
 
 /** The most pixels of `kind` (file of fileBytesPerPixel) that fit budgetBytes; 0 when none do. */
-export function admittedPixels(budgetBytes: number, kind: DecodeKind, fileBytesPerPixel: number, shape: ResizeShape): number {
+function admittedPixels(budgetBytes: number, kind: DecodeKind, fileBytesPerPixel: number, shape: ResizeShape): number {
   const fits = (px: number): boolean => decodeNeedBytes(px, kind, fileBytesPerPixel * px, shape) <= budgetBytes;
   if (!fits(0)) return 0;
   let lo = 0;
@@ -90,20 +91,66 @@ export function admittedPixels(budgetBytes: number, kind: DecodeKind, fileBytesP
   return lo;
 }
 
-/** Megapixels with one decimal. */
-export function megapixels(pixels: number): string {
-  return (pixels / 1e6).toFixed(1);
+/** The plan's decode budget an image is checked against (planner.ts ImageBudget; image-decode.ts DecodeLimits). */
+export interface DecodeBudget {
+  bytes: number;
+  shape: ResizeShape;
 }
 
-/** The reason an image is over the plan's decode budget, and what to do about it. */
-export function overBudgetMessage(what: string, width: number, height: number, kind: DecodeKind, fileBytes: number,
-  budgetBytes: number, shape: ResizeShape): string {
+/** Decode kinds with the same bytes per pixel have the same limit; named as users know them. */
+const KIND_GROUPS: ReadonlyArray<{ kinds: readonly DecodeKind[]; names: readonly string[] }> = [
+  { kinds: ["strips"], names: ["JPEG", "PNG"] },
+  { kinds: ["gif", "interlaced-png"], names: ["GIF", "interlaced PNG"] },
+  { kinds: ["webp", "interlaced-png-16"], names: ["WebP", "16-bit interlaced PNG"] },
+];
+
+/**
+ * The largest image of `kind` the budget admits, in pixels: the limit every message quotes (the
+ * plan's image decode line, kvl serve's ready line, a refusal). Its encoded file is counted at
+ * the planned bytes per pixel, so for JPEG and PNG this is exactly the pixels the plan reserved for.
+ */
+export function imagePixelLimit(budget: DecodeBudget, kind: DecodeKind): number {
+  return admittedPixels(budget.bytes, kind, PLANNED_FILE_BYTES_PER_PIXEL, budget.shape);
+}
+
+/**
+ * Megapixels as every message shows them, with one decimal: a limit rounded down (what is shown
+ * is admitted), an image's size rounded up (an image shown at the limit's figure is within it).
+ */
+export function megapixels(pixels: number, round: "down" | "up" = "down"): string {
+  const tenths = round === "down" ? Math.floor(pixels / 100_000) : Math.ceil(pixels / 100_000);
+  return `${Math.floor(tenths / 10)}.${tenths % 10} MP`;
+}
+
+/** The budget's limits as the plan's line and the ready lines quote them: "up to 35.7 MP (JPEG, PNG), 23.8 MP
+ * (GIF, interlaced PNG), ..." ("first": the JPEG and PNG limit only). */
+export function imageLimitsText(budget: DecodeBudget, groups: "all" | "first" = "all"): string {
+  const shown = groups === "all" ? KIND_GROUPS : KIND_GROUPS.slice(0, 1);
+  return `up to ${shown.map((g) => `${megapixels(imagePixelLimit(budget, g.kinds[0]!))} (${g.names.join(", ")})`).join(", ")}`;
+}
+
+/**
+ * Admission of an image to a decode under the plan: null when admitted, else why not and what to
+ * do. The one rule chat and serve apply (image-decode.ts, from the header): at most
+ * imagePixelLimit(kind) pixels, and — for a file denser than planned — the decode with the actual
+ * file must still fit the budget.
+ */
+export function imageRefusal(budget: DecodeBudget, what: string, width: number, height: number, kind: DecodeKind, fileBytes: number): string | null {
   const pixels = width * height;
-  const need = decodeNeedBytes(pixels, kind, fileBytes, shape);
-  const fit = admittedPixels(budgetBytes, kind, fileBytes / Math.max(pixels, 1), shape);
-  const how = kind === "strips" ? "" : ` (${kind === "webp" ? "WebP" : kind === "gif" ? "GIF" : "interlaced PNG"} decodes the whole frame at once)`;
-  const todo = fit > 0 ? `downscale it to at most ${megapixels(fit)} megapixels` : "downscale it";
-  return `${what} is ${width}x${height} = ${megapixels(pixels)} megapixels: decoding it needs about ${(need / MIB).toFixed(0)} MiB` +
-    `${how}, over the ${(budgetBytes / MIB).toFixed(0)} MiB the RAM plan reserves for decoding an image; ${todo}, ` +
-    "or raise --ram-mib (the plan's 'image decode' line shows the limit)";
+  const limit = imagePixelLimit(budget, kind);
+  const need = decodeNeedBytes(pixels, kind, fileBytes, budget.shape);
+  if (pixels <= limit && need <= budget.bytes) return null;
+  const names = KIND_GROUPS.find((g) => g.kinds.includes(kind))!.names.join(" or ");
+  const size = `${what} is ${width}x${height} = ${megapixels(pixels, "up")}`;
+  // a plan below the ceiling can reserve for more; at the ceiling only a smaller image helps
+  const more = imagePixelLimit(budget, "strips") < IMAGE_PIXELS_MAX
+    ? ", or raise --ram-mib or --max-image-mp (the plan's 'image decode' line shows the limits)" : "";
+  if (pixels > limit) {
+    const todo = limit > 0 ? `downscale it to at most ${megapixels(limit)}` : "send a smaller image";
+    const whole = kind === "strips" ? "" : " (which decodes the whole frame at once)";
+    return `${size}, over the ${megapixels(limit)} the RAM plan admits for a ${names}${whole}; ${todo}${more}`;
+  }
+  return `${size}, within the ${megapixels(limit)} limit for a ${names}, but its file is ${(fileBytes / MIB).toFixed(1)} MiB: ` +
+    `decoding it needs about ${(need / MIB).toFixed(0)} MiB, over the ${(budget.bytes / MIB).toFixed(0)} MiB the RAM plan reserves; ` +
+    `re-encode it more compactly (e.g. as JPEG) or downscale it${more}`;
 }

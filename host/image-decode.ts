@@ -7,7 +7,9 @@
  * by its signature (JPEG, PNG, WebP, GIF only: every other decoder is attack surface), parsing the
  * header ourselves (dimensions and the pixel limit before any pixel is decoded; the Pillow mode
  * the official processor would see), decoding with sharp (libvips) to raw pixels, and mapping
- * them to that Pillow mode (DecodedImage). Does not own: resizing, padding, normalising
+ * them to that Pillow mode (DecodedImage); checking that an image decodes without keeping its
+ * pixels (checkImage: the server's check before a reply starts); libvips pipelines one at a time
+ * in the process (the plan reserves one decode). Does not own: resizing, padding, normalising
  * (image-preprocess.ts) or the token arithmetic.
  *
  * Why the Pillow mode matters (spec §6 step 4): the official processor resizes and pads in the
@@ -57,17 +59,19 @@
  */
 import { open, stat } from "node:fs/promises";
 
-import sharp, { type OutputInfo, type SharpOptions } from "sharp";
+import type sharpModule from "sharp";
+import type { OutputInfo, SharpOptions } from "sharp";
 
-import { DECODE_BYTES_PER_PIXEL, DECODE_FIXED_BYTES, type DecodeKind, type ResizeShape, decodeNeedBytes, overBudgetMessage } from "./image-budget.js";
+import { DECODE_BYTES_PER_PIXEL, DECODE_FIXED_BYTES, type DecodeBudget, type DecodeKind, imageRefusal } from "./image-budget.js";
+import { requireDependency } from "./paths.js";
 import { UserError } from "./user-error.js";
 
 export interface DecodeLimits {
   maxPixels: number;
   maxFileBytes: number;
-  /** The RAM plan's image decode line (planner.ts): an image whose decode + preprocessing would
-   * need more (image-budget.ts decodeNeedBytes) is refused from its header. Absent: no such check. */
-  budget?: { bytes: number; shape: ResizeShape };
+  /** The RAM plan's image decode line (planner.ts): an image it does not admit (image-budget.ts
+   * imageRefusal) is refused from its header. Absent: no such check. */
+  budget?: DecodeBudget;
 }
 
 /** As kvl/image.py: 64 megapixels (~256 MB as RGBA), files up to 256 MiB (compressed data). */
@@ -135,19 +139,23 @@ function decodeKind(header: Header): DecodeKind {
 
 // -- sharp set-up ------------------------------------------------------------------------------
 
-let sharpConfigured = false;
+let sharpLoaded: typeof sharpModule | undefined;
 
 /**
- * Once per process: no libvips operation cache (a decoded image is used once; the cache would
+ * sharp, loaded on first use (only images need it: loading it costs every other command ~0.1 s
+ * and ~20 MB) where paths.ts says (a single executable's asset folder too), and set up once per
+ * process: no libvips operation cache (a decoded image is used once; the cache would
  * keep up to 50 MB of pixels alive) and one libvips worker thread per image — the decoders
  * themselves (libpng, libjpeg, libwebp, nsgif) are sequential, and every extra worker would hold
  * its own strip buffers. Both are process-wide sharp settings; nothing else in kvl uses sharp.
  */
-function configureSharp(): void {
-  if (sharpConfigured) return;
+function loadSharp(): typeof sharpModule {
+  if (sharpLoaded) return sharpLoaded;
+  const sharp = requireDependency("sharp") as typeof sharpModule;
   sharp.cache(false);
   sharp.concurrency(1);
-  sharpConfigured = true;
+  sharpLoaded = sharp;
+  return sharp;
 }
 
 /**
@@ -574,14 +582,12 @@ function parseHeader(src: { what: string; bytes: Uint8Array; complete: boolean }
 function checkDimensions(header: Header, what: string, limits: DecodeLimits, fileBytes: number): void {
   const { width, height } = header;
   if (width <= 0 || height <= 0) throw new UserError(`${what} has zero size (${width}x${height}); send a non-empty image`);
+  // the plan's rule first: its limit never exceeds the decoder's, and every message of the plan quotes it
+  const refusal = limits.budget ? imageRefusal(limits.budget, what, width, height, decodeKind(header), fileBytes) : null;
+  if (refusal !== null) throw new UserError(refusal);
   if (width * height > limits.maxPixels) {
     throw new UserError(`${what} is ${width}x${height} = ${width * height} pixels, over the ${limits.maxPixels}-pixel limit ` +
       "(possible decompression bomb); downscale it first");
-  }
-  const budget = limits.budget;
-  const kind = decodeKind(header);
-  if (budget && decodeNeedBytes(width * height, kind, fileBytes, budget.shape) > budget.bytes) {
-    throw new UserError(overBudgetMessage(what, width, height, kind, fileBytes, budget.bytes, budget.shape));
   }
 }
 
@@ -663,12 +669,11 @@ function corrupt(what: string, err: unknown): UserError {
   return new UserError(`${what} is corrupt or truncated and cannot be decoded (${detail}); re-export the image`);
 }
 
-/** Decodes a file path or encoded bytes (JPEG, PNG, WebP, GIF first frame) or throws UserError (host/user-error.ts) saying what is wrong and what to do. */
-export async function decodeImage(source: string | Uint8Array, limits: DecodeLimits = DEFAULT_DECODE_LIMITS): Promise<DecodedImage> {
-  const { src, header } = await readHeader(source, limits, false);
-  const { what } = src;
-  const { width, height, mode } = header;
-  configureSharp();
+/** The libvips pipeline that decodes an image as the official processor sees it (before its raw
+ * output); the options also open the same input for metadata. */
+function decodePipeline(src: Source, header: Header, limits: DecodeLimits): { pipeline: ReturnType<typeof sharpModule>; options: SharpOptions } {
+  const { mode } = header;
+  const sharp = loadSharp();
   const options: SharpOptions = {
     failOn: "error",
     ignoreIcc: true,
@@ -694,6 +699,73 @@ export async function decodeImage(source: string | Uint8Array, limits: DecodeLim
     case "LA":
       break;
   }
+  return { pipeline, options };
+}
+
+let pipelineTail: Promise<unknown> = Promise.resolve();
+
+/**
+ * Runs `work` (one libvips pipeline) after every pipeline started before it: libvips decodes one
+ * image at a time in this process, so a server checking one request's images (checkImage) while
+ * the engine decodes another's never holds two decodes at once — the RAM plan reserves one.
+ */
+function oneAtATime<T>(work: () => Promise<T>): Promise<T> {
+  const run = pipelineTail.then(work);
+  pipelineTail = run.catch(() => undefined);
+  return run;
+}
+
+function sizeMismatch(what: string, width: number, height: number, decodedWidth: number | undefined, decodedHeight: number | undefined): UserError {
+  return new UserError(`${what} decodes to ${decodedWidth}x${decodedHeight} pixels but its header says ${width}x${height}; ` +
+    "it is damaged or unusual: re-export the image");
+}
+
+/**
+ * Checks that an image decodes as decodeImage would decode it — the same header parse and limits,
+ * the same libvips pipeline and failure rule, the same size check — keeping none of its pixels:
+ * the decoded rows stream into a downscale to 8x8 instead of a buffer, so a JPEG or PNG needs only
+ * libvips' strip buffers (measured: under 15 MiB at 48 MP) and a GIF, WebP or interlaced PNG the one
+ * frame its decode holds too, freed when this returns. `kvl serve` checks every image of a request
+ * this way before its reply starts (server/model.ts), so an image that cannot be decoded is a 400,
+ * never an error after a stream's 200. UserError as decodeImage.
+ */
+export async function checkImage(source: string | Uint8Array, limits: DecodeLimits = DEFAULT_DECODE_LIMITS): Promise<void> {
+  const { src, header } = await readHeader(source, limits, false);
+  const { pipeline, options } = decodePipeline(src, header, limits);
+  const size = await oneAtATime(async () => {
+    try {
+      const meta = await loadSharp()(src.bytes, options).metadata();
+      // every pixel decoded (not fastShrinkOnLoad: a JPEG would skip its full-size IDCT; not
+      // nearest: it would skip rows, and a cut at the end of the file would pass)
+      await pipeline.resize({ width: 8, height: 8, fit: "fill", fastShrinkOnLoad: false }).raw().toBuffer();
+      return { width: meta.width, height: meta.height };
+    } catch (err) {
+      throw corrupt(src.what, err);
+    }
+  });
+  if (size.width !== header.width || size.height !== header.height) throw sizeMismatch(src.what, header.width, header.height, size.width, size.height);
+}
+
+/** Decodes a file path or encoded bytes (JPEG, PNG, WebP, GIF first frame) or throws UserError (host/user-error.ts) saying what is wrong and what to do. */
+export function decodeImage(source: string | Uint8Array, limits: DecodeLimits = DEFAULT_DECODE_LIMITS): Promise<DecodedImage> {
+  return oneAtATime(() => decodeInSlot(source, limits));
+}
+
+/**
+ * Decodes as decodeImage does and hands the pixels to `use` (the engine's preprocessing) in the
+ * same one-at-a-time slot: a server's checkImage of the next request cannot decode a second frame
+ * while this one's pixels are still being turned into patches — the RAM plan reserves one.
+ */
+export function decodeImageWith<T>(source: string | Uint8Array, limits: DecodeLimits, use: (image: DecodedImage) => T): Promise<T> {
+  return oneAtATime(async () => use(await decodeInSlot(source, limits)));
+}
+
+/** decodeImage's work; the caller holds the one-at-a-time slot. */
+async function decodeInSlot(source: string | Uint8Array, limits: DecodeLimits): Promise<DecodedImage> {
+  const { src, header } = await readHeader(source, limits, false);
+  const { what } = src;
+  const { width, height, mode } = header;
+  const { pipeline } = decodePipeline(src, header, limits);
   let out: { data: Buffer; info: OutputInfo };
   try {
     out = await pipeline.raw(mode === "I;16" ? { depth: "ushort" } : {}).toBuffer({ resolveWithObject: true });
@@ -701,10 +773,7 @@ export async function decodeImage(source: string | Uint8Array, limits: DecodeLim
     throw corrupt(what, err);
   }
   const { data, info } = out;
-  if (info.width !== width || info.height !== height) {
-    throw new UserError(`${what} decodes to ${info.width}x${info.height} pixels but its header says ${width}x${height}; ` +
-      "it is damaged or unusual: re-export the image");
-  }
+  if (info.width !== width || info.height !== height) throw sizeMismatch(what, width, height, info.width, info.height);
   const pixels = width * height;
   const ch = info.channels;
   const unexpected = (): Error => new Error(`image-decode: sharp returned ${ch} channels for a ${header.format} file in Pillow mode ${mode}`);

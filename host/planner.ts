@@ -76,7 +76,7 @@ import { DTYPE_BF16, PackReader } from "./pack-format.js";
 import { layerRanges } from "./split-engine.js";
 import { UserError } from "./user-error.js";
 import { MAX_INSTANCE_BYTES, WasmBackend } from "./wasm-backend.js";
-import { IMAGE_PIXELS_FLOOR, IMAGE_PIXELS_MAX, type ResizeShape, admittedPixels, imageDecodeBudget, megapixels } from "./image-budget.js";
+import { IMAGE_PIXELS_FLOOR, IMAGE_PIXELS_MAX, type ResizeShape, imageDecodeBudget, imageLimitsText } from "./image-budget.js";
 
 export const MIB = 2 ** 20;
 const KIB = 1024;
@@ -1120,7 +1120,8 @@ export function bodySlots(maxQueue: number): number {
 }
 
 export interface ImageBudget {
-  /** Pixels of the largest image decoded in strips (JPEG, PNG) that the plan admits. */
+  /** Pixels of the largest image decoded in strips (JPEG, PNG) that the plan reserves for; what
+   * is admitted, per format, is image-budget.ts imagePixelLimit (for JPEG and PNG: these pixels). */
   pixels: number;
   /** Bytes reserved (the imageDecode line). */
   bytes: number;
@@ -1185,8 +1186,7 @@ function requestBodiesLine(s: PlanSettings): number {
 }
 
 function imageDecodeNote(b: ImageBudget): string {
-  const webp = admittedPixels(b.bytes, "webp", 1, b.shape);
-  return `images up to ${megapixels(b.pixels)} MP (JPEG, PNG), ${megapixels(webp)} MP WebP`;
+  return `images ${imageLimitsText(b)}`;
 }
 
 function requestBodiesNote(r: RequestBodies): string {

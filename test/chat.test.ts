@@ -317,8 +317,8 @@ describe("kvl chat keeps its memory contract with large images", () => {
     const events = r.stdout.split("\n").filter((l) => l.trim()).map((l) => JSON.parse(l) as { event: string; error?: string } & Reply);
     expect(events.map((e) => e.event)).toEqual(["error", "image", "reply"]);
     const error = events[0]!.error!;
-    expect(error).toContain(`image file '${large["8000x8000.png"]}' is 8000x8000 = 64.0 megapixels`);
-    expect(error).toMatch(/over the \d+ MiB the RAM plan reserves for decoding an image; downscale it to at most [\d.]+ megapixels, or raise --ram-mib/);
+    expect(error).toContain(`image file '${large["8000x8000.png"]}' is 8000x8000 = 64.0 MP`);
+    expect(error).toMatch(/over the [\d.]+ MP the RAM plan admits for a JPEG or PNG; downscale it to at most [\d.]+ MP, or raise --ram-mib/);
     const reply = events[2]!;
     expect(reply.usage.images_encoded).toBe(1);
     // the limit shrank to fit 600 MiB, but not below a 12 MP photo
@@ -337,7 +337,7 @@ describe("kvl chat keeps its memory contract with large images", () => {
     const events = (r: { stdout: string }) => r.stdout.split("\n").filter((l) => l.trim()).map((l) => JSON.parse(l) as { event: string; error?: string } & Reply);
     expect(events(auto).map((e) => e.event)).toEqual(["image", "image", "reply"]);
     expect(events(limited).map((e) => e.event)).toEqual(["error", "image", "reply"]);
-    expect(events(limited)[0]!.error).toContain("8000x8000 = 64.0 megapixels");
+    expect(events(limited)[0]!.error).toContain("8000x8000 = 64.0 MP, over the 12.0 MP the RAM plan admits");
     const [a, l] = [events(auto)[2]!, events(limited)[2]!];
     expect(a.plan_image_max_pixels).toBe(64_000_000);
     expect(l.plan_image_max_pixels).toBe(12_000_000);

@@ -306,7 +306,9 @@ describe("bad inputs are refused with a UserError naming the problem", () => {
     const limits = { ...DEFAULT_DECODE_LIMITS, budget: { bytes: imageDecodeBudget(12_000_000, shape), shape } };
     for (const fn of [() => decodeImage(pngHeader(8000, 8000), limits), () => imageHeader(pngHeader(8000, 8000), limits)]) {
       const err = await userError(fn);
-      expect(err.message).toMatch(/is 8000x8000 = 64\.0 megapixels: decoding it needs about \d+ MiB, over the \d+ MiB the RAM plan reserves for decoding an image; downscale it to at most 1[2-9]\.\d megapixels, or raise --ram-mib/);
+      // the budget was made for 12 MP JPEG/PNG: that is the limit, and the figure the message quotes
+      expect(err.message).toContain("is 8000x8000 = 64.0 MP, over the 12.0 MP the RAM plan admits for a JPEG or PNG; " +
+        "downscale it to at most 12.0 MP, or raise --ram-mib or --max-image-mp");
     }
     // a 4000x3000 PNG (12 MP) passes the header check (it then fails for its missing IDAT, not for its size)
     expect((await userError(() => decodeImage(pngHeader(4000, 3000), limits))).message).toMatch(/corrupt or truncated/);
@@ -316,7 +318,14 @@ describe("bad inputs are refused with a UserError naming the problem", () => {
     ihdr.writeUInt32BE(3000, 4);
     ihdr.set([8, 6, 0, 0, 1], 8);
     const interlaced = new Uint8Array([...Buffer.from("\x89PNG\r\n\x1a\n", "latin1"), ...pngChunk("IHDR", ihdr)]);
-    expect((await userError(() => imageHeader(interlaced, limits))).message).toMatch(/4000x3000 = 12\.0 megapixels.*\(interlaced PNG decodes the whole frame at once\)/);
+    expect((await userError(() => imageHeader(interlaced, limits))).message)
+      .toMatch(/4000x3000 = 12\.0 MP, over the \d+\.\d MP the RAM plan admits for a GIF or interlaced PNG \(which decodes the whole frame at once\)/);
+    // within the pixel limit but with a file far denser than planned (2 bytes a pixel): the decode
+    // would not fit with that file, so it is refused too, saying why
+    const dense = new Uint8Array(48 * 2 ** 20);
+    dense.set(pngHeader(3000, 3000));
+    expect((await userError(() => imageHeader(dense, limits))).message)
+      .toMatch(/is 3000x3000 = 9\.0 MP, within the 12\.0 MP limit for a JPEG or PNG, but its file is 48\.0 MiB: decoding it needs about \d+ MiB/);
     // real files under the budget decode as before
     expect((await decodeImage(join(IMAGES, "rgb.png"), limits)).width).toBe(181);
   });
