@@ -5,7 +5,7 @@
 # wasm).
 #
 # Usage (from anywhere): sh bench/kernels_ab.sh [outdir]     (default outdir: /tmp/kvl_kernels_ab)
-# Needs gcc, emcc (Debian emscripten 3.1.6 is enough) and node (>= 18).
+# Needs gcc, emcc (Debian emscripten 3.1.6 is enough) and node (20 to 26).
 # Prints, per decode product and shape, GB/s of weight bytes (wall clock, best of 4) on
 # simd128 (wasm), avx2 and avx512 (the level-3 table: "avx512-bf16" on CPUs with AVX512_BF16,
 # whose bf16xb / q8xb run on VDPBF16PS), and the ratio simd128 / avx2. [1408 x 2048] x many
@@ -46,9 +46,9 @@ emcc -std=c11 -O3 -msimd128 -pthread -sPTHREAD_POOL_SIZE=2 -sENVIRONMENT=node,wo
     "$src/threadpool.c" "$root/bench/kernels_bench.c" -o "$out/kernels_bench.js"
 
 # emscripten 3.1.6's loader prefers fetch() when it exists, which fails for a file path on
-# Node >= 18: hide it.
+# Node >= 18: hide it (wasm-core/tests/no-fetch.cjs; Node 24+ rejects --no-experimental-fetch).
 echo "running simd128 (wasm)..." >&2
-node --no-experimental-fetch "$out/kernels_bench.js" simd128 decode > "$out/simd128.txt"
+node -r "$root/wasm-core/tests/no-fetch.cjs" "$out/kernels_bench.js" simd128 decode > "$out/simd128.txt"
 echo "running avx2..." >&2
 "$out/kernels_bench" avx2 decode > "$out/avx2.txt"
 echo "running avx512 (level 3)..." >&2

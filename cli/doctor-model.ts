@@ -22,6 +22,7 @@ import { join, resolve } from "node:path";
 import { type BackendRecord, BackendError, chooseBackend } from "../host/backend.js";
 import { ChatTemplate } from "../host/chat-template.js";
 import { buildPrompt } from "../host/conversation.js";
+import { bufferedReadAdvice } from "../host/direct-io.js";
 import { EngineClient } from "../host/engine-client.js";
 import { hugePageAdvice, readThpMode } from "../host/huge-pages.js";
 import { checkpointNotPack, configProblems, missingRuntimeFiles } from "../host/pack-check.js";
@@ -234,8 +235,7 @@ async function checkEngine(model: string, record: BackendRecord, ramPlan: RamPla
     const buffered = Object.entries(direct).filter(([, d]) => !d).map(([k]) => k);
     checks.push(buffered.length === 0
       ? { status: "OK", name: "direct I/O", detail: `trunk and expert reads bypass the page cache in ${model}` }
-      : { status: "WARN", name: "direct I/O", detail: `${buffered.join(" and ")} reads are buffered: the filesystem of ${model} refuses ` +
-        "direct I/O, so the page cache holds model data outside the RAM plan; move the model to ext4/xfs/NTFS for a hard cap" });
+      : { status: "WARN", name: "direct I/O", detail: `${buffered.join(" and ")} reads are buffered: ${bufferedReadAdvice(record.chosen, model)}` });
     const hugePages = hugePageAdvice(record.chosen, readThpMode());
     if (hugePages) checks.push({ status: hugePages.status, name: "huge pages", detail: hugePages.detail });
     checks.push(await checkGeneration(model, client, ramPlan));
@@ -268,8 +268,7 @@ async function checkGeneration(model: string, client: EngineClient, ramPlan: Ram
     return { status: "OK", name, detail: `${n} greedy token${n === 1 ? "" : "s"} (${result.finishReason}) in ${elapsed.toFixed(2)} s: ` +
       `prompt of ${result.promptTokens} tokens, first token ${result.timings.firstTokenS.toFixed(2)} s${perToken}` };
   } catch (err) {
-    const what = err instanceof Error ? `${err.name}: ${err.message}` : String(err);
-    return { status: "FAIL", name, detail: what, fix: `generation failed (${message(err)})` };
+    return { status: "FAIL", name, detail: message(err), fix: `generation failed (${message(err)})` };
   } finally {
     tokenizer?.close();
   }

@@ -3,11 +3,15 @@
  * kernel sets the CPU and each backend offer, and the kernel self-test on each backend; ends
  * with one line PASS or FAIL.
  *
+ * Also says how each backend reads a model past the page cache on this platform (direct-io.ts)
+ * and, on Linux only, what the huge page mode means for those reads (huge-pages.ts).
+ *
  * Owns: running the self-tests and rendering them (text or --json). Does not own: the choice
  * (host/backend.ts) or the checks themselves (the core's kvl_kernels_conformance).
  */
 import { type BackendRecord, BackendError, chooseBackend, openBackend } from "../host/backend.js";
 import type { BackendName, ConformanceReport } from "../host/core-api.js";
+import { type DirectReadSupport, type IoPlatform, THIS_PLATFORM, directReadSupport } from "../host/direct-io.js";
 import { type ThpMode, hugePageAdvice, readThpMode } from "../host/huge-pages.js";
 
 export interface SelfTestResult {
@@ -26,6 +30,8 @@ export interface DoctorReport {
   readonly selfTests: readonly SelfTestResult[];
   /** Linux's transparent huge page mode (null elsewhere): whether direct reads land in huge pages. */
   readonly thp: ThpMode | null;
+  /** How each backend bypasses the page cache on this platform (a pack's filesystem may still refuse). */
+  readonly directReads: Readonly<Record<BackendName, DirectReadSupport>>;
   readonly pass: boolean;
 }
 
@@ -35,7 +41,7 @@ async function selfTest(name: BackendName, record: BackendRecord): Promise<SelfT
   try {
     core = await openBackend(name, record);
   } catch (err) {
-    return [{ backend: name, set: "-", table: null, checks: 0, failed: 1, error: String(err) }];
+    return [{ backend: name, set: "-", table: null, checks: 0, failed: 1, error: err instanceof Error ? err.message : String(err) }];
   }
   try {
     for (const set of core.kernelSets().filter((s) => s.supported)) {
@@ -46,7 +52,7 @@ async function selfTest(name: BackendName, record: BackendRecord): Promise<SelfT
           failed: report.failed + (wrongTable ? 1 : 0),
           error: wrongTable ? `asked for ${set.name}, ran ${report.table}` : failedKernels(report) });
       } catch (err) {
-        results.push({ backend: name, set: set.name, table: null, checks: 0, failed: 1, error: String(err) });
+        results.push({ backend: name, set: set.name, table: null, checks: 0, failed: 1, error: err instanceof Error ? err.message : String(err) });
       }
     }
   } finally {
@@ -60,20 +66,25 @@ function failedKernels(report: ConformanceReport): string | null {
   return bad.length ? bad.slice(0, 5).join("; ") : null;
 }
 
+export function directReadsHere(io: IoPlatform = THIS_PLATFORM): Record<BackendName, DirectReadSupport> {
+  return { native: directReadSupport("native", io), wasm: directReadSupport("wasm", io) };
+}
+
 export async function runDoctor(backendOption: string | undefined): Promise<DoctorReport> {
   const thp = readThpMode();
+  const directReads = directReadsHere();
   let record: BackendRecord;
   try {
     record = chooseBackend({ option: backendOption });
   } catch (err) {
     if (!(err instanceof BackendError)) throw err;
-    return { backend: null, backendError: err.message, selfTests: [], thp, pass: false };
+    return { backend: null, backendError: err.message, selfTests: [], thp, directReads, pass: false };
   }
   const selfTests: SelfTestResult[] = [];
   if (record.native.loads) selfTests.push(...(await selfTest("native", record)));
   if (record.wasm.usable) selfTests.push(...(await selfTest("wasm", record)));
   const pass = selfTests.length > 0 && selfTests.every((t) => t.failed === 0);
-  return { backend: record, backendError: null, selfTests, thp, pass };
+  return { backend: record, backendError: null, selfTests, thp, directReads, pass };
 }
 
 const yes = (b: boolean) => (b ? "yes" : "no");
@@ -97,6 +108,7 @@ export function renderDoctor(report: DoctorReport): string {
   lines.push(`WebAssembly: ${r.wasm.dist}`);
   lines.push(`  SIMD128 ${yes(r.wasm.features.simd128)}, threads ${yes(r.wasm.features.threads)}, ` +
     `relaxed SIMD ${yes(r.wasm.features.relaxedSimd)}${r.wasm.usable ? "" : `; not usable: ${r.wasm.error}`}`);
+  for (const name of ["native", "wasm"] as const) lines.push(`direct reads, ${name}: ${report.directReads[name].detail}`);
   for (const name of ["native", "wasm"] as const) {
     const advice = hugePageAdvice(name, report.thp);
     if (advice) lines.push(`huge pages, ${name}: ${advice.detail}`);

@@ -1,7 +1,24 @@
 #!/usr/bin/env node
 /**
- * kvl.ts — the `kvl` executable (package.json "bin"): runs the command tree of program.ts.
+ * kvl.ts — the `kvl` executable (package.json "bin", and the entry of the single executable that
+ * scripts/build-exe.mjs bundles): runs the command tree of program.ts, or, given the hidden
+ * argument of host/addon-probe.ts, only the native addon's test load. No top-level await (a
+ * CommonJS bundle cannot hold one); the command tree is imported only when it runs, so the probe
+ * stays small and a UserError while loading it is one line.
  */
-import { runKvl } from "./program.js";
+import { ADDON_PROBE_ARG, runAddonProbe } from "../host/addon-probe.js";
+import { UserError } from "../host/user-error.js";
 
-await runKvl(process.argv);
+if (process.argv[2] === ADDON_PROBE_ARG) {
+  runAddonProbe(process.argv[3] ?? "");
+} else {
+  import("./program.js").then(
+    ({ runKvl }) => runKvl(process.argv),
+    (err: unknown) => {
+      // a failure while loading (a single executable that cannot write its files): one line
+      if (!(err instanceof UserError)) throw err;
+      process.stderr.write(`kvl: error: ${err.message}\n`);
+      process.exitCode = 1;
+    },
+  );
+}

@@ -9,12 +9,15 @@
  */
 import { spawnSync } from "node:child_process";
 import { existsSync } from "node:fs";
-import { join } from "node:path";
+import { join, resolve } from "node:path";
 
+import { ADDON_PROBE_ARG, type AddonProbeReport } from "./addon-probe.js";
 import type { BackendName, CoreBackend, KernelSet } from "./core-api.js";
 import { type CpuInfo, readCpuInfo } from "./cpu.js";
+import { envChoice } from "./env.js";
 import { NativeBackend, loadNativeAddon } from "./native-backend.js";
-import { nativeAddonPath, wasmDistDir } from "./paths.js";
+import { NATIVE_ADDON_HINT, kvlCommandArgs, nativeAddonPath, wasmDistDir } from "./paths.js";
+import { UserError } from "./user-error.js";
 import { WasmBackend } from "./wasm-backend.js";
 import { type WasmFeatures, probeWasmFeatures } from "./wasm-features.js";
 
@@ -61,18 +64,17 @@ export class BackendError extends Error {
 
 export function parseBackendRequest(value: string, source: string): BackendRequest {
   if ((BACKEND_REQUESTS as readonly string[]).includes(value)) return value as BackendRequest;
-  throw new Error(`${source}: expected one of ${BACKEND_REQUESTS.join(", ")}, got "${value}"`);
+  throw new UserError(`${source}: expected one of ${BACKEND_REQUESTS.join(", ")}, got "${value}"`);
 }
 
-/** Loads the addon in a child Node process and reports what it says about its kernel sets. */
+/** Loads the addon in a child process (kvl itself with the hidden argument of addon-probe.ts) and
+ * reports what it says about its kernel sets. */
 export function testLoadNativeAddon(path: string = nativeAddonPath(), env: NodeJS.ProcessEnv = process.env): NativeStatus {
   const absent = { path, present: false, loads: false, kernelSets: [], defaultKernelSet: null };
   if (!existsSync(path)) {
-    return { ...absent, error: `no addon at ${path} (build it with \`npm run build:native\`)` };
+    return { ...absent, error: `no addon at ${path} (${NATIVE_ADDON_HINT})` };
   }
-  const script = `const a = require(${JSON.stringify(path)});
-process.stdout.write(JSON.stringify({ sets: a.kernelSets(), def: a.defaultKernelSet() }));`;
-  const child = spawnSync(process.execPath, ["-e", script], { encoding: "utf8", timeout: 60_000, env });
+  const child = spawnSync(process.execPath, [...kvlCommandArgs(), ADDON_PROBE_ARG, resolve(path)], { encoding: "utf8", timeout: 60_000, env });
   if (child.error || child.status !== 0) {
     const why = child.error
       ? child.error.message
@@ -82,7 +84,7 @@ process.stdout.write(JSON.stringify({ sets: a.kernelSets(), def: a.defaultKernel
     return { ...absent, present: true, error: `the addon does not load: ${why}` };
   }
   try {
-    const parsed = JSON.parse(child.stdout) as { sets: KernelSet[]; def: string };
+    const parsed = JSON.parse(child.stdout) as AddonProbeReport;
     return { path, present: true, loads: true, error: null, kernelSets: parsed.sets, defaultKernelSet: parsed.def };
   } catch {
     return { ...absent, present: true, error: `the addon's test load printed no report: ${child.stdout.slice(0, 200)}` };
@@ -110,14 +112,10 @@ export interface BackendOptions {
 /** Decides the backend. Throws BackendError when an explicit request cannot be met. */
 export function chooseBackend(options: BackendOptions = {}): BackendRecord {
   const env = options.env ?? process.env;
-  const requestedBy = options.option !== undefined ? "option" : env.KVL_BACKEND ? "KVL_BACKEND" : "default";
-  const requested =
-    requestedBy === "option"
-      ? parseBackendRequest(options.option as string, "--backend")
-      : requestedBy === "KVL_BACKEND"
-        ? parseBackendRequest(env.KVL_BACKEND as string, "KVL_BACKEND")
-        : "auto";
-  const native = testLoadNativeAddon(env.KVL_ADDON ?? nativeAddonPath(), env);
+  const fromEnv = envChoice("KVL_BACKEND", BACKEND_REQUESTS, env);
+  const requestedBy = options.option !== undefined ? "option" : fromEnv !== undefined ? "KVL_BACKEND" : "default";
+  const requested = options.option !== undefined ? parseBackendRequest(options.option, "--backend") : fromEnv ?? "auto";
+  const native = testLoadNativeAddon(nativeAddonPath(env), env);
   const wasm = wasmStatus();
   const base = { requested, requestedBy, native, wasm, cpu: readCpuInfo(), node: process.version,
     platform: `${process.platform} ${process.arch}` } as const;

@@ -1,7 +1,8 @@
 /**
  * huge-pages.ts — Linux transparent huge pages (THP), as they bear on the model's direct reads.
  *
- * Owns: reading the system's THP mode and what it means for a backend. Direct reads land in the
+ * Owns: reading the system's THP mode (Linux only: none elsewhere, even where that file can be
+ * read) and what it means for a backend. Direct reads land in the
  * expert cache's memory; into 4 KiB pages they ran 1.3-1.6x slower than into 2 MiB pages on the
  * virtio disk where this was measured (bench/RESULTS.md, session 14), and a WebAssembly decode at
  * a 4 GiB plan varied more. The native core asks for huge pages on its caches itself
@@ -25,8 +26,10 @@ export function parseThpMode(text: string): ThpMode | null {
   return selected === "always" || selected === "madvise" || selected === "never" ? selected : null;
 }
 
-/** This system's THP mode; null where there is none to read (not Linux, or no THP support). */
-export function readThpMode(path: string = THP_ENABLED_PATH): ThpMode | null {
+/** This system's THP mode; null where there is none to read (not Linux, or no THP support). The
+ * platform is checked first: under Wine a Windows process reads Linux's own file at that path. */
+export function readThpMode(path: string = THP_ENABLED_PATH, platform: NodeJS.Platform = process.platform): ThpMode | null {
+  if (platform !== "linux") return null;
   try {
     return parseThpMode(readFileSync(path, "utf8"));
   } catch {

@@ -7,8 +7,6 @@
  * NativeSession: CoreEngine / CoreSession of engine-api.ts: the text engine and the vision
  * encoder). Does not own: building it (scripts/build-addon.mjs).
  */
-import { createRequire } from "node:module";
-
 import {
   type ConformanceReport, type CoreBackend, type KernelSet, type Pcg64State, type SamplerParams, checkPackExpertArgs, checkPackQ8RowsArgs, packExpertStatus, packQ8RowsStatus,
   parseConformanceReport,
@@ -19,7 +17,7 @@ import {
   checkGridsLength, visionShape,
 } from "./engine-api.js";
 import { q8RowsLayout } from "./pack-format.js";
-import { nativeAddonPath } from "./paths.js";
+import { nativeAddonPath, requireFile } from "./paths.js";
 
 /** An engine handle of the addon (an opaque external; see addon.c). */
 export interface NativeEngineHandle {
@@ -76,6 +74,8 @@ export interface NativeEngineStats {
   vision_bytes_read: number;
   tokens_prefilled: number;
   tokens_decoded: number;
+  verify_ns: number;
+  verify_bytes: number;
 }
 
 /** What wasm-core/native/addon.c exports. Engine and session calls return a kvl_status as a
@@ -127,8 +127,7 @@ function coreErrorOf(err: unknown): unknown {
 }
 
 export function loadNativeAddon(path: string = nativeAddonPath()): NativeAddon {
-  const require = createRequire(import.meta.url);
-  return require(path) as NativeAddon;
+  return requireFile(path) as NativeAddon;
 }
 
 export class NativeBackend implements CoreBackend {
@@ -228,7 +227,7 @@ function engineStatsFromNative(s: NativeEngineStats): EngineStats {
     expertHits: s.expert_hits, expertMisses: s.expert_misses, expertBytesRead: s.expert_bytes_read,
     expertStallNs: s.expert_stall_ns, trunkHits: s.trunk_hits, trunkMisses: s.trunk_misses,
     trunkBytesRead: s.trunk_bytes_read, trunkStallNs: s.trunk_stall_ns, visionBytesRead: s.vision_bytes_read,
-    tokensPrefilled: s.tokens_prefilled, tokensDecoded: s.tokens_decoded,
+    tokensPrefilled: s.tokens_prefilled, tokensDecoded: s.tokens_decoded, verifyNs: s.verify_ns, verifyBytes: s.verify_bytes,
   };
 }
 

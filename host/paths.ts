@@ -1,12 +1,23 @@
 /**
- * paths.ts — where kvl's own files are, whether running from TypeScript sources (tests) or from
- * the compiled dist/ folder (the `kvl` command).
+ * paths.ts — where kvl's own files are: the package root when kvl runs from its package (the
+ * compiled dist/ folder, or the TypeScript sources under test), the folder its assets are
+ * extracted to when it runs as a single executable (sea-assets.ts; that folder has the package's
+ * layout for every file kvl reads at run time). Every module that needs one of kvl's own files
+ * asks here.
  *
- * Owns: finding the package root and the built artefacts in it. Does not own: model paths.
+ * Owns: finding the package root (or the asset folder) and the built artefacts in it, where the
+ * native addon is looked for, how kvl relaunches itself (kvlCommandArgs), and loading CommonJS
+ * files, addons and the dependencies that carry binaries (sharp, tiktoken) at run time from there
+ * (a single executable's own require loads only Node's built-in modules). Does not own: model
+ * paths.
  */
 import { existsSync, readFileSync } from "node:fs";
-import { dirname, join } from "node:path";
+import { createRequire } from "node:module";
+import { dirname, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
+
+import { envString } from "./env.js";
+import { extractSeaAssets } from "./sea-assets.js";
 
 function findPackageRoot(start: string): string {
   let dir = start;
@@ -22,12 +33,42 @@ function findPackageRoot(start: string): string {
   }
 }
 
-export const packageRoot: string = findPackageRoot(dirname(fileURLToPath(import.meta.url)));
+/** Whether this process is kvl's single executable (node:sea exists from Node 20.12 and
+ * process.getBuiltinModule from 20.16; older Nodes run kvl only from its package). */
+export const runningAsSea: boolean = process.getBuiltinModule?.("node:sea")?.isSea() ?? false;
+
+export const packageRoot: string = runningAsSea
+  ? extractSeaAssets(process.getBuiltinModule("node:sea"))
+  : findPackageRoot(dirname(fileURLToPath(import.meta.url)));
 
 /** The committed WebAssembly build of the core. */
 export const wasmDistDir: string = join(packageRoot, "wasm-core", "dist");
 
-/** Where `npm ci` (scripts/build-addon.mjs) puts the native addon; KVL_ADDON overrides it. */
-export function nativeAddonPath(): string {
-  return process.env.KVL_ADDON ?? join(packageRoot, "build", "addon", "kvl_core.node");
+/** Where the native addon is looked for: where `npm ci` (scripts/build-addon.mjs) puts it, or
+ * beside the single executable; KVL_ADDON overrides it. */
+export function nativeAddonPath(env: NodeJS.ProcessEnv = process.env): string {
+  return envString("KVL_ADDON", env) ??
+    (runningAsSea ? join(dirname(process.execPath), "kvl_core.node") : join(packageRoot, "build", "addon", "kvl_core.node"));
+}
+
+/** How to get the native addon where nativeAddonPath looks, for a message saying it is absent. */
+export const NATIVE_ADDON_HINT = runningAsSea
+  ? "put the kvl_core.node built for this system beside the executable"
+  : "build it with `npm run build:native`";
+
+/** The arguments after process.execPath that run kvl's command line: the compiled script from the
+ * package, none for the single executable (its script is built in). */
+export function kvlCommandArgs(): string[] {
+  return runningAsSea ? [] : [join(packageRoot, "dist", "cli", "kvl.js")];
+}
+
+/** Loads a CommonJS file or a Node addon (.node) by its path (a relative one from the working folder). */
+export function requireFile(path: string): unknown {
+  const file = resolve(path);
+  return createRequire(file)(file);
+}
+
+/** Loads an npm dependency (its CommonJS entry) as kvl's package resolves it. */
+export function requireDependency(name: string): unknown {
+  return createRequire(join(packageRoot, "package.json"))(name);
 }

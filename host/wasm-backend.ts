@@ -6,7 +6,6 @@
  * the instance's memory. Does not own: choosing the backend (backend.ts).
  */
 import { readFileSync } from "node:fs";
-import { createRequire } from "node:module";
 import { join } from "node:path";
 
 import {
@@ -15,7 +14,7 @@ import {
 } from "./core-api.js";
 import type { CoreEngine, EngineOptions } from "./engine-api.js";
 import { q8RowsLayout } from "./pack-format.js";
-import { wasmDistDir } from "./paths.js";
+import { requireFile, wasmDistDir } from "./paths.js";
 import { type EmscriptenEngineExports, WasmEngine } from "./wasm-engine.js";
 
 /** The parts of the emscripten module object the host uses. */
@@ -84,8 +83,7 @@ export class WasmBackend implements CoreBackend {
       throw new RangeError(`wasm instance memory must be a multiple of 64 KiB between 64 MiB and 4 GiB - 64 KiB, got ${bytes}`);
     }
     const wasmMemory = new WebAssembly.Memory({ initial: bytes / PAGE, maximum: bytes / PAGE, shared: true });
-    const require = createRequire(import.meta.url);
-    const factory = require(join(distDir, "kvl_core.cjs")) as CoreFactory;
+    const factory = requireFile(join(distDir, "kvl_core.cjs")) as CoreFactory;
     const wasmBinary = readFileSync(join(distDir, "kvl_core.wasm"));
     const backend = new WasmBackend(await factory({ wasmBinary, wasmMemory, kvlPthreads: pthreads }));
     backend.memory = wasmMemory;

@@ -5,15 +5,22 @@
 # ISA flags as wasm-core/CMakeLists.txt), then linking kvl.dll. Does not own: MSVC builds, running
 # anything on Windows. Installs mingw-w64 with apt-get when the cross compiler is missing.
 # Then the Node-API addon: wasm-core/native/addon.c compiled with the same flags against the npm
-# package node-api-headers (found with node from the repo root), an import library for node.exe
-# made from its def/*.def with dlltool, and kvl_core.node linked (linker warnings fatal) from the
-# core objects + addon object + that import library; objdump then checks it imports napi_* from
-# node.exe and exports napi_register_module_v1. Everything built stays in a temp dir.
+# package node-api-headers (found with node from the repo root), a delay-load import library for
+# node.exe made from its def/*.def with dlltool, and kvl_core.node linked (linker warnings fatal)
+# from the core objects + addon object + native/win_delay_load_hook.c + that import library (so
+# it also loads into kvl's single executable, whose name is not node.exe); nm/objdump then check
+# that its napi_* are delay-loaded (none in the import table) and it exports
+# napi_register_module_v1. Everything built stays in a temp dir, except that
+# `--keep DIR` copies the addon to DIR/kvl_core.node (the Windows runs under Wine load it:
+# test/portability/windows.mjs, and single-exe.mjs beside kvl-win-x64.exe).
+#   bash scripts/check-mingw.sh [--keep DIR]
 # Exit status: 0 when every file compiled warning-free, the DLL and the addon linked and the addon
 # check passed, 1 otherwise; each failing step is named in the summary.
 set -u
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+KEEP=""
+if [ "${1:-}" = "--keep" ] && [ -n "${2:-}" ]; then KEEP="$2"; fi
 CC="${MINGW_CC:-x86_64-w64-mingw32-gcc}"
 OUT="$(mktemp -d /tmp/kvl-mingw.XXXXXX)"
 trap 'rm -rf "$OUT"' EXIT
@@ -94,27 +101,45 @@ else
             awk 'listing { print } /^EXPORTS/ { listing = 1 }' "$def"
         done <<<"$napi_defs" | tr -d '\r' | sed 's/[[:space:]]*$//' | grep -v '^$' | sort -u
     } >"$OUT/node.def"
-    if ! log="$("$DLLTOOL" --input-def "$OUT/node.def" --dllname node.exe --output-lib "$OUT/libnode.a" 2>&1)"; then
+    if ! log="$("$DLLTOOL" --input-def "$OUT/node.def" --dllname node.exe --output-delaylib "$OUT/libnode.a" 2>&1)"; then
         echo "FAILED  node.exe import library (dlltool)"
         echo "$log" | sed 's/^/        /'
         failed+=("node.exe import library")
-    elif ! log="$("$CC" -shared -o "$OUT/kvl_core.node" "${objs[@]}" "$OUT/addon.o" "$OUT/libnode.a" \
+    elif ! log="$("$CC" "${CFLAGS[@]}" -c "$ROOT/wasm-core/native/win_delay_load_hook.c" -o "$OUT/delay_hook.o" 2>&1)"; then
+        echo "FAILED  native/win_delay_load_hook.c"
+        echo "$log" | sed 's/^/        /'
+        failed+=("native/win_delay_load_hook.c")
+    elif ! log="$("$CC" -shared -o "$OUT/kvl_core.node" "${objs[@]}" "$OUT/addon.o" "$OUT/delay_hook.o" "$OUT/libnode.a" \
                   -Wl,--fatal-warnings 2>&1)"; then
         echo "FAILED  linking kvl_core.node"
         echo "$log" | sed 's/^/        /'
         failed+=("kvl_core.node (link)")
     else
         echo "ok      kvl_core.node linked ($(grep -c '^napi_' "$OUT/node.def") napi symbols in the node.exe import library)"
-        # The PE tables: which napi_* come from node.exe, and the module's entry point.
+        # The PE tables: node.exe only delay-loaded (GNU ld leaves the delay imports out of the
+        # PE directory, so they are counted in the symbol table: one __imp_ slot per napi_*
+        # used, the descriptor, the hook), and the module's entry point.
         dump="$("$OBJDUMP" -p "$OUT/kvl_core.node" 2>&1)"
-        n_imports="$(awk '/DLL Name:/ { dll = $3 } dll == "node.exe" && $NF ~ /^napi_/ { n++ } END { print n + 0 }' <<<"$dump")"
+        syms="$("${CC%gcc}nm" "$OUT/kvl_core.node" 2>&1)"
+        n_direct="$(awk '/DLL Name:/ { dll = $3 } dll == "node.exe" && $NF ~ /^napi_/ { n++ } END { print n + 0 }' <<<"$dump")"
+        n_delayed="$(grep -c ' __imp_napi_' <<<"$syms")"
         other_dlls="$(awk '/DLL Name:/ { print $3 }' <<<"$dump" | sort -u | tr '\n' ' ')"
-        if [ "$n_imports" -gt 0 ] && grep -Eq '\] napi_register_module_v1$' <<<"$dump"; then
-            echo "ok      kvl_core.node imports $n_imports napi_* from node.exe, exports napi_register_module_v1 (DLLs: $other_dlls)"
+        exports_entry="$(grep -Eq '\] napi_register_module_v1$' <<<"$dump" && echo present || echo missing)"
+        if [ "$n_direct" -eq 0 ] && [ "$n_delayed" -gt 0 ] && grep -q ' __DELAY_IMPORT_DESCRIPTOR_' <<<"$syms" &&
+            grep -q ' __pfnDliNotifyHook2$' <<<"$syms" && [ "$exports_entry" = present ]; then
+            echo "ok      kvl_core.node delay-loads $n_delayed napi_* from node.exe (hooked to the host executable), exports napi_register_module_v1 (DLLs: $other_dlls)"
         else
-            echo "FAILED  kvl_core.node PE check: $n_imports napi_* imports from node.exe; napi_register_module_v1 export $(grep -Eq '\] napi_register_module_v1$' <<<"$dump" && echo present || echo missing)"
+            echo "FAILED  kvl_core.node PE check: $n_direct napi_* imported directly from node.exe, $n_delayed delay-loaded; napi_register_module_v1 export $exports_entry"
             failed+=("kvl_core.node (imports/exports)")
         fi
+    fi
+fi
+
+if [ ${#failed[@]} -eq 0 ] && [ -n "$KEEP" ]; then
+    if mkdir -p "$KEEP" && cp "$OUT/kvl_core.node" "$KEEP/kvl_core.node"; then
+        echo "ok      kvl_core.node kept as $KEEP/kvl_core.node"
+    else
+        failed+=("kvl_core.node (copy to $KEEP)")
     fi
 fi
 

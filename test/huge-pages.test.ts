@@ -26,6 +26,13 @@ describe("the transparent huge page mode", () => {
     expect(readThpMode(file)).toBe("always");
     expect(readThpMode(join(dir, "missing"))).toBeNull();
   });
+
+  it("is null on every platform but Linux, even where the file can be read (Windows under Wine reads Linux's)", () => {
+    const file = join(dir, "enabled-elsewhere");
+    writeFileSync(file, "always [madvise] never\n");
+    expect(readThpMode(file, "linux")).toBe("madvise");
+    for (const platform of ["win32", "darwin", "freebsd"] as const) expect(readThpMode(file, platform)).toBeNull();
+  });
 });
 
 describe("what the mode means for a backend's direct reads", () => {

@@ -1,4 +1,5 @@
-/** scripts/quickstart --demo as the README has a new user run it: install, synth, pack, doctor,
+/** scripts/quickstart --demo as the README has a new user run it (the bash door to
+ * scripts/quickstart.mjs, whose steps are the same on every OS): install, synth, pack, doctor,
  * then the interactive chat. `npm ci` is replaced by a stand-in on PATH (the suite already runs
  * from an installed checkout, and a real `npm ci` would replace the node_modules it runs from);
  * everything after it is the script itself. */

@@ -1,6 +1,6 @@
 // run.mjs — times decode_variants.wasm (see decode_variants.c): GB/s of weights, best of 5 timed
 // runs per round, best of 4 rounds with the variants interleaved; one thread.
-// Usage: node --experimental-wasm-relaxed-simd run.mjs decode_variants.wasm
+// Usage: node [--experimental-wasm-relaxed-simd: Node 20 only] run.mjs decode_variants.wasm (run.sh decides)
 import fs from "node:fs";
 
 const names = ["widen (today)", "widen + plain-load prefetch", "mask/shift, no widening", "relaxed dot i16x8 (8-bit)", "relaxed dot-add i32x4 (8-bit)"];
