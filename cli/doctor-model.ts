@@ -99,7 +99,8 @@ async function checkPack(model: string): Promise<{ check: Check; reader: PackRea
 
 async function checkData(reader: PackReader, quick: boolean, progress: Progress): Promise<Check> {
   if (quick) {
-    return { status: "WARN", name: "data", detail: "tensor data not checked (--quick): a corrupt byte in trunk.bin, experts.bin or vision.bin would go unnoticed" };
+    return { status: "WARN", name: "data", detail: "tensor data not checked (--quick): a corrupt byte in trunk.bin, experts.bin or vision.bin " +
+      "goes unnoticed here (chat and serve find it only when they first read that tensor)" };
   }
   const total = reader.dataBytes;
   progress.start("checking tensor data", total);

@@ -140,6 +140,9 @@ export interface PromptRecord {
   expert_stall_s: number;
   trunk_bytes_read: number;
   expert_bytes_read: number;
+  /** CRC checks of data read for the first time (thread time, summed over threads) and their bytes */
+  verify_s: number;
+  verify_bytes: number;
   distinct_experts?: number;
   bound_ssd_bytes?: number;
   bound_ram_bytes?: number;
@@ -181,6 +184,12 @@ export interface DecodeRecord {
   trunk_stall_s_per_token: number;
   expert_bytes_read: number;
   trunk_bytes_read: number;
+  /** CRC checks of data read for the first time: thread time per token (summed over the threads
+   * that checked), its share of the decode step (verify / s_per_token_mean; thread time, so on
+   * several threads it can exceed what the step actually lost), and bytes per token */
+  verify_s_per_token: number;
+  verify_share: number;
+  verify_bytes_per_token: number;
   ram_bytes_per_token?: number;
   bound_ssd_s?: number;
   bound_ram_s?: number;

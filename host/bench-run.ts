@@ -7,7 +7,7 @@
  * the RAM plan (planner.ts, with the plan's instances, reconciled with what the engines report);
  * a cold prefill of a random prompt (bench-prompt.ts) in one chunk, greedy decode, optionally
  * a warm-up prefill and the same prompt and decode again on warm caches; the engine-stats deltas
- * of each phase; --membw probes around each decode; --drop-caches before each open; the peak
+ * of each phase (the CRC checks of first reads among them: their share of the decode step); --membw probes around each decode; --drop-caches before each open; the peak
  * RSS of each run (VmHWM, reset before each engine open where Linux allows, after a garbage
  * collection so a closed run's WebAssembly memories are gone) against its plan; and the --json
  * record these make. Does not own: the bounds (bench-model.ts), the limits (bench-limits.ts),
@@ -63,6 +63,9 @@ export interface RunRecord {
   instances: number;
   prompt_tokens: number;
   open_s: number;
+  /** CRC checks at open (every trunk tensor the engine reads then), thread time and bytes */
+  open_verify_s: number;
+  open_verify_bytes: number;
   plan_total_bytes: number;
   plan: string;
   plan_differences: string[];
@@ -165,7 +168,7 @@ function timePrompt(hosted: HostedEngine, tokens: Int32Array, maxContext: number
       record: {
         tokens: tokens.length, prefill_s: t1 - t0, first_token_s: t2 - t0, prefill_tokens_per_s: tokens.length / (t1 - t0), first_token: first,
         ssd_bytes: ssdBytes(d), expert_misses: d.expertMisses, expert_hits: d.expertHits, expert_stall_s: d.expertStallNs / 1e9,
-        trunk_bytes_read: d.trunkBytesRead, expert_bytes_read: d.expertBytesRead,
+        trunk_bytes_read: d.trunkBytesRead, expert_bytes_read: d.expertBytesRead, verify_s: d.verifyNs / 1e9, verify_bytes: d.verifyBytes,
       },
     };
   } catch (err) {
@@ -199,6 +202,7 @@ function timeDecode(hosted: HostedEngine, session: CoreSession, first: number, n
     tokens_per_s: 1 / mean, ssd_bytes_per_token: ssdBytes(d) / n, expert_hit_rate: hitRate(d),
     expert_stall_s_per_token: d.expertStallNs / 1e9 / n, trunk_stall_s_per_token: d.trunkStallNs / 1e9 / n,
     expert_bytes_read: d.expertBytesRead, trunk_bytes_read: d.trunkBytesRead,
+    verify_s_per_token: d.verifyNs / 1e9 / n, verify_share: d.verifyNs / 1e9 / (mean * n), verify_bytes_per_token: d.verifyBytes / n,
   };
 }
 
@@ -254,7 +258,8 @@ async function benchOne(o: BenchOptions, backend: BackendName, n: number, pb: Pa
     const kvRow = kvRowBytes(pb, info.kvDtype);
     const streamedTrunk = ramPlan.trunkCacheable - info.trunkCacheBytes;
     run = {
-      backend, instances: hosted.ranges.length, prompt_tokens: n, open_s: openS, plan_total_bytes: ramPlan.total, plan: ramPlan.describe(),
+      backend, instances: hosted.ranges.length, prompt_tokens: n, open_s: openS, open_verify_s: openStats.verifyNs / 1e9,
+      open_verify_bytes: openStats.verifyBytes, plan_total_bytes: ramPlan.total, plan: ramPlan.describe(),
       plan_differences: differences, open_ssd_bytes: ssdBytes(openStats),
       info: {
         n_threads: info.nThreads, kernels: info.kernels, kv_dtype: info.kvDtype, act_dtype: info.actDtype, trunk_direct_io: info.trunkDirectIo,

@@ -69,8 +69,11 @@ export interface PackingCore {
 export const KVL_STATUS_NAMES: Readonly<Record<number, string>> = {
   0: "ok", 1: "I/O error", 2: "format error", 3: "config error", 4: "out of memory",
   5: "invalid argument", 6: "context full", 7: "cancelled", 8: "unsupported", 9: "internal error",
+  10: "corrupt pack data",
 };
 export const KVL_ERR_FORMAT = 2;
+/** Pack data read at run time does not match its CRC-32 (kvl_core.h KVL_ERR_CORRUPT). */
+export const KVL_ERR_CORRUPT = 10;
 
 /** The kernel-set, packing and text-engine API of kvl_core.h. */
 export interface CoreBackend extends PackingCore {

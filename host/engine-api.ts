@@ -4,12 +4,14 @@
  *
  * Owns: the TypeScript shapes of engine options, info and stats, the CoreEngine / CoreSession
  * interfaces each backend implements, the translation of options to the C enums, CoreError
- * (a failed kvl_status with the core's detail message), the shape arithmetic of a vision call
+ * (a failed kvl_status with the core's detail message) and CorruptPackError (the main thread's
+ * form of KVL_ERR_CORRUPT), the shape arithmetic of a vision call
  * (visionShape) and roundToBf16 (media rows as the official model feeds them). Does not own:
  * marshalling (each backend does its own: the addon takes typed arrays, the wasm instance copies
  * through its memory).
  */
 import { KVL_STATUS_NAMES } from "./core-api.js";
+import { UserError } from "./user-error.js";
 
 export type IoMode = "auto" | "direct" | "buffered";
 export type KernelChoice = "auto" | "scalar" | "avx2" | "avx512" | "simd128";
@@ -97,6 +99,11 @@ export interface EngineStats {
   visionBytesRead: number;
   tokensPrefilled: number;
   tokensDecoded: number;
+  /** Time the CRC-32 checks of pack data on first read took (summed over the threads that made
+   * them: expert readers, trunk streamer, the pool at open and for vision), and the bytes they
+   * covered (docs/FORMAT.md "Checks at run time"). */
+  verifyNs: number;
+  verifyBytes: number;
 }
 
 export interface SessionOptions {
@@ -170,6 +177,20 @@ export class CoreError extends Error {
   }
   get statusName(): string {
     return KVL_STATUS_NAMES[this.status] ?? `status ${this.status}`;
+  }
+}
+
+/**
+ * Pack data that did not match its CRC-32 when the engine read it (KVL_ERR_CORRUPT): a damaged
+ * trunk.bin, experts.bin or vision.bin. The message is the core's: the file, the tensor (its
+ * layer, expert or vision block) and the `kvl doctor` command to run. A UserError (the user
+ * repairs the pack; no stack trace); the engine stays usable. What the main thread gets for a
+ * CoreError with that status (engine-client.ts).
+ */
+export class CorruptPackError extends UserError {
+  constructor(message: string) {
+    super(message);
+    this.name = "CorruptPackError";
   }
 }
 

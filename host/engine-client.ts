@@ -3,8 +3,8 @@
  * operations as engine-api.ts, as promises, with cancellation.
  *
  * Owns: starting and stopping the worker (the compiled dist/host/engine-worker.js), matching
- * replies to requests (image encoding among them), rebuilding errors (CoreError, UserError) from
- * the worker's, and cancellation: a session's cancel() stores 1 in its shared cancel flags, which
+ * replies to requests (image encoding among them), rebuilding errors (CoreError, UserError, and
+ * CorruptPackError for KVL_ERR_CORRUPT) from the worker's, and cancellation: a session's cancel() stores 1 in its shared cancel flags, which
  * the core reads before each layer while the worker is busy inside it; every call clears them
  * first. The worker exiting fails every pending call with one clear error.
  */
@@ -12,7 +12,8 @@ import { join } from "node:path";
 import { Worker } from "node:worker_threads";
 
 import type { BackendName } from "./core-api.js";
-import { CoreError, type EngineInfo, type EngineStats, type LogitsMode, type SessionOptions } from "./engine-api.js";
+import { KVL_ERR_CORRUPT } from "./core-api.js";
+import { CoreError, CorruptPackError, type EngineInfo, type EngineStats, type LogitsMode, type SessionOptions } from "./engine-api.js";
 import type { HostedEngineOptions } from "./engine-host.js";
 import type { EngineReply, EngineRequest, SerializedError } from "./engine-protocol.js";
 import type { GenerationRequest, GenerationResult } from "./generation.js";
@@ -28,7 +29,8 @@ type RequestBody = EngineRequest extends infer R ? (R extends EngineRequest ? Om
 function rebuild(error: SerializedError): Error {
   switch (error.kind) {
     case "core":
-      return new CoreError(error.status, error.message);
+      // corrupt pack data is the user's to repair (kvl doctor), not a bug: a one-line error
+      return error.status === KVL_ERR_CORRUPT ? new CorruptPackError(error.message) : new CoreError(error.status, error.message);
     case "user":
       return new UserError(error.message);
     case "argument":

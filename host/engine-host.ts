@@ -16,6 +16,7 @@ import { join } from "node:path";
 
 import type { BackendName, CoreBackend } from "./core-api.js";
 import type { CoreEngine, EngineOptions } from "./engine-api.js";
+import { envPositiveInt } from "./env.js";
 import { textDims } from "./model-spec.js";
 import { NativeBackend } from "./native-backend.js";
 import { SplitEngine, layerRanges } from "./split-engine.js";
@@ -42,11 +43,9 @@ export interface HostedEngineOptions extends Omit<EngineOptions, "layerBegin" | 
 
 /** The instance count asked for: the option, else KVL_INSTANCES, else 1. */
 export function requestedInstances(option: number | undefined, env: NodeJS.ProcessEnv = process.env): number {
-  const raw = option ?? (env.KVL_INSTANCES !== undefined && env.KVL_INSTANCES !== "" ? Number(env.KVL_INSTANCES) : 1);
-  if (!Number.isInteger(raw) || raw < 1) {
-    throw new UserError(`--instances / KVL_INSTANCES must be a positive integer, got ${JSON.stringify(option ?? env.KVL_INSTANCES)}`);
-  }
-  return raw;
+  const n = option ?? envPositiveInt("KVL_INSTANCES", env) ?? 1;
+  if (!Number.isInteger(n) || n < 1) throw new UserError(`--instances must be a positive integer, got ${JSON.stringify(option)}`);
+  return n;
 }
 
 /** A model opened over one or more engines, and the backends that own their memory. */

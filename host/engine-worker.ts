@@ -15,7 +15,7 @@ import { CoreError } from "./engine-api.js";
 import { type HostedEngine, openHostedEngine } from "./engine-host.js";
 import { GenerationSession } from "./generation.js";
 import type { EngineReply, EngineRequest, SerializedError } from "./engine-protocol.js";
-import { UserError } from "./user-error.js";
+import { UserError, fsUserError } from "./user-error.js";
 
 if (!parentPort) throw new Error("engine-worker.ts runs as a worker_threads worker");
 const port = parentPort;
@@ -27,6 +27,8 @@ let nextSession = 1;
 function serialize(err: unknown): SerializedError {
   if (err instanceof CoreError) return { kind: "core", status: err.status, message: err.message };
   if (err instanceof UserError) return { kind: "user", message: err.message };
+  const fsError = fsUserError(err); // a file the pack's reads need: missing, unreadable, ...
+  if (fsError !== null) return { kind: "user", message: fsError.message };
   if (err instanceof RangeError || err instanceof TypeError) return { kind: "argument", message: err.message };
   const e = err instanceof Error ? err : new Error(String(err));
   return { kind: "internal", message: e.message, ...(e.stack !== undefined ? { stack: e.stack } : {}) };

@@ -75,7 +75,7 @@ export function freeHeapBytes(core: Pick<EmscriptenEngineExports, "_malloc" | "_
 
 const OPTIONS_BYTES = 56;
 const INFO_BYTES = 152;
-const STATS_BYTES = 88;
+const STATS_BYTES = 104;
 const ERR_BYTES = 8192; // messages quote paths of up to 4 KiB
 
 /** Scratch in the instance: malloc'd for one call, freed after it. */
@@ -185,6 +185,7 @@ export class WasmEngine implements CoreEngine {
       return {
         expertHits: u(0), expertMisses: u(1), expertBytesRead: u(2), expertStallNs: u(3), trunkHits: u(4), trunkMisses: u(5),
         trunkBytesRead: u(6), trunkStallNs: u(7), visionBytesRead: u(8), tokensPrefilled: u(9), tokensDecoded: u(10),
+        verifyNs: u(11), verifyBytes: u(12),
       };
     });
   }

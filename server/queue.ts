@@ -7,13 +7,16 @@
  * one Job at a time on the model's single conversation (so its KV carries over and the next
  * request reuses the longest common prefix), cancelling a Job whose client left (a waiting one is
  * skipped, a running one stops at the next token or inside prefill), turning what generation
- * throws into ApiErrors (a UserError is the client's 400, anything else a logged 500 — the queue
- * goes on either way), and shutdown (the running reply stops, waiting ones get 503).
+ * throws into ApiErrors (a UserError is the client's 400; corrupt pack data, CorruptPackError,
+ * is a logged 500 naming the file and tensor, as the server's fault, not the client's and not
+ * transient; anything else a logged 500 — the queue goes on either way), and shutdown (the
+ * running reply stops, waiting ones get 503).
  * Does not own: HTTP or the API dialects (app.ts and the dialect modules), the model itself
  * (model.ts / host/chat-model.ts).
  */
 import type { ReplyReport } from "../host/chat-model.js";
 import type { Message } from "../host/conversation.js";
+import { CorruptPackError } from "../host/engine-api.js";
 import type { ReplyParams } from "../host/reply-params.js";
 import { UserError } from "../host/user-error.js";
 import { ApiError, RETRY_AFTER_S } from "./errors.js";
@@ -193,6 +196,10 @@ export class EngineQueue {
         job.settle({ error: new JobCancelled() }); // whatever broke, nobody is waiting for it
       } else if (this.#stopping) {
         job.settle({ error: new ApiError("unavailable", "the server is shutting down") });
+      } else if (err instanceof CorruptPackError) {
+        // before UserError: the pack is damaged, which the client cannot fix; the engine stays up
+        this.log(`kvl serve: ${err.message}`);
+        job.settle({ error: new ApiError("server", err.message) });
       } else if (err instanceof UserError) {
         job.settle({ error: new ApiError("invalid_request", err.message) });
       } else if (err instanceof ApiError) {

@@ -1,7 +1,9 @@
 /**
  * `kvl bench` (cli/bench.ts over host/bench-*.ts) on a tiny synthesized pack, on both backends:
  * the byte accounting the bounds rest on, checked against the pack's own index and against what
- * the engine read (ported from tests/test_bench.py); the --membw probes around each decode (a
+ * the engine read (ported from tests/test_bench.py), the CRC checks of first reads among them
+ * (every trunk tensor at open, each distinct expert once: the bytes, from the index, that the
+ * share of the decode step rests on); the --membw probes around each decode (a
  * stand-in membw script); `--backend both` and its native/wasm ratios; clear errors for bad
  * options; the prompts are the Python bench's; the Node fallback of the limits. Timing is never
  * asserted, only structure and bytes. The command runs as a user runs it, in a child process over
@@ -118,6 +120,15 @@ describe.each(BACKENDS)("on $backend, $instances instance(s)", ({ backend, insta
     const decode = run.decode_after_cold;
     expect(decode.tokens).toBe(3);
     expect(decode.context_start).toBe(24);
+    // CRC checks of first reads: every trunk tensor at open (all resident here; each range reads
+    // its own, the embedding the first, lm_head the last), then each extent read for the first
+    // time (the cache holds them all, so every extent read is one) and nothing more
+    const trunk = (await PackReader.open(pack)).stores.get("trunk")!.records;
+    expect(run.streamed_trunk_bytes).toBe(0);
+    expect(run.open_verify_bytes).toBe(trunk.reduce((n: number, r) => n + r.nbytes, 0));
+    expect(cold.verify_bytes).toBe(cold.distinct_experts * pb.extent_data);
+    expect(decode.verify_bytes_per_token * decode.tokens).toBe((decode.expert_bytes_read / pb.extent_padded) * pb.extent_data);
+    expect(decode.verify_share).toBe((decode.verify_s_per_token * decode.tokens) / (decode.s_per_token_mean * decode.tokens));
     // the bound uses the fixed limits given above
     expect(decode.bound_ram_s).toBe(decode.ram_bytes_per_token / 10e9);
     expect(decode.bound_ssd_s).toBe(decode.ssd_bytes_per_token / 1e9);

@@ -51,7 +51,7 @@ if [ "${1:-}" = "--tests" ]; then
     out="${2:?usage: build-wasm.sh --tests OUT_DIR}"
     mkdir -p "$out"
     # Tests that need no files of their own (the store tests write packs: they run natively).
-    for t in test_kernels test_threadpool test_sampler test_packing; do
+    for t in test_kernels test_threadpool test_sampler test_packing test_crc32; do
         # A fixed pool (the last -s wins over LINK's Module.kvlPthreads, which no test sets): with
         # none, main() on its proxied pthread never started and Node exited 0 having run nothing.
         emcc "${CFLAGS[@]}" "${SOURCES[@]}" "wasm-core/tests/$t.c" "${LINK[@]}" \

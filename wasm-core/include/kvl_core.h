@@ -42,7 +42,13 @@ typedef enum kvl_status {
     KVL_ERR_CANCELLED = 7,     /* kvl_session_cancel() interrupted the call; the session is
                                   rolled back to its position before the call */
     KVL_ERR_UNSUPPORTED = 8,   /* e.g. forced direct I/O that the filesystem refuses */
-    KVL_ERR_INTERNAL = 9
+    KVL_ERR_INTERNAL = 9,
+    KVL_ERR_CORRUPT = 10       /* a tensor's data, read from trunk.bin, experts.bin or vision.bin,
+                                  does not match its CRC-32 in the index: the file is damaged.
+                                  kvl_engine_last_error() names the file and the tensor. Nothing
+                                  computed from those bytes was returned; the session is rolled
+                                  back and the engine stays usable (a later call that needs the
+                                  same tensor reads and checks it again, and fails again). */
 } kvl_status;
 
 KVL_API const char *kvl_strerror(kvl_status status);
@@ -140,6 +146,10 @@ typedef struct kvl_stats {
     uint64_t trunk_stall_ns;
     uint64_t vision_bytes_read;
     uint64_t tokens_prefilled, tokens_decoded;
+    /* CRC-32 checks of pack data as it is first read (docs/FORMAT.md "Checks at run time"):
+     * time spent computing them, summed over the threads that did (the expert readers, the trunk
+     * streamer, the pool at open and for vision), and the bytes checked. */
+    uint64_t verify_ns, verify_bytes;
 } kvl_stats;
 
 KVL_API kvl_status kvl_engine_open(const char *pack_dir, const kvl_engine_options *options,

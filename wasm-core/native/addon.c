@@ -746,6 +746,8 @@ static const kvl_field STATS_FIELDS[] = {
     FIELD_U64(kvl_stats, vision_bytes_read),
     FIELD_U64(kvl_stats, tokens_prefilled),
     FIELD_U64(kvl_stats, tokens_decoded),
+    FIELD_U64(kvl_stats, verify_ns),
+    FIELD_U64(kvl_stats, verify_bytes),
 };
 
 static napi_value struct_to_object(napi_env env, const void *base, const kvl_field *fields, size_t n)

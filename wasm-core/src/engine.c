@@ -4,7 +4,12 @@
  * decoder needs, agreement between stores), the resident "global" tensors, the trunk cache
  * (resident non-global trunk tensors in layer order up to a budget) and the double-buffered
  * streamer with its I/O thread for the rest, the expert cache set-up, RAM figures, stats,
- * error messages, and session lifetime/argument checks (chunking of prefill).
+ * error messages, and session lifetime/argument checks (chunking of prefill). Also the CRC
+ * check of trunk data on first read (docs/FORMAT.md "Checks at run time"): every tensor read at
+ * open (lm_head, norms, routers, the resident trunk, and the embedding, read whole once for the
+ * check because decoding reads it a row at a time) before it is used or converted, each streamed
+ * tensor in the streamer's I/O thread the first time it arrives; kvl_engine_check (the pool's
+ * threads) and kvl_engine_corrupt (the error) for vision.c too.
  * Does not own: the forward math (model.c), vision (vision.c), file format parsing (store.c),
  * expert caching policy (expert_cache.c), kernels.
  */
@@ -14,6 +19,7 @@
 #include <string.h>
 
 #include "engine_internal.h"
+#include "crc32.h"
 
 #ifdef _WIN32
 #define WIN32_LEAN_AND_MEAN
@@ -135,6 +141,7 @@ const char *kvl_strerror(kvl_status status)
     case KVL_ERR_CANCELLED: return "cancelled";
     case KVL_ERR_UNSUPPORTED: return "unsupported";
     case KVL_ERR_INTERNAL: return "internal error";
+    case KVL_ERR_CORRUPT: return "pack data does not match its CRC (corrupt file)";
     }
     return "unknown status";
 }
@@ -155,6 +162,99 @@ kvl_status kvl_engine_fail(kvl_engine *engine, kvl_status status, const char *fm
 const char *kvl_engine_last_error(const kvl_engine *engine)
 {
     return engine ? engine->last_error : "no engine";
+}
+
+/* ---- CRC checks of pack data on first read --------------------------------------------------- */
+
+kvl_status kvl_engine_corrupt(kvl_engine *e, const char *file, const char *tensor)
+{
+    /* where the tensor sits, from its FORMAT.md name */
+    char where[64] = "";
+    const char *layer = strstr(tensor, ".layers."), *expert = strstr(tensor, ".experts.");
+    const char *block = strstr(tensor, ".blocks.");
+    if (layer && expert)
+        snprintf(where, sizeof where, " (layer %d, expert %d)", atoi(layer + 8), atoi(expert + 9));
+    else if (layer)
+        snprintf(where, sizeof where, " (layer %d)", atoi(layer + 8));
+    else if (block)
+        snprintf(where, sizeof where, " (vision block %d)", atoi(block + 8));
+    return kvl_engine_fail(e, KVL_ERR_CORRUPT, "%s: tensor '%s'%s does not match its CRC-32 in "
+                           "the index: the pack is corrupt; run `kvl doctor %s` (it checks every "
+                           "tensor), then repack or copy the pack again", file, tensor, where,
+                           e->pack_dir ? e->pack_dir : "MODEL");
+}
+
+/* CRC-32 of one buffer over the pool: each thread takes a range, the CRCs are combined in order. */
+#define CRC_MAX_PARTS 256
+typedef struct crc_job {
+    const unsigned char *data;
+    size_t len;
+    int parts;
+    uint32_t crc[CRC_MAX_PARTS];
+} crc_job;
+
+static void crc_part(void *ctx, int ti, int nt)
+{
+    crc_job *j = (crc_job *)ctx;
+    size_t b, end;
+    (void)nt;
+    if (ti >= j->parts) return;
+    kvl_split_range(j->len, 64, ti, j->parts, &b, &end);
+    j->crc[ti] = kvl_crc32_fast(0, j->data + b, end - b);
+}
+
+static uint32_t pool_crc(kvl_engine *e, const void *data, size_t len)
+{
+    int nt = e->pool ? kvl_pool_size(e->pool) : 1;
+    /* below ~1 MiB a pool run's wake-ups (tens of microseconds in WebAssembly) are not worth it */
+    if (nt <= 1 || len < ((size_t)1 << 20)) return kvl_crc32_fast(0, data, len);
+    crc_job j;
+    j.data = (const unsigned char *)data;
+    j.len = len;
+    j.parts = nt < CRC_MAX_PARTS ? nt : CRC_MAX_PARTS;
+    kvl_pool_run(e->pool, crc_part, &j);
+    uint32_t crc = j.crc[0];
+    for (int i = 1; i < j.parts; i++) {
+        size_t b, end;
+        kvl_split_range(len, 64, i, j.parts, &b, &end);
+        crc = kvl_crc32_combine(crc, j.crc[i], end - b);
+    }
+    return crc;
+}
+
+kvl_status kvl_engine_check(kvl_engine *e, kvl_store *store, const char *file,
+                            const kvl_tensor_rec *rec, const void *data)
+{
+    if (kvl_store_verified(store, rec)) return KVL_OK;
+    uint64_t t0 = kvl_now_ns();
+    uint32_t crc = pool_crc(e, data, (size_t)rec->nbytes);
+    e->verify_ns += kvl_now_ns() - t0;
+    e->verify_bytes += rec->nbytes;
+    if (crc != rec->crc32) return kvl_engine_corrupt(e, file, rec->name);
+    kvl_store_set_verified(store, rec);
+    return KVL_OK;
+}
+
+/* A tensor the engine never holds whole (the embedding: decoding reads one row per token) is
+ * checked at open by reading it through `bounce`, engine memory not filled yet (bounce_bytes, a
+ * multiple of 4 KiB, 4 KiB-aligned), so a flipped bit in it is found before any turn uses it. */
+static kvl_status check_through(kvl_engine *e, kvl_store *store, const char *file,
+                                const kvl_tensor_rec *rec, void *bounce, uint64_t bounce_bytes)
+{
+    uint32_t crc = 0;
+    for (uint64_t at = 0; at < rec->nbytes; at += bounce_bytes) {
+        uint64_t n = rec->nbytes - at < bounce_bytes ? rec->nbytes - at : bounce_bytes;
+        kvl_status st = kvl_store_read(store, rec->offset + at, n, bounce);
+        if (st != KVL_OK)
+            return kvl_engine_fail(e, st, "%s: reading '%s' failed", file, rec->name);
+        uint64_t t0 = kvl_now_ns();
+        crc = kvl_crc32_combine(crc, pool_crc(e, bounce, (size_t)n), n);
+        e->verify_ns += kvl_now_ns() - t0;
+        e->verify_bytes += n;
+    }
+    if (crc != rec->crc32) return kvl_engine_corrupt(e, file, rec->name);
+    kvl_store_set_verified(store, rec);
+    return KVL_OK;
 }
 
 /* ---- trunk streamer: double buffer + one I/O thread ------------------------------------------ */
@@ -187,10 +287,25 @@ static void stream_io_loop(kvl_stream *st)
         const kvl_tensor_rec *rec = t->tt[st->tensor[slot]].rec;
         mutex_unlock(&st->mu);
         kvl_status s = kvl_store_read(st->engine->trunk, rec->offset, rec->nbytes, st->buf[slot]);
+        /* first read of this tensor: its CRC, here where the bytes arrive (compute overlaps) */
+        uint64_t crc_ns = 0;
+        int checked = 0;
+        if (s == KVL_OK && !kvl_store_verified(st->engine->trunk, rec)) {
+            uint64_t t0 = kvl_now_ns();
+            uint32_t crc = kvl_crc32_fast(0, st->buf[slot], (size_t)rec->nbytes);
+            crc_ns = kvl_now_ns() - t0;
+            checked = 1;
+            if (crc == rec->crc32) kvl_store_set_verified(st->engine->trunk, rec);
+            else s = KVL_ERR_CORRUPT;
+        }
         mutex_lock(&st->mu);
         st->status[slot] = s;
         st->state[slot] = SLOT_READY;
         if (s == KVL_OK) t->trunk_bytes_read += rec->nbytes;
+        if (checked) {
+            t->stream_verify_ns += crc_ns;
+            t->stream_verify_bytes += rec->nbytes;
+        }
         cond_broadcast(&st->cv);
     }
     mutex_unlock(&st->mu);
@@ -247,8 +362,10 @@ kvl_status kvl_trunk_get(kvl_engine *engine, int id, const uint16_t **out)
     }
     kvl_status s = st->status[slot];
     if (s != KVL_OK) {
+        /* empty again: the next use reads (and checks) it afresh */
         st->state[slot] = SLOT_EMPTY;
         mutex_unlock(&st->mu);
+        if (s == KVL_ERR_CORRUPT) return kvl_engine_corrupt(engine, "trunk.bin", tt->rec->name);
         return kvl_engine_fail(engine, s, "reading trunk tensor '%s' from trunk.bin failed",
                                tt->rec->name);
     }
@@ -619,10 +736,15 @@ static kvl_status load_text(open_ctx *c, const kvl_engine_options *o)
         char *p = (char *)t->global_mem;
         uint16_t *tmp = (uint16_t *)malloc((size_t)(H > kvl ? H : kvl) * 2 + 64);
         if (!tmp) { st = oerr(c, KVL_ERR_NOMEM, "out of memory opening the pack"); goto out; }
+        /* every tensor is checked against its CRC as read, before it is used or converted */
 #define READ_PAGED(rec, dst)                                                                      \
         do {                                                                                      \
             if ((st = kvl_store_read(e->trunk, (rec)->offset, (rec)->nbytes, p)) != KVL_OK) {     \
                 st = oerr(c, st, "trunk.bin: reading '%s' failed", (rec)->name);                  \
+                goto globals_done;                                                                \
+            }                                                                                     \
+            if ((st = kvl_engine_check(e, e->trunk, "trunk.bin", (rec), p)) != KVL_OK) {          \
+                st = oerr(c, st, "%s", e->last_error);                                            \
                 goto globals_done;                                                                \
             }                                                                                     \
             (dst) = (const uint16_t *)(void *)p;                                                  \
@@ -632,6 +754,10 @@ static kvl_status load_text(open_ctx *c, const kvl_engine_options *o)
         do {                                                                                      \
             if ((st = kvl_store_read_small(e->trunk, (rec)->offset, (rec)->nbytes, tmp)) != KVL_OK) { \
                 st = oerr(c, st, "trunk.bin: reading '%s' failed", (rec)->name);                  \
+                goto globals_done;                                                                \
+            }                                                                                     \
+            if ((st = kvl_engine_check(e, e->trunk, "trunk.bin", (rec), tmp)) != KVL_OK) {        \
+                st = oerr(c, st, "%s", e->last_error);                                            \
                 goto globals_done;                                                                \
             }                                                                                     \
             e->k->bf16_to_f32((float *)(void *)p, tmp, (size_t)(count));                         \
@@ -661,6 +787,10 @@ static kvl_status load_text(open_ctx *c, const kvl_engine_options *o)
                 const kvl_tensor_rec *rb = small[l * 5 + 4];
                 if ((st = kvl_store_read_small(e->trunk, rb->offset, rb->nbytes, p)) != KVL_OK) {
                     st = oerr(c, st, "trunk.bin: reading '%s' failed", rb->name);
+                    goto globals_done;
+                }
+                if ((st = kvl_engine_check(e, e->trunk, "trunk.bin", rb, p)) != KVL_OK) {
+                    st = oerr(c, st, "%s", e->last_error);
                     goto globals_done;
                 }
                 lg->router_bias = (const float *)(void *)p;
@@ -719,6 +849,15 @@ static kvl_status load_text(open_ctx *c, const kvl_engine_options *o)
             }
         }
         t->trunk_bytes = used;
+        /* the first range reads embedding rows: the whole tensor is checked now, through the
+         * trunk cache before it is filled (else through a streaming buffer, below) */
+        const uint64_t bounce_max = (uint64_t)64 << 20;
+        if (t->layer_begin == 0 && used > 0 &&
+            (st = check_through(e, e->trunk, "trunk.bin", t->embed, t->trunk_mem,
+                                used < bounce_max ? used : bounce_max)) != KVL_OK) {
+            st = oerr(c, st, "%s", e->last_error);
+            goto out;
+        }
         char *p = (char *)t->trunk_mem;
         uint64_t max_streamed = 0;
         int first = -1, prev = -1;
@@ -728,6 +867,10 @@ static kvl_status load_text(open_ctx *c, const kvl_engine_options *o)
             if (i < first_streamed) {
                 if ((st = kvl_store_read(e->trunk, tt->rec->offset, tt->rec->nbytes, p)) != KVL_OK) {
                     st = oerr(c, st, "trunk.bin: reading '%s' failed", tt->rec->name);
+                    goto out;
+                }
+                if ((st = kvl_engine_check(e, e->trunk, "trunk.bin", tt->rec, p)) != KVL_OK) {
+                    st = oerr(c, st, "%s", e->last_error);
                     goto out;
                 }
                 tt->resident = (const uint16_t *)p;
@@ -750,6 +893,12 @@ static kvl_status load_text(open_ctx *c, const kvl_engine_options *o)
                 goto out;
             }
             t->workspace_bytes = 2 * max_streamed;
+        }
+        if (t->layer_begin == 0 && used == 0 && t->stream &&
+            (st = check_through(e, e->trunk, "trunk.bin", t->embed, t->stream->buf[0],
+                                max_streamed)) != KVL_OK) {
+            st = oerr(c, st, "%s", e->last_error);
+            goto out;
         }
     }
 
@@ -853,6 +1002,7 @@ void kvl_engine_free(kvl_engine *e)
     kvl_store_close(e->trunk);
     kvl_store_close(e->experts);
     kvl_store_close(e->vision);
+    free(e->pack_dir);
     free(e);
 }
 
@@ -901,7 +1051,9 @@ kvl_status kvl_engine_open(const char *pack_dir, const kvl_engine_options *optio
     if (!e) return oerr(&c, KVL_ERR_NOMEM, "out of memory");
     c.e = e;
     e->text = (kvl_engine_text *)calloc(1, sizeof *e->text);
-    if (!e->text) { st = oerr(&c, KVL_ERR_NOMEM, "out of memory"); goto fail; }
+    e->pack_dir = (char *)malloc(strlen(pack_dir) + 1);
+    if (!e->text || !e->pack_dir) { st = oerr(&c, KVL_ERR_NOMEM, "out of memory"); goto fail; }
+    memcpy(e->pack_dir, pack_dir, strlen(pack_dir) + 1);
     e->k = kvl_kernels_select(o.kernels);
     if (!e->k) {
         st = oerr(&c, KVL_ERR_UNSUPPORTED, "the requested kernels (%d) are not supported by this "
@@ -1028,14 +1180,25 @@ kvl_status kvl_engine_get_stats(const kvl_engine *e, kvl_stats *out)
     if (!e || !out) return KVL_ERR_INVALID_ARG;
     const kvl_engine_text *t = e->text;
     memset(out, 0, sizeof *out);
-    if (t->ecache)
-        kvl_expert_cache_stats(t->ecache, &out->expert_hits, &out->expert_misses,
-                               &out->expert_bytes_read, &out->expert_stall_ns);
+    if (t->ecache) {
+        kvl_expert_cache_counters k;
+        kvl_expert_cache_counters_get(t->ecache, &k);
+        out->expert_hits = k.hits;
+        out->expert_misses = k.misses;
+        out->expert_bytes_read = k.bytes_read;
+        out->expert_stall_ns = k.stall_ns;
+        out->verify_ns = k.verify_ns;
+        out->verify_bytes = k.verify_bytes;
+    }
     out->trunk_hits = t->trunk_hits;
     out->trunk_misses = t->trunk_misses;
-    if (t->stream) mutex_lock(&t->stream->mu); /* the I/O thread adds to trunk_bytes_read */
+    if (t->stream) mutex_lock(&t->stream->mu); /* the I/O thread adds to these */
     out->trunk_bytes_read = t->trunk_bytes_read;
+    out->verify_ns += t->stream_verify_ns;
+    out->verify_bytes += t->stream_verify_bytes;
     if (t->stream) mutex_unlock(&t->stream->mu);
+    out->verify_ns += e->verify_ns;
+    out->verify_bytes += e->verify_bytes;
     out->trunk_stall_ns = t->trunk_stall_ns;
     out->vision_bytes_read = e->vision_bytes_read;
     out->tokens_prefilled = t->tokens_prefilled;
@@ -1050,9 +1213,11 @@ void kvl_engine_reset_stats(kvl_engine *e)
     if (t->ecache) kvl_expert_cache_reset_stats(t->ecache);
     if (t->stream) mutex_lock(&t->stream->mu);
     t->trunk_hits = t->trunk_misses = t->trunk_bytes_read = t->trunk_stall_ns = 0;
+    t->stream_verify_ns = t->stream_verify_bytes = 0;
     if (t->stream) mutex_unlock(&t->stream->mu);
     t->tokens_prefilled = t->tokens_decoded = 0;
     e->vision_bytes_read = 0;
+    e->verify_ns = e->verify_bytes = 0;
 }
 
 /* ---- sessions ---------------------------------------------------------------------------------- */

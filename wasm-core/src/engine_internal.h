@@ -1,7 +1,8 @@
 /* engine_internal.h — the engine and session structs shared by engine.c, model.c and vision.c.
  * Not part of the public API. engine.c owns their lifetime; model.c owns the forward pass.
  * The first block of struct kvl_engine (k, pool, trunk, experts, vision, vhp,
- * vision_bytes_read, last_error) is what vision.c relies on; keep it.
+ * vision_bytes_read, last_error) is what vision.c relies on; keep it. vision.c also checks the
+ * vision weights it reads with kvl_engine_check.
  */
 #ifndef KVL_ENGINE_INTERNAL_H
 #define KVL_ENGINE_INTERNAL_H
@@ -28,6 +29,9 @@ struct kvl_engine {
     char last_error[512];
     /* engine.c adds the text hparams, caches and resident tensors below */
     struct kvl_engine_text *text;
+    char *pack_dir;                      /* as opened: the kvl doctor advice of kvl_engine_corrupt */
+    /* CRC checks made by the driver thread and its pool (at open, vision weights) */
+    uint64_t verify_ns, verify_bytes;
 };
 
 /* vision.c: validate every vision/projector tensor against engine->vhp (no data read);
@@ -36,6 +40,17 @@ kvl_status kvl_vision_check(kvl_engine *engine);
 
 /* vision.c / model.c: set engine->last_error and return status */
 kvl_status kvl_engine_fail(kvl_engine *engine, kvl_status status, const char *fmt, ...);
+
+/* Checks on first read (docs/FORMAT.md "Checks at run time"), engine.c.
+ * kvl_engine_corrupt: the error of data that does not match its CRC-32 — last_error names the
+ * file ("trunk.bin", "experts.bin", "vision.bin"), the tensor (with its layer, expert or vision
+ * block) and says to run kvl doctor on the pack; returns KVL_ERR_CORRUPT.
+ * kvl_engine_check: data just read for rec (its nbytes bytes) against rec->crc32, unless the
+ * store has the record marked checked; on the pool's threads (the driver thread's work: open,
+ * vision); a match marks the record, a mismatch is kvl_engine_corrupt. */
+kvl_status kvl_engine_corrupt(kvl_engine *engine, const char *file, const char *tensor);
+kvl_status kvl_engine_check(kvl_engine *engine, kvl_store *store, const char *file,
+                            const kvl_tensor_rec *rec, const void *data);
 
 /* ---- text decoder (engine.c fills at open, model.c reads) ---------------------------------- */
 
@@ -104,8 +119,10 @@ typedef struct kvl_engine_text {
     int act_i16_terms;                   /* act_i16: integer terms per input, 2 (I16) or 1 (I16X1, I8) */
     int act_i8;                          /* KVL_ACT_I8: act_i16 with one term, the Q8 products' inputs
                                             8-bit (matmul_q8_i8) */
-    /* trunk counters (one driver thread at a time, plain integers) */
+    /* trunk counters (one driver thread at a time, plain integers; trunk_bytes_read and the
+     * streamer's CRC checks under the streamer's lock) */
     uint64_t trunk_hits, trunk_misses, trunk_bytes_read, trunk_stall_ns;
+    uint64_t stream_verify_ns, stream_verify_bytes;
     uint64_t tokens_prefilled, tokens_decoded;
 } kvl_engine_text;
 

@@ -16,6 +16,15 @@
  * decode step often waits on a single extent, so one extent is read by every reader at once.
  * The slot turns READY (or FAILED) when its last chunk lands.
  *
+ * CRC on first read (docs/FORMAT.md "Checks at run time"): an extent whose record the store has
+ * not yet marked checked is checked as it lands, before any acquire can use it: each reader
+ * computes the CRC-32 of the piece it read (crc32.c, where the bytes arrive, off the compute
+ * threads), the last one combines the pieces' CRCs and compares the whole with experts.idx. A
+ * mismatch fails the read with KVL_ERR_CORRUPT (the slot is FAILED or dropped as for an I/O
+ * error, so a later acquire reads and checks it again); a match marks the record checked, and
+ * its later re-reads (after an eviction) are not checked again. A synchronous read in acquire
+ * checks on the acquiring thread.
+ *
  * Prefetch: a call names one layer's experts in the order they will be acquired. Members
  * already resident are marked wanted; the others are claimed while a slot is free or holds an
  * unpinned extent this batch does not want; what does not fit stays pending and is issued as
@@ -29,12 +38,18 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "crc32.h"
 #include "platform.h"
 
 #define MAX_IO_THREADS 16
 /* Largest block of slots (see struct kvl_expert_cache); a test build sets a few slots' worth. */
 #ifndef KVL_CACHE_BLOCK_BYTES
 #define KVL_CACHE_BLOCK_BYTES ((uint64_t)1 << 30)
+#endif
+/* Size of the pieces readers take (see create); the same test build sets one page, so that its
+ * extents are read, and their CRCs combined, in several pieces. */
+#ifndef KVL_CACHE_CHUNK_BYTES
+#define KVL_CACHE_CHUNK_BYTES ((uint64_t)2 << 20)
 #endif
 /* layers x experts above this cannot be a real MoE and would make the map tables absurd */
 #define MAX_KEYS (1 << 24)
@@ -48,6 +63,7 @@ typedef struct cache_slot {
     int32_t unclaimed;    /* 1: filled by a prefetch that no acquire has used yet */
     int32_t wanted;       /* 1: named by the latest prefetch call and not yet acquired */
     int32_t chunks_left;  /* LOADING by the readers: pieces not yet finished */
+    int32_t verify;       /* LOADING: 1 if this read checks the extent's CRC (first read) */
     kvl_status chunk_error; /* first failure among this read's pieces */
     kvl_status error;     /* FAILED: what the read returned */
     uint64_t last_use;    /* LRU clock value of the last prefetch/acquire/release touching it */
@@ -72,6 +88,7 @@ struct kvl_expert_cache {
     int ring_head, ring_count, ring_cap;
     int n_chunks;                  /* pieces one prefetched extent is read in */
     uint64_t chunk_bytes;          /* bytes per piece (a multiple of 4 KiB; the last is shorter) */
+    uint32_t *chunk_crc;           /* [n_slots * n_chunks]: CRC-32 of each piece of a checked read */
     /* Keys of the latest prefetch call that found no free slot yet; issued as releases free
      * slots, so a batch larger than the cache still streams ahead of its acquires. */
     int32_t *pending;              /* [n_experts] */
@@ -169,6 +186,7 @@ static void claim_slot(kvl_expert_cache *c, int i, int32_t key, int pins, int un
     s->unclaimed = unclaimed;
     s->wanted = unclaimed;
     s->error = KVL_OK;
+    s->verify = !kvl_store_verified(c->store, c->rec_of[key]);
     s->last_use = ++c->clock;
     c->slot_of[key] = i;
 }
@@ -204,12 +222,35 @@ static kvl_status read_slot(kvl_expert_cache *c, int i, const kvl_tensor_rec *re
     return kvl_store_read(c->store, rec->offset, rec->nbytes, slot_base(c, i));
 }
 
+/* Data bytes of piece `chunk` of the extent `rec` (> 0: the extent's padding is under one page). */
+static uint64_t chunk_len(const kvl_expert_cache *c, const kvl_tensor_rec *rec, int chunk) {
+    uint64_t begin = (uint64_t)chunk * c->chunk_bytes;
+    return rec->nbytes - begin < c->chunk_bytes ? rec->nbytes - begin : c->chunk_bytes;
+}
+
 /* Reads piece `chunk` of the extent `rec` into slot i. */
 static kvl_status read_chunk(kvl_expert_cache *c, int i, const kvl_tensor_rec *rec, int chunk) {
     uint64_t begin = (uint64_t)chunk * c->chunk_bytes;
-    uint64_t len = rec->nbytes - begin < c->chunk_bytes ? rec->nbytes - begin : c->chunk_bytes;
-    return kvl_store_read(c->store, rec->offset + begin, len,
+    return kvl_store_read(c->store, rec->offset + begin, chunk_len(c, rec, chunk),
                           slot_base(c, i) + (size_t)begin);
+}
+
+/* The extent's whole CRC against experts.idx (lock held): a match marks the record checked. */
+static kvl_status check_crc(kvl_expert_cache *c, const kvl_tensor_rec *rec, uint32_t crc) {
+    if (crc != rec->crc32) {
+        c->ctr.corrupt_reads++;
+        return KVL_ERR_CORRUPT;
+    }
+    kvl_store_set_verified(c->store, rec);
+    return KVL_OK;
+}
+
+/* Slot i's pieces' CRCs combined in order, checked (lock held; every piece has landed). */
+static kvl_status check_pieces(kvl_expert_cache *c, int i, const kvl_tensor_rec *rec) {
+    const uint32_t *crc = c->chunk_crc + (size_t)i * (size_t)c->n_chunks;
+    uint32_t all = crc[0];
+    for (int k = 1; k < c->n_chunks; k++) all = kvl_crc32_combine(all, crc[k], chunk_len(c, rec, k));
+    return check_crc(c, rec, all);
 }
 
 /* Queues every piece of slot i (lock held). */
@@ -227,24 +268,41 @@ static KVL_THREAD_RET KVL_THREAD_CALL reader_main(void *arg) {
     kvl_expert_cache *c = (kvl_expert_cache *)arg;
     kvl_os_mutex_lock(&c->lock);
     for (;;) {
-        int i, chunk;
+        int i, chunk, verify;
         const kvl_tensor_rec *rec;
         kvl_status st;
         cache_slot *s;
+        uint32_t crc = 0;
+        uint64_t t0, crc_ns = 0;
         while (c->ring_count == 0 && !c->stop) kvl_os_cond_wait(&c->work_cv, &c->lock);
         if (c->stop) break;
         i = c->ring[c->ring_head] / c->n_chunks;
         chunk = c->ring[c->ring_head] % c->n_chunks;
         c->ring_head = (c->ring_head + 1) % c->ring_cap;
         c->ring_count--;
-        /* a LOADING slot cannot be re-targeted, so key and rec stay valid during the read */
+        /* a LOADING slot cannot be re-targeted, so key, rec and verify stay valid during the read */
         rec = c->rec_of[c->slots[i].key];
+        verify = c->slots[i].verify;
         kvl_os_mutex_unlock(&c->lock);
         st = read_chunk(c, i, rec, chunk);
+        if (st == KVL_OK && verify) {
+            t0 = kvl_now_ns();
+            crc = kvl_crc32_fast(0, slot_base(c, i) + (size_t)chunk * c->chunk_bytes,
+                                 (size_t)chunk_len(c, rec, chunk));
+            crc_ns = kvl_now_ns() - t0;
+        }
         kvl_os_mutex_lock(&c->lock);
         s = &c->slots[i];
         if (st != KVL_OK && s->chunk_error == KVL_OK) s->chunk_error = st;
-        if (--s->chunks_left == 0) finish_read(c, i, s->chunk_error);
+        if (st == KVL_OK && verify) {
+            c->chunk_crc[(size_t)i * (size_t)c->n_chunks + (size_t)chunk] = crc;
+            c->ctr.verify_ns += crc_ns;
+            c->ctr.verify_bytes += chunk_len(c, rec, chunk);
+        }
+        if (--s->chunks_left == 0) {
+            if (s->chunk_error == KVL_OK && verify) s->chunk_error = check_pieces(c, i, rec);
+            finish_read(c, i, s->chunk_error);
+        }
     }
     kvl_os_mutex_unlock(&c->lock);
     return KVL_THREAD_RETURN;
@@ -363,13 +421,14 @@ kvl_status kvl_expert_cache_create(kvl_store *experts, int n_layers_total, int n
     c->slots = (cache_slot *)calloc((size_t)c->n_slots, sizeof *c->slots);
     /* pieces of about 2 MiB: enough requests in flight to keep a disk busy, few enough that
      * each request stays large */
-    c->n_chunks = (int)((c->extent_bytes + (2u << 20) - 1) / (2u << 20));
+    c->n_chunks = (int)((c->extent_bytes + KVL_CACHE_CHUNK_BYTES - 1) / KVL_CACHE_CHUNK_BYTES);
     if (c->n_chunks < 1) c->n_chunks = 1;
     c->chunk_bytes = (c->extent_bytes / KVL_PAGE + (uint64_t)c->n_chunks - 1) / (uint64_t)c->n_chunks * KVL_PAGE;
     /* rounding pieces up to whole pages can leave the last ones empty: drop them */
     c->n_chunks = (int)((c->extent_bytes + c->chunk_bytes - 1) / c->chunk_bytes);
     c->ring_cap = c->n_slots * c->n_chunks;
     c->ring = (int32_t *)calloc((size_t)c->ring_cap, sizeof *c->ring);
+    c->chunk_crc = (uint32_t *)calloc((size_t)c->ring_cap, sizeof *c->chunk_crc);
     c->pending = (int32_t *)calloc((size_t)n_experts, sizeof *c->pending);
     c->slots_per_block = (int)(KVL_CACHE_BLOCK_BYTES / c->extent_bytes);
     if (c->slots_per_block < 1) c->slots_per_block = 1;
@@ -381,7 +440,7 @@ kvl_status kvl_expert_cache_create(kvl_store *experts, int n_layers_total, int n
         c->blocks[i] = bytes <= (uint64_t)SIZE_MAX ? (unsigned char *)kvl_large_alloc((size_t)bytes) : NULL;
         if (!c->blocks[i]) break;
     }
-    if (!c->slots || !c->ring || !c->pending || !c->blocks || i < c->n_blocks) {
+    if (!c->slots || !c->ring || !c->chunk_crc || !c->pending || !c->blocks || i < c->n_blocks) {
         set_err(err, err_len, "expert cache: cannot allocate %d slots of %llu bytes", c->n_slots,
                 (unsigned long long)c->extent_bytes);
         kvl_expert_cache_free(c);
@@ -423,6 +482,7 @@ void kvl_expert_cache_free(kvl_expert_cache *c) {
         for (i = 0; i < c->n_blocks; i++) kvl_aligned_free(c->blocks[i]);
     free(c->blocks);
     free(c->ring);
+    free(c->chunk_crc);
     free(c->pending);
     free(c->slots);
     free(c->slot_of);
@@ -564,14 +624,28 @@ kvl_status kvl_expert_cache_acquire(kvl_expert_cache *c, int layer, int expert, 
     claim_slot(c, slot, key, 1, 0);
     c->ctr.misses++;
     c->ctr.sync_reads++;
+    int verify = c->slots[slot].verify;
     kvl_os_mutex_unlock(&c->lock);
 
+    const kvl_tensor_rec *rec = c->rec_of[key];
+    uint32_t crc = 0;
+    uint64_t crc_ns = 0;
     t0 = kvl_now_ns();
-    st = read_slot(c, slot, c->rec_of[key]);
+    st = read_slot(c, slot, rec);
+    if (st == KVL_OK && verify) {
+        uint64_t t1 = kvl_now_ns();
+        crc = kvl_crc32_fast(0, slot_base(c, slot), (size_t)rec->nbytes);
+        crc_ns = kvl_now_ns() - t1;
+    }
     t0 = kvl_now_ns() - t0;
 
     kvl_os_mutex_lock(&c->lock);
     c->ctr.stall_ns += t0;
+    if (st == KVL_OK && verify) {
+        c->ctr.verify_ns += crc_ns;
+        c->ctr.verify_bytes += rec->nbytes;
+        st = check_crc(c, rec, crc);
+    }
     finish_read(c, slot, st);
     s = &c->slots[slot];
     if (st != KVL_OK) {

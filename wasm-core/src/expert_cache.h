@@ -2,11 +2,15 @@
  *
  * Owns: a slab of whole 4 KiB-aligned extents under a hard byte budget, the (layer, expert) →
  * slot map, pinning, the eviction policy, background reader threads that turn misses into
- * aligned direct reads (so reads overlap compute), and the hit/miss/bytes/stall counters.
+ * aligned direct reads (so reads overlap compute), the CRC check of each extent the first time
+ * it is read (in the readers; KVL_ERR_CORRUPT on a mismatch), and the hit/miss/bytes/stall
+ * counters.
  * Does not own: the store (store.c) or any math.
  *
  * Protocol: kvl_expert_cache_prefetch() as soon as routing is known (starts reads, no wait);
  * kvl_expert_cache_acquire() pins an extent, waiting for its read if needed; release unpins.
+ * An acquire whose read failed returns the read's status: an I/O error, or KVL_ERR_CORRUPT when
+ * the extent's data did not match its CRC-32 on its first read.
  * A pinned extent is never evicted. Acquire fails with KVL_ERR_NOMEM only if every slot is
  * pinned (the engine guarantees budget >= one layer's top-k extents).
  */
@@ -63,6 +67,9 @@ typedef struct kvl_expert_cache_counters {
     uint64_t reads_in_flight;    /* reads started and not finished at the time of the snapshot */
     uint64_t evictions;
     uint64_t extent_bytes;       /* one extent padded to 4 KiB (the slot size) */
+    uint64_t verify_ns;          /* time the CRC checks of first reads took, summed over threads */
+    uint64_t verify_bytes;       /* bytes those checks covered */
+    uint64_t corrupt_reads;      /* reads whose data did not match its CRC (also read_failures) */
 } kvl_expert_cache_counters;
 void kvl_expert_cache_counters_get(const kvl_expert_cache *cache, kvl_expert_cache_counters *out);
 

@@ -3,8 +3,12 @@
  *
  * Owns: the JavaScript imports behind platform.h's file functions on WebAssembly, and turning
  * Node's error codes into this libc's errno values (so kvl_os_strerror and the store's messages
- * read the same as natively). Opening with O_DIRECT where Node's platform has it (Linux); where
- * it has not, a direct open reports EINVAL and the store falls back to buffered reads and says so.
+ * read the same as natively). A direct open bypasses the page cache where Node can ask for it:
+ * O_DIRECT where Node's fs.constants has it (Linux), libuv's UV_FS_O_DIRECT on Windows (which
+ * Node's fs.constants does not list; see kvl_js_open); elsewhere (macOS: Node has no F_NOCACHE) a
+ * direct open reports EINVAL and the store falls back to buffered reads and says so. The core
+ * reads as it does natively: offsets, lengths and destinations 4096-aligned (store.h), and the
+ * memory's base is page-aligned, so the addresses Node passes to the OS are aligned too.
  *
  * Every function runs on the thread that calls it: the expert cache's reader threads are
  * emscripten pthreads (Node workers), each with its own `require("fs")`, so several reads are in
@@ -23,14 +27,20 @@
 /* The imports report an error as -(1 + i), i the index of Node's error code in their `codes`
  * list (ERRNO_OF below, same order); a code not listed is EIO (the last entry). */
 
-/* A file descriptor >= 0, or an error as above. */
+/* A file descriptor >= 0, or an error as above.
+ * UV_FS_O_DIRECT_WIN32 is libuv's UV_FS_O_DIRECT on Windows (include/uv/win.h: 0x02000000), which
+ * its uv_fs_open (src/win/fs.c, fs__open) turns into CreateFileW's FILE_FLAG_NO_BUFFERING; Node's
+ * fs.openSync passes a numeric flags argument through to uv_fs_open unchanged (only checked to be
+ * an int32), so it reaches the OS although fs.constants does not list it on win32. */
 EM_JS(int, kvl_js_open, (const char *path, int direct), {
     const fs = require("fs");
     const codes = ["ENOENT", "EACCES", "EINVAL", "EISDIR", "ENOTDIR", "EMFILE", "ENFILE", "EPERM", "ELOOP", "ENAMETOOLONG", "EIO"];
     const c = fs.constants;
-    if (direct && c.O_DIRECT === undefined) return -(1 + 2); /* no page-cache bypass here: EINVAL */
+    const UV_FS_O_DIRECT_WIN32 = 0x02000000;
+    const O_DIRECT = c.O_DIRECT !== undefined ? c.O_DIRECT : process.platform === "win32" ? UV_FS_O_DIRECT_WIN32 : undefined;
+    if (direct && O_DIRECT === undefined) return -(1 + 2); /* no page-cache bypass here: EINVAL */
     try {
-        return fs.openSync(UTF8ToString(path), c.O_RDONLY | (direct ? c.O_DIRECT : 0));
+        return fs.openSync(UTF8ToString(path), c.O_RDONLY | (direct ? O_DIRECT : 0));
     } catch (e) {
         const i = codes.indexOf(e && e.code);
         return -(1 + (i < 0 ? codes.length - 1 : i));

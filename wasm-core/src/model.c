@@ -17,6 +17,7 @@
  * results do not depend on the split (bit-identical to a one-thread run).
  */
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "engine_internal.h"
@@ -1138,6 +1139,11 @@ static void moe_accumulate(kvl_session *s, int x, size_t row0)
 
 static kvl_status acquire_failed(kvl_engine *e, kvl_status st, int layer, int x)
 {
+    if (st == KVL_ERR_CORRUPT) {
+        char name[96];
+        snprintf(name, sizeof name, "language_model.model.layers.%d.mlp.experts.%d", layer, x);
+        return kvl_engine_corrupt(e, "experts.bin", name);
+    }
     return kvl_engine_fail(e, st, "reading expert %d of layer %d from experts.bin failed", x, layer);
 }
 

@@ -1,7 +1,8 @@
 /* platform.h — small internal portability layer (POSIX / Win32) for the native core.
  *
  * Owns: read-only file handles with positional reads (pread / ReadFile+OVERLAPPED), opening
- * with page-cache bypass (O_DIRECT, FILE_FLAG_NO_BUFFERING, F_NOCACHE), file sizes, aligned
+ * with page-cache bypass (O_DIRECT, FILE_FLAG_NO_BUFFERING, F_NOCACHE) and the alignment such
+ * reads need where the OS says (Windows: the volume's sector sizes), file sizes, aligned
  * allocation, a monotonic clock, and thin thread / mutex / condition-variable wrappers.
  * Does not own: any policy (what to read, when to fall back) — callers decide that.
  *
@@ -120,6 +121,36 @@ static inline int kvl_os_open_read(const char *path, int direct, kvl_os_file *ou
     }
 #endif
     *out = fd;
+    return 0;
+#endif
+}
+
+/* The alignment in bytes that reads through f, opened with direct != 0 at path, must keep, where
+ * the OS says: on Windows, offsets and lengths multiples of the volume's logical sector and
+ * buffers aligned to its physical sector (Microsoft, "File Buffering"), so the larger of the two,
+ * from FileStorageInfo (Windows 8 and later), else the logical sector from GetDiskFreeSpaceW.
+ * 0 where the OS does not say (POSIX and WebAssembly here): the caller's probe read settles it. */
+static inline uint32_t kvl_os_direct_alignment(kvl_os_file f, const char *path) {
+#if defined(_WIN32) && !defined(__EMSCRIPTEN__)
+    FILE_STORAGE_INFO si;
+    wchar_t *wpath;
+    wchar_t root[MAX_PATH + 1];
+    DWORD per_cluster, bytes_per_sector, free_clusters, clusters;
+    uint32_t align = 0;
+    if (GetFileInformationByHandleEx(f, FileStorageInfo, &si, sizeof si)) {
+        align = (uint32_t)si.LogicalBytesPerSector;
+        if (si.PhysicalBytesPerSectorForAtomicity > align) align = (uint32_t)si.PhysicalBytesPerSectorForAtomicity;
+        if (align) return align;
+    }
+    wpath = kvl_os_widen(path);
+    if (wpath && GetVolumePathNameW(wpath, root, MAX_PATH + 1) &&
+        GetDiskFreeSpaceW(root, &per_cluster, &bytes_per_sector, &free_clusters, &clusters)) {
+        align = (uint32_t)bytes_per_sector;
+    }
+    free(wpath);
+    return align;
+#else
+    (void)f; (void)path;
     return 0;
 #endif
 }

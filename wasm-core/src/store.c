@@ -2,8 +2,9 @@
  *
  * Owns: the C reader of the index format (every check of FORMAT.md is done here, once, at
  * open, so the read path carries only a bounds check), the hparam table, the by-name lookup,
- * positional reads of the .bin with direct I/O or a buffered fallback, zlib-compatible CRC-32,
- * the Q8 extent layout, aligned allocation and the monotonic clock.
+ * positional reads of the .bin with direct I/O or a buffered fallback, the reference CRC-32
+ * (kvl_crc32; the fast ones are crc32.c's), each record's "data checked" flag, the Q8 extent
+ * layout, aligned allocation and the monotonic clock.
  * Does not own: caching (expert_cache.c, engine.c), any math, or which stores a pack holds.
  */
 /* _GNU_SOURCE and _FILE_OFFSET_BITS=64 come from the build (wasm-core/CMakeLists.txt). */
@@ -51,6 +52,8 @@ struct kvl_store {
     int direct;                      /* 1 if fd_bulk bypasses the page cache */
     kvl_os_mutex err_lock;
     char last_error[384];
+    kvl_os_mutex flag_lock;          /* guards verified */
+    unsigned char *verified;         /* [n_tensors]: 1 once the record's data matched its CRC */
 };
 
 /* ------------------------------------------------------------------ CRC-32 */
@@ -359,7 +362,8 @@ static kvl_status parse_index(kvl_store *s, const unsigned char *buf, uint64_t s
     /* tensor records */
     s->recs = (kvl_tensor_rec *)calloc(n_t ? n_t : 1, sizeof(kvl_tensor_rec));
     s->by_name = (const kvl_tensor_rec **)calloc(n_t ? n_t : 1, sizeof(kvl_tensor_rec *));
-    if (!s->recs || !s->by_name) {
+    s->verified = (unsigned char *)calloc(n_t ? n_t : 1, 1);
+    if (!s->recs || !s->by_name || !s->verified) {
         set_err(err, err_len, "%s: out of memory", path);
         return KVL_ERR_NOMEM;
     }
@@ -513,6 +517,24 @@ static kvl_status open_bin(kvl_store *s, int io_mode, char *err, size_t err_len)
     if (io_mode == KVL_IO_BUFFERED) return KVL_OK;
 
     rc = kvl_os_open_read(path, 1, &s->fd_bulk);
+    if (rc == 0) {
+        /* Direct reads are KVL_PAGE-aligned (offsets, lengths and buffers: the pack's layout), so
+         * they work wherever the OS's required alignment (Windows: the volume's sectors) divides
+         * KVL_PAGE; a volume that needs more is read buffered. Where the OS does not say (0), the
+         * probe read below settles it. */
+        uint32_t align = kvl_os_direct_alignment(s->fd_bulk, path);
+        if (align != 0 && KVL_PAGE % align != 0) {
+            kvl_os_close(s->fd_bulk);
+            s->fd_bulk = s->fd_buffered;
+            if (io_mode == KVL_IO_DIRECT) {
+                set_err(err, err_len, "%s: direct I/O was requested but the volume needs %u-byte "
+                        "alignment, more than the pack's %u bytes; use io_mode auto or buffered",
+                        path, (unsigned)align, (unsigned)KVL_PAGE);
+                return KVL_ERR_UNSUPPORTED;
+            }
+            return KVL_OK; /* AUTO: buffered, reported by kvl_store_direct_io() = 0 */
+        }
+    }
     if (rc == 0 && s->bin_size >= KVL_PAGE) {
         /* Some filesystems accept the open flag but refuse the read: probe one aligned page now,
          * so the mode is settled at open and never changes under concurrent readers. */
@@ -575,6 +597,7 @@ kvl_status kvl_store_open(const char *idx_path, const char *bin_path, uint32_t e
     s->fd_bulk = KVL_OS_FILE_INVALID;
     s->fd_buffered = KVL_OS_FILE_INVALID;
     kvl_os_mutex_init(&s->err_lock);
+    kvl_os_mutex_init(&s->flag_lock);
     s->idx_path = dup_str(idx_path);
     s->bin_path = dup_str(bin_path);
     if (!s->idx_path || !s->bin_path) {
@@ -599,6 +622,8 @@ void kvl_store_close(kvl_store *s) {
     if (s->fd_bulk != s->fd_buffered) kvl_os_close(s->fd_bulk);
     kvl_os_close(s->fd_buffered);
     kvl_os_mutex_destroy(&s->err_lock);
+    kvl_os_mutex_destroy(&s->flag_lock);
+    free(s->verified);
     free(s->idx_path);
     free(s->bin_path);
     free(s->hparams);
@@ -654,6 +679,31 @@ double kvl_store_hparam(const kvl_store *s, const char *key, int *found) {
 const char *kvl_store_config_json(const kvl_store *s, size_t *len) {
     if (len) *len = s->config_len;
     return s->config_json;
+}
+
+/* A record of this store, by address (kvl_store_at / kvl_store_find return pointers into recs). */
+static int record_index(const kvl_store *s, const kvl_tensor_rec *rec, uint32_t *out) {
+    if (!rec || rec < s->recs || rec >= s->recs + s->n_tensors) return 0;
+    *out = (uint32_t)(rec - s->recs);
+    return 1;
+}
+
+int kvl_store_verified(kvl_store *s, const kvl_tensor_rec *rec) {
+    uint32_t i;
+    int v;
+    if (!record_index(s, rec, &i)) return 0;
+    kvl_os_mutex_lock(&s->flag_lock);
+    v = s->verified[i];
+    kvl_os_mutex_unlock(&s->flag_lock);
+    return v;
+}
+
+void kvl_store_set_verified(kvl_store *s, const kvl_tensor_rec *rec) {
+    uint32_t i;
+    if (!record_index(s, rec, &i)) return;
+    kvl_os_mutex_lock(&s->flag_lock);
+    s->verified[i] = 1;
+    kvl_os_mutex_unlock(&s->flag_lock);
 }
 
 void kvl_store_last_error(kvl_store *s, char *buf, size_t len) {

@@ -1,8 +1,9 @@
 /* store.h — one packed store (X.idx + X.bin, docs/FORMAT.md) and aligned reads from it.
  *
  * Owns: parsing and validating an index (magic, version, CRC, record bounds, alignment,
- * overlaps, bin size), the hparam table, and positional reads from the .bin file with direct
- * I/O (O_DIRECT / FILE_FLAG_NO_BUFFERING) or a buffered fallback.
+ * overlaps, bin size), the hparam table, positional reads from the .bin file with direct
+ * I/O (O_DIRECT / FILE_FLAG_NO_BUFFERING) or a buffered fallback, and each record's "data
+ * checked against its CRC" flag (the checks themselves are the readers').
  * Does not own: caching (expert_cache.c; the trunk cache in engine.c) or any math.
  */
 #ifndef KVL_STORE_H
@@ -58,7 +59,8 @@ uint64_t kvl_now_ns(void);
 /* ---- additions by store.c's author (extensions; nothing above changed) ---- */
 
 /* zlib-compatible CRC-32 (polynomial 0xEDB88320). Start with crc = 0; chain by passing the
- * previous result. */
+ * previous result. The reference (a half-byte table, ~0.3 GB/s): index CRCs here, and what
+ * tests/test_crc32.c holds crc32.c's fast ones against. */
 uint32_t kvl_crc32(uint32_t crc, const void *data, size_t len);
 
 /* Byte layout of one Q8_EXPERT extent for moe_intermediate_size I and hidden_size H
@@ -79,6 +81,12 @@ uint32_t kvl_store_kind(const kvl_store *store);          /* 1 trunk, 2 experts,
 uint64_t kvl_store_bin_size(const kvl_store *store);
 const char *kvl_store_revision(const kvl_store *store);   /* 40 hex chars, or "" if unknown */
 const char *kvl_store_bin_path(const kvl_store *store);
+/* First-read checks (docs/FORMAT.md "Checks at run time"): one flag per record, set once its
+ * data, read from the .bin, matched its CRC-32, so the readers (expert_cache.c, engine.c,
+ * vision.c) check each record once per open store and not again when they re-read it after an
+ * eviction. Thread-safe; rec must come from this store (kvl_store_at / kvl_store_find). */
+int kvl_store_verified(kvl_store *store, const kvl_tensor_rec *rec);
+void kvl_store_set_verified(kvl_store *store, const kvl_tensor_rec *rec);
 /* Detail message of the most recent failed kvl_store_read / kvl_store_read_small on this store
  * (names the file, offset and system error). Thread-safe; empty if nothing failed. */
 void kvl_store_last_error(kvl_store *store, char *buf, size_t len);

@@ -5,7 +5,8 @@
  * bidirectional attention, final LayerNorm, the merge_h x merge_w patch merger and the projector
  * (per-member LayerNorm, linear_1, exact GELU, linear_2). Weights are streamed from
  * engine->vision one phase at a time (patch embedding, each block, projector halves) into one
- * working buffer, so the working set is one block's weights plus the activations of the call.
+ * working buffer, so the working set is one block's weights plus the activations of the call;
+ * each tensor's CRC is checked the first time it is read (kvl_engine_check).
  * Does not own: opening the vision store or reading its hparams (engine.c), kernels (kernels*.c),
  * threads (threadpool.c), file I/O (store.c), preprocessing (host/image-preprocess.ts).
  *
@@ -301,6 +302,11 @@ static kvl_status load_bf16(weight_loader *ld, const char *name, unsigned ndim,
         return kvl_engine_fail(ld->engine, st, "reading vision tensor '%s' failed: %s",
                                name, kvl_strerror(st));
     ld->engine->vision_bytes_read += rec->nbytes;
+    /* first read of this tensor in this engine: its CRC, before any use */
+    st = kvl_engine_check(ld->engine, ld->engine->vision, "vision.bin", rec,
+                          ld->arena + ld->arena_used);
+    if (st != KVL_OK)
+        return st;
     *out = (const uint16_t *)(const void *)(ld->arena + ld->arena_used);
     ld->arena_used += need;
     return KVL_OK;

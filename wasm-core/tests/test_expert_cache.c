@@ -3,8 +3,11 @@
  * Owns: its own FORMAT.md writer for an experts store (4 layers, layer 0 dense, 3 x 8 Q8
  * extents of random bytes, each 3 pages long), and checks that every acquired view's bytes are
  * the file's, pinned extents survive any amount of eviction pressure, the LRU order, prefetch,
- * NOMEM when every slot is pinned, the counter identities of expert_cache.h, and a two-thread
- * random workload with prefetch for budgets from 1 slot to all slots.
+ * NOMEM when every slot is pinned, the counter identities of expert_cache.h, a two-thread
+ * random workload with prefetch for budgets from 1 slot to all slots, and the CRC check of first
+ * reads: a flipped bit in one extent's data is KVL_ERR_CORRUPT on the prefetch and the
+ * synchronous path, again at every later acquire, while the other extents are served; a checked
+ * extent is not checked again when re-read after an eviction.
  * Prints "N passed, M failed"; returns non-zero on any failure.
  */
 /* _GNU_SOURCE and _FILE_OFFSET_BITS=64 come from the build (wasm-core/CMakeLists.txt). */
@@ -21,6 +24,7 @@
 #ifdef _WIN32
 #include <direct.h>
 #else
+#include <sys/stat.h>
 #include <unistd.h>
 #endif
 
@@ -408,6 +412,78 @@ static void check_prefetch(kvl_store *s) {
     kvl_expert_cache_free(c);
 }
 
+/* ------------------------------------------------------------------ CRC on first read */
+
+/* A copy of the store with one bit of extent (2, 5) flipped (past its first page, so that in the
+ * build with one-page pieces the bad piece is not the first), under the original index. */
+static void check_corrupt(void) {
+    char dir[300], idx[400], bin[400], err[512];
+    kvl_store *s = NULL;
+    kvl_expert_cache *c;
+    kvl_expert_cache_counters k;
+    kvl_expert_view v;
+    int batch[3] = {4, 5, 6};
+    snprintf(dir, sizeof dir, "%s/bad", dir_path);
+#ifdef _WIN32
+    _mkdir(dir);
+#else
+    mkdir(dir, 0700);
+#endif
+    /* the index (and its CRCs) from the original data, then the .bin again with the flip */
+    CHECK(write_store(dir, 2, "experts") == 0, "write the copy");
+    snprintf(idx, sizeof idx, "%s/experts.idx", dir);
+    snprintf(bin, sizeof bin, "%s/experts.bin", dir);
+    bin_data[ext_offset[2][5] + 4096 + 17] ^= 0x10;
+    CHECK(write_file(bin, bin_data, (size_t)((uint64_t)N_EXTENTS * extent_padded)) == 0, "flip one bit");
+    bin_data[ext_offset[2][5] + 4096 + 17] ^= 0x10;
+    for (int io = 0; io <= 2; io += 2) {
+        CHECK(kvl_store_open(idx, bin, 2, KVL_IO_AUTO, &s, err, sizeof err) == KVL_OK, "open: %s", err);
+        if (!s) return;
+        c = make_cache(s, 4, io);
+        if (!c) return;
+        if (io) kvl_expert_cache_prefetch(c, 2, batch, 3); /* the readers check as pieces land */
+        for (int j = 0; j < 3; j++) {
+            kvl_status st = kvl_expert_cache_acquire(c, 2, batch[j], &v);
+            if (batch[j] == 5) {
+                CHECK(st == KVL_ERR_CORRUPT, "io=%d: the flipped extent: status %d", io, (int)st);
+            } else {
+                CHECK(st == KVL_OK && view_matches(&v, 2, batch[j]), "io=%d: extent %d served", io, batch[j]);
+                kvl_expert_cache_release(c, 2, batch[j]);
+            }
+        }
+        /* nothing of it stays: every later acquire reads and checks it again */
+        CHECK(!kvl_expert_cache_try_acquire(c, 2, 5, &v), "io=%d: try_acquire finds no corrupt extent", io);
+        CHECK(kvl_expert_cache_acquire(c, 2, 5, &v) == KVL_ERR_CORRUPT, "io=%d: corrupt again", io);
+        kvl_expert_cache_counters_get(c, &k);
+        CHECK(k.corrupt_reads == 2 && k.read_failures == 2, "io=%d: corrupt %llu failures %llu", io,
+              (unsigned long long)k.corrupt_reads, (unsigned long long)k.read_failures);
+        CHECK(k.verify_bytes == 4 * extent_nbytes, "io=%d: checked %llu bytes, want 4 extents", io,
+              (unsigned long long)k.verify_bytes);
+        CHECK(kvl_store_verified(s, kvl_store_find(s, "language_model.model.layers.2.mlp.experts.4")) &&
+                  !kvl_store_verified(s, kvl_store_find(s, "language_model.model.layers.2.mlp.experts.5")),
+              "io=%d: flags", io);
+        kvl_expert_cache_free(c);
+        /* one slot: (1,0), (1,1), (1,0) again is three reads but two checks */
+        c = make_cache(s, 1, io);
+        if (!c) return;
+        CHECK(probe(c, 1, 0) == 0 && probe(c, 1, 1) == 0 && probe(c, 1, 0) == 0, "io=%d: three misses", io);
+        kvl_expert_cache_counters_get(c, &k);
+        CHECK(k.verify_bytes == 2 * extent_nbytes && k.bytes_read == 3 * extent_padded,
+              "io=%d: re-read after eviction checked again (%llu bytes checked)", io,
+              (unsigned long long)k.verify_bytes);
+        kvl_expert_cache_free(c);
+        kvl_store_close(s);
+        s = NULL;
+    }
+    remove(idx);
+    remove(bin);
+#ifdef _WIN32
+    _rmdir(dir);
+#else
+    rmdir(dir);
+#endif
+}
+
 /* ------------------------------------------------------------------ two threads */
 
 typedef struct worker_arg {
@@ -532,6 +608,7 @@ int main(void) {
         check_pinning(s, 0);
         check_pinning(s, 2);
         check_prefetch(s);
+        check_corrupt();
         for (b = 0; b < sizeof budgets / sizeof budgets[0]; b++) {
             check_threads(s, budgets[b], 0, iterations);
             check_threads(s, budgets[b], 1, iterations);
