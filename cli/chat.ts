@@ -18,7 +18,7 @@ import { createInterface } from "node:readline";
 import { type Command, InvalidArgumentError } from "commander";
 
 import { chooseBackend } from "../host/backend.js";
-import { type ChatImage, ChatModel, type Conversation, type ReplyReport } from "../host/chat-model.js";
+import { type ChatImage, ChatModel, type Conversation, type ReplyReport, firstReadCheckNote } from "../host/chat-model.js";
 import type { Message } from "../host/conversation.js";
 import type { EngineStats, KernelChoice, ActDtype } from "../host/engine-api.js";
 import { MIB } from "../host/planner.js";
@@ -159,11 +159,12 @@ async function openModel(model: string, opts: ChatOptions): Promise<ChatModel> {
     if (started) progress.stop();
     if (!opts.quiet && !opts.json) {
       const p = chat.plan;
+      const checkNote = firstReadCheckNote(record.chosen);
       const instances = p.instances.length;
       const by = record.requestedBy === "default" ? "" : record.requestedBy === "option" ? " (--backend)" : " (KVL_BACKEND)";
       process.stderr.write(`kvl chat: ${record.chosen}${by}, ${instances} ${record.chosen === "wasm" ? "instance" : "engine"}` +
         `${instances > 1 ? "s" : ""}, kernels ${chat.client.info.kernels}; RAM plan ${(p.total / MIB).toFixed(0)} MiB of --ram-mib ${opts.ramMib}` +
-        `; loaded in ${chat.loadSeconds.toFixed(1)} s${opts.verbose ? "" : " (--verbose shows the plan)"}\n`);
+        `; loaded in ${chat.loadSeconds.toFixed(1)} s${checkNote ? `; ${checkNote}` : ""}${opts.verbose ? "" : " (--verbose shows the plan)"}\n`);
       if (opts.verbose) process.stderr.write(`${p.describe()}\n`);
     }
     return chat;

@@ -100,7 +100,7 @@ async function checkPack(model: string): Promise<{ check: Check; reader: PackRea
 async function checkData(reader: PackReader, quick: boolean, progress: Progress): Promise<Check> {
   if (quick) {
     return { status: "WARN", name: "data", detail: "tensor data not checked (--quick): a corrupt byte in trunk.bin, experts.bin or vision.bin " +
-      "goes unnoticed here (chat and serve find it only when they first read that tensor)" };
+      "is found only where the engine reads it (at load and in the short run below, as chat and serve do)" };
   }
   const total = reader.dataBytes;
   progress.start("checking tensor data", total);

@@ -63,7 +63,7 @@ export interface RunRecord {
   instances: number;
   prompt_tokens: number;
   open_s: number;
-  /** CRC checks at open (every trunk tensor the engine reads then), thread time and bytes */
+  /** CRC checks at open (every trunk tensor the engine reads then): the pool's time, and bytes */
   open_verify_s: number;
   open_verify_bytes: number;
   plan_total_bytes: number;

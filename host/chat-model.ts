@@ -95,6 +95,17 @@ function processReadBytes(): number | null {
 /** Image digests remembered as decoding whole: a conversation resends its images every turn. */
 const CHECKED_IMAGES_KEPT = 256;
 
+/**
+ * What the load line of `kvl chat` / `kvl serve` says about the engine's CRC checks of pack data
+ * on first read (docs/FORMAT.md "Checks at run time") where they cost more than 3 % of a decode
+ * step: on WebAssembly (no carry-less multiply; Node's zlib.crc32) they took 2.5-3.4 % of the
+ * first 32 decode steps after a short prompt on the full-size model, and under 2 % after that
+ * (README "Data checks"); natively (PCLMULQDQ) under 1.5 %, so nothing is said there.
+ */
+export function firstReadCheckNote(backend: BackendName): string | null {
+  return backend === "wasm" ? "CRC checks of first reads cost ~3 % of decoding until every expert has been read once" : null;
+}
+
 export class ChatModel {
   /** Digests of images that decoded whole, oldest first (a Set keeps insertion order). */
   readonly #checkedImages = new Set<string>();

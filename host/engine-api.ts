@@ -99,9 +99,9 @@ export interface EngineStats {
   visionBytesRead: number;
   tokensPrefilled: number;
   tokensDecoded: number;
-  /** Time the CRC-32 checks of pack data on first read took (summed over the threads that made
-   * them: expert readers, trunk streamer, the pool at open and for vision), and the bytes they
-   * covered (docs/FORMAT.md "Checks at run time"). */
+  /** Time the CRC-32 checks of pack data on first read took (summed over the expert readers and
+   * the trunk streamer that made them, plus the wall time of the pool runs that made those at
+   * open and for vision), and the bytes they covered (docs/FORMAT.md "Checks at run time"). */
   verifyNs: number;
   verifyBytes: number;
 }

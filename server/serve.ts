@@ -19,6 +19,7 @@ import type { AddressInfo } from "node:net";
 import { join } from "node:path";
 
 import { chooseBackend } from "../host/backend.js";
+import { firstReadCheckNote } from "../host/chat-model.js";
 import type { KernelChoice, ActDtype } from "../host/engine-api.js";
 import { imageLimitsText } from "../host/image-budget.js";
 import { checkPackFolder } from "../host/pack-format.js";
@@ -203,7 +204,8 @@ export async function runServer(o: ServeOptions): Promise<number> {
       const by = record.requestedBy === "default" ? "" : record.requestedBy === "option" ? " (--backend)" : " (KVL_BACKEND)";
       say(`kvl serve: ${record.chosen}${by}, ${p.instances.length} ${record.chosen === "wasm" ? "instance" : "engine"}${p.instances.length > 1 ? "s" : ""}, ` +
         `kernels ${model.client.info.kernels}; RAM plan ${(p.total / MIB).toFixed(0)} MiB of --ram-mib ${o.ramMib}; bodies up to ${(bodies.bodyBytes / MIB).toFixed(0)} MiB` +
-        `${p.imageBudget ? `, images ${imageLimitsText(p.imageBudget, "first")}` : ""}; loaded in ${model.loadSeconds.toFixed(1)} s`);
+        `${p.imageBudget ? `, images ${imageLimitsText(p.imageBudget, "first")}` : ""}; loaded in ${model.loadSeconds.toFixed(1)} s` +
+        `${firstReadCheckNote(record.chosen) ? `; ${firstReadCheckNote(record.chosen)}` : ""}`);
       if (o.verbose) say(p.describe());
       say(`kvl serve: model ready as '${o.modelId}'; chat in a browser at http://${shown}:${address.port}/`);
     }

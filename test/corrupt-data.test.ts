@@ -20,8 +20,9 @@
  *   - vision.bin: the image encode fails, text still runs with the clean pack's tokens;
  *   - through the engine worker the error is a CorruptPackError (a UserError);
  *   - `kvl chat` prints one line `kvl chat: error: experts.bin: tensor ...` and exits 1, on both
- *     backends; `kvl serve` answers the request 500 in the API's shape with the same message,
- *     and goes on serving.
+ *     backends, and its load line says what the checks cost where that is over 3 % of decoding
+ *     (WebAssembly); `kvl serve` answers the request 500 in the API's shape with the same
+ *     message, and goes on serving.
  */
 import { cpSync, readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
@@ -305,6 +306,12 @@ describe.each(BACKENDS)("pack data checked on first read, on %s", (backend) => {
     const good = await runKvl([...args(clean), "--json"], env);
     expect(good.status, good.stderr).toBe(0);
     expect(JSON.parse(good.stdout).prompt_token_ids).toEqual([...turn]); // the turn of the library tests
+    // the load line says where the checks cost more than 3 % of decoding (README "Data checks")
+    const loud = await runKvl(args(clean).filter((a) => a !== "--quiet"), env);
+    expect(loud.status, loud.stderr).toBe(0);
+    const loadLine = loud.stderr.split("\n").find((l) => l.startsWith(`kvl chat: ${backend}`))!;
+    expect(loadLine).toMatch(/; loaded in [\d.]+ s/);
+    expect(loadLine.includes("; CRC checks of first reads cost ~3 % of decoding until every expert has been read once")).toBe(backend === "wasm");
     const bad = await runKvl(args(corrupt.experts!), env);
     expect(bad.status).toBe(1);
     const lines = bad.stderr.trim().split("\n");

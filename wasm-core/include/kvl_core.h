@@ -147,8 +147,9 @@ typedef struct kvl_stats {
     uint64_t vision_bytes_read;
     uint64_t tokens_prefilled, tokens_decoded;
     /* CRC-32 checks of pack data as it is first read (docs/FORMAT.md "Checks at run time"):
-     * time spent computing them, summed over the threads that did (the expert readers, the trunk
-     * streamer, the pool at open and for vision), and the bytes checked. */
+     * time spent computing them — summed over the expert readers and the trunk streamer that
+     * made them, plus the wall time of the pool runs that made those at open and for vision —
+     * and the bytes checked. */
     uint64_t verify_ns, verify_bytes;
 } kvl_stats;
 

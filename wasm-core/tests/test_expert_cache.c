@@ -455,10 +455,14 @@ static void check_corrupt(void) {
         CHECK(!kvl_expert_cache_try_acquire(c, 2, 5, &v), "io=%d: try_acquire finds no corrupt extent", io);
         CHECK(kvl_expert_cache_acquire(c, 2, 5, &v) == KVL_ERR_CORRUPT, "io=%d: corrupt again", io);
         kvl_expert_cache_counters_get(c, &k);
-        CHECK(k.corrupt_reads == 2 && k.read_failures == 2, "io=%d: corrupt %llu failures %llu", io,
-              (unsigned long long)k.corrupt_reads, (unsigned long long)k.read_failures);
-        CHECK(k.verify_bytes == 4 * extent_nbytes, "io=%d: checked %llu bytes, want 4 extents", io,
-              (unsigned long long)k.verify_bytes);
+        /* two acquires of (2, 5), each read and checked; with readers, the prefetched read may
+         * also fail before the first acquire pins it (then dropped, and that acquire reads again) */
+        CHECK((k.corrupt_reads == 2 || (io && k.corrupt_reads == 3)) && k.read_failures == k.corrupt_reads,
+              "io=%d: corrupt %llu failures %llu", io, (unsigned long long)k.corrupt_reads,
+              (unsigned long long)k.read_failures);
+        CHECK(k.verify_bytes == (2 + k.corrupt_reads) * extent_nbytes,
+              "io=%d: checked %llu bytes, want (4 and 6 once, 5 at each read) %llu", io,
+              (unsigned long long)k.verify_bytes, (unsigned long long)((2 + k.corrupt_reads) * extent_nbytes));
         CHECK(kvl_store_verified(s, kvl_store_find(s, "language_model.model.layers.2.mlp.experts.4")) &&
                   !kvl_store_verified(s, kvl_store_find(s, "language_model.model.layers.2.mlp.experts.5")),
               "io=%d: flags", io);
