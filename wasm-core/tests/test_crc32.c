@@ -17,18 +17,8 @@
 #include "platform.h"
 #include "store.h"
 #include "test_bytes.h"
+#include "test_check.h"
 
-static int failures = 0, checks = 0;
-#define CHECK(cond, ...)                                                                      \
-    do {                                                                                      \
-        checks++;                                                                             \
-        if (!(cond)) {                                                                        \
-            printf("FAIL %s:%d: ", __FILE__, __LINE__);                                       \
-            printf(__VA_ARGS__);                                                              \
-            printf("\n");                                                                     \
-            failures++;                                                                       \
-        }                                                                                     \
-    } while (0)
 
 #define BUF_BYTES (70000u + 16u)
 

@@ -9,18 +9,8 @@
 #include <string.h>
 
 #include "kvl_core.h"
+#include "test_check.h"
 
-static int failures = 0, checks = 0;
-#define CHECK(cond, ...)                                                                      \
-    do {                                                                                      \
-        checks++;                                                                             \
-        if (!(cond)) {                                                                        \
-            printf("FAIL %s:%d: ", __FILE__, __LINE__);                                       \
-            printf(__VA_ARGS__);                                                              \
-            printf("\n");                                                                     \
-            failures++;                                                                       \
-        }                                                                                     \
-    } while (0)
 
 static const uint64_t X_SEED[4] = {0xdc7d45ea24d5dd35ull, 0x42353277b21d9dd9ull,
                                    0x85bc65cbc75ec34eull, 0x08b9b78b2c27b7f3ull};

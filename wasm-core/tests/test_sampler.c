@@ -8,18 +8,7 @@
 #include <string.h>
 
 #include "kvl_core.h"
-
-static int checks = 0, failures = 0;
-#define CHECK(cond, ...)                                                                      \
-    do {                                                                                      \
-        checks++;                                                                             \
-        if (!(cond)) {                                                                        \
-            printf("FAIL %s:%d: ", __FILE__, __LINE__);                                       \
-            printf(__VA_ARGS__);                                                              \
-            printf("\n");                                                                     \
-            failures++;                                                                       \
-        }                                                                                     \
-    } while (0)
+#include "test_check.h"
 
 #define V 8
 
