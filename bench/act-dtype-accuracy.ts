@@ -14,8 +14,8 @@
  */
 import { join } from "node:path";
 
-import type { ActDtype } from "../host/engine-api.js";
-import { NativeBackend } from "../host/native-backend.js";
+import type { ActDtype } from "../host/core/core-api.js";
+import { NativeBackend } from "../host/core/native-backend.js";
 import { packCheckpoint } from "../packer/pack.js";
 import { argmax } from "../test/reference/math.js";
 import { tempDir, TINY_MODELS, tinyCheckpoint } from "../test/support/pack-fixtures.js";

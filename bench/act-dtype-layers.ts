@@ -15,9 +15,9 @@
  * PACK: `kvl pack --synth-preset full --seed 0 PACK`. DIST_DIR: another WebAssembly build of the
  * core (wasm-core/build-wasm.sh OUT_DIR) to compare a variant.
  */
-import type { ActDtype, KernelChoice } from "../host/engine-api.js";
-import { NativeBackend } from "../host/native-backend.js";
-import { WasmBackend } from "../host/wasm-backend.js";
+import type { ActDtype, KernelChoice } from "../host/core/core-api.js";
+import { NativeBackend } from "../host/core/native-backend.js";
+import { WasmBackend } from "../host/core/wasm-backend.js";
 
 const pack = process.argv[2] ?? "/tmp/kvl-full-pack";
 const backend = process.argv[3] ?? "wasm";

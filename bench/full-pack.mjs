@@ -9,8 +9,8 @@ import { createHash } from "node:crypto";
 import { createReadStream, readdirSync, readFileSync } from "node:fs";
 import { join, relative } from "node:path";
 
-import { NativeBackend } from "../dist/host/native-backend.js";
-import { WasmBackend } from "../dist/host/wasm-backend.js";
+import { NativeBackend } from "../dist/host/core/native-backend.js";
+import { WasmBackend } from "../dist/host/core/wasm-backend.js";
 import { packCheckpoint } from "../dist/packer/pack.js";
 import { SynthSource } from "../dist/packer/synth.js";
 

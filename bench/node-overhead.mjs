@@ -1,5 +1,5 @@
 // node-overhead.mjs — the Node process's own memory, for the RAM planner's constants
-// (host/planner.ts header): what a kvl process holds besides the engines' planned bytes.
+// (host/plan/planner.ts header): what a kvl process holds besides the engines' planned bytes.
 //   node bench/node-overhead.mjs [PACK]          (needs dist/: npx tsc -p tsconfig.json)
 // PACK is a pack directory whose tiktoken.model and tokenizer_config.json are used; without one
 // the synthesized vocabulary (`kvl synth`'s, 163,584 base tokens like the real one) is written to
@@ -11,14 +11,14 @@
 // Scenarios (fresh processes; the engine ones build no vocabulary, so the two rules are measured
 // apart and the noise of one does not hide the other; "all" checks that the parts bound the whole):
 //   bare        an empty Node 20 process
-//   tokenizer   bare + the host's Tokenizer (dist/host/tokenizer.js: the tiktoken npm package
+//   tokenizer   bare + the host's Tokenizer (dist/host/text/tokenizer.js: the tiktoken npm package
 //               over tiktoken.model and tokenizer_config.json, one encode) — the tokenizer rule
 //   tokenizer2  as tokenizer, on the same ranks with every multi-byte token about twice as long
 //               (a second point: is the rule per file byte or per token?)
 //   engine      every dist/host module loaded on the main thread (engine-worker.js and planner.js
 //               excepted: the CLI's and server's side, tokenizer and chat template modules
 //               included) and an engine worker_threads worker that has loaded what
-//               dist/host/engine-worker.js imports and created one WebAssembly instance (64 MiB
+//               dist/host/engine/engine-worker.js imports and created one WebAssembly instance (64 MiB
 //               memory, untouched beyond its runtime) with 1 pthread worker
 //   pthreads17  engine, the instance with 17 pthread workers: (pthreads17 - engine) / 16 per worker
 //   instances3  engine, three instances with 1 pthread worker each: (instances3 - engine) / 2 per
@@ -26,8 +26,8 @@
 //   native      engine, with the native addon (NativeBackend) loaded instead of an instance
 //   all         engine + tokenizer, the whole fixed part of a WebAssembly run
 //   run-wasm,   (only with PACK) a whole run against its plan: host modules, the tokenizer, the
-//   run-native  engine worker (dist/host/engine-worker.js through EngineClient) opening the pack
-//               as host/planner.ts planned it (512 tokens, 2 threads, no vision), a 200-token
+//   run-native  engine worker (dist/host/engine/engine-worker.js through EngineClient) opening the pack
+//               as host/plan/planner.ts planned it (512 tokens, 2 threads, no vision), a 200-token
 //               prefill and 32 steps; prints the peak RSS beside the plan's total
 //   instance    (only with PACK) inside one WebAssembly instance, by probing malloc: where the
 //               heap of a fresh instance starts (static data + the main stack), and how much
@@ -58,13 +58,13 @@ function measure() {
 }
 
 /**
- * The host's tokenizer (dist/host/tokenizer.js: tiktoken over the pack's files, as kvl runs it)
+ * The host's tokenizer (dist/host/text/tokenizer.js: tiktoken over the pack's files, as kvl runs it)
  * over modelPath, or over a copy whose multi-byte tokens are about twice as long (stretch): the
  * same ranks, each such token written twice and followed by its rank (so all stay unique), single
  * bytes kept (the encoder needs every byte).
  */
 async function loadTokenizer(modelPath, configPath, stretch) {
-  const { Tokenizer } = await import(pathToFileURL(join(dist, "tokenizer.js")).href);
+  const { Tokenizer } = await import(pathToFileURL(join(dist, "text", "tokenizer.js")).href);
   let dir = dirname(modelPath);
   let fileBytes = readFileSync(modelPath).length;
   if (stretch) {
@@ -92,8 +92,8 @@ async function loadTokenizer(modelPath, configPath, stretch) {
 
 async function loadHostModules() {
   const modules = [];
-  for (const name of (await readdir(dist)).sort()) {
-    if (!name.endsWith(".js") || name === "engine-worker.js" || name === "planner.js") continue;
+  for (const name of (await readdir(dist, { recursive: true })).sort()) {
+    if (!name.endsWith(".js") || name.endsWith("engine-worker.js") || name.endsWith("planner.js")) continue;
     modules.push(await import(pathToFileURL(join(dist, name)).href));
   }
   return modules;
@@ -107,16 +107,17 @@ const { join } = require("node:path");
 const { pathToFileURL } = require("node:url");
 (async () => {
   const kept = [];
-  // what the real engine worker (dist/host/engine-worker.js) imports, and what those import
-  const source = readFileSync(join(workerData.dist, "engine-worker.js"), "utf8");
-  for (const [, name] of source.matchAll(new RegExp('^import [^;]*from "[.][/]([^"]+)";', "gm"))) {
-    kept.push(await import(pathToFileURL(join(workerData.dist, name)).href));
+  // what the real engine worker (dist/host/engine/engine-worker.js) imports, and what those import
+  const engineDir = join(workerData.dist, "engine");
+  const source = readFileSync(join(engineDir, "engine-worker.js"), "utf8");
+  for (const [, name] of source.matchAll(new RegExp('^import [^;]*from "([.][.]?[/][^"]+)";', "gm"))) {
+    kept.push(await import(pathToFileURL(join(engineDir, name)).href));
   }
   if (workerData.backend === "native") {
-    const { NativeBackend } = await import(pathToFileURL(join(workerData.dist, "native-backend.js")).href);
+    const { NativeBackend } = await import(pathToFileURL(join(workerData.dist, "core", "native-backend.js")).href);
     kept.push(new NativeBackend());
   } else {
-    const { WasmBackend } = await import(pathToFileURL(join(workerData.dist, "wasm-backend.js")).href);
+    const { WasmBackend } = await import(pathToFileURL(join(workerData.dist, "core", "wasm-backend.js")).href);
     for (let i = 0; i < workerData.instances; i++) {
       const wasm = await WasmBackend.create({ memoryBytes: 64 * 1024 * 1024, pthreads: workerData.pthreads });
       wasm.defaultKernelSet();
@@ -156,7 +157,7 @@ async function instanceChild(packDir) {
 }
 
 async function wholeRun(backend, packDir, configPath) {
-  const { plan } = await import(pathToFileURL(join(dist, "planner.js")).href);
+  const { plan } = await import(pathToFileURL(join(dist, "plan", "planner.js")).href);
   const { EngineClient } = await import(pathToFileURL(join(dist, "engine-client.js")).href);
   const kept = [await loadHostModules()];
   const { tokenizer } = await loadTokenizer(join(packDir, "tiktoken.model"), configPath, false);

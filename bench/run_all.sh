@@ -44,7 +44,7 @@ gcc -std=c11 -O2 -mavx2 -mfma -Wall -Wextra "$REPO/bench/membw.c" -lpthread -o "
 # 2. physical limits (same run): DRAM streaming read 2 GiB (> 4x the 480 MiB L3 lscpu reports),
 #    O_DIRECT extent-sized random reads of experts.bin after dropping the page cache, FMA peak
 log_load limits
-EXTENT=$(node -e 'import("'"$REPO"'/dist/host/pack-format.js").then(async ({ PackReader }) =>
+EXTENT=$(node -e 'import("'"$REPO"'/dist/host/pack/pack-format.js").then(async ({ PackReader }) =>
   console.log((await PackReader.open(process.argv[1])).stores.get("experts").records[0].nbytes))' "$PACK")
 : > "$OUT/limits.jsonl"
 for t in 1 2; do

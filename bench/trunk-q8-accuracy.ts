@@ -20,9 +20,9 @@
 import { readFileSync } from "node:fs";
 import { join } from "node:path";
 
-import { isTrunkLinear, expectedTensors } from "../host/model-spec.js";
-import { NativeBackend } from "../host/native-backend.js";
-import { DTYPE_BF16, DTYPE_F32, DTYPE_Q8_ROWS, recordNbytes } from "../host/pack-format.js";
+import { isTrunkLinear, expectedTensors } from "../host/pack/model-spec.js";
+import { NativeBackend } from "../host/core/native-backend.js";
+import { DTYPE_BF16, DTYPE_F32, DTYPE_Q8_ROWS, recordNbytes } from "../host/pack/pack-format.js";
 import { packCheckpoint } from "../packer/pack.js";
 import { presetConfigText } from "../packer/synth.js";
 import { tempDir, TINY_MODELS, tinyCheckpoint } from "../test/support/pack-fixtures.js";

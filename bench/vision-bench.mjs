@@ -1,7 +1,7 @@
 // vision-bench.mjs — image encode timing on the TypeScript host, native and WebAssembly in one run.
 //
 // Owns: timing only (asserts nothing). For each size, a random RGB image written as PNG, then as
-// `kvl chat` does it: decode (sharp) + official preprocessing (host/image-preprocess.ts), and
+// `kvl chat` does it: decode (sharp) + official preprocessing (host/image/image-preprocess.ts), and
 // MoonViT + projector (encodeImages) on an engine opened from the RAM plan (--ram-mib) — the
 // vision weights are streamed from vision.bin on every call. Per backend: preprocess time, encode
 // time of each repetition, vision bytes read, peak RSS over the phase's baseline (Linux VmHWM
@@ -16,10 +16,10 @@ import { parseArgs } from "node:util";
 
 import sharp from "sharp";
 
-import { openHostedEngine } from "../dist/host/engine-host.js";
-import { decodeImage } from "../dist/host/image-decode.js";
-import { loadPreprocessorConfig, preprocessImage } from "../dist/host/image-preprocess.js";
-import { plan } from "../dist/host/planner.js";
+import { openHostedEngine } from "../dist/host/engine/engine-host.js";
+import { decodeImage } from "../dist/host/image/image-decode.js";
+import { loadPreprocessorConfig, preprocessImage } from "../dist/host/image/image-preprocess.js";
+import { plan } from "../dist/host/plan/planner.js";
 
 const MIB = 2 ** 20;
 const { values, positionals } = parseArgs({

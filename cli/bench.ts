@@ -8,23 +8,22 @@
  * Owns: the command's options and their checks, choosing the backends, and rendering: a block
  * per run as it finishes, the limits and peak RSS, the native/wasm table; --json / --out the
  * whole record; markdownReport (bench/RESULTS.md's tables from several --out records).
- * Does not own: the procedure (host/bench-run.ts), the byte accounting and bounds
- * (host/bench-model.ts), the limits (host/bench-limits.ts), the ratios (host/bench-compare.ts).
+ * Does not own: the procedure (host/bench/bench-run.ts), the byte accounting and bounds
+ * (host/bench/bench-model.ts), the limits (host/bench/bench-limits.ts), the ratios (host/bench/bench-compare.ts).
  */
 import { accessSync, constants as fsConstants, statSync, writeFileSync } from "node:fs";
 import { availableParallelism } from "node:os";
 
 import { type Command, InvalidArgumentError, Option } from "commander";
 
-import { BACKEND_REQUESTS, BackendError, type BackendRecord, chooseBackend } from "../host/backend.js";
-import type { BenchComparison, DecodeComparison, PromptComparison } from "../host/bench-compare.js";
-import { type Limits, loadLimits, measureLimits } from "../host/bench-limits.js";
-import { type DecodeRecord, type PromptRecord, packBytes } from "../host/bench-model.js";
-import { type BenchResult, type RunRecord, runBench } from "../host/bench-run.js";
-import type { BackendName } from "../host/core-api.js";
-import { ACT_DTYPE_NAMES, type ActDtype, type KernelChoice } from "../host/engine-api.js";
-import { checkOutputFile } from "../host/output-path.js";
-import { UserError } from "../host/user-error.js";
+import { BACKEND_REQUESTS, BackendError, type BackendRecord, chooseBackend } from "../host/core/backend.js";
+import type { BenchComparison, DecodeComparison, PromptComparison } from "../host/bench/bench-compare.js";
+import { type Limits, loadLimits, measureLimits } from "../host/bench/bench-limits.js";
+import { type DecodeRecord, type PromptRecord, packBytes } from "../host/bench/bench-model.js";
+import { type BenchResult, type RunRecord, runBench } from "../host/bench/bench-run.js";
+import { type BackendName, ACT_DTYPE_NAMES, type ActDtype, type KernelChoice } from "../host/core/core-api.js";
+import { checkOutputFile } from "../host/system/output-path.js";
+import { UserError } from "../host/system/user-error.js";
 import { instancesOption, kernelsOption, nonNegativeInt, positiveInt } from "./options.js";
 
 const MIB = 2 ** 20;

@@ -17,15 +17,15 @@ import { createInterface } from "node:readline";
 
 import { type Command, InvalidArgumentError } from "commander";
 
-import { chooseBackend } from "../host/backend.js";
+import { chooseBackend } from "../host/core/backend.js";
 import { type ChatImage, ChatModel, type Conversation, type ReplyReport, firstReadCheckNote } from "../host/chat-model.js";
-import type { Message } from "../host/conversation.js";
-import type { EngineStats, KernelChoice, ActDtype } from "../host/engine-api.js";
-import { MIB } from "../host/planner.js";
-import { DEFAULT_MAX_NEW_TOKENS, DEFAULT_TEMPERATURE, type ReplyParams } from "../host/reply-params.js";
-import { UserError } from "../host/user-error.js";
+import type { Message } from "../host/text/conversation.js";
+import type { EngineStats, KernelChoice, ActDtype } from "../host/core/core-api.js";
+import { MIB } from "../host/plan/planner.js";
+import { DEFAULT_MAX_NEW_TOKENS, DEFAULT_TEMPERATURE, type ReplyParams } from "../host/text/reply-params.js";
+import { UserError } from "../host/system/user-error.js";
 import { silentProgress, stderrProgress } from "../packer/progress.js";
-import { peakRssBytes } from "../host/process-memory.js";
+import { peakRssBytes } from "../host/system/process-memory.js";
 import { actDtypeOption, backendOption, instancesOption, kernelsOption, maxImageMpOption, megapixelsToPixels, nonNegativeInt, positiveInt } from "./options.js";
 
 const HELP_LINE = "commands: /reset  /stats  /image PATH  /quit   (Ctrl-C stops a reply, Ctrl-D quits)";

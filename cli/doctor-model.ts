@@ -19,17 +19,17 @@ import { readFileSync } from "node:fs";
 import { freemem } from "node:os";
 import { join, resolve } from "node:path";
 
-import { type BackendRecord, BackendError, chooseBackend } from "../host/backend.js";
-import { ChatTemplate } from "../host/chat-template.js";
-import { buildPrompt } from "../host/conversation.js";
-import { bufferedReadAdvice } from "../host/direct-io.js";
-import { EngineClient } from "../host/engine-client.js";
-import { hugePageAdvice, readThpMode } from "../host/huge-pages.js";
-import { checkpointNotPack, configProblems, missingRuntimeFiles } from "../host/pack-check.js";
-import { PackReader, SOURCE_REVISION_FILE } from "../host/pack-format.js";
-import { type RamPlan, MIB, plan } from "../host/planner.js";
-import { Tokenizer } from "../host/tokenizer.js";
-import { UserError } from "../host/user-error.js";
+import { type BackendRecord, BackendError, chooseBackend } from "../host/core/backend.js";
+import { ChatTemplate } from "../host/text/chat-template.js";
+import { buildPrompt } from "../host/text/conversation.js";
+import { bufferedReadAdvice } from "../host/core/direct-io.js";
+import { EngineClient } from "../host/engine/engine-client.js";
+import { hugePageAdvice, readThpMode } from "../host/core/huge-pages.js";
+import { checkpointNotPack, configProblems, missingRuntimeFiles } from "../host/pack/pack-check.js";
+import { PackReader, SOURCE_REVISION_FILE } from "../host/pack/pack-format.js";
+import { type RamPlan, MIB, plan } from "../host/plan/planner.js";
+import { Tokenizer } from "../host/text/tokenizer.js";
+import { UserError } from "../host/system/user-error.js";
 import { PINNED_REVISION } from "../packer/hub.js";
 import type { Progress } from "../packer/progress.js";
 

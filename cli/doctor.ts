@@ -7,12 +7,12 @@
  * and, on Linux only, what the huge page mode means for those reads (huge-pages.ts).
  *
  * Owns: running the self-tests and rendering them (text or --json). Does not own: the choice
- * (host/backend.ts) or the checks themselves (the core's kvl_kernels_conformance).
+ * (host/core/backend.ts) or the checks themselves (the core's kvl_kernels_conformance).
  */
-import { type BackendRecord, BackendError, chooseBackend, openBackend } from "../host/backend.js";
-import type { BackendName, ConformanceReport } from "../host/core-api.js";
-import { type DirectReadSupport, type IoPlatform, THIS_PLATFORM, directReadSupport } from "../host/direct-io.js";
-import { type ThpMode, hugePageAdvice, readThpMode } from "../host/huge-pages.js";
+import { type BackendRecord, BackendError, chooseBackend, openBackend } from "../host/core/backend.js";
+import type { BackendName, ConformanceReport } from "../host/core/core-api.js";
+import { type DirectReadSupport, type IoPlatform, THIS_PLATFORM, directReadSupport } from "../host/core/direct-io.js";
+import { type ThpMode, hugePageAdvice, readThpMode } from "../host/core/huge-pages.js";
 
 export interface SelfTestResult {
   readonly backend: BackendName;

@@ -4,9 +4,9 @@
  */
 import { InvalidArgumentError, Option } from "commander";
 
-import { BACKEND_REQUESTS } from "../host/backend.js";
-import { ACT_DTYPE_NAMES } from "../host/engine-api.js";
-import { envChoice, envPositiveInt } from "../host/env.js";
+import { BACKEND_REQUESTS } from "../host/core/backend.js";
+import { ACT_DTYPE_NAMES } from "../host/core/core-api.js";
+import { envChoice, envPositiveInt } from "../host/system/env.js";
 
 /** Every KVL_* variable with a restricted value is checked before any command runs, so a bad one
  * is one line naming it whatever the command (free-text ones, KVL_ADDON and KVL_API_KEY, need no

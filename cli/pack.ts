@@ -8,9 +8,9 @@
  */
 import { type Command, Option } from "commander";
 
-import { chooseBackend, openBackend } from "../host/backend.js";
-import { TRUNK_DTYPES, type TrunkDtype } from "../host/pack-format.js";
-import { UserError } from "../host/user-error.js";
+import { chooseBackend, openBackend } from "../host/core/backend.js";
+import { TRUNK_DTYPES, type TrunkDtype } from "../host/pack/pack-format.js";
+import { UserError } from "../host/system/user-error.js";
 import { PINNED_REVISION } from "../packer/hub.js";
 import { packCheckpoint } from "../packer/pack.js";
 import { silentProgress, stderrProgress } from "../packer/progress.js";

@@ -7,7 +7,7 @@
  */
 import { type Command, InvalidArgumentError, Option } from "commander";
 
-import { chooseBackend, openBackend } from "../host/backend.js";
+import { chooseBackend, openBackend } from "../host/core/backend.js";
 import { PINNED_REVISION } from "../packer/hub.js";
 import { prepare } from "../packer/prepare.js";
 import { silentProgress, stderrProgress } from "../packer/progress.js";

@@ -15,9 +15,9 @@ import { join } from "node:path";
 
 import { Command } from "commander";
 
-import { BackendError } from "../host/backend.js";
-import { packageRoot } from "../host/paths.js";
-import { UserError, fsUserError } from "../host/user-error.js";
+import { BackendError } from "../host/core/backend.js";
+import { packageRoot } from "../host/system/paths.js";
+import { UserError, fsUserError } from "../host/system/user-error.js";
 import { silentProgress, stderrProgress } from "../packer/progress.js";
 import { addBenchCommand } from "./bench.js";
 import { addChatCommand } from "./chat.js";

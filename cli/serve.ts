@@ -8,8 +8,8 @@
  */
 import { type Command, InvalidArgumentError } from "commander";
 
-import type { KernelChoice, ActDtype } from "../host/engine-api.js";
-import { envString } from "../host/env.js";
+import type { KernelChoice, ActDtype } from "../host/core/core-api.js";
+import { envString } from "../host/system/env.js";
 import { DEFAULT_MODEL_ID } from "../server/app.js";
 import { DEFAULT_HOST } from "../server/auth.js";
 import { runServer } from "../server/serve.js";

@@ -5,7 +5,7 @@ import { readFileSync } from "node:fs";
 
 import { type Command, Option } from "commander";
 
-import { chooseBackend, openBackend } from "../host/backend.js";
+import { chooseBackend, openBackend } from "../host/core/backend.js";
 import { stderrProgress } from "../packer/progress.js";
 import { INDEX_NAME } from "../packer/safetensors.js";
 import { PRESETS, type Preset, synthesize } from "../packer/synth.js";

@@ -19,19 +19,18 @@ import { readFileSync } from "node:fs";
 import { readFile, stat } from "node:fs/promises";
 import { join } from "node:path";
 
-import type { BackendName } from "./core-api.js";
-import { ChatTemplate } from "./chat-template.js";
-import { type Message, type Prompt, ImageInput, buildPrompt, mediaKeyStrings, sha256Hex } from "./conversation.js";
-import { EngineClient, type ClientSession } from "./engine-client.js";
-import { type EngineStats, type KernelChoice, type ActDtype, roundToBf16 } from "./engine-api.js";
-import { DEFAULT_DECODE_LIMITS, type DecodeLimits, checkImage, decodeImageWith, imageHeader } from "./image-decode.js";
-import { type PreprocessorConfig, gridForSize, loadPreprocessorConfig, mediaTokens, preprocessImage } from "./image-preprocess.js";
-import { openRunnablePack } from "./pack-check.js";
-import { type RamPlan, type RequestPlanOptions, plan } from "./planner.js";
-import { type ReplyParams, seedOrRandom, validateReplyParams } from "./reply-params.js";
-import { StopMatcher } from "./stop-matcher.js";
-import { StreamDecoder, Tokenizer } from "./tokenizer.js";
-import { UserError } from "./user-error.js";
+import { type BackendName, type EngineStats, type KernelChoice, type ActDtype, roundToBf16 } from "./core/core-api.js";
+import { ChatTemplate } from "./text/chat-template.js";
+import { type Message, type Prompt, ImageInput, buildPrompt, mediaKeyStrings, sha256Hex } from "./text/conversation.js";
+import { EngineClient, type ClientSession } from "./engine/engine-client.js";
+import { DEFAULT_DECODE_LIMITS, type DecodeLimits, checkImage, decodeImageWith, imageHeader } from "./image/image-decode.js";
+import { type PreprocessorConfig, gridForSize, loadPreprocessorConfig, mediaTokens, preprocessImage } from "./image/image-preprocess.js";
+import { openRunnablePack } from "./pack/pack-check.js";
+import { type RamPlan, type RequestPlanOptions, plan } from "./plan/planner.js";
+import { type ReplyParams, seedOrRandom, validateReplyParams } from "./text/reply-params.js";
+import { StopMatcher } from "./text/stop-matcher.js";
+import { StreamDecoder, Tokenizer } from "./text/tokenizer.js";
+import { UserError } from "./system/user-error.js";
 
 export interface ChatModelOptions {
   backend: BackendName;

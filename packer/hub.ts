@@ -21,7 +21,7 @@ import * as https from "node:https";
 import { homedir } from "node:os";
 import { dirname, join } from "node:path";
 
-import { UserError } from "../host/user-error.js";
+import { UserError } from "../host/system/user-error.js";
 import { type Progress, silentProgress } from "./progress.js";
 import { MAX_HEADER_BYTES } from "./safetensors.js";
 

@@ -7,8 +7,8 @@
  * fsync-then-journal), shard release after durable consumption, the final atomic
  * index/asset/completion writes, and a rerun over a finished pack: nothing to do when it is this
  * source's, a refusal when it is another's (finishedPackRefusal).
- * Does not own: the byte format (host/pack-format.ts), the expected inventory and hparams
- * (host/model-spec.ts), Q8 quantisation (the core's packExpert and packQ8Rows, on either backend), reading
+ * Does not own: the byte format (host/pack/pack-format.ts), the expected inventory and hparams
+ * (host/pack/model-spec.ts), Q8 quantisation (the core's packExpert and packQ8Rows, on either backend), reading
  * checkpoints (tensor-source.ts, safetensors.ts), downloads (prepare.ts).
  *
  * Crash safety: the full layout (every record's offset) is computed from the source inventory
@@ -26,23 +26,23 @@ import { closeSync, constants, fsyncSync, openSync, readFileSync, readdirSync, s
 import { type FileHandle, open, rm, unlink } from "node:fs/promises";
 import { join } from "node:path";
 
-import type { PackingCore } from "../host/core-api.js";
-import { type TensorInfo, checkSource, checkSupported, formatShape, hparams as configHparams, isTrunkLinear } from "../host/model-spec.js";
+import type { PackingCore } from "../host/core/core-api.js";
+import { type TensorInfo, checkSource, checkSupported, formatShape, hparams as configHparams, isTrunkLinear } from "../host/pack/model-spec.js";
 import {
   ASSET_FILES, BIN_ALIGN, COMPLETE_FILE, DTYPE_BF16, DTYPE_F32, DTYPE_Q8_EXPERT, DTYPE_Q8_ROWS, JOURNAL_DIR,
   SOURCE_REVISION_FILE, STORES, STORE_KINDS, type StoreName, type TensorRecord, type TrunkDtype, alignUp, bf16BitsToF32,
   PackReader, crc32, encodeIndex, expertRecordName, formatVersionOf, q8RowsLayout, recordNbytes,
-} from "../host/pack-format.js";
-import { decodeUtf8Strict, dumpsPy } from "../host/py-json.js";
-import { UserError } from "../host/user-error.js";
+} from "../host/pack/pack-format.js";
+import { decodeUtf8Strict, dumpsPy } from "../host/pack/py-json.js";
+import { UserError } from "../host/system/user-error.js";
 import { fsyncDir, writeAllAt, writeAtomic } from "./durable-io.js";
 import { PINNED_REPO, PINNED_REVISION } from "./hub.js";
 import { type Progress, silentProgress } from "./progress.js";
 import { DTYPE_SIZES, INDEX_NAME, findRevision, readIndex } from "./safetensors.js";
 import { CheckpointSource, type InventoryEntry, InventorySource, type ShardHooks, type TensorSource, readAssets } from "./tensor-source.js";
-import { isDir, isFile, pathExists, requireFolder } from "../host/file-kind.js";
-import { checkOutputDir, makeOutputDir } from "../host/output-path.js";
-import { envPositiveInt } from "../host/env.js";
+import { isDir, isFile, pathExists, requireFolder } from "../host/pack/file-kind.js";
+import { checkOutputDir, makeOutputDir } from "../host/system/output-path.js";
+import { envPositiveInt } from "../host/system/env.js";
 
 export const EXPERT_RE = /^language_model\.model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$/;
 export const ROUTER_BIAS_SUFFIX = ".mlp.gate.e_score_correction_bias";

@@ -16,11 +16,11 @@ import { existsSync, rmSync } from "node:fs";
 import { mkdir, readFile } from "node:fs/promises";
 import { join } from "node:path";
 
-import type { BackendName, PackingCore } from "../host/core-api.js";
-import { checkOutputDir, makeOutputDir } from "../host/output-path.js";
-import { plan } from "../host/planner.js";
-import { COMPLETE_FILE, JOURNAL_DIR, verify } from "../host/pack-format.js";
-import { UserError } from "../host/user-error.js";
+import type { BackendName, PackingCore } from "../host/core/core-api.js";
+import { checkOutputDir, makeOutputDir } from "../host/system/output-path.js";
+import { plan } from "../host/plan/planner.js";
+import { COMPLETE_FILE, JOURNAL_DIR, verify } from "../host/pack/pack-format.js";
+import { UserError } from "../host/system/user-error.js";
 import { Hub, PINNED_REPO, PINNED_REVISION, hubEndpoint } from "./hub.js";
 import { packCheckpoint } from "./pack.js";
 import { type Progress, silentProgress } from "./progress.js";

@@ -6,7 +6,7 @@
  * Owns: header parsing and validation of a shard at open time (so later reads cannot run past the
  * file), positional tensor reads, the writer (header first, then tensors in a fixed order; the
  * file appears under its final name only when complete) and the index writer.
- * Does not own: which tensors a model needs (host/model-spec.ts), checkpoint directories as tensor
+ * Does not own: which tensors a model needs (host/pack/model-spec.ts), checkpoint directories as tensor
  * sources (tensor-source.ts), what the packer does with the bytes (pack.ts).
  *
  * Tensor data is raw little-endian bytes everywhere (BF16 is its 16-bit pattern).
@@ -17,9 +17,9 @@ import { basename, join, resolve, sep } from "node:path";
 
 import {
   decodeUtf8Strict, dumpsPy, isIntMember, isJsonObject, loadsPy, orderedKeys, pyRepr,
-} from "../host/py-json.js";
-import { UserError } from "../host/user-error.js";
-import { isDir, isFile } from "../host/file-kind.js";
+} from "../host/pack/py-json.js";
+import { UserError } from "../host/system/user-error.js";
+import { isDir, isFile } from "../host/pack/file-kind.js";
 
 export const INDEX_NAME = "model.safetensors.index.json";
 export const SINGLE_NAME = "model.safetensors";

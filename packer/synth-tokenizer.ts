@@ -15,7 +15,7 @@
  * Python synthesizer wrote (test/fixtures/python-packer-sha256.json).
  */
 import { Buffer } from "node:buffer";
-import { dumpsPyFile } from "../host/py-json.js";
+import { dumpsPyFile } from "../host/pack/py-json.js";
 
 
 export const N_BASE_TOKENS = 163_584;

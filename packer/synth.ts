@@ -6,7 +6,7 @@
  * tokenizer assets). Weights come from the core's generator (numpy's PCG64, seeded per tensor from
  * sha256("kvl-synth/{seed}/{name}")), so any tensor, in any order, on either backend, is the same
  * bytes the earlier Python synthesizer wrote (test/fixtures/python-packer-sha256.json).
- * Does not own: names and shapes (host/model-spec.ts), the safetensors format
+ * Does not own: names and shapes (host/pack/model-spec.ts), the safetensors format
  * (packer/safetensors.ts), tokenizer assets (synth-tokenizer.ts).
  *
  * Weights are uniform with the std a sensible init would use: activations stay O(1) through every
@@ -18,13 +18,13 @@ import { createHash } from "node:crypto";
 import { rmSync, statfsSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 
-import type { PackingCore, Pcg64State } from "../host/core-api.js";
-import { type Inventory, type TensorInfo, checkSupported, expectedTensors, LM_HEAD, ROUTER_BIAS_SUFFIX, textDims } from "../host/model-spec.js";
-import { makeOutputDir } from "../host/output-path.js";
-import { dumpsPyFile, loadsPy, PyFloat } from "../host/py-json.js";
-import { UserError } from "../host/user-error.js";
+import type { PackingCore, Pcg64State } from "../host/core/core-api.js";
+import { type Inventory, type TensorInfo, checkSupported, expectedTensors, LM_HEAD, ROUTER_BIAS_SUFFIX, textDims } from "../host/pack/model-spec.js";
+import { makeOutputDir } from "../host/system/output-path.js";
+import { dumpsPyFile, loadsPy, PyFloat } from "../host/pack/py-json.js";
+import { UserError } from "../host/system/user-error.js";
 import { silentProgress, type Progress } from "./progress.js";
-import { seedSequenceState } from "./seed-sequence.js";
+import { seedSequenceState } from "../host/core/seed-sequence.js";
 import { INDEX_NAME, SafetensorsWriter, writeIndex } from "./safetensors.js";
 import { tokenizerAssets } from "./synth-tokenizer.js";
 import type { TensorSource } from "./tensor-source.js";

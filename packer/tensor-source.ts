@@ -8,7 +8,7 @@
  * (shard files in a directory whose inventory is known in advance — from the hub's headers or
  * from a pack journal — where a shard may be absent until its tensors are read).
  * Does not own: the file format (safetensors.ts), which tensors a model needs
- * (host/model-spec.ts), packing (pack.ts).
+ * (host/pack/model-spec.ts), packing (pack.ts).
  *
  * Tensor data is raw little-endian bytes: BF16 as its 16-bit patterns, F32 as IEEE floats.
  */
@@ -17,11 +17,11 @@ import { readFileSync, statSync } from "node:fs";
 import { open } from "node:fs/promises";
 import { join } from "node:path";
 
-import { type TensorInfo, formatShape } from "../host/model-spec.js";
-import { decodeUtf8Strict, isJsonObject, loadsPy } from "../host/py-json.js";
-import { UserError } from "../host/user-error.js";
+import { type TensorInfo, formatShape } from "../host/pack/model-spec.js";
+import { decodeUtf8Strict, isJsonObject, loadsPy } from "../host/pack/py-json.js";
+import { UserError } from "../host/system/user-error.js";
 import { ASSET_NAMES, INDEX_NAME, SINGLE_NAME, SafetensorsFile, findRevision, readIndex } from "./safetensors.js";
-import { isDir, isFile } from "../host/file-kind.js";
+import { isDir, isFile } from "../host/pack/file-kind.js";
 
 export type { TensorInfo };
 

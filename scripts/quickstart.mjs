@@ -13,7 +13,7 @@
 //                                                    random-weight model (no download):
 //                                                    synth -> pack -> doctor -> chat
 //
-// MODEL_DIR defaults to kvl's cache folder (host/sea-assets.ts kvlCacheDir: $XDG_CACHE_HOME or
+// MODEL_DIR defaults to kvl's cache folder (host/system/sea-assets.ts kvlCacheDir: $XDG_CACHE_HOME or
 // ~/.cache, %LOCALAPPDATA% on Windows) + kvl/kimi-vl-a3b-instruct or kvl/demo-tiny; a relative one
 // is taken from the folder the command runs in. Plain JavaScript with Node's built-ins: it runs
 // before `npm ci` has installed anything. Any failed step stops it with that step's exit status.
@@ -55,7 +55,7 @@ say("installing kvl: npm ci (TypeScript, and the native addon where a C compiler
 // npm is npm.cmd on Windows, which only a shell runs
 step("npm", ["ci", "--no-audit", "--no-fund"], "npm ci", { cwd: ROOT, shell: process.platform === "win32" });
 
-const { kvlCacheDir } = await import(pathToFileURL(join(ROOT, "dist", "host", "sea-assets.js")).href);
+const { kvlCacheDir } = await import(pathToFileURL(join(ROOT, "dist", "host", "system", "sea-assets.js")).href);
 const modelDir = args[0] !== undefined ? resolve(args[0]) : join(kvlCacheDir(), demo ? "demo-tiny" : "kimi-vl-a3b-instruct");
 
 say("doctor: backends and kernel self-test");

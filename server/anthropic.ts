@@ -15,7 +15,7 @@
 import { randomUUID } from "node:crypto";
 
 import type { ReplyReport } from "../host/chat-model.js";
-import { type ReplyParams, defaultReplyParams } from "../host/reply-params.js";
+import { type ReplyParams, defaultReplyParams } from "../host/text/reply-params.js";
 import { type ApiError, anthropicErrorBody, invalid } from "./errors.js";
 import { type JsonObject, getBool, getInt, getNumber, getStr, jsonType, maxTokensValue, requireObject, stopList } from "./fields.js";
 import { IMAGE_MEDIA_TYPES, ImageData, type RequestMessage, decodeImageBase64 } from "./images.js";

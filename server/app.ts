@@ -16,10 +16,10 @@
 import Router from "@koa/router";
 import Koa from "koa";
 
-import type { Message } from "../host/conversation.js";
-import type { ReplyParams } from "../host/reply-params.js";
-import { validateReplyParams } from "../host/reply-params.js";
-import { UserError } from "../host/user-error.js";
+import type { Message } from "../host/text/conversation.js";
+import type { ReplyParams } from "../host/text/reply-params.js";
+import { validateReplyParams } from "../host/text/reply-params.js";
+import { UserError } from "../host/system/user-error.js";
 import * as anthropic from "./anthropic.js";
 import { KeyCheck } from "./auth.js";
 import { ClientGone, DEFAULT_READ_DEADLINES, type ReadDeadlines, readJsonBody } from "./body.js";

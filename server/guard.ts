@@ -21,7 +21,7 @@
 import type { IncomingMessage, RequestListener, ServerResponse } from "node:http";
 import { BlockList, isIP } from "node:net";
 
-import { UserError } from "../host/user-error.js";
+import { UserError } from "../host/system/user-error.js";
 import { type ReadDeadlines, refuseUnread } from "./body.js";
 import { ApiError } from "./errors.js";
 

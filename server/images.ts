@@ -10,10 +10,10 @@
  * UserError of the model's image loading (a truncated header, too many pixels, a grid it cannot
  * make, pixel data that does not decode: model.ts decodes each image whole before the reply) a
  * 400 naming the field.
- * Does not own: decoding pixels or sizing images (host/image-decode.ts via ChatModel.loadImage).
+ * Does not own: decoding pixels or sizing images (host/image/image-decode.ts via ChatModel.loadImage).
  */
-import type { ImageInput, Message } from "../host/conversation.js";
-import { UserError } from "../host/user-error.js";
+import type { ImageInput, Message } from "../host/text/conversation.js";
+import { UserError } from "../host/system/user-error.js";
 import { invalid } from "./errors.js";
 
 export const IMAGE_MEDIA_TYPES = ["image/jpeg", "image/png", "image/webp", "image/gif"] as const;

@@ -13,9 +13,9 @@
  * strings, image encoding and prefix reuse all happen there.
  */
 import { ChatImage, ChatModel, type ChatModelOptions, type Conversation, type ReplyReport } from "../host/chat-model.js";
-import type { ImageInput, Message } from "../host/conversation.js";
-import type { ReplyParams } from "../host/reply-params.js";
-import { UserError } from "../host/user-error.js";
+import type { ImageInput, Message } from "../host/text/conversation.js";
+import type { ReplyParams } from "../host/text/reply-params.js";
+import { UserError } from "../host/system/user-error.js";
 import type { ImageLoader } from "./images.js";
 
 export interface ServedModel extends ImageLoader {

@@ -14,7 +14,7 @@
  * Does not own: HTTP, auth, queueing (app.ts, queue.ts) or generation (host/chat-model.ts).
  */
 import type { ReplyReport } from "../host/chat-model.js";
-import { type ReplyParams, defaultReplyParams } from "../host/reply-params.js";
+import { type ReplyParams, defaultReplyParams } from "../host/text/reply-params.js";
 import { type ApiError, invalid, ollamaErrorBody } from "./errors.js";
 import { type JsonObject, getBool, getInt, getNumber, getStr, isObject, jsonType, requireObject, stopList } from "./fields.js";
 import { type ImageData, type RequestMessage, decodeDataUrl, decodeImageBase64 } from "./images.js";

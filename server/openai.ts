@@ -12,7 +12,7 @@
 import { randomUUID } from "node:crypto";
 
 import type { ReplyReport } from "../host/chat-model.js";
-import { type ReplyParams, defaultReplyParams } from "../host/reply-params.js";
+import { type ReplyParams, defaultReplyParams } from "../host/text/reply-params.js";
 import { type ApiError, invalid, openaiErrorBody } from "./errors.js";
 import { type JsonObject, getBool, getInt, getNumber, getSeed, getStr, jsonType, maxTokensValue, requireObject, stopList } from "./fields.js";
 import { type ImageData, type RequestMessage, decodeDataUrl } from "./images.js";

@@ -15,10 +15,10 @@
  * (model.ts / host/chat-model.ts).
  */
 import type { ReplyReport } from "../host/chat-model.js";
-import type { Message } from "../host/conversation.js";
-import { CorruptPackError } from "../host/engine-api.js";
-import type { ReplyParams } from "../host/reply-params.js";
-import { UserError } from "../host/user-error.js";
+import type { Message } from "../host/text/conversation.js";
+import { CorruptPackError } from "../host/core/core-api.js";
+import type { ReplyParams } from "../host/text/reply-params.js";
+import { UserError } from "../host/system/user-error.js";
 import { ApiError, RETRY_AFTER_S } from "./errors.js";
 import type { ServedModel } from "./model.js";
 

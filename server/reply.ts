@@ -13,8 +13,8 @@
 import type { ServerResponse } from "node:http";
 
 import type { ReplyReport } from "../host/chat-model.js";
-import type { Message } from "../host/conversation.js";
-import type { ReplyParams } from "../host/reply-params.js";
+import type { Message } from "../host/text/conversation.js";
+import type { ReplyParams } from "../host/text/reply-params.js";
 import { ClientGone } from "./body.js";
 import { ApiError } from "./errors.js";
 import { type EngineQueue, JobCancelled } from "./queue.js";

@@ -15,7 +15,7 @@ import { join } from "node:path";
 
 import type Koa from "koa";
 
-import { packageRoot } from "../host/paths.js";
+import { packageRoot } from "../host/system/paths.js";
 
 export const WEB_DIR = join(packageRoot, "server", "web");
 

@@ -4,10 +4,10 @@ import { join } from "node:path";
 
 import { describe, expect, it } from "vitest";
 
-import { BackendError, chooseBackend, testLoadNativeAddon } from "../host/backend.js";
-import { expectedNativeKernelSet, readCpuInfo } from "../host/cpu.js";
-import { nativeAddonPath } from "../host/paths.js";
-import { probeWasmFeatures } from "../host/wasm-features.js";
+import { BackendError, chooseBackend, testLoadNativeAddon } from "../host/core/backend.js";
+import { expectedNativeKernelSet, readCpuInfo } from "../host/core/cpu.js";
+import { nativeAddonPath } from "../host/system/paths.js";
+import { probeWasmFeatures } from "../host/core/wasm-features.js";
 
 const env = (extra: Record<string, string>): NodeJS.ProcessEnv => {
   const base = { ...process.env };

@@ -17,11 +17,11 @@ import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 
 import { markdownReport } from "../cli/bench.js";
-import { measureLimits, membwBinary, runMembw } from "../host/bench-limits.js";
-import { PAGE, packBytes } from "../host/bench-model.js";
-import { randomPrompt } from "../host/bench-prompt.js";
-import { PackReader } from "../host/pack-format.js";
-import { packageRoot } from "../host/paths.js";
+import { measureLimits, membwBinary, runMembw } from "../host/bench/bench-limits.js";
+import { PAGE, packBytes } from "../host/bench/bench-model.js";
+import { randomPrompt } from "../host/bench/bench-prompt.js";
+import { PackReader } from "../host/pack/pack-format.js";
+import { packageRoot } from "../host/system/paths.js";
 import { nativeBuilt } from "./helpers.js";
 import { tempDir, tinyPack } from "./support/pack-fixtures.js";
 

@@ -1,5 +1,5 @@
 /**
- * host/chat-template.ts and host/conversation.ts against the Python goldens
+ * host/text/chat-template.ts and host/text/conversation.ts against the Python goldens
  * (test/fixtures/goldens/tokenizer.json, made by test/fixtures/make-tokenizer-goldens.py): prompts
  * that the official rendering (transformers' jinja2 environment) AND the hand-written
  * test/fixtures/reference/template.py render identically, their ids (reference tokenizer AND the
@@ -15,13 +15,13 @@ import { join } from "node:path";
 
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 
-import { ChatTemplate, type TemplateMessage, expandMedia, strftimeNow } from "../host/chat-template.js";
+import { ChatTemplate, type TemplateMessage, expandMedia, strftimeNow } from "../host/text/chat-template.js";
 import {
   ImageInput, type Message, type PositionKey, buildPrompt, commonPrefix, mediaKeyStrings, mediaTokenCount, toTemplateMessages,
-} from "../host/conversation.js";
-import { packageRoot } from "../host/paths.js";
-import { Tokenizer } from "../host/tokenizer.js";
-import { UserError } from "../host/user-error.js";
+} from "../host/text/conversation.js";
+import { packageRoot } from "../host/system/paths.js";
+import { Tokenizer } from "../host/text/tokenizer.js";
+import { UserError } from "../host/system/user-error.js";
 import { tempDir, tinyPack } from "./support/pack-fixtures.js";
 
 type StoredPart = string | { image: string };

@@ -19,7 +19,7 @@ import { join } from "node:path";
 import sharp from "sharp";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 
-import { packageRoot } from "../host/paths.js";
+import { packageRoot } from "../host/system/paths.js";
 import { KVL, childEnv } from "./support/live-server.js";
 import { tempDir, tinyPack } from "./support/pack-fixtures.js";
 

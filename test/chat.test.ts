@@ -22,8 +22,8 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import sharp from "sharp";
 
 import { escapeControls } from "../cli/chat.js";
-import { roundToBf16 } from "../host/engine-api.js";
-import { packageRoot } from "../host/paths.js";
+import { roundToBf16 } from "../host/core/core-api.js";
+import { packageRoot } from "../host/system/paths.js";
 import { type RgbImage, loadPreprocessorConfig, preprocess } from "./reference/preprocess.js";
 import { TextReference } from "./reference/text.js";
 import { VisionReference } from "./reference/vision.js";

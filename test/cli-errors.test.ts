@@ -11,7 +11,7 @@ import { join } from "node:path";
 
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 
-import { packageRoot } from "../host/paths.js";
+import { packageRoot } from "../host/system/paths.js";
 import { tempDir, tinyPack } from "./support/pack-fixtures.js";
 
 const KVL = join(packageRoot, "dist", "cli", "kvl.js");

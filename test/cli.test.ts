@@ -6,7 +6,7 @@ import { join } from "node:path";
 
 import { describe, expect, it } from "vitest";
 
-import { packageRoot } from "../host/paths.js";
+import { packageRoot } from "../host/system/paths.js";
 
 const KVL = join(packageRoot, "dist", "cli", "kvl.js");
 

@@ -4,10 +4,10 @@
  */
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 
-import type { CoreBackend } from "../host/core-api.js";
-import { expectedNativeKernelSet, readCpuInfo } from "../host/cpu.js";
-import { NativeBackend } from "../host/native-backend.js";
-import { WasmBackend } from "../host/wasm-backend.js";
+import type { CoreBackend } from "../host/core/core-api.js";
+import { expectedNativeKernelSet, readCpuInfo } from "../host/core/cpu.js";
+import { NativeBackend } from "../host/core/native-backend.js";
+import { WasmBackend } from "../host/core/wasm-backend.js";
 
 const ENTRIES = ["matmul_bf16", "matmul_q8", "matmul_f32", "matmul_bf16_xb", "matmul_q8_xb",
   "quantize_i16_act", "matmul_q8_i16", "matmul_q8_i8", "matmul_i16_i16", "dot_f32", "axpy_f32", "axpy_rows_f32", "bf16_to_f32", "q8_to_f32",

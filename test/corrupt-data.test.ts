@@ -29,17 +29,16 @@ import { join } from "node:path";
 
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 
-import { ChatTemplate } from "../host/chat-template.js";
-import { buildPrompt } from "../host/conversation.js";
-import { KVL_ERR_CORRUPT } from "../host/core-api.js";
-import { EngineClient } from "../host/engine-client.js";
-import { type CoreEngine, CoreError, CorruptPackError, type EngineOptions } from "../host/engine-api.js";
-import { openHostedEngine } from "../host/engine-host.js";
-import { NativeBackend } from "../host/native-backend.js";
-import { STORE_KINDS, type StoreName, decodeIndex, expertRecordName } from "../host/pack-format.js";
-import { Tokenizer } from "../host/tokenizer.js";
-import { UserError } from "../host/user-error.js";
-import { WasmBackend } from "../host/wasm-backend.js";
+import { ChatTemplate } from "../host/text/chat-template.js";
+import { buildPrompt } from "../host/text/conversation.js";
+import { KVL_ERR_CORRUPT, type CoreEngine, CoreError, CorruptPackError, type EngineOptions } from "../host/core/core-api.js";
+import { EngineClient } from "../host/engine/engine-client.js";
+import { openHostedEngine } from "../host/engine/engine-host.js";
+import { NativeBackend } from "../host/core/native-backend.js";
+import { STORE_KINDS, type StoreName, decodeIndex, expertRecordName } from "../host/pack/pack-format.js";
+import { Tokenizer } from "../host/text/tokenizer.js";
+import { UserError } from "../host/system/user-error.js";
+import { WasmBackend } from "../host/core/wasm-backend.js";
 import { nativeBuilt } from "./helpers.js";
 import { TextReference } from "./reference/text.js";
 import { GREEDY_TOKENS, engineGreedy, promptIds, referenceGreedy } from "./support/engine-checks.js";

@@ -1,10 +1,10 @@
-/** host/direct-io.ts and `kvl doctor`'s lines from it: what each backend does about the page cache
+/** host/core/direct-io.ts and `kvl doctor`'s lines from it: what each backend does about the page cache
  * on each platform (injected), and advice that is right for that platform. */
 import { describe, expect, it } from "vitest";
 
 import { type DoctorReport, directReadsHere, renderDoctor } from "../cli/doctor.js";
-import type { BackendRecord } from "../host/backend.js";
-import { type IoPlatform, bufferedReadAdvice, directReadSupport } from "../host/direct-io.js";
+import type { BackendRecord } from "../host/core/backend.js";
+import { type IoPlatform, bufferedReadAdvice, directReadSupport } from "../host/core/direct-io.js";
 
 const LINUX: IoPlatform = { platform: "linux", nodeHasODirect: true };
 const WINDOWS: IoPlatform = { platform: "win32", nodeHasODirect: false };

@@ -12,9 +12,9 @@ import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 
 import { availableRamBytes } from "../cli/doctor-model.js";
-import { PackReader, type StoreName } from "../host/pack-format.js";
-import { packageRoot } from "../host/paths.js";
-import { WasmBackend } from "../host/wasm-backend.js";
+import { PackReader, type StoreName } from "../host/pack/pack-format.js";
+import { packageRoot } from "../host/system/paths.js";
+import { WasmBackend } from "../host/core/wasm-backend.js";
 import { packCheckpoint } from "../packer/pack.js";
 import { nativeBuilt } from "./helpers.js";
 import { tempDir, tinyCheckpoint } from "./support/pack-fixtures.js";

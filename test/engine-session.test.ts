@@ -25,10 +25,10 @@ import { join } from "node:path";
 
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 
-import { type CoreEngine, CoreError, type EngineOptions } from "../host/engine-api.js";
-import { NativeBackend } from "../host/native-backend.js";
-import { crc32 } from "../host/pack-format.js";
-import { WasmBackend } from "../host/wasm-backend.js";
+import { type CoreEngine, CoreError, type EngineOptions } from "../host/core/core-api.js";
+import { NativeBackend } from "../host/core/native-backend.js";
+import { crc32 } from "../host/pack/pack-format.js";
+import { WasmBackend } from "../host/core/wasm-backend.js";
 import { packCheckpoint } from "../packer/pack.js";
 import { argmax } from "./reference/math.js";
 import { TOLERANCE, engineGreedy, maxAbsDiff, promptIds, referenceGreedy } from "./support/engine-checks.js";

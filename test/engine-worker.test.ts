@@ -1,5 +1,5 @@
 /**
- * The engine in its worker thread (host/engine-worker.ts through host/engine-client.ts), on both
+ * The engine in its worker thread (host/engine/engine-worker.ts through host/engine/engine-client.ts), on both
  * backends: the main thread's event loop keeps running during a long prefill; cancelling a
  * running prefill rolls the session back and the session then computes what a fresh one does;
  * errors cross the thread boundary as the same classes. Needs dist/ (the worker is compiled JS).
@@ -9,8 +9,8 @@ import { join } from "node:path";
 
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 
-import { ENGINE_WORKER_PATH, EngineClient } from "../host/engine-client.js";
-import { CoreError } from "../host/engine-api.js";
+import { ENGINE_WORKER_PATH, EngineClient } from "../host/engine/engine-client.js";
+import { CoreError } from "../host/core/core-api.js";
 import { tempDir, tinyPack } from "./support/pack-fixtures.js";
 
 const OPTIONS = { nThreads: 2, instanceMemoryBytes: 512 * 2 ** 20 };

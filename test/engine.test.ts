@@ -27,12 +27,12 @@ import { join } from "node:path";
 
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 
-import type { CoreEngine, EngineInfo, EngineOptions, KernelChoice } from "../host/engine-api.js";
-import { CoreError } from "../host/engine-api.js";
-import { openHostedEngine } from "../host/engine-host.js";
-import { SplitEngine, layerRanges } from "../host/split-engine.js";
-import { NativeBackend } from "../host/native-backend.js";
-import { WasmBackend } from "../host/wasm-backend.js";
+import { type CoreEngine, type EngineInfo, type EngineOptions, type KernelChoice, CoreError } from "../host/core/core-api.js";
+import { openHostedEngine } from "../host/engine/engine-host.js";
+import { SplitEngine } from "../host/engine/split-engine.js";
+import { layerRanges } from "../host/plan/instances.js";
+import { NativeBackend } from "../host/core/native-backend.js";
+import { WasmBackend } from "../host/core/wasm-backend.js";
 import { packCheckpoint } from "../packer/pack.js";
 import { argmax } from "./reference/math.js";
 import {

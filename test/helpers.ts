@@ -2,7 +2,7 @@
  * own selection logic (so the tests of that logic do not assume it). */
 import { existsSync } from "node:fs";
 
-import { nativeAddonPath } from "../host/paths.js";
+import { nativeAddonPath } from "../host/system/paths.js";
 
 /** The addon is built by `npm ci` wherever a C compiler exists; CI always has one. */
 export const nativeBuilt: boolean = existsSync(nativeAddonPath());

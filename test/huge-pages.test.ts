@@ -1,11 +1,11 @@
-/** host/huge-pages.ts: the THP mode as Linux writes it, and what each mode means per backend. */
+/** host/core/huge-pages.ts: the THP mode as Linux writes it, and what each mode means per backend. */
 import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 
 import { afterAll, describe, expect, it } from "vitest";
 
-import { hugePageAdvice, parseThpMode, readThpMode } from "../host/huge-pages.js";
+import { hugePageAdvice, parseThpMode, readThpMode } from "../host/core/huge-pages.js";
 
 describe("the transparent huge page mode", () => {
   it("is the bracketed word of the sysfs file", () => {

@@ -1,5 +1,5 @@
 /**
- * The production image path (host/image-decode.ts, host/image-preprocess.ts) against what the
+ * The production image path (host/image/image-decode.ts, host/image/image-preprocess.ts) against what the
  * official pipeline — Pillow 13 resize in the image's own mode, torchvision-style pad,
  * convert("RGB"), float32 normalise, patchify; make-image-goldens.py writes it out — makes of small image
  * files in every mode and format (test/fixtures/images/, goldens in
@@ -23,8 +23,8 @@ import { fileURLToPath } from "node:url";
 
 import { afterAll, describe, expect, it } from "vitest";
 
-import { decodeBufferBytes, decodeImage, DEFAULT_DECODE_LIMITS, imageHeader, imageSize, type DecodedImage } from "../host/image-decode.js";
-import { imageDecodeBudget } from "../host/image-budget.js";
+import { decodeBufferBytes, decodeImage, DEFAULT_DECODE_LIMITS, imageHeader, imageSize, type DecodedImage } from "../host/image/image-decode.js";
+import { imageDecodeBudget } from "../host/image/image-budget.js";
 import {
   gridForSize,
   loadPreprocessorConfig,
@@ -33,8 +33,8 @@ import {
   resampleBicubic8,
   resizePadRgb,
   type PreprocessorConfig,
-} from "../host/image-preprocess.js";
-import { UserError } from "../host/user-error.js";
+} from "../host/image/image-preprocess.js";
+import { UserError } from "../host/system/user-error.js";
 import { pillowResizeBicubic, preprocessOne } from "./reference/preprocess.js";
 
 const HERE = dirname(fileURLToPath(import.meta.url));

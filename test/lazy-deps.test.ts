@@ -1,12 +1,12 @@
 /** What kvl's command tree loads at startup: sharp (libvips, ~0.1 s and ~20 MB) only once an image
- * is decoded (host/image-decode.ts loadSharp), so the commands without images never pay for it. */
+ * is decoded (host/image/image-decode.ts loadSharp), so the commands without images never pay for it. */
 import { spawnSync } from "node:child_process";
 import { join } from "node:path";
 import { pathToFileURL } from "node:url";
 
 import { describe, expect, it } from "vitest";
 
-import { packageRoot } from "../host/paths.js";
+import { packageRoot } from "../host/system/paths.js";
 
 const dist = (file: string): string => pathToFileURL(join(packageRoot, "dist", file)).href;
 
@@ -19,7 +19,7 @@ describe.runIf(process.platform === "linux")("lazy dependencies", () => {
       const libvips = () => readFileSync("/proc/self/maps", "utf8").includes("libvips");
       await import(${JSON.stringify(dist("cli/program.js"))});
       const before = libvips();
-      const { decodeImage } = await import(${JSON.stringify(dist("host/image-decode.js"))});
+      const { decodeImage } = await import(${JSON.stringify(dist("host/image/image-decode.js"))});
       const image = await decodeImage(${JSON.stringify(join(packageRoot, "test", "fixtures", "images", "rgb.png"))});
       console.log(JSON.stringify({ before, after: libvips(), width: image.width }));`;
     const r = spawnSync(process.execPath, ["--input-type=module", "-e", script], { encoding: "utf8" });

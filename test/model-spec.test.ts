@@ -1,5 +1,5 @@
 /**
- * host/model-spec.ts: the tensor inventory of a config (the tiny preset's against the shards the
+ * host/pack/model-spec.ts: the tensor inventory of a config (the tiny preset's against the shards the
  * synthesizer wrote in the official layout, the full preset's against the real checkpoint's
  * shapes), config validation with kvl/modelspec.py's exact messages (recorded from it), the
  * source check, and the hparam table of docs/FORMAT.md.
@@ -8,12 +8,12 @@ import { join } from "node:path";
 
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 
-import type { CoreBackend } from "../host/core-api.js";
+import type { CoreBackend } from "../host/core/core-api.js";
 import {
   type Inventory, type InventoryView, checkSource, checkSupported, countParams, expectedTensors, hparams, modelDims, textDims,
-} from "../host/model-spec.js";
-import { loadsPy } from "../host/py-json.js";
-import { UserError } from "../host/user-error.js";
+} from "../host/pack/model-spec.js";
+import { loadsPy } from "../host/pack/py-json.js";
+import { UserError } from "../host/system/user-error.js";
 import { presetConfigText } from "../packer/synth.js";
 import { CheckpointSource } from "../packer/tensor-source.js";
 import { anyCore, tempDir, tinyCheckpoint } from "./support/pack-fixtures.js";

@@ -1,5 +1,5 @@
 /**
- * Seeded mutation fuzzing of the pack reader (host/pack-format.ts), ported from kvl's
+ * Seeded mutation fuzzing of the pack reader (host/pack/pack-format.ts), ported from kvl's
  * tests/test_pack_fuzz.py: mutated .idx files (CRC recomputed so the checks behind it run),
  * hparam values, .bin sizes, PACK_COMPLETE.json variants, missing files and mangled assets. The
  * rule: verify + reading records either works or throws UserError with a message — never another
@@ -11,9 +11,9 @@ import { crc32 as zcrc } from "node:zlib";
 
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 
-import type { CoreBackend } from "../host/core-api.js";
-import { PackReader, verify } from "../host/pack-format.js";
-import { UserError } from "../host/user-error.js";
+import type { CoreBackend } from "../host/core/core-api.js";
+import { PackReader, verify } from "../host/pack/pack-format.js";
+import { UserError } from "../host/system/user-error.js";
 import { packCheckpoint } from "../packer/pack.js";
 import { anyCore, tempDir, tinyCheckpoint } from "./support/pack-fixtures.js";
 

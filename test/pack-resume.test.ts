@@ -12,10 +12,10 @@ import { join } from "node:path";
 
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 
-import { verify } from "../host/pack-format.js";
-import { NativeBackend } from "../host/native-backend.js";
-import { UserError } from "../host/user-error.js";
-import { WasmBackend } from "../host/wasm-backend.js";
+import { verify } from "../host/pack/pack-format.js";
+import { NativeBackend } from "../host/core/native-backend.js";
+import { UserError } from "../host/system/user-error.js";
+import { WasmBackend } from "../host/core/wasm-backend.js";
 import { packCheckpoint } from "../packer/pack.js";
 import { readIndex } from "../packer/safetensors.js";
 import { InventorySource, readAssets } from "../packer/tensor-source.js";

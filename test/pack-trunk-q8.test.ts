@@ -14,14 +14,14 @@ import { join } from "node:path";
 
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 
-import { configProblems, openRunnablePack } from "../host/pack-check.js";
-import { packageRoot } from "../host/paths.js";
+import { configProblems, openRunnablePack } from "../host/pack/pack-check.js";
+import { packageRoot } from "../host/system/paths.js";
 import {
   DTYPE_Q8_ROWS, PackReader, STORE_TRUNK, decodeIndex, encodeIndex, verify,
-} from "../host/pack-format.js";
-import { NativeBackend } from "../host/native-backend.js";
-import { UserError } from "../host/user-error.js";
-import { WasmBackend } from "../host/wasm-backend.js";
+} from "../host/pack/pack-format.js";
+import { NativeBackend } from "../host/core/native-backend.js";
+import { UserError } from "../host/system/user-error.js";
+import { WasmBackend } from "../host/core/wasm-backend.js";
 import { packCheckpoint } from "../packer/pack.js";
 import { CheckpointSource } from "../packer/tensor-source.js";
 import { copyDir, runPack, tempDir, tinyCheckpoint, treeBytes, treeDiff } from "./support/pack-fixtures.js";

@@ -1,5 +1,5 @@
 /**
- * host/pack-format.ts and packer/pack.ts: the index format, fidelity of a pack to its source
+ * host/pack/pack-format.ts and packer/pack.ts: the index format, fidelity of a pack to its source
  * (trunk and vision bit-exact, the router bias as F32, every expert extent equal to an
  * independent Q8 reference written from docs/FORMAT.md), the layout rules, refusals before
  * anything is written, and damaged packs found by the reader (kvl's tests/test_pack.py).
@@ -10,11 +10,11 @@ import { crc32 as zcrc } from "node:zlib";
 
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 
-import type { CoreBackend } from "../host/core-api.js";
+import type { CoreBackend } from "../host/core/core-api.js";
 import {
   DTYPE_BF16, DTYPE_F32, DTYPE_Q8_EXPERT, PackReader, STORE_TRUNK, STORE_VISION, type TensorRecord, decodeIndex, encodeIndex, verify,
-} from "../host/pack-format.js";
-import { UserError } from "../host/user-error.js";
+} from "../host/pack/pack-format.js";
+import { UserError } from "../host/system/user-error.js";
 import { packCheckpoint } from "../packer/pack.js";
 import { CheckpointSource, type TensorSource } from "../packer/tensor-source.js";
 import { anyCore, copyDir, runPack, tempDir, tinyCheckpoint, treeBytes, treeDiff } from "./support/pack-fixtures.js";

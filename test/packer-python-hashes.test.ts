@@ -14,10 +14,10 @@ import { join } from "node:path";
 
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 
-import type { CoreBackend } from "../host/core-api.js";
-import { NativeBackend } from "../host/native-backend.js";
-import { packageRoot } from "../host/paths.js";
-import { WasmBackend } from "../host/wasm-backend.js";
+import type { CoreBackend } from "../host/core/core-api.js";
+import { NativeBackend } from "../host/core/native-backend.js";
+import { packageRoot } from "../host/system/paths.js";
+import { WasmBackend } from "../host/core/wasm-backend.js";
 import { packCheckpoint } from "../packer/pack.js";
 import { synthesize } from "../packer/synth.js";
 import { tempDir, treeBytes } from "./support/pack-fixtures.js";

@@ -5,9 +5,9 @@
  */
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 
-import type { CoreBackend } from "../host/core-api.js";
-import { NativeBackend } from "../host/native-backend.js";
-import { WasmBackend } from "../host/wasm-backend.js";
+import type { CoreBackend } from "../host/core/core-api.js";
+import { NativeBackend } from "../host/core/native-backend.js";
+import { WasmBackend } from "../host/core/wasm-backend.js";
 
 /** numpy 2.4.6: SeedSequence(sha-derived entropy of (seed 3, "x.weight")).generate_state(4, uint64) */
 const X_SEED = new BigUint64Array([0xdc7d45ea24d5dd35n, 0x42353277b21d9dd9n, 0x85bc65cbc75ec34en, 0x08b9b78b2c27b7f3n]);

@@ -1,5 +1,5 @@
 /**
- * The RAM planner (host/planner.ts) on the tiny synthesized pack, packed by `kvl pack`:
+ * The RAM planner (host/plan/planner.ts) on the tiny synthesized pack, packed by `kvl pack`:
  *   - the mirror of the core's byte rules is exact: for 1, 2 and 3 layer ranges, on both
  *     backends, with the trunk all resident, all streamed and partly streamed and a partial
  *     expert cache, each range's engine reports exactly the planned global, trunk, expert and
@@ -20,18 +20,17 @@ import { join } from "node:path";
 
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 
-import type { CoreBackend } from "../host/core-api.js";
-import type { CoreEngine } from "../host/engine-api.js";
-import { openHostedEngine } from "../host/engine-host.js";
-import { NativeBackend } from "../host/native-backend.js";
+import type { CoreBackend, CoreEngine } from "../host/core/core-api.js";
+import { openHostedEngine } from "../host/engine/engine-host.js";
+import { NativeBackend } from "../host/core/native-backend.js";
 import {
   MIB, NODE_NATIVE_BYTES, NODE_WASM_BYTES, PTHREAD_WORKER_BYTES, type PackFacts, type PlanOptions, type RamPlan,
   WASM_MIN_INSTANCE_BYTES, largestGrid, planFromFacts, readPackFacts, trunkTensorBytes,
-} from "../host/planner.js";
-import type { SplitEngine } from "../host/split-engine.js";
-import { UserError } from "../host/user-error.js";
-import { WasmBackend } from "../host/wasm-backend.js";
-import { type WasmEngine, freeHeapBytes } from "../host/wasm-engine.js";
+} from "../host/plan/planner.js";
+import type { SplitEngine } from "../host/engine/split-engine.js";
+import { UserError } from "../host/system/user-error.js";
+import { WasmBackend } from "../host/core/wasm-backend.js";
+import { type WasmEngine, freeHeapBytes } from "../host/core/wasm-engine.js";
 import { packCheckpoint } from "../packer/pack.js";
 import { tempDir, tinyCheckpoint } from "./support/pack-fixtures.js";
 

@@ -13,10 +13,10 @@ import { join } from "node:path";
 
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
 
-import { verify } from "../host/pack-format.js";
-import { packageRoot } from "../host/paths.js";
-import { UserError } from "../host/user-error.js";
-import { WasmBackend } from "../host/wasm-backend.js";
+import { verify } from "../host/pack/pack-format.js";
+import { packageRoot } from "../host/system/paths.js";
+import { UserError } from "../host/system/user-error.js";
+import { WasmBackend } from "../host/core/wasm-backend.js";
 import { Hub, HubError, PINNED_REPO, PINNED_REVISION, fileChecksum, hubEndpoint, hubToken } from "../packer/hub.js";
 import { packCheckpoint } from "../packer/pack.js";
 import { type PrepareOptions, prepare } from "../packer/prepare.js";

@@ -1,5 +1,5 @@
 /**
- * host/py-json.ts against what Python's json module and repr() gave (CPython 3, recorded here as
+ * host/pack/py-json.ts against what Python's json module and repr() gave (CPython 3, recorded here as
  * literal strings): error messages and positions, NaN/Infinity, int versus float literals, key
  * order, the nesting limit, and json.dumps output byte for byte.
  */
@@ -7,7 +7,7 @@ import { describe, expect, it } from "vitest";
 
 import {
   JsonSyntaxError, dumpsPy, isFloatMember, isIntMember, loadsPy, orderedKeys, pyBytesRepr, pyFloatRepr, pyRepr, pyTruthy,
-} from "../host/py-json.js";
+} from "../host/pack/py-json.js";
 
 describe("loadsPy", () => {
   it.each([

@@ -10,7 +10,7 @@ import { delimiter, join } from "node:path";
 
 import { afterAll, describe, expect, it } from "vitest";
 
-import { packageRoot } from "../host/paths.js";
+import { packageRoot } from "../host/system/paths.js";
 
 const scratch = mkdtempSync(join(tmpdir(), "kvl-quickstart-"));
 afterAll(() => rmSync(scratch, { recursive: true, force: true }));

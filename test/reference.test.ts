@@ -30,7 +30,7 @@ import { fileURLToPath } from "node:url";
 
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 
-import { WasmBackend } from "../host/wasm-backend.js";
+import { WasmBackend } from "../host/core/wasm-backend.js";
 import { synthesize } from "../packer/synth.js";
 import { loadTensors, q8RoundtripRows } from "./reference/checkpoint.js";
 import { topkIndices } from "./reference/math.js";

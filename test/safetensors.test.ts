@@ -10,8 +10,8 @@ import { join } from "node:path";
 
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 
-import type { CoreBackend } from "../host/core-api.js";
-import { UserError } from "../host/user-error.js";
+import type { CoreBackend } from "../host/core/core-api.js";
+import { UserError } from "../host/system/user-error.js";
 import { INDEX_NAME, SafetensorsFile, SafetensorsWriter, findRevision, writeIndex } from "../packer/safetensors.js";
 import { CheckpointSource } from "../packer/tensor-source.js";
 import { anyCore, tempDir, tinyCheckpoint } from "./support/pack-fixtures.js";

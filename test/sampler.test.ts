@@ -5,9 +5,9 @@
  */
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 
-import type { CoreBackend } from "../host/core-api.js";
-import { NativeBackend } from "../host/native-backend.js";
-import { WasmBackend } from "../host/wasm-backend.js";
+import type { CoreBackend } from "../host/core/core-api.js";
+import { NativeBackend } from "../host/core/native-backend.js";
+import { WasmBackend } from "../host/core/wasm-backend.js";
 
 const cores: Record<string, CoreBackend> = {};
 beforeAll(async () => {

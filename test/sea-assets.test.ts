@@ -1,4 +1,4 @@
-/** host/sea-assets.ts: the single executable's files, extracted once into a folder named by their
+/** host/system/sea-assets.ts: the single executable's files, extracted once into a folder named by their
  * content and reused as they are (test/portability/single-exe.mjs runs the real executables). */
 import { mkdirSync, mkdtempSync, readFileSync, readdirSync, rmSync, statSync, writeFileSync } from "node:fs";
 import { homedir, tmpdir } from "node:os";
@@ -6,8 +6,8 @@ import { join } from "node:path";
 
 import { afterAll, describe, expect, it } from "vitest";
 
-import { SEA_MANIFEST_ASSET, type SeaApi, assetSetKey, extractSeaAssets, kvlCacheDir } from "../host/sea-assets.js";
-import { UserError } from "../host/user-error.js";
+import { SEA_MANIFEST_ASSET, type SeaApi, assetSetKey, extractSeaAssets, kvlCacheDir } from "../host/system/sea-assets.js";
+import { UserError } from "../host/system/user-error.js";
 
 const scratch = mkdtempSync(join(tmpdir(), "kvl-sea-assets-"));
 afterAll(() => rmSync(scratch, { recursive: true, force: true }));

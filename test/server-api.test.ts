@@ -21,7 +21,7 @@ import OpenAI from "openai";
 import sharp from "sharp";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 
-import { packageRoot } from "../host/paths.js";
+import { packageRoot } from "../host/system/paths.js";
 import { nativeBuilt } from "./helpers.js";
 import { KVL, type LiveServer, childEnv, runKvl, startServer as startLive } from "./support/live-server.js";
 import { tempDir, tinyPack } from "./support/pack-fixtures.js";

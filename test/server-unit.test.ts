@@ -18,12 +18,12 @@ import sharp from "sharp";
 import { afterEach, describe, expect, it } from "vitest";
 
 import type { ReplyReport } from "../host/chat-model.js";
-import { ImageInput, type Message, sha256Hex } from "../host/conversation.js";
-import { checkImage, decodeImage } from "../host/image-decode.js";
-import { packageRoot } from "../host/paths.js";
-import { bodySlots } from "../host/planner.js";
-import { DEFAULT_TEMPERATURE, type ReplyParams } from "../host/reply-params.js";
-import { UserError } from "../host/user-error.js";
+import { ImageInput, type Message, sha256Hex } from "../host/text/conversation.js";
+import { checkImage, decodeImage } from "../host/image/image-decode.js";
+import { packageRoot } from "../host/system/paths.js";
+import { bodySlots } from "../host/plan/planner.js";
+import { DEFAULT_TEMPERATURE, type ReplyParams } from "../host/text/reply-params.js";
+import { UserError } from "../host/system/user-error.js";
 import * as anthropic from "../server/anthropic.js";
 import { createApp } from "../server/app.js";
 import { KeyCheck, presentedKey } from "../server/auth.js";

@@ -15,11 +15,11 @@ import { Template } from "@huggingface/jinja";
 import { Tiktoken } from "tiktoken";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 
-import type { CoreBackend } from "../host/core-api.js";
-import { expectedTensors } from "../host/model-spec.js";
-import { NativeBackend } from "../host/native-backend.js";
-import { PATTERN } from "../host/tokenizer-pattern.js";
-import { WasmBackend } from "../host/wasm-backend.js";
+import type { CoreBackend } from "../host/core/core-api.js";
+import { expectedTensors } from "../host/pack/model-spec.js";
+import { NativeBackend } from "../host/core/native-backend.js";
+import { PATTERN } from "../host/text/tokenizer-pattern.js";
+import { WasmBackend } from "../host/core/wasm-backend.js";
 import { SafetensorsFile } from "../packer/safetensors.js";
 import { presetConfigText, shardPlan, synthesize } from "../packer/synth.js";
 

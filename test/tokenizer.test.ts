@@ -1,5 +1,5 @@
 /**
- * host/tokenizer.ts against the Python tokenizers' goldens (test/fixtures/goldens/tokenizer.json,
+ * host/text/tokenizer.ts against the Python tokenizers' goldens (test/fixtures/goldens/tokenizer.json,
  * made by test/fixtures/make-tokenizer-goldens.py: the ids of the official tokenizer on tiktoken
  * AND of the independent test/fixtures/reference/tokenizer.py, which agree there), on a tiny pack synthesized and
  * packed here (its tokenizer files are checked to be the goldens' by sha256).
@@ -17,9 +17,9 @@ import { join } from "node:path";
 
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 
-import { packageRoot } from "../host/paths.js";
-import { MAX_CHUNK_CHARS, MAX_RUN_CHARS, Tokenizer, isPySpace, splitRuns } from "../host/tokenizer.js";
-import { UserError } from "../host/user-error.js";
+import { packageRoot } from "../host/system/paths.js";
+import { MAX_CHUNK_CHARS, MAX_RUN_CHARS, Tokenizer, isPySpace, splitRuns } from "../host/text/tokenizer.js";
+import { UserError } from "../host/system/user-error.js";
 import { tempDir, tinyPack } from "./support/pack-fixtures.js";
 
 interface TextCase {

@@ -19,11 +19,11 @@ import { join } from "node:path";
 
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 
-import type { CoreEngine, EngineOptions, KernelChoice } from "../host/engine-api.js";
-import { openHostedEngine } from "../host/engine-host.js";
-import { NativeBackend } from "../host/native-backend.js";
-import { PackReader } from "../host/pack-format.js";
-import { WasmBackend } from "../host/wasm-backend.js";
+import type { CoreEngine, EngineOptions, KernelChoice } from "../host/core/core-api.js";
+import { openHostedEngine } from "../host/engine/engine-host.js";
+import { NativeBackend } from "../host/core/native-backend.js";
+import { PackReader } from "../host/pack/pack-format.js";
+import { WasmBackend } from "../host/core/wasm-backend.js";
 import { packCheckpoint } from "../packer/pack.js";
 import {
   GREEDY_TOKENS, TOLERANCE, actModeBound, engineGreedy, expectGreedy, maxAbsDiff, openHalfTrunkEngine, prefillError, promptIds,

@@ -32,14 +32,14 @@ import { join } from "node:path";
 
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 
-import { ENGINE_WORKER_PATH, EngineClient } from "../host/engine-client.js";
-import { type CoreEngine, CoreError, engineOptionCodes, roundToBf16 } from "../host/engine-api.js";
-import { type HostedEngine, openHostedEngine } from "../host/engine-host.js";
-import { NativeBackend, loadNativeAddon } from "../host/native-backend.js";
-import { crc32, decodeIndex, encodeIndex } from "../host/pack-format.js";
-import { NO_VISION_MESSAGE, SplitEngine } from "../host/split-engine.js";
-import { UserError } from "../host/user-error.js";
-import { WasmBackend } from "../host/wasm-backend.js";
+import { ENGINE_WORKER_PATH, EngineClient } from "../host/engine/engine-client.js";
+import { type CoreEngine, CoreError, engineOptionCodes, roundToBf16 } from "../host/core/core-api.js";
+import { type HostedEngine, openHostedEngine } from "../host/engine/engine-host.js";
+import { NativeBackend, loadNativeAddon } from "../host/core/native-backend.js";
+import { crc32, decodeIndex, encodeIndex } from "../host/pack/pack-format.js";
+import { NO_VISION_MESSAGE, SplitEngine } from "../host/engine/split-engine.js";
+import { UserError } from "../host/system/user-error.js";
+import { WasmBackend } from "../host/core/wasm-backend.js";
 import { argmax } from "./reference/math.js";
 import { TextReference } from "./reference/text.js";
 import { VisionReference } from "./reference/vision.js";

@@ -2,7 +2,7 @@
  * one process (the split of a model over instances stands on this). */
 import { describe, expect, it } from "vitest";
 
-import { DEFAULT_INSTANCE_BYTES, MAX_INSTANCE_BYTES, WasmBackend } from "../host/wasm-backend.js";
+import { DEFAULT_INSTANCE_BYTES, MAX_INSTANCE_BYTES, WasmBackend } from "../host/core/wasm-backend.js";
 
 describe("wasm instances", () => {
   it("get exactly the memory the host asks for, which cannot grow", async () => {

@@ -6,7 +6,7 @@
  */
 import { expect } from "vitest";
 
-import type { ActDtype, CoreEngine, EngineOptions } from "../../host/engine-api.js";
+import type { ActDtype, CoreEngine, EngineOptions } from "../../host/core/core-api.js";
 import { argmax } from "../reference/math.js";
 import type { TextReference } from "../reference/text.js";
 import { promptIds } from "./prompt-ids.js";

@@ -11,7 +11,7 @@ import { join } from "node:path";
 import Anthropic from "@anthropic-ai/sdk";
 import OpenAI from "openai";
 
-import { packageRoot } from "../../host/paths.js";
+import { packageRoot } from "../../host/system/paths.js";
 
 export const KVL = join(packageRoot, "dist", "cli", "kvl.js");
 

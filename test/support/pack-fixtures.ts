@@ -8,8 +8,8 @@ import { cpSync, existsSync, mkdtempSync, readFileSync, readdirSync, rmSync, sta
 import { tmpdir } from "node:os";
 import { join, relative } from "node:path";
 
-import type { PackingCore } from "../../host/core-api.js";
-import { packageRoot } from "../../host/paths.js";
+import type { PackingCore } from "../../host/core/core-api.js";
+import { packageRoot } from "../../host/system/paths.js";
 import { synthesize } from "../../packer/synth.js";
 
 export const PACK_CHILD = join(packageRoot, "test", "support", "pack-child.mjs");
@@ -115,10 +115,10 @@ export function runPackKilledWhen(args: string[], env: Record<string, string>, w
 
 /** A core for tests that do not care which: the native addon where it is built, else WebAssembly
  * (the bytes are the same; test/pack-resume.test.ts compares them). */
-export async function anyCore(): Promise<import("../../host/core-api.js").CoreBackend> {
+export async function anyCore(): Promise<import("../../host/core/core-api.js").CoreBackend> {
   const { nativeBuilt } = await import("../helpers.js");
-  if (nativeBuilt) return new (await import("../../host/native-backend.js")).NativeBackend();
-  return (await import("../../host/wasm-backend.js")).WasmBackend.create();
+  if (nativeBuilt) return new (await import("../../host/core/native-backend.js")).NativeBackend();
+  return (await import("../../host/core/wasm-backend.js")).WasmBackend.create();
 }
 
 /** A tiny checkpoint and its pack under dir (`ckpt/`, `pack/`), made on any core. */

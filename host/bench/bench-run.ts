@@ -1,0 +1,339 @@
+/**
+ * bench-run.ts — the measurement procedure of `kvl bench` (port of kvl/bench.py run_bench), on
+ * one backend or on native then WebAssembly in one run.
+ *
+ * Owns: the procedure — per backend and prompt length a fresh engine, opened in this process
+ * (engine-host.ts openHostedEngine, not the worker: no message passing inside the timings) from
+ * the RAM plan (planner.ts, with the plan's instances, reconciled with what the engines report);
+ * a cold prefill of a random prompt (bench-prompt.ts) in one chunk, greedy decode, optionally
+ * a warm-up prefill and the same prompt and decode again on warm caches; the engine-stats deltas
+ * of each phase (the CRC checks of first reads among them: their share of the decode step); --membw probes around each decode; --drop-caches before each open; the peak
+ * RSS of each run (VmHWM, reset before each engine open where Linux allows, after a garbage
+ * collection so a closed run's WebAssembly memories are gone) against its plan; and the --json
+ * record these make. Does not own: the bounds (bench-model.ts), the limits (bench-limits.ts),
+ * the native/wasm ratios (bench-compare.ts), rendering (cli/bench.ts).
+ */
+import { writeFileSync } from "node:fs";
+import { setFlagsFromString } from "node:v8";
+import { runInNewContext } from "node:vm";
+
+import { type BenchComparison, nativeOverWasm } from "./bench-compare.js";
+import { type Limits, dropPageCache, probeLimits } from "./bench-limits.js";
+import { type DecodeRecord, kvRowBytes, type PackBytes, type PromptRecord, adjacentBounds, decodeBounds, promptBounds } from "./bench-model.js";
+import { randomPrompt } from "./bench-prompt.js";
+import { type BackendName, CoreError, type CoreSession, type EngineStats, type ActDtype, type KernelChoice } from "../core/core-api.js";
+import { type HostedEngine, openHostedEngine } from "../engine/engine-host.js";
+import { type ThpMode, readThpMode } from "../core/huge-pages.js";
+import { plan } from "../plan/planner.js";
+import { peakRssBytes } from "../system/process-memory.js";
+import { UserError } from "../system/user-error.js";
+
+export interface BenchOptions {
+  model: string;
+  /** native, wasm, or both in this order */
+  backends: readonly BackendName[];
+  /** what --backend asked for ("auto", "native", "wasm", "both") and why these backends run */
+  backendRequest: string;
+  backendReason: string;
+  ramMib: number;
+  /** as given: "auto" or MiB */
+  cacheMib: string;
+  /** as given: "auto", "0" or MiB (the settings record keeps the text, as the Python did) */
+  trunkCacheMib: string;
+  /** resolved (no 0) */
+  threads: number;
+  promptLens: readonly number[];
+  decodeTokens: number;
+  warm: boolean;
+  warmupTokens: number;
+  /** 0 = the longest prompt */
+  maxBatch: number;
+  seed: number;
+  actDtype: ActDtype;
+  /** the kernel set each backend runs (kvl chat --kernels; default auto) */
+  kernels?: KernelChoice | undefined;
+  dropCaches: boolean;
+  membw?: string | undefined;
+  instances?: number | undefined;
+}
+
+export interface RunRecord {
+  backend: BackendName;
+  instances: number;
+  prompt_tokens: number;
+  open_s: number;
+  /** CRC checks at open (every trunk tensor the engine reads then): the pool's time, and bytes */
+  open_verify_s: number;
+  open_verify_bytes: number;
+  plan_total_bytes: number;
+  plan: string;
+  plan_differences: string[];
+  open_ssd_bytes: number;
+  info: Record<string, unknown>;
+  streamed_trunk_bytes: number;
+  cold_prompt?: PromptRecord;
+  decode_after_cold?: DecodeRecord;
+  warm_prompt?: PromptRecord;
+  decode_warm?: DecodeRecord;
+  /** VmHWM since the reset before this run's engine open (else since the process started) */
+  peak_rss_bytes?: number | null;
+  peak_rss_over_plan?: number | null;
+}
+
+export interface BenchResult {
+  model: string;
+  backend: string;
+  backend_reason: string;
+  settings: Record<string, unknown>;
+  limits: Limits;
+  pack_bytes: PackBytes;
+  runs: RunRecord[];
+  native_over_wasm?: BenchComparison;
+  peak_rss_bytes: number | null;
+  /** whether VmHWM could be reset before each run (Linux); else peaks include all before */
+  peak_rss_reset: boolean;
+  ru_maxrss_bytes: number;
+  /** Linux's transparent huge page mode (host/core/huge-pages.ts; null elsewhere) */
+  transparent_huge_pages: ThpMode | null;
+}
+
+// ---- process memory -------------------------------------------------------------------------
+
+/** Resets VmHWM to the current RSS (Linux >= 4.0); false where it cannot. */
+export function resetPeakRss(): boolean {
+  try {
+    writeFileSync("/proc/self/clear_refs", "5\n");
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+let gcFunction: (() => void) | null | undefined;
+
+/** A full garbage collection (closed engines' WebAssembly memories are freed only then). */
+async function collectGarbage(): Promise<void> {
+  if (gcFunction === undefined) {
+    try {
+      setFlagsFromString("--expose-gc");
+      gcFunction = runInNewContext("gc") as () => void;
+    } catch {
+      gcFunction = null;
+    }
+  }
+  gcFunction?.();
+  await new Promise((r) => setTimeout(r, 50)); // terminated pthread workers let go of the memory
+  gcFunction?.();
+}
+
+// ---- timing ---------------------------------------------------------------------------------
+
+const now = (): number => performance.now() / 1000;
+
+function argmax(logits: Float32Array): number {
+  let best = 0;
+  for (let i = 1; i < logits.length; i++) if (logits[i]! > logits[best]!) best = i;
+  return best;
+}
+
+type Delta = Record<keyof EngineStats, number>;
+
+function delta(after: EngineStats, before: EngineStats): Delta {
+  const out = {} as Delta;
+  for (const k of Object.keys(after) as Array<keyof EngineStats>) out[k] = after[k] - before[k];
+  return out;
+}
+
+const ssdBytes = (d: Pick<EngineStats, "expertBytesRead" | "trunkBytesRead">): number => d.expertBytesRead + d.trunkBytesRead;
+
+function hitRate(d: Delta): number | null {
+  const n = d.expertHits + d.expertMisses;
+  return n ? d.expertHits / n : null;
+}
+
+function timePrompt(hosted: HostedEngine, tokens: Int32Array, maxContext: number, maxBatch: number): { session: CoreSession; record: PromptRecord } {
+  const engine = hosted.engine;
+  const session = engine.newSession({ maxContext, maxBatch });
+  try {
+    const before = engine.stats();
+    const t0 = now();
+    const logits = session.prefill(tokens, null, "last")!;
+    const t1 = now();
+    const first = argmax(logits);
+    const t2 = now();
+    const d = delta(engine.stats(), before);
+    return {
+      session,
+      record: {
+        tokens: tokens.length, prefill_s: t1 - t0, first_token_s: t2 - t0, prefill_tokens_per_s: tokens.length / (t1 - t0), first_token: first,
+        ssd_bytes: ssdBytes(d), expert_misses: d.expertMisses, expert_hits: d.expertHits, expert_stall_s: d.expertStallNs / 1e9,
+        trunk_bytes_read: d.trunkBytesRead, expert_bytes_read: d.expertBytesRead, verify_s: d.verifyNs / 1e9, verify_bytes: d.verifyBytes,
+      },
+    };
+  } catch (err) {
+    session.close();
+    throw err;
+  }
+}
+
+function median(sorted: number[]): number {
+  const n = sorted.length;
+  return n % 2 ? sorted[(n - 1) / 2]! : (sorted[n / 2 - 1]! + sorted[n / 2]!) / 2;
+}
+
+function timeDecode(hosted: HostedEngine, session: CoreSession, first: number, n: number): DecodeRecord {
+  const engine = hosted.engine;
+  const start = session.position();
+  const before = engine.stats();
+  let token = first;
+  const times: number[] = [];
+  for (let i = 0; i < n; i++) {
+    const t0 = now();
+    const logits = session.step(token);
+    token = argmax(logits);
+    times.push(now() - t0);
+  }
+  const d = delta(engine.stats(), before);
+  const mean = times.reduce((a, b) => a + b, 0) / n;
+  const sorted = [...times].sort((a, b) => a - b);
+  return {
+    tokens: n, context_start: start, s_per_token_mean: mean, s_per_token_median: median(sorted), s_per_token_min: sorted[0]!,
+    tokens_per_s: 1 / mean, ssd_bytes_per_token: ssdBytes(d) / n, expert_hit_rate: hitRate(d),
+    expert_stall_s_per_token: d.expertStallNs / 1e9 / n, trunk_stall_s_per_token: d.trunkStallNs / 1e9 / n,
+    expert_bytes_read: d.expertBytesRead, trunk_bytes_read: d.trunkBytesRead,
+    verify_s_per_token: d.verifyNs / 1e9 / n, verify_share: d.verifyNs / 1e9 / (mean * n), verify_bytes_per_token: d.verifyBytes / n,
+  };
+}
+
+/** A decode with its bounds, bracketed by bandwidth probes when --membw is given. */
+function boundedDecode(o: BenchOptions, hosted: HostedEngine, session: CoreSession, first: number, pb: PackBytes, limits: Limits,
+  kvRow: number): DecodeRecord {
+  const before = o.membw ? probeLimits(o.membw, o.model, o.threads, first) : null;
+  const dec = timeDecode(hosted, session, first, o.decodeTokens);
+  const after = o.membw ? probeLimits(o.membw, o.model, o.threads, first + 1) : null;
+  decodeBounds(dec, pb, limits, kvRow);
+  if (before && after) adjacentBounds(dec, before, after);
+  return dec;
+}
+
+// ---- the procedure --------------------------------------------------------------------------
+
+export function benchSizes(o: Pick<BenchOptions, "promptLens" | "decodeTokens" | "warm" | "warmupTokens" | "maxBatch">): { maxBatch: number; maxContext: number } {
+  const longest = Math.max(...o.promptLens);
+  const maxBatch = o.maxBatch || Math.max(longest, o.warm ? o.warmupTokens : 0);
+  let maxContext = longest + o.decodeTokens + 8;
+  if (o.warm) maxContext = Math.max(maxContext, o.warmupTokens + 8);
+  return { maxBatch, maxContext };
+}
+
+/** One prompt length on one backend: a fresh engine from the plan, cold prompt, decode, optional warm repeat. */
+async function benchOne(o: BenchOptions, backend: BackendName, n: number, pb: PackBytes, limits: Limits, sizes: { maxBatch: number; maxContext: number },
+  rssReset: boolean): Promise<RunRecord> {
+  const { maxBatch, maxContext } = sizes;
+  if (o.dropCaches) dropPageCache();
+  const ramPlan = await plan(o.model, {
+    backend, ramMib: o.ramMib, cacheMib: o.cacheMib === "auto" ? null : Number(o.cacheMib), trunkCacheMib: o.trunkCacheMib === "auto" ? null : Number(o.trunkCacheMib),
+    maxContext, maxBatch, loadVision: false, threads: o.threads, actDtype: o.actDtype, check: true, ...(o.instances !== undefined ? { instances: o.instances } : {}),
+  });
+  await collectGarbage();
+  if (rssReset) resetPeakRss();
+  const t0 = now();
+  let hosted: HostedEngine;
+  try {
+    hosted = await openHostedEngine(backend, o.model, {
+      nThreads: ramPlan.nThreads, planned: ramPlan.instances, actDtype: o.actDtype, ...(o.kernels !== undefined ? { kernels: o.kernels } : {}),
+    });
+  } catch (err) {
+    if (err instanceof CoreError) throw new UserError(`the ${backend} engine refused ${o.model}: ${err.message}`);
+    throw err;
+  }
+  const openS = now() - t0;
+  let run: RunRecord;
+  try {
+    const engine = hosted.engine;
+    const differences = ramPlan.reconcile(engine.parts.map((p) => ({ info: p.info(), sessionBytes: p.sessionBytes(ramPlan.sessionOptions) })));
+    const info = engine.info();
+    const openStats = engine.stats();
+    const kvRow = kvRowBytes(pb, info.kvDtype);
+    const streamedTrunk = ramPlan.trunkCacheable - info.trunkCacheBytes;
+    run = {
+      backend, instances: hosted.ranges.length, prompt_tokens: n, open_s: openS, open_verify_s: openStats.verifyNs / 1e9,
+      open_verify_bytes: openStats.verifyBytes, plan_total_bytes: ramPlan.total, plan: ramPlan.describe(),
+      plan_differences: differences, open_ssd_bytes: ssdBytes(openStats),
+      info: {
+        n_threads: info.nThreads, kernels: info.kernels, kv_dtype: info.kvDtype, act_dtype: info.actDtype, trunk_direct_io: info.trunkDirectIo,
+        expert_direct_io: info.expertDirectIo, global_bytes: info.globalBytes, trunk_cache_bytes: info.trunkCacheBytes,
+        expert_cache_bytes: info.expertCacheBytes, engine_workspace_bytes: info.engineWorkspaceBytes, expert_extent_bytes: info.expertExtentBytes,
+      },
+      streamed_trunk_bytes: streamedTrunk,
+    };
+    const avoid = [info.mediaPlaceholderTokenId];
+    const tokens = randomPrompt(pb.vocab, n, o.seed + n, avoid);
+    const cold = timePrompt(hosted, tokens, maxContext, maxBatch);
+    try {
+      const distinct = cold.record.expert_misses;
+      promptBounds(cold.record, pb, limits, streamedTrunk, distinct, kvRow, true);
+      run.cold_prompt = cold.record;
+      run.decode_after_cold = boundedDecode(o, hosted, cold.session, cold.record.first_token, pb, limits, kvRow);
+    } finally {
+      cold.session.close();
+    }
+    if (o.warm) {
+      const warmTokens = randomPrompt(pb.vocab, o.warmupTokens, o.seed + 10_000, avoid);
+      timePrompt(hosted, warmTokens, maxContext, maxBatch).session.close();
+      const warm = timePrompt(hosted, tokens, maxContext, maxBatch);
+      try {
+        promptBounds(warm.record, pb, limits, streamedTrunk, run.cold_prompt.distinct_experts!, kvRow, false);
+        run.warm_prompt = warm.record;
+        run.decode_warm = boundedDecode(o, hosted, warm.session, warm.record.first_token, pb, limits, kvRow);
+      } finally {
+        warm.session.close();
+      }
+    }
+  } catch (err) {
+    if (err instanceof CoreError) throw new UserError(`${backend} engine: ${err.message}`);
+    throw err;
+  } finally {
+    hosted.close();
+  }
+  const peak = peakRssBytes();
+  run.peak_rss_bytes = peak;
+  run.peak_rss_over_plan = peak === null ? null : peak / run.plan_total_bytes;
+  return run;
+}
+
+/**
+ * Runs the benchmark: every prompt length on every backend asked for (native first), calling
+ * onRun after each run. Limits and pack bytes are measured once by the caller, so both backends
+ * are held against the same limits.
+ */
+export async function runBench(o: BenchOptions, pb: PackBytes, limits: Limits, onRun: (run: RunRecord) => void = () => undefined): Promise<BenchResult> {
+  const lens = [...o.promptLens];
+  if (!lens.length || Math.min(...lens) < 1 || o.decodeTokens < 1) throw new UserError("--prompt-lens needs positive lengths and --decode-tokens >= 1");
+  const sizes = benchSizes(o);
+  const rssReset = process.platform === "linux" && resetPeakRss();
+  const result: BenchResult = {
+    model: o.model,
+    backend: o.backends.length > 1 ? "both" : o.backends[0]!,
+    backend_reason: o.backendReason,
+    settings: {
+      ram_mib: o.ramMib, cache_mib: o.cacheMib === "auto" ? o.cacheMib : Number(o.cacheMib), trunk_cache_mib: o.trunkCacheMib, threads: o.threads, prompt_lens: lens,
+      decode_tokens: o.decodeTokens, warm: o.warm, max_batch: sizes.maxBatch, max_context: sizes.maxContext, seed: o.seed,
+      drop_caches: o.dropCaches, act_dtype: o.actDtype, kernels: o.kernels ?? "auto", backend: o.backendRequest, instances: o.instances ?? null,
+    },
+    limits, pack_bytes: pb, runs: [], peak_rss_bytes: null, peak_rss_reset: rssReset, ru_maxrss_bytes: 0,
+    transparent_huge_pages: readThpMode(),
+  };
+  for (const backend of o.backends) {
+    for (const n of lens) {
+      const run = await benchOne(o, backend, n, pb, limits, sizes, rssReset);
+      result.runs.push(run);
+      onRun(run);
+    }
+  }
+  if (o.backends.length > 1) result.native_over_wasm = nativeOverWasm(result.runs);
+  const peaks = result.runs.map((r) => r.peak_rss_bytes).filter((p): p is number => typeof p === "number");
+  result.peak_rss_bytes = peaks.length ? Math.max(...peaks) : peakRssBytes();
+  result.ru_maxrss_bytes = process.resourceUsage().maxRSS * 1024;
+  return result;
+}

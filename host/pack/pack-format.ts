@@ -1,0 +1,696 @@
+/**
+ * pack-format.ts — the kvl runtime-directory ("pack") format of docs/FORMAT.md: constants, index
+ * (.idx) encoding and fully validating decoding, the expert-extent layout, record sizes, CRC-32,
+ * and a reader of whole packs with `verify` (port of kvl/packfmt.py; same checks, same messages).
+ *
+ * Owns: the on-disk constants and byte layouts, and the rules a pack must follow to be read (the
+ * same rules wasm-core/src/store.c enforces). Does not own: deciding what goes into a pack or in
+ * which order (packer/pack.ts), quantising experts (the core's kvl_pack_expert), the C reader.
+ *
+ * u64 fields are validated as bigint (hostile values must not wrap or round); the decoded index
+ * carries them as numbers, exact for every size a real file can have.
+ */
+import { readFileSync, statSync } from "node:fs";
+import { open } from "node:fs/promises";
+import { join } from "node:path";
+import { crc32 as zlibCrc32 } from "node:zlib";
+
+import {
+  type JsonObject, decodeUtf8Strict, isJsonObject, jsonRepr, loadsPy, pyBytesRepr, pyEqualsNumber, pyFloatRepr, pyRepr,
+} from "./py-json.js";
+import { requireFolder } from "./file-kind.js";
+import { UserError } from "../system/user-error.js";
+
+/** The version a pack with a BF16 trunk is written with (every pack before Q8_ROWS existed). */
+export const FORMAT_VERSION = 1;
+/** The version of a pack holding Q8_ROWS records (`kvl pack --trunk-dtype q8`): a reader that
+ * predates the dtype stops at the version ("repack with this kvl version") instead of calling
+ * the index corrupt. This reader reads both. */
+export const FORMAT_VERSION_Q8_ROWS = 2;
+export const FORMAT_VERSIONS: readonly number[] = [FORMAT_VERSION, FORMAT_VERSION_Q8_ROWS];
+export const IDX_MAGIC = "KVLIDX01";
+export const HEADER_BYTES = 128;
+export const HPARAM_RECORD_BYTES = 64;
+export const TENSOR_RECORD_BYTES = 192;
+export const HPARAM_KEY_BYTES = 56;
+export const TENSOR_NAME_BYTES = 128;
+export const BIN_ALIGN = 4096;
+export const SUBBLOCK_ALIGN = 64;
+export const MAX_NDIM = 4;
+/** Largest dimension of a Q8_ROWS record (as store.c's MAX_EXPERT_DIM for extents). */
+export const MAX_Q8_ROWS_DIM = 2n ** 24n;
+
+export type StoreName = "trunk" | "experts" | "vision";
+export const STORE_TRUNK = 1;
+export const STORE_EXPERTS = 2;
+export const STORE_VISION = 3;
+export const STORE_NAMES: Readonly<Record<number, StoreName>> = { 1: "trunk", 2: "experts", 3: "vision" };
+export const STORE_KINDS: Readonly<Record<StoreName, number>> = { trunk: 1, experts: 2, vision: 3 };
+/** Stores in kind order (the order PACK_COMPLETE.json lists them and readers check them). */
+export const STORES: readonly StoreName[] = ["trunk", "experts", "vision"];
+
+export const DTYPE_BF16 = 1;
+export const DTYPE_F32 = 2;
+export const DTYPE_Q8_EXPERT = 3;
+/** One row-wise Q8 matrix [rows, cols] (a trunk Linear weight; format version 2): see q8RowsLayout. */
+export const DTYPE_Q8_ROWS = 4;
+export const DTYPE_NAMES: Readonly<Record<number, string>> = { 1: "BF16", 2: "F32", 3: "Q8_EXPERT", 4: "Q8_ROWS" };
+/** What `kvl pack --trunk-dtype` stores the trunk's Linear weights as. */
+export type TrunkDtype = "bf16" | "q8";
+export const TRUNK_DTYPES: readonly TrunkDtype[] = ["bf16", "q8"];
+export const DTYPE_ITEMSIZE: Readonly<Record<number, number>> = { 1: 2, 2: 4 };
+
+/** Files copied verbatim from the source checkpoint (those that exist), in this order. */
+export const ASSET_FILES = [
+  "config.json", "generation_config.json", "tokenizer_config.json", "tiktoken.model",
+  "chat_template.jinja", "preprocessor_config.json",
+] as const;
+export const SOURCE_REVISION_FILE = "SOURCE_REVISION.txt";
+export const COMPLETE_FILE = "PACK_COMPLETE.json";
+export const JOURNAL_DIR = ".pack-journal";
+export const INCOMPLETE_HINT = "the pack is incomplete; rerun kvl pack";
+
+const CRC_FIELD_OFFSET = 36;
+
+export function alignUp(value: number, alignment: number): number {
+  return Math.ceil(value / alignment) * alignment;
+}
+
+/** zlib's CRC-32 (continuing from `previous`), as Python's zlib.crc32 & 0xFFFFFFFF. */
+export function crc32(data: Uint8Array, previous = 0): number {
+  return zlibCrc32(data, previous) >>> 0;
+}
+
+function hex8(n: number): string {
+  return n.toString(16).padStart(8, "0");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Expert extents
+
+/** Byte offsets of the sub-blocks inside one (layer, expert) extent, relative to its start. */
+export interface ExpertLayout {
+  readonly intermediate: number;
+  readonly hidden: number;
+  readonly gate_q: number;
+  readonly up_q: number;
+  readonly down_q: number;
+  readonly gate_s: number;
+  readonly up_s: number;
+  readonly down_s: number;
+  readonly nbytes: number;
+}
+
+function expertLayoutBig(i: bigint, h: bigint): { [K in keyof ExpertLayout]: bigint } {
+  const a64 = (x: bigint): bigint => ((x + 63n) / 64n) * 64n;
+  const gate_q = 0n;
+  const up_q = a64(gate_q + i * h);
+  const down_q = a64(up_q + i * h);
+  const gate_s = a64(down_q + h * i);
+  const up_s = a64(gate_s + 4n * i);
+  const down_s = a64(up_s + 4n * i);
+  return { intermediate: i, hidden: h, gate_q, up_q, down_q, gate_s, up_s, down_s, nbytes: down_s + 4n * h };
+}
+
+/** docs/FORMAT.md "Expert extents" (the core's kvl_expert_extent_bytes gives the same nbytes). */
+export function expertLayout(intermediate: number, hidden: number): ExpertLayout {
+  const big = expertLayoutBig(BigInt(intermediate), BigInt(hidden));
+  return Object.fromEntries(Object.entries(big).map(([k, v]) => [k, Number(v)])) as unknown as ExpertLayout;
+}
+
+/** docs/FORMAT.md "Q8_ROWS": int8 q [rows, cols] at 0, f32 scale [rows] at align64(rows*cols) —
+ * the sub-block rule of the expert extents, with the same row quantisation. */
+export function q8RowsLayoutBig(rows: bigint, cols: bigint): { scale: bigint; nbytes: bigint } {
+  const scale = ((rows * cols + 63n) / 64n) * 64n;
+  return { scale, nbytes: scale + 4n * rows };
+}
+
+export function q8RowsLayout(rows: number, cols: number): { scale: number; nbytes: number } {
+  const big = q8RowsLayoutBig(BigInt(rows), BigInt(cols));
+  return { scale: Number(big.scale), nbytes: Number(big.nbytes) };
+}
+
+export function expertRecordName(layer: number, expert: number): string {
+  return `language_model.model.layers.${layer}.mlp.experts.${expert}`;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Numerics (for readers; the packer's quantisation is the core's)
+
+/** Raw BF16 bits -> float32, exactly. */
+export function bf16BitsToF32(bits: Uint16Array): Float32Array {
+  const out = new Uint32Array(bits.length);
+  for (let i = 0; i < bits.length; i++) out[i] = bits[i]! << 16;
+  return new Float32Array(out.buffer);
+}
+
+/** float32 -> raw BF16 bits, round to nearest even; NaNs stay (quiet) NaNs. */
+export function f32ToBf16Bits(values: Float32Array): Uint16Array {
+  const bits = new Uint32Array(values.buffer, values.byteOffset, values.length);
+  const out = new Uint16Array(values.length);
+  for (let i = 0; i < values.length; i++) {
+    const b = bits[i]!;
+    out[i] = Number.isNaN(values[i]!) ? (b >>> 16) | 0x0040 : ((b + 0x7fff + ((b >>> 16) & 1)) >>> 16) & 0xffff;
+  }
+  return out;
+}
+
+/** q * scale[row] in FP32, for a row-major [rows, cols] Q8 matrix. */
+export function dequantizeRowsQ8(q: Int8Array, scale: Float32Array, rows: number, cols: number): Float32Array {
+  const out = new Float32Array(rows * cols);
+  for (let r = 0; r < rows; r++) {
+    const s = scale[r]!;
+    for (let c = 0; c < cols; c++) out[r * cols + c] = Math.fround(q[r * cols + c]! * s);
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Index encoding
+
+export interface TensorRecord {
+  readonly name: string;
+  readonly dtype: number;
+  readonly shape: readonly number[];
+  readonly offset: number;
+  readonly nbytes: number;
+  readonly crc32: number;
+}
+
+export interface StoreIndex {
+  readonly kind: number;
+  /** format_version of the header (FORMAT_VERSIONS) */
+  readonly version: number;
+  readonly binSize: number;
+  /** key -> value, in index order */
+  readonly hparams: ReadonlyMap<string, number>;
+  /** in offset order */
+  readonly records: readonly TensorRecord[];
+  readonly byName: ReadonlyMap<string, TensorRecord>;
+  readonly configText: string;
+  /** 40 hex characters, or null when the source revision is unknown */
+  readonly revision: string | null;
+}
+
+function recordNbytesBig(dtype: number, shape: readonly bigint[]): bigint {
+  if (dtype === DTYPE_Q8_EXPERT) return expertLayoutBig(shape[2]!, shape[3]!).nbytes;
+  if (dtype === DTYPE_Q8_ROWS) return q8RowsLayoutBig(shape[0]!, shape[1]!).nbytes;
+  return BigInt(DTYPE_ITEMSIZE[dtype]!) * shape.reduce((a, d) => a * d, 1n);
+}
+
+/** Exact data bytes of a record of this dtype and shape. */
+export function recordNbytes(dtype: number, shape: readonly number[]): number {
+  return Number(recordNbytesBig(dtype, shape.map((d) => BigInt(d))));
+}
+
+function asciiBytes(text: string, what: string): Uint8Array {
+  if (!/^[\x00-\x7f]*$/.test(text)) throw new Error(`${what} is not ASCII: ${text}`);
+  return Buffer.from(text, "latin1");
+}
+
+/** The complete .idx file bytes, CRC included. */
+/** The format version of a pack holding these records: 2 as soon as one is Q8_ROWS, else 1 (so
+ * a BF16-trunk pack stays byte-identical to one written before Q8_ROWS existed). */
+export function formatVersionOf(records: Iterable<{ readonly dtype: number }>): number {
+  for (const rec of records) if (rec.dtype === DTYPE_Q8_ROWS) return FORMAT_VERSION_Q8_ROWS;
+  return FORMAT_VERSION;
+}
+
+/** The complete .idx file bytes, CRC included (format_version as given: the pack's, formatVersionOf). */
+export function encodeIndex(kind: number, binSize: number, hparams: Iterable<readonly [string, number]>,
+  records: readonly TensorRecord[], configText: string, revision: string | null, version = FORMAT_VERSION): Uint8Array {
+  const config = Buffer.from(configText, "utf8");
+  const rev = asciiBytes(revision ?? "", "source revision");
+  if (rev.length && rev.length !== 40) throw new Error(`source revision must be 40 hex characters, got ${pyRepr(revision)}`);
+  const hp = [...hparams];
+  const data = new Uint8Array(HEADER_BYTES + HPARAM_RECORD_BYTES * hp.length + TENSOR_RECORD_BYTES * records.length + config.length);
+  const view = new DataView(data.buffer);
+  data.set(Buffer.from(IDX_MAGIC, "latin1"), 0);
+  view.setUint32(8, version, true);
+  view.setUint32(12, kind, true);
+  view.setBigUint64(16, BigInt(binSize), true);
+  view.setUint32(24, hp.length, true);
+  view.setUint32(28, records.length, true);
+  view.setUint32(32, config.length, true);
+  data.set(rev, 40);
+  let pos = HEADER_BYTES;
+  for (const [key, value] of hp) {
+    const raw = asciiBytes(key, "hparam key");
+    if (raw.length >= HPARAM_KEY_BYTES) throw new Error(`hparam key too long: ${key}`);
+    data.set(raw, pos);
+    view.setFloat64(pos + HPARAM_KEY_BYTES, value, true);
+    pos += HPARAM_RECORD_BYTES;
+  }
+  for (const rec of records) {
+    const raw = asciiBytes(rec.name, "tensor name");
+    if (raw.length >= TENSOR_NAME_BYTES) throw new Error(`tensor name too long for the index: ${rec.name}`);
+    data.set(raw, pos);
+    view.setUint32(pos + 128, rec.dtype, true);
+    view.setUint32(pos + 132, rec.shape.length, true);
+    rec.shape.forEach((d, i) => view.setBigUint64(pos + 136 + 8 * i, BigInt(d), true));
+    view.setBigUint64(pos + 168, BigInt(rec.offset), true);
+    view.setBigUint64(pos + 176, BigInt(rec.nbytes), true);
+    view.setUint32(pos + 184, rec.crc32 >>> 0, true);
+    view.setUint32(pos + 188, 0, true);
+    pos += TENSOR_RECORD_BYTES;
+  }
+  data.set(config, pos);
+  view.setUint32(CRC_FIELD_OFFSET, crc32(data), true);
+  return data;
+}
+
+/** A NUL-terminated ASCII field. */
+function cstr(raw: Uint8Array, what: string, where: string): string {
+  const end = raw.indexOf(0);
+  if (end < 0) throw new UserError(`${where}: ${what} is not NUL-terminated — the index is corrupt; rerun kvl pack`);
+  const bytes = raw.subarray(0, end);
+  if (bytes.some((b) => b >= 0x80)) throw new UserError(`${where}: ${what} is not ASCII — the index is corrupt; rerun kvl pack`);
+  return Buffer.from(bytes).toString("latin1");
+}
+
+/** Parse and fully validate .idx bytes; `where` names the file in error messages. */
+export function decodeIndex(data: Uint8Array, where: string, expectedKind?: number): StoreIndex {
+  const corrupt = "the index is corrupt; rerun kvl pack";
+  if (data.length < HEADER_BYTES) {
+    throw new UserError(`${where}: ${data.length} bytes is shorter than the ${HEADER_BYTES}-byte header — ${corrupt}`);
+  }
+  const view = new DataView(data.buffer, data.byteOffset, data.byteLength);
+  const magic = data.subarray(0, 8);
+  const version = view.getUint32(8, true);
+  const kind = view.getUint32(12, true);
+  const binSize = view.getBigUint64(16, true);
+  const nHparams = view.getUint32(24, true);
+  const nTensors = view.getUint32(28, true);
+  const configBytes = view.getUint32(32, true);
+  const crc = view.getUint32(CRC_FIELD_OFFSET, true);
+  const revRaw = data.subarray(40, 80);
+  const reserved = data.subarray(80, 128);
+  if (Buffer.from(magic).toString("latin1") !== IDX_MAGIC) {
+    throw new UserError(`${where}: bad magic ${pyBytesRepr(magic)} (expected ${pyBytesRepr(Buffer.from(IDX_MAGIC))}) — ` +
+      "not a kvl index; rerun kvl pack");
+  }
+  if (!FORMAT_VERSIONS.includes(version)) {
+    throw new UserError(`${where}: format version ${version}, this kvl reads versions ${FORMAT_VERSIONS.join(" and ")}; repack with this kvl version`);
+  }
+  const kindName = STORE_NAMES[kind];
+  if (kindName === undefined) throw new UserError(`${where}: unknown store kind ${kind} — ${corrupt}`);
+  if (expectedKind !== undefined && kind !== expectedKind) {
+    throw new UserError(`${where}: store kind ${kindName}, expected ${STORE_NAMES[expectedKind]} — ${corrupt}`);
+  }
+  const expectedSize = HEADER_BYTES + HPARAM_RECORD_BYTES * nHparams + TENSOR_RECORD_BYTES * nTensors + configBytes;
+  if (data.length !== expectedSize) {
+    throw new UserError(`${where}: expected ${expectedSize} bytes from its header, found ${data.length} — ${corrupt}`);
+  }
+  const check = Uint8Array.from(data);
+  check.fill(0, CRC_FIELD_OFFSET, CRC_FIELD_OFFSET + 4);
+  const actual = crc32(check);
+  if (actual !== crc) throw new UserError(`${where}: CRC mismatch (stored ${hex8(crc)}, computed ${hex8(actual)}) — ${corrupt}`);
+  if (binSize % BigInt(BIN_ALIGN)) {
+    throw new UserError(`${where}: bin_size ${binSize} is not a multiple of ${BIN_ALIGN} — ${corrupt}`);
+  }
+  // The checks below mirror store.c's, so both readers accept exactly the same indexes.
+  if (reserved.some((b) => b !== 0)) {
+    throw new UserError(`${where}: reserved header bytes are not zero — written by an incompatible packer; rerun kvl pack`);
+  }
+  let revision: string | null = null;
+  if (revRaw.some((b) => b !== 0)) {
+    if (!revRaw.every((b) => b >= 0x21 && b <= 0x7e)) {
+      throw new UserError(`${where}: source revision is not 40 printable ASCII characters — ${corrupt}`);
+    }
+    revision = Buffer.from(revRaw).toString("latin1");
+  }
+  let pos = HEADER_BYTES;
+  const hparams = new Map<string, number>();
+  for (let i = 0; i < nHparams; i++) {
+    const key = cstr(data.subarray(pos, pos + HPARAM_KEY_BYTES), `hparam record ${i} key`, where);
+    const value = view.getFloat64(pos + HPARAM_KEY_BYTES, true);
+    pos += HPARAM_RECORD_BYTES;
+    if (!key) throw new UserError(`${where}: hparam record ${i} has an empty key — ${corrupt}`);
+    if (hparams.has(key)) throw new UserError(`${where}: hparam ${pyRepr(key)} appears twice — ${corrupt}`);
+    // the packer writes config numbers only; inf/NaN broke readers
+    if (!Number.isFinite(value)) {
+      throw new UserError(`${where}: hparam ${pyRepr(key)} = ${pyFloatRepr(value)} is not a finite number — ${corrupt}`);
+    }
+    hparams.set(key, value);
+  }
+  const records: TensorRecord[] = [];
+  const byName = new Map<string, TensorRecord>();
+  let prevEnd = 0n;
+  for (let i = 0; i < nTensors; i++) {
+    const name = cstr(data.subarray(pos, pos + TENSOR_NAME_BYTES), `tensor record ${i} name`, where);
+    const dtype = view.getUint32(pos + 128, true);
+    const ndim = view.getUint32(pos + 132, true);
+    const dims = [0, 1, 2, 3].map((k) => view.getBigUint64(pos + 136 + 8 * k, true));
+    const offset = view.getBigUint64(pos + 168, true);
+    const nbytes = view.getBigUint64(pos + 176, true);
+    const recCrc = view.getUint32(pos + 184, true);
+    const flags = view.getUint32(pos + 188, true);
+    pos += TENSOR_RECORD_BYTES;
+    if (!name) throw new UserError(`${where}: tensor record ${i} has an empty name — ${corrupt}`);
+    const label = `${where}: tensor ${pyRepr(name)}`;
+    if (byName.has(name)) throw new UserError(`${label} appears twice — ${corrupt}`);
+    if (DTYPE_NAMES[dtype] === undefined) throw new UserError(`${label} has unknown dtype ${dtype} — ${corrupt}`);
+    if (dtype === DTYPE_Q8_ROWS && version < FORMAT_VERSION_Q8_ROWS) {
+      throw new UserError(`${label} is Q8_ROWS, which needs format version ${FORMAT_VERSION_Q8_ROWS} (the index says ${version}) — ${corrupt}`);
+    }
+    if (!(ndim >= 1 && ndim <= MAX_NDIM) || dims.slice(ndim).some((d) => d !== 0n)) {
+      throw new UserError(`${label} has an invalid shape (ndim ${ndim}, dims [${dims.join(", ")}]) — ${corrupt}`);
+    }
+    const shape = dims.slice(0, ndim);
+    if (dtype !== DTYPE_Q8_EXPERT && shape.some((d) => d === 0n)) {
+      throw new UserError(`${label} has a zero dimension in shape [${shape.join(", ")}] — ${corrupt}`);
+    }
+    if (dtype === DTYPE_Q8_EXPERT && (ndim !== 4 || shape[2] === 0n || shape[3] === 0n)) {
+      throw new UserError(`${label}: Q8 expert records need shape [layer, expert, I, H] with I, H > 0, found [${shape.join(", ")}] — ${corrupt}`);
+    }
+    // store.c's bound: keeps rows * cols far from u64 overflow in both readers
+    if (dtype === DTYPE_Q8_ROWS && (ndim !== 2 || shape[0]! > MAX_Q8_ROWS_DIM || shape[1]! > MAX_Q8_ROWS_DIM)) {
+      throw new UserError(`${label}: Q8_ROWS records need shape [rows, cols] with 1 <= rows, cols <= ${MAX_Q8_ROWS_DIM}, found [${shape.join(", ")}] — ${corrupt}`);
+    }
+    if (flags !== 0) throw new UserError(`${label} has nonzero flags ${flags} — ${corrupt}`);
+    if (offset % BigInt(BIN_ALIGN)) throw new UserError(`${label} offset ${offset} is not a multiple of ${BIN_ALIGN} — ${corrupt}`);
+    const want = recordNbytesBig(dtype, shape);
+    if (nbytes !== want) throw new UserError(`${label} is ${nbytes} bytes but its dtype and shape need ${want} — ${corrupt}`);
+    if (offset < prevEnd) {
+      throw new UserError(`${label} at offset ${offset} overlaps or precedes the previous record (which ends at ${prevEnd}) — ${corrupt}`);
+    }
+    if (offset + nbytes > binSize) {
+      throw new UserError(`${label} ends at ${offset + nbytes}, past bin_size ${binSize} — ${corrupt}`);
+    }
+    prevEnd = offset + nbytes;
+    const rec: TensorRecord = {
+      name, dtype, shape: shape.map(Number), offset: Number(offset), nbytes: Number(nbytes), crc32: recCrc,
+    };
+    records.push(rec);
+    byName.set(name, rec);
+  }
+  let configText: string;
+  try {
+    configText = decodeUtf8Strict(data.subarray(pos, pos + configBytes));
+  } catch {
+    throw new UserError(`${where}: embedded config.json is not UTF-8 — ${corrupt}`);
+  }
+  return { kind, version, binSize: Number(binSize), hparams, records, byName, configText, revision };
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reader
+
+/** Throws a one-line UserError unless `dir` is a folder (a pack's, or to be checked as one). */
+export function checkPackFolder(dir: string): void {
+  requireFolder(dir, "model directory", "create one with kvl pack or kvl prepare");
+}
+
+/** A JSON value in a message: strings bare, the rest as JSON spells them. */
+function shown(value: unknown): string {
+  return typeof value === "string" ? value : jsonRepr(value);
+}
+
+function isFile(path: string): boolean {
+  try {
+    return statSync(path).isFile();
+  } catch {
+    return false;
+  }
+}
+
+function mapsEqual(a: ReadonlyMap<string, number>, b: ReadonlyMap<string, number>): boolean {
+  if (a.size !== b.size) return false;
+  for (const [k, v] of a) if (b.get(k) !== v) return false;
+  return true;
+}
+
+/** Reads `nbytes` at `offset` of the open file, in pieces of at most `chunk`. */
+async function readExact(path: string, offset: number, nbytes: number, where: string,
+  use?: (piece: Uint8Array) => void): Promise<Uint8Array> {
+  const chunk = use ? 64 << 20 : Math.max(nbytes, 1);
+  const handle = await open(path, "r");
+  try {
+    const out = new Uint8Array(use ? Math.min(chunk, nbytes) : nbytes);
+    let done = 0;
+    while (done < nbytes) {
+      const n = Math.min(nbytes - done, chunk);
+      let got = 0;
+      while (got < n) {
+        const at = use ? got : done + got;
+        const { bytesRead } = await handle.read(out, at, Math.min(n - got, 1 << 30), offset + done + got);
+        if (bytesRead === 0) throw new UserError(`${where}: short read at offset ${offset + done + got} — ${INCOMPLETE_HINT}`);
+        got += bytesRead;
+      }
+      if (use) use(out.subarray(0, n));
+      done += n;
+    }
+    return out;
+  } finally {
+    await handle.close();
+  }
+}
+
+export interface ExpertQuantized {
+  readonly intermediate: number;
+  readonly hidden: number;
+  /** int8 [I, H] */
+  readonly gate_q: Int8Array;
+  /** int8 [I, H] */
+  readonly up_q: Int8Array;
+  /** int8 [H, I] */
+  readonly down_q: Int8Array;
+  /** f32 [I] */
+  readonly gate_s: Float32Array;
+  /** f32 [I] */
+  readonly up_s: Float32Array;
+  /** f32 [H] */
+  readonly down_s: Float32Array;
+}
+
+export interface PackTensor {
+  readonly dtype: "BF16" | "F32";
+  readonly shape: readonly number[];
+  /** raw BF16 bits (Uint16Array) or float32 values */
+  readonly data: Uint16Array | Float32Array;
+}
+
+/** Opens and validates a pack directory (structure, sizes, index CRCs); reads tensors for tests,
+ * `kvl doctor` and the engine's host side. */
+export class PackReader {
+  readonly complete: JsonObject;
+  readonly stores: ReadonlyMap<StoreName, StoreIndex>;
+  readonly hparams: ReadonlyMap<string, number>;
+  readonly configText: string;
+  readonly revision: string | null;
+
+  private constructor(readonly dir: string, complete: JsonObject, stores: Map<StoreName, StoreIndex>) {
+    this.complete = complete;
+    this.stores = stores;
+    const first = stores.get("trunk")!;
+    this.hparams = first.hparams;
+    this.configText = first.configText;
+    this.revision = first.revision;
+  }
+
+  /** Validates the pack's structure; throws UserError saying what is wrong and what to do. */
+  static async open(directory: string): Promise<PackReader> {
+    const dir = directory;
+    checkPackFolder(dir);
+    const completePath = join(dir, COMPLETE_FILE);
+    if (!isFile(completePath)) throw new UserError(`${dir}: ${COMPLETE_FILE} is missing — ${INCOMPLETE_HINT}`);
+    let complete: unknown;
+    try {
+      complete = loadsPy(decodeUtf8Strict(readFileSync(completePath)));
+    } catch (err) {
+      const why = err instanceof TypeError ? "'utf-8' codec can't decode it: invalid UTF-8" : (err as Error).message;
+      throw new UserError(`${completePath}: unreadable (${why}) — ${INCOMPLETE_HINT}`);
+    }
+    if (!isJsonObject(complete)) {
+      throw new UserError(`${completePath}: unreadable (the marker is not a JSON object) — ${INCOMPLETE_HINT}`);
+    }
+    for (const key of ["files", "format_version"]) {
+      if (!Object.prototype.hasOwnProperty.call(complete, key)) {
+        throw new UserError(`${completePath}: unreadable (${pyRepr(key)} is missing) — ${INCOMPLETE_HINT}`);
+      }
+    }
+    const files = complete.files;
+    // Type-check what the loop below reads: a mangled marker must be a UserError, not a TypeError.
+    if (!isJsonObject(files) || !Object.values(files).every(isJsonObject)) {
+      throw new UserError(`${completePath}: 'files' is not a table of file entries — ${INCOMPLETE_HINT}`);
+    }
+    const version = FORMAT_VERSIONS.find((v) => pyEqualsNumber(complete.format_version, v));
+    if (version === undefined) {
+      throw new UserError(`${completePath}: format version ${shown(complete.format_version)}, this kvl reads ` +
+        `versions ${FORMAT_VERSIONS.join(" and ")}; repack with this kvl version`);
+    }
+    const entry = (name: string): JsonObject => (files[name] as JsonObject | undefined) ?? {};
+    const stores = new Map<StoreName, StoreIndex>();
+    for (const name of STORES) {
+      const idxName = `${name}.idx`;
+      const binName = `${name}.bin`;
+      const idxPath = join(dir, idxName);
+      if (!isFile(idxPath)) throw new UserError(`${idxName}: missing from ${dir} — ${INCOMPLETE_HINT}`);
+      const data = readFileSync(idxPath);
+      const meta = entry(idxName);
+      if (!pyEqualsNumber(meta.size, data.length) || !pyEqualsNumber(meta.crc32, crc32(data))) {
+        throw new UserError(`${idxName}: does not match ${COMPLETE_FILE} (size/CRC differ) — the pack was modified or is corrupt; rerun kvl pack`);
+      }
+      const index = decodeIndex(data, idxName, STORE_KINDS[name]);
+      if (index.version !== version) {
+        throw new UserError(`${idxName}: format version ${index.version} differs from ${COMPLETE_FILE}'s ${version} — ` +
+          "the stores come from different packs; rerun kvl pack");
+      }
+      const binPath = join(dir, binName);
+      if (!isFile(binPath)) throw new UserError(`${binName}: missing from ${dir} — ${INCOMPLETE_HINT}`);
+      const found = statSync(binPath).size;
+      if (found !== index.binSize) throw new UserError(`${binName}: expected ${index.binSize} bytes, found ${found} — ${INCOMPLETE_HINT}`);
+      if (!pyEqualsNumber(entry(binName).size, found)) {
+        throw new UserError(`${binName}: size ${found} differs from ${COMPLETE_FILE} — ${INCOMPLETE_HINT}`);
+      }
+      stores.set(name, index);
+    }
+    const first = stores.get("trunk")!;
+    for (const [name, index] of stores) {
+      if (!mapsEqual(index.hparams, first.hparams) || index.configText !== first.configText) {
+        throw new UserError(`${name}.idx: hparams/config differ from trunk.idx — the stores come from different packs; rerun kvl pack`);
+      }
+      if (index.revision !== first.revision) {
+        throw new UserError(`${name}.idx: source revision ${index.revision ?? "unknown"} differs from trunk.idx (${first.revision ?? "unknown"}); rerun kvl pack`);
+      }
+    }
+    return new PackReader(dir, complete, stores);
+  }
+
+  /** What the trunk's Linear weights are stored as: "q8" when any trunk record is Q8_ROWS
+   * (`kvl pack --trunk-dtype q8`), else "bf16". */
+  get trunkDtype(): TrunkDtype {
+    return this.stores.get("trunk")!.records.some((r) => r.dtype === DTYPE_Q8_ROWS) ? "q8" : "bf16";
+  }
+
+  /** The embedded config.json, parsed. */
+  get config(): unknown {
+    return loadsPy(this.configText);
+  }
+
+  #find(name: string): [StoreName, TensorRecord] {
+    for (const [store, index] of this.stores) {
+      const rec = index.byName.get(name);
+      if (rec !== undefined) return [store, rec];
+    }
+    throw new Error(`no tensor ${name} in the pack at ${this.dir}`);
+  }
+
+  record(name: string): TensorRecord {
+    return this.#find(name)[1];
+  }
+
+  storeOf(name: string): StoreName {
+    return this.#find(name)[0];
+  }
+
+  /** A record's exact data bytes. */
+  async raw(store: StoreName, rec: TensorRecord): Promise<Uint8Array> {
+    return readExact(join(this.dir, `${store}.bin`), rec.offset, rec.nbytes, `${store}.bin`);
+  }
+
+  /** A trunk/vision tensor: raw BF16 bits or float32 values, in the checkpoint's shape. */
+  async tensor(name: string): Promise<PackTensor> {
+    const [store, rec] = this.#find(name);
+    if (rec.dtype === DTYPE_Q8_EXPERT) throw new Error(`${name} is an expert extent; use expert()`);
+    if (rec.dtype === DTYPE_Q8_ROWS) throw new Error(`${name} is a Q8_ROWS matrix; use q8Rows() or tensorF32()`);
+    const bytes = await this.raw(store, rec);
+    return rec.dtype === DTYPE_BF16
+      ? { dtype: "BF16", shape: rec.shape, data: new Uint16Array(bytes.buffer, bytes.byteOffset, bytes.length / 2) }
+      : { dtype: "F32", shape: rec.shape, data: new Float32Array(bytes.buffer, bytes.byteOffset, bytes.length / 4) };
+  }
+
+  /** A trunk/vision tensor as float32 values (a Q8_ROWS matrix dequantized: q * scale[row]). */
+  async tensorF32(name: string): Promise<Float32Array> {
+    if (this.record(name).dtype === DTYPE_Q8_ROWS) {
+      const m = await this.q8Rows(name);
+      return dequantizeRowsQ8(m.q, m.scale, m.rows, m.cols);
+    }
+    const t = await this.tensor(name);
+    return t.data instanceof Uint16Array ? bf16BitsToF32(t.data) : t.data;
+  }
+
+  /** The int8 rows and float32 row scales of one Q8_ROWS record. */
+  async q8Rows(name: string): Promise<{ rows: number; cols: number; q: Int8Array; scale: Float32Array }> {
+    const [store, rec] = this.#find(name);
+    if (rec.dtype !== DTYPE_Q8_ROWS) throw new Error(`${name} is ${DTYPE_NAMES[rec.dtype]}, not Q8_ROWS`);
+    const [rows, cols] = rec.shape as [number, number];
+    const buf = await this.raw(store, rec);
+    const lay = q8RowsLayout(rows, cols);
+    return {
+      rows, cols, q: new Int8Array(buf.buffer, buf.byteOffset, rows * cols),
+      scale: new Float32Array(buf.buffer, buf.byteOffset + lay.scale, rows),
+    };
+  }
+
+  /** The int8 matrices and float32 row scales of one routed expert's extent. */
+  async expertQuantized(layer: number, expert: number): Promise<ExpertQuantized> {
+    const experts = this.stores.get("experts")!;
+    const rec = experts.byName.get(expertRecordName(layer, expert));
+    if (rec === undefined) throw new Error(`no expert ${layer}.${expert} in the pack at ${this.dir}`);
+    const [inter, hidden] = [rec.shape[2]!, rec.shape[3]!];
+    const lay = expertLayout(inter, hidden);
+    const buf = await this.raw("experts", rec);
+    const q = (off: number, n: number): Int8Array => new Int8Array(buf.buffer, buf.byteOffset + off, n);
+    const s = (off: number, n: number): Float32Array => new Float32Array(buf.buffer, buf.byteOffset + off, n);
+    return {
+      intermediate: inter, hidden,
+      gate_q: q(lay.gate_q, inter * hidden), up_q: q(lay.up_q, inter * hidden), down_q: q(lay.down_q, hidden * inter),
+      gate_s: s(lay.gate_s, inter), up_s: s(lay.up_s, inter), down_s: s(lay.down_s, hidden),
+    };
+  }
+
+  /** Dequantized float32 gate_proj [I, H], up_proj [I, H], down_proj [H, I] of one routed expert. */
+  async expert(layer: number, expert: number): Promise<{ gate_proj: Float32Array; up_proj: Float32Array; down_proj: Float32Array }> {
+    const p = await this.expertQuantized(layer, expert);
+    const [i, h] = [p.intermediate, p.hidden];
+    return {
+      gate_proj: dequantizeRowsQ8(p.gate_q, p.gate_s, i, h),
+      up_proj: dequantizeRowsQ8(p.up_q, p.up_s, i, h),
+      down_proj: dequantizeRowsQ8(p.down_q, p.down_s, h, i),
+    };
+  }
+
+  /** Bytes checkDataCrcs / corruptData read: every record's data. */
+  get dataBytes(): number {
+    let n = 0;
+    for (const index of this.stores.values()) for (const rec of index.records) n += rec.nbytes;
+    return n;
+  }
+
+  /**
+   * Reads every record (64 MiB at a time) and returns those whose CRC-32 differs from the index,
+   * each as `STORE.bin: data of 'NAME' is corrupt (...)`; onBytes sees every piece read (progress).
+   */
+  async corruptData(onBytes?: (bytes: number) => void): Promise<Array<{ store: StoreName; record: TensorRecord; message: string }>> {
+    const out: Array<{ store: StoreName; record: TensorRecord; message: string }> = [];
+    for (const [store, index] of this.stores) {
+      const path = join(this.dir, `${store}.bin`);
+      for (const rec of index.records) {
+        let crc = 0;
+        await readExact(path, rec.offset, rec.nbytes, `${store}.bin`, (piece) => {
+          crc = crc32(piece, crc);
+          onBytes?.(piece.length);
+        });
+        if (crc !== rec.crc32) {
+          out.push({ store, record: rec,
+            message: `${store}.bin: data of ${pyRepr(rec.name)} is corrupt (CRC ${hex8(crc)}, index says ${hex8(rec.crc32)})` });
+        }
+      }
+    }
+    return out;
+  }
+
+  /** Reads every record and compares its CRC-32 with the index; throws UserError at the first difference. */
+  async checkDataCrcs(onBytes?: (bytes: number) => void): Promise<void> {
+    const bad = await this.corruptData(onBytes);
+    if (bad.length) throw new UserError(`${bad[0]!.message}; rerun kvl pack`);
+  }
+}
+
+/** Validates a pack (structure always; every data CRC when asked). Throws UserError. */
+export async function verify(directory: string, options: { checkDataCrc?: boolean } = {}): Promise<PackReader> {
+  const reader = await PackReader.open(directory);
+  if (options.checkDataCrc) await reader.checkDataCrcs();
+  return reader;
+}
