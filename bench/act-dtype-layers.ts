@@ -5,7 +5,7 @@
  * P hidden-state rows prefilled again from position 0 and D single-row decode steps, timed.
  * Nothing is read from the disk while timed (the expert misses printed say so).
  *
- *   npx vite-node bench/act-dtype-layers.ts PACK wasm|native f32|bf16|i16|i16x1 [P=256] [DIST_DIR]
+ *   npx vite-node bench/act-dtype-layers.ts PACK wasm|native f32|bf16|i16x1|i8 [P=256] [DIST_DIR]
  *
  * KVL_BENCH_LAYERS=B,E runs layers [B, E) instead; a range that ends before the last layer has no
  * lm_head, so its decode step is the layers alone (lm_head alone is most of a two-layer step).

@@ -34,10 +34,9 @@
  *     simd128, avx2, avx512, avx512-bf16); "all": every table this build and CPU support.
  *     "decode": only the decode products, plus one "RESULT table kind shape threads GB/s" line
  *     each (wall clock) for scripts (bench/kernels_ab.sh).
- *   kernels_bench LEVEL decode i16x2: the integer products take 2 vectors per token in decode,
- *     as the engine's --act-dtype i16 does (each input and its remainder, model.c mm_quantize);
- *     without it 1, as --act-dtype i16x1 does. (An argument: emscripten's getenv does not see Node's.)
- * In WebAssembly the "cpu" figures are wall clock too (no per-process CPU clock there).
+ *   kernels_bench ab TABLE_A TABLE_B KIND: one decode product on two tables, interleaved
+ *     (bench_ab; bench/kernels_ab.sh --relaxed runs simd128 against simd128-relaxed on q8i8).
+ * In WebAssembly the "cpu" figures are Node's process CPU time (process.cpuUsage()).
  */
 #if !defined(_WIN32) && !defined(_POSIX_C_SOURCE)
 #define _POSIX_C_SOURCE 200809L
@@ -53,19 +52,24 @@
 
 /* Process CPU time: the machine may be shared, and wall-clock rates then mostly measure the
  * other tenants. Rates are printed against both clocks (CPU time divided by the thread count). */
-/* Divisor that turns a CPU time into per-thread time: the thread count, or 1 where cpu_s is
- * the wall clock (WebAssembly). */
-#if defined(__EMSCRIPTEN__)
-#define CPU_DIV(nt) 1
-#else
+/* Divisor that turns a CPU time into per-thread time: the thread count. */
 #define CPU_DIV(nt) (nt)
+
+#if defined(__EMSCRIPTEN__)
+#include <emscripten.h>
+/* emscripten's clock() and CLOCK_PROCESS_CPUTIME_ID are the wall clock; Node's process.cpuUsage()
+ * is the process's CPU time (all threads; read on the main thread, where main() runs). */
+EM_JS(double, js_process_cpu_s, (void), {
+    const u = process.cpuUsage();
+    return (u.user + u.system) / 1e6;
+});
 #endif
 
 static double now_s(void);
 static double cpu_s(void)
 {
 #if defined(__EMSCRIPTEN__)
-    return now_s();
+    return js_process_cpu_s();
 #elif defined(CLOCK_PROCESS_CPUTIME_ID)
     struct timespec ts;
     clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
@@ -84,7 +88,6 @@ static double now_s(void)
 
 static const char *const kind_names[] = {"bf16", "q8", "q8i16", "bf16xb", "q8xb", "i16i16", "q8i8"};
 static int g_results; /* print RESULT lines */
-static size_t g_i16_terms = 1; /* "i16x2": vectors per decode token, integer kinds */
 
 /* Weight bytes per element of each kind. */
 static size_t kind_esz(int kind)
@@ -107,8 +110,9 @@ static void sum_fn(void *p, int i, int n)
     kvl_split_range(c->n, 64, i, n, &b, &e);
     /* The table's own SIMD dot of this part with itself (a plain C sum can be instruction-bound
      * below DRAM speed on fast-memory machines): one stream. Two streams exactly half the part
-     * apart ran at half speed on AMD Zen 4 with 16-byte loads (13 against 28 GB/s, session 14),
-     * which measured that pattern, not the machine. */
+     * apart ran at half speed on AMD Zen 4 with 16-byte loads (13 against 28 GB/s, bench/RESULTS.md
+     * "Idle workers, huge pages and prefill products", 2026-12-04), which measured that pattern,
+     * not the machine. */
     const float *f = (const float *)(const void *)(c->buf + b);
     float d = c->K->dot_f32(f, f, 2 * (e - b));
     c->part[i] = (uint64_t)(d != d); /* keeps the call; NaN-free data gives 0 */
@@ -182,9 +186,12 @@ static void fill_weights(unsigned char *W, int kind, size_t bytes)
         int16_t *h = (int16_t *)(void *)W;
         for (size_t i = 0; i < bytes / 2; i++)
             h[i] = (int16_t)((int)((uint32_t)(i * 2654435761u) >> 12 & 0xffff) % 65535 - 32767);
-    } else {
-        for (size_t i = 0; i < bytes; i++)
+    } else { /* Q8: int8 in [-127, 127], as the packer makes (the 8-bit dot products rely on it) */
+        for (size_t i = 0; i < bytes; i++) {
             W[i] = (unsigned char)((i * 2654435761u) >> 13);
+            if (W[i] == 0x80)
+                W[i] = 0x81;
+        }
     }
 }
 
@@ -195,9 +202,8 @@ static void bench_decode(kvl_pool *pool, const kvl_kernels *K, int kind, size_t 
     size_t mbytes = rows * cols * esz;
     unsigned char *W = (unsigned char *)malloc(mbytes * nmat);
     float *scale = (float *)malloc(rows * sizeof(float));
-    const size_t nv = kind == 2 || kind == 5 ? g_i16_terms : 1; /* vectors per token (q8i8: --act-dtype i8, one) */
-    float *X = (float *)malloc(nv * cols * sizeof(float));
-    float *Y = (float *)malloc(nv * rows * sizeof(float));
+    float *X = (float *)malloc(cols * sizeof(float));
+    float *Y = (float *)malloc(rows * sizeof(float));
     if (!W || !scale || !X || !Y) {
         printf("out of memory\n");
         exit(1);
@@ -205,12 +211,12 @@ static void bench_decode(kvl_pool *pool, const kvl_kernels *K, int kind, size_t 
     fill_weights(W, kind, mbytes * nmat);
     for (size_t r = 0; r < rows; r++)
         scale[r] = 0.01f;
-    for (size_t c = 0; c < nv * cols; c++)
+    for (size_t c = 0; c < cols; c++)
         X[c] = 0.001f * (float)(c % 17);
-    int16_t *Xq = (int16_t *)malloc(nv * cols * sizeof(int16_t));
-    float *xs = (float *)malloc(nv * cols * sizeof(float));
-    quantize_for(K, kind, Xq, xs, X, cols, nv);
-    mm_ctx ctx = {K, kind, Xq, xs, NULL, scale, rows, cols, nv, X, Y};
+    int16_t *Xq = (int16_t *)malloc(cols * sizeof(int16_t));
+    float *xs = (float *)malloc(cols * sizeof(float));
+    quantize_for(K, kind, Xq, xs, X, cols, 1);
+    mm_ctx ctx = {K, kind, Xq, xs, NULL, scale, rows, cols, 1, X, Y};
     double best = 1e30, bestc = 1e30;
     for (int rep = 0; rep < 4; rep++) {
         double t0 = now_s(), c0 = cpu_s();
@@ -400,13 +406,88 @@ static void bench_table(const kvl_kernels *K, int decode_only)
     }
 }
 
+/* ---- interleaved A/B of two tables on one decode product ----
+ * KIND's decode (n = 1) over ~1.1 GB of distinct [1408 x 2048] matrices (DRAM-bound) and over one
+ * [256 x 2048] matrix again and again (in cache), 1 and 2 threads: the two tables alternate,
+ * AB_ROUNDS rounds on the same data, and each keeps its best round, by the wall clock and by CPU
+ * time per thread. On a shared machine that is the fair comparison (both see the same
+ * neighbours; the best of many rounds is what the kernel can do; CPU time leaves out the time
+ * other processes had the cores). The activations have both signs. The two outputs are compared
+ * bit for bit. RESULT lines as decode mode's (wall), then "RESULTCPU" lines (CPU time). */
+#define AB_ROUNDS 12
+static void bench_ab(const kvl_kernels *T[2], int kind)
+{
+    static const size_t shapes[][3] = {{1408, 2048, 0}, {256, 2048, 1}}; /* 0: ~1.1 GB of matrices */
+    for (size_t s = 0; s < 2; s++) {
+        const size_t rows = shapes[s][0], cols = shapes[s][1];
+        const size_t mbytes = rows * cols * kind_esz(kind);
+        const size_t nmat = shapes[s][2] ? shapes[s][2] : ((size_t)1100 << 20) / mbytes;
+        const size_t runs = nmat == 1 ? 2000 : nmat;
+        unsigned char *W = (unsigned char *)malloc(mbytes * nmat);
+        float *scale = (float *)malloc(rows * sizeof(float)), *X = (float *)malloc(cols * sizeof(float));
+        float *Y[2] = {(float *)malloc(rows * sizeof(float)), (float *)malloc(rows * sizeof(float))};
+        int16_t *Xq = (int16_t *)malloc(cols * sizeof(int16_t));
+        float *xs = (float *)malloc(cols * sizeof(float));
+        if (!W || !scale || !X || !Y[0] || !Y[1] || !Xq || !xs) {
+            printf("out of memory\n");
+            exit(1);
+        }
+        fill_weights(W, kind, mbytes * nmat);
+        for (size_t r = 0; r < rows; r++)
+            scale[r] = 0.01f;
+        for (size_t c = 0; c < cols; c++)
+            X[c] = 0.001f * (float)((int)(c % 17) - 8);
+        quantize_for(T[0], kind, Xq, xs, X, cols, 1);
+        for (int nt = 1; nt <= 2; nt++) {
+            kvl_pool *pool = kvl_pool_create(nt);
+            double best[2] = {1e30, 1e30}, bestc[2] = {1e30, 1e30};
+            for (int round = 0; round < AB_ROUNDS; round++)
+                for (int t = 0; t < 2; t++) {
+                    mm_ctx ctx = {T[t], kind, Xq, xs, NULL, scale, rows, cols, 1, X, Y[t]};
+                    double t0 = now_s(), c0 = cpu_s();
+                    for (size_t m = 0; m < runs; m++) {
+                        ctx.W = W + (m % nmat) * mbytes;
+                        kvl_pool_run(pool, mm_fn, &ctx);
+                    }
+                    double dt = (now_s() - t0) / (double)runs, dc = (cpu_s() - c0) / CPU_DIV(nt) / (double)runs;
+                    if (dt < best[t])
+                        best[t] = dt;
+                    if (dc < bestc[t])
+                        bestc[t] = dc;
+                }
+            for (int t = 0; t < 2; t++)
+                printf("RESULT %s %s %zux%zux%zu %d %.2f\nRESULTCPU %s %s %zux%zux%zu %d %.2f\n", T[t]->name,
+                       kind_names[kind], rows, cols, nmat, nt, (double)mbytes / best[t] / 1e9, T[t]->name,
+                       kind_names[kind], rows, cols, nmat, nt, (double)mbytes / bestc[t] / 1e9);
+            printf("  %s / %s, %s [%zu x %zu] x %zu, %d thr: %.2f wall, %.2f cpu (outputs %s)\n", T[1]->name,
+                   T[0]->name, kind_names[kind], rows, cols, nmat, nt, best[0] / best[1], bestc[0] / bestc[1],
+                   memcmp(Y[0], Y[1], rows * sizeof(float)) == 0 ? "identical" : "DIFFER");
+            fflush(stdout);
+            kvl_pool_free(pool);
+        }
+        free(W), free(scale), free(X), free(Y[0]), free(Y[1]), free(Xq), free(xs);
+    }
+}
+
 int main(int argc, char **argv)
 {
     const char *which = argc > 1 ? argv[1] : "0";
+    if (strcmp(which, "ab") == 0) {
+        const kvl_kernels *T[2] = {argc > 3 ? kvl_kernels_by_name(argv[2]) : NULL,
+                                   argc > 3 ? kvl_kernels_by_name(argv[3]) : NULL};
+        int kind = -1;
+        for (int k = 0; argc > 4 && k < 7; k++)
+            if (strcmp(argv[4], kind_names[k]) == 0)
+                kind = k;
+        if (!T[0] || !T[1] || kind < 0) {
+            printf("usage: kernels_bench ab TABLE_A TABLE_B KIND (tables supported here, KIND one of bf16 q8 q8i16 bf16xb q8xb i16i16 q8i8)\n");
+            return 1;
+        }
+        bench_ab(T, kind);
+        return 0;
+    }
     int decode_only = argc > 2 && strcmp(argv[2], "decode") == 0;
     g_results = decode_only;
-    if (argc > 3 && strcmp(argv[3], "i16x2") == 0)
-        g_i16_terms = 2;
     if (strcmp(which, "all") == 0) {
         const char *const *names = kvl_kernels_compiled_names();
         for (size_t i = 0; names[i]; i++) {

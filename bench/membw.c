@@ -180,7 +180,8 @@ static uint64_t next_rand(uint64_t *s)
 /* Memory for a read buffer as the engine's caches get it: 2 MiB-aligned and, on Linux, asked for
  * transparent huge pages (wasm-core/src/platform.h kvl_os_advise_hugepages), then touched so the
  * pages exist before the clock starts. Direct reads into 4 KiB pages ran 1.3-1.6x slower on a
- * virtio disk (session 14): a buffer without the advice measured the page size, not the disk. */
+ * virtio disk (bench/RESULTS.md "Idle workers, huge pages and prefill products", 2026-12-04): a
+ * buffer without the advice measured the page size, not the disk. */
 static void *read_buffer(size_t bytes)
 {
     void *buf = NULL;

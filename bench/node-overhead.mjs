@@ -132,7 +132,7 @@ const { pathToFileURL } = require("node:url");
 
 async function instanceChild(packDir) {
   const { createRequire } = await import("node:module");
-  const { WasmEngine, freeHeapBytes: freeHeap } = await import(pathToFileURL(join(dist, "wasm-engine.js")).href);
+  const { WasmEngine, freeHeapBytes: freeHeap } = await import(pathToFileURL(join(dist, "core", "wasm-engine.js")).href);
   const require = createRequire(import.meta.url);
   const wasmDir = join(root, "wasm-core", "dist");
   const factory = require(join(wasmDir, "kvl_core.cjs"));
@@ -158,7 +158,7 @@ async function instanceChild(packDir) {
 
 async function wholeRun(backend, packDir, configPath) {
   const { plan } = await import(pathToFileURL(join(dist, "plan", "planner.js")).href);
-  const { EngineClient } = await import(pathToFileURL(join(dist, "engine-client.js")).href);
+  const { EngineClient } = await import(pathToFileURL(join(dist, "engine", "engine-client.js")).href);
   const kept = [await loadHostModules()];
   const { tokenizer } = await loadTokenizer(join(packDir, "tiktoken.model"), configPath, false);
   const p = await plan(packDir, { backend, ramMib: 65536, cacheMib: 1, maxContext: 512, threads: 2, instances: 1, loadVision: false });

@@ -65,7 +65,7 @@ if [ "${SKIP_TEXT:-0}" != 1 ]; then
   sfx=$([ "$act" = f32 ] && echo "" || echo "-$act")
   log_load "setting-A $act"
   # 3. setting A: 4 GiB plan, the caches as the planner gives them by default (the trunk, then
-  #    what is left to the expert cache; CACHE_MIB=512 for the fixed cache of sessions 1-15),
+  #    what is left to the expert cache; CACHE_MIB=512 for the fixed cache used before `1797a6a`),
   #    experts streamed from SSD; page cache dropped before each engine open
   $KVL bench "$PACK" --backend "$BACKENDS" --ram-mib 4096 --cache-mib "${CACHE_MIB:-auto}" --trunk-cache-mib auto \
       --threads "$THREADS" --prompt-lens 16,512 --decode-tokens "$DECODE_TOKENS" --drop-caches \

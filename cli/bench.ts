@@ -1,11 +1,11 @@
 /**
  * bench.ts — `kvl bench MODEL`: speed of the text engine as ratios to this machine's bandwidth
  * limits, on the backend --backend picks, or on native and then WebAssembly in one run
- * (`--backend both`) with the native/wasm ratios side by side. Replaces kvl/bench.py with the
- * same options, procedure, byte accounting and --json fields (plus `backend` per run and, with
- * both, `native_over_wasm`).
+ * (`--backend both`) with the native/wasm ratios side by side; --json gives every run's record
+ * (with its `backend`) and, with both, `native_over_wasm`.
  *
- * Owns: the command's options and their checks, choosing the backends, and rendering: a block
+ * Owns: the command's own options and their checks (the model options: options.ts
+ * addModelOptions), choosing the backends, and rendering: a block
  * per run as it finishes, the limits and peak RSS, the native/wasm table; --json / --out the
  * whole record; markdownReport (bench/RESULTS.md's tables from several --out records).
  * Does not own: the procedure (host/bench/bench-run.ts), the byte accounting and bounds
@@ -21,29 +21,21 @@ import type { BenchComparison, DecodeComparison, PromptComparison } from "../hos
 import { type Limits, loadLimits, measureLimits } from "../host/bench/bench-limits.js";
 import { type DecodeRecord, type PromptRecord, packBytes } from "../host/bench/bench-model.js";
 import { type BenchResult, type RunRecord, runBench } from "../host/bench/bench-run.js";
-import { type BackendName, ACT_DTYPE_NAMES, type ActDtype, type KernelChoice } from "../host/core/core-api.js";
+import type { BackendName } from "../host/core/core-api.js";
 import { checkOutputFile } from "../host/system/output-path.js";
 import { UserError } from "../host/system/user-error.js";
-import { instancesOption, kernelsOption, nonNegativeInt, positiveInt } from "./options.js";
+import { type ModelCliOptions, addModelOptions, nonNegativeInt, positiveInt } from "./options.js";
 
 const MIB = 2 ** 20;
 const GB = 1e9;
 
-interface BenchCliOptions {
-  backend?: string;
-  instances?: number;
-  ramMib: number;
-  cacheMib: string;
-  trunkCacheMib: string;
-  threads: number;
+interface BenchCliOptions extends ModelCliOptions {
   promptLens: string;
   decodeTokens: number;
   warm?: boolean;
   warmupTokens: number;
   maxBatch: number;
   seed: number;
-  actDtype: ActDtype;
-  kernels: KernelChoice;
   dropCaches?: boolean;
   limits?: string;
   membw?: string;
@@ -58,19 +50,12 @@ function integer(value: string): number {
 }
 
 /** --prompt-lens: comma-separated integers, sorted and deduplicated (as int() takes them). */
-export function parsePromptLens(text: string): number[] {
+function parsePromptLens(text: string): number[] {
   const parts = text.split(",").filter((x) => x.trim());
   if (parts.some((x) => !/^\s*[+-]?\d+\s*$/.test(x))) {
     throw new UserError(`--prompt-lens ${JSON.stringify(text)}: give comma-separated integers, e.g. 16,512`);
   }
   return [...new Set(parts.map(Number))].sort((a, b) => a - b);
-}
-
-/** --cache-mib and --trunk-cache-mib: "auto" or a whole number of MiB (0 streams the trunk). */
-function checkCacheMib(flag: string, text: string): string {
-  if (text === "auto") return text;
-  if (!/^\s*\+?\d+\s*$/.test(text)) throw new UserError(`${flag} ${JSON.stringify(text)}: use auto or a MiB number`);
-  return String(Number(text));
 }
 
 function checkExecutable(what: string, path: string): void {
@@ -83,8 +68,8 @@ function checkExecutable(what: string, path: string): void {
   }
 }
 
-/** The backends to run, native first, and why. */
-function backendsFor(option: string | undefined): { backends: BackendName[]; request: string; reason: string } {
+/** The backends to run, native first, why, and the record of the choice (the native kernel set). */
+function backendsFor(option: string | undefined): { backends: BackendName[]; request: string; reason: string; record: BackendRecord } {
   if (option === "both") {
     let native: BackendRecord;
     let wasm: BackendRecord;
@@ -95,10 +80,11 @@ function backendsFor(option: string | undefined): { backends: BackendName[]; req
       if (err instanceof BackendError) throw new UserError(`--backend both needs both backends: ${err.message}`);
       throw err;
     }
-    return { backends: ["native", "wasm"], request: "both", reason: `both asked for (--backend both): native ${native.reason}; wasm ${wasm.reason}` };
+    return { backends: ["native", "wasm"], request: "both", reason: `both asked for (--backend both): native ${native.reason}; wasm ${wasm.reason}`,
+      record: native };
   }
   const record = chooseBackend({ option });
-  return { backends: [record.chosen], request: record.requested, reason: record.reason };
+  return { backends: [record.chosen], request: record.requested, reason: record.reason, record };
 }
 
 // ---- rendering ------------------------------------------------------------------------------
@@ -116,12 +102,13 @@ function units(run: RunRecord): string {
   return `${run.instances} ${word}${run.instances > 1 ? "s" : ""}`;
 }
 
-/** One run as kvl/bench.py format_run printed it, with its backend in the header. */
-export function formatRun(run: RunRecord): string {
+/** One run's block of text: backend and instances in its header, then each phase against its bound. */
+function formatRun(run: RunRecord): string {
   const info = run.info as Record<string, unknown>;
   const lines = [`== prompt ${run.prompt_tokens} tokens [${run.backend}, ${units(run)}]: engine open ${run.open_s.toFixed(2)} s ` +
     `(CRC checks ${run.open_verify_s.toFixed(2)} s of ${g(run.open_verify_bytes)}), ` +
-    `RAM plan ${mibText(run.plan_total_bytes)} MiB, kernels ${String(info.kernels)} (Linear inputs ${String(info.act_dtype ?? "f32")}), ` +
+    `RAM plan ${mibText(run.plan_total_bytes)} MiB, kernels ${String(info.kernels)} (Linear inputs ${String(info.act_dtype ?? "f32")}` +
+    `${run.act_mode?.chosen_by === "auto" ? `, auto: ${run.act_mode.reason}` : ""}), ` +
     `direct I/O trunk=${pyBool(info.trunk_direct_io)} experts=${pyBool(info.expert_direct_io)}, streamed trunk ${g(run.streamed_trunk_bytes)}`];
   for (const [key, label] of [["cold_prompt", "cold"], ["warm_prompt", "warm"]] as const) {
     const p = run[key];
@@ -162,7 +149,7 @@ function table(rows: string[][]): string {
 }
 
 /** The native/wasm table of a `--backend both` result: each figure with its ratio to the bound. */
-export function formatComparison(result: BenchResult): string {
+function formatComparison(result: BenchResult): string {
   const cmp = result.native_over_wasm as BenchComparison;
   const rows: string[][] = [["prompt", "measure", "native (ratio to bound)", "wasm (ratio to bound)", "native/wasm"]];
   const run = (backend: BackendName, n: number): RunRecord | undefined => result.runs.find((r) => r.backend === backend && r.prompt_tokens === n);
@@ -199,8 +186,8 @@ function adjacentCells(d: DecodeRecord): string {
     `**${a.ratio.toFixed(2)}** (${a.ratio_median.toFixed(2)})`;
 }
 
-/** Markdown tables of several `kvl bench --out` results, each labelled by its setting (kvl/bench.py
- * markdown_report; a run's backend joins the label when a result holds more than one). */
+/** Markdown tables of several `kvl bench --out` results, each labelled by its setting (a run's
+ * backend joins the label when a result holds more than one). */
 export function markdownReport(results: ReadonlyArray<[string, BenchResult]>): string {
   const labelOf = (label: string, res: BenchResult, r: RunRecord): string => (res.backend === "both" ? `${label}, ${r.backend}` : label);
   const out = ["| setting | prompt tokens | engine open s | RAM plan MiB | prefill tok/s | first token s " +
@@ -250,17 +237,18 @@ async function runBenchCommand(model: string, opts: BenchCliOptions): Promise<vo
   if (!promptLens.length || promptLens[0]! < 1 || opts.decodeTokens < 1) {
     throw new UserError("--prompt-lens needs positive lengths and --decode-tokens >= 1");
   }
-  const trunkCacheMib = checkCacheMib("--trunk-cache-mib", opts.trunkCacheMib);
-  const cacheMib = checkCacheMib("--cache-mib", opts.cacheMib);
+  // the settings record keeps the caches as given: "auto" or MiB
+  const trunkCacheMib = String(opts.trunkCacheMib);
+  const cacheMib = String(opts.cacheMib);
   const fileLimits = opts.limits !== undefined ? loadLimits(opts.limits) : null;
   if (opts.membw !== undefined) checkExecutable("--membw", opts.membw);
   if (opts.out !== undefined) checkOutputFile(opts.out, "--out"); // before the run, not after it
-  const { backends, request, reason } = backendsFor(opts.backend);
+  const { backends, request, reason, record } = backendsFor(opts.backend);
   const pb = await packBytes(model);
   const threads = opts.threads > 0 ? opts.threads : availableParallelism();
   const limits = fileLimits ?? await measureLimits({ model, extent: pb.extent_data, threads, dropCaches: opts.dropCaches === true, membw: opts.membw });
   const result = await runBench({
-    model, backends, backendRequest: request, backendReason: reason, ramMib: opts.ramMib, cacheMib, trunkCacheMib,
+    model, backends, backendRequest: request, backendReason: reason, backendRecord: record, ramMib: opts.ramMib, cacheMib, trunkCacheMib,
     threads, promptLens, decodeTokens: opts.decodeTokens, warm: opts.warm === true, warmupTokens: opts.warmupTokens, maxBatch: opts.maxBatch,
     seed: opts.seed, actDtype: opts.actDtype, kernels: opts.kernels, dropCaches: opts.dropCaches === true, membw: opts.membw, instances: opts.instances,
   }, pb, limits, (run) => {
@@ -279,26 +267,23 @@ async function runBenchCommand(model: string, opts: BenchCliOptions): Promise<vo
 }
 
 export function addBenchCommand(program: Command): void {
-  program
+  const command = program
     .command("bench")
     .description("measure speed against this machine's bandwidth limits")
-    .argument("<model>", "packed model directory (kvl pack / kvl prepare output)")
-    .addOption(new Option("--backend <name>", "core build to run: auto picks the native addon where it loads, else WebAssembly " +
-      "(env KVL_BACKEND); both: native, then WebAssembly, in one run with their ratios").choices([...BACKEND_REQUESTS, "both"]))
-    .addOption(instancesOption())
-    .option("--ram-mib <mib>", "RAM budget of the plan", positiveInt, 4096)
-    .option("--cache-mib <mib>", "auto (what the budget leaves once the trunk cache is full) or MiB", "auto")
-    .option("--trunk-cache-mib <mib>", "auto (what the budget leaves), 0 = stream the trunk, or MiB", "auto")
-    .option("--threads <n>", "engine threads (0 = every core)", nonNegativeInt, 0)
+    .argument("<model>", "packed model directory (kvl pack / kvl prepare output)");
+  addModelOptions(command, {
+    backend: new Option("--backend <name>", "core build to run: auto picks the native addon where it loads, else WebAssembly " +
+      "(env KVL_BACKEND); both: native, then WebAssembly, in one run with their ratios").choices([...BACKEND_REQUESTS, "both"]),
+    context: false,
+    vision: false,
+  })
     .option("--prompt-lens <list>", "comma-separated prompt lengths in tokens", "16,512")
     .option("--decode-tokens <n>", "greedy tokens decoded and timed after each prompt", integer, 16)
     .option("--warm", "after the cold prompt, run a warm-up prefill (fills the caches), then time the same prompt and the decode again on warm caches")
     .option("--warmup-tokens <n>", "tokens of the --warm warm-up prompt", positiveInt, 512)
     .option("--max-batch <n>", "prefill chunk in tokens (0 = the longest prompt, so each prompt is one chunk and reads each routed expert at most once)",
       nonNegativeInt, 0)
-    .option("--seed <n>", "seed of the random prompts (the Python bench's prompts for the same seed)", nonNegativeInt, 0)
-    .addOption(new Option("--act-dtype <dtype>", "inputs of the Linear layers (kvl chat --act-dtype)").choices([...ACT_DTYPE_NAMES]).default("f32"))
-    .addOption(kernelsOption())
+    .option("--seed <n>", "seed of the random prompts (numpy's default_rng(seed) draws: the same prompts for the same seed)", nonNegativeInt, 0)
     .option("--drop-caches", "echo 3 > /proc/sys/vm/drop_caches before each engine open (root)")
     .option("--limits <file>", "JSON lines from bench/membw.c (dram/ssd/fma); without it the limits are measured here: with membw " +
       "(--membw, else bench/membw.c built with the C compiler), else in Node")

@@ -1,10 +1,11 @@
 /**
  * chat.ts — `kvl chat MODEL ["prompt"]`: one-shot (a prompt, or '-' for stdin) and interactive
  * chat (/reset, /stats, /image PATH, /quit; Ctrl-C stops the reply and keeps the conversation,
- * Ctrl-D quits). Replaces kvl/chat.py with the same options and --json fields.
+ * Ctrl-D quits); --json prints each reply as one JSON line (text, usage, timings, engine stats).
  *
- * Owns: the command's options, the terminal side — streamed text with control characters made
- * visible (never in --json), a load line with progress, the plan's table only where it helps
+ * Owns: the command's own options (the model options: options.ts addModelOptions), the terminal
+ * side — streamed text with control characters made visible (never in --json), progress and then
+ * the load line (host/chat-model.ts loadLine), the plan's table only where it helps
  * (--verbose, or a refusal), --show-tokens diagnostics — and the interactive loop: pending
  * images (decoded whole when attached, so a damaged one is refused at /image; attached to the
  * next message only; a stopped turn keeps its own, a failed one drops them and puts the typed
@@ -18,23 +19,20 @@ import { createInterface } from "node:readline";
 import { type Command, InvalidArgumentError } from "commander";
 
 import { chooseBackend } from "../host/core/backend.js";
-import { type ChatImage, ChatModel, type Conversation, type ReplyReport, firstReadCheckNote } from "../host/chat-model.js";
+import { type ChatImage, ChatModel, type Conversation, type ReplyReport, loadLine } from "../host/chat-model.js";
 import type { Message } from "../host/text/conversation.js";
-import type { EngineStats, KernelChoice, ActDtype } from "../host/core/core-api.js";
-import { MIB } from "../host/plan/planner.js";
+import type { EngineStats } from "../host/core/core-api.js";
+import { actModeJson } from "../host/plan/act-mode.js";
+import { MIB } from "../host/plan/core-bytes.js";
 import { DEFAULT_MAX_NEW_TOKENS, DEFAULT_TEMPERATURE, type ReplyParams } from "../host/text/reply-params.js";
 import { UserError } from "../host/system/user-error.js";
 import { silentProgress, stderrProgress } from "../packer/progress.js";
 import { peakRssBytes } from "../host/system/process-memory.js";
-import { actDtypeOption, backendOption, instancesOption, kernelsOption, maxImageMpOption, megapixelsToPixels, nonNegativeInt, positiveInt } from "./options.js";
+import { type ModelCliOptions, addModelOptions, modelSettings, nonNegativeInt, positiveInt } from "./options.js";
 
 const HELP_LINE = "commands: /reset  /stats  /image PATH  /quit   (Ctrl-C stops a reply, Ctrl-D quits)";
 
-interface ChatOptions {
-  backend?: string;
-  ramMib: number;
-  cacheMib?: number;
-  trunkCacheMib?: number;
+interface ChatOptions extends ModelCliOptions {
   maxNew: number;
   temperature: number;
   topP: number;
@@ -43,13 +41,6 @@ interface ChatOptions {
   stop: string[];
   system?: string;
   image: string[];
-  threads: number;
-  maxContext: number;
-  kernels: KernelChoice;
-  actDtype: ActDtype;
-  vision: boolean;
-  maxImageMp?: number;
-  instances?: number;
   showTokens?: boolean;
   json?: boolean;
   quiet?: boolean;
@@ -88,7 +79,7 @@ function snakeStats(stats: EngineStats, before?: EngineStats): Record<string, nu
   return out;
 }
 
-/** One reply as --json prints it (the fields of the Python front end's report). */
+/** One reply as --json prints it: text, finish reason, usage, timings, the engine's stats. */
 function replyJson(model: ChatModel, report: ReplyReport, stats: EngineStats, before: EngineStats): Record<string, unknown> {
   const info = model.client.info;
   return {
@@ -103,7 +94,8 @@ function replyJson(model: ChatModel, report: ReplyReport, stats: EngineStats, be
       decode_s_per_token: report.timings.decodeSPerToken, vision_s: report.timings.visionS },
     cache: snakeStats(stats, before),
     io: { trunk_direct_io: info.trunkDirectIo, expert_direct_io: info.expertDirectIo, vision_direct_io: info.visionDirectIo,
-      kernels: info.kernels, act_dtype: info.actDtype, threads: info.nThreads, backend: model.backend, instances: model.client.ranges.length },
+      kernels: info.kernels, act_dtype: info.actDtype, act_mode: actModeJson(model.actMode), threads: info.nThreads, backend: model.backend,
+      instances: model.client.ranges.length },
     images: report.images.map((i) => ({ sha256: i.sha256, grid: i.grid, media_tokens: i.mediaTokens })),
     peak_rss_bytes: peakRssBytes(),
     plan_bytes: model.plan.total,
@@ -142,9 +134,7 @@ async function openModel(model: string, opts: ChatOptions): Promise<ChatModel> {
   let last = 0;
   try {
     const chat = await ChatModel.open(model, {
-      backend: record.chosen, ramMib: opts.ramMib, cacheMib: opts.cacheMib, trunkCacheMib: opts.trunkCacheMib ?? null,
-      maxContext: opts.maxContext, threads: opts.threads, kernels: opts.kernels, actDtype: opts.actDtype, loadVision: opts.vision,
-      instances: opts.instances, imageMaxPixels: megapixelsToPixels(opts.maxImageMp),
+      backend: record, ...modelSettings(opts),
       onLoadProgress: (read, expected) => {
         if (read === null || expected <= 0) return;
         if (!started) {
@@ -158,14 +148,8 @@ async function openModel(model: string, opts: ChatOptions): Promise<ChatModel> {
     });
     if (started) progress.stop();
     if (!opts.quiet && !opts.json) {
-      const p = chat.plan;
-      const checkNote = firstReadCheckNote(record.chosen);
-      const instances = p.instances.length;
-      const by = record.requestedBy === "default" ? "" : record.requestedBy === "option" ? " (--backend)" : " (KVL_BACKEND)";
-      process.stderr.write(`kvl chat: ${record.chosen}${by}, ${instances} ${record.chosen === "wasm" ? "instance" : "engine"}` +
-        `${instances > 1 ? "s" : ""}, kernels ${chat.client.info.kernels}; RAM plan ${(p.total / MIB).toFixed(0)} MiB of --ram-mib ${opts.ramMib}` +
-        `; loaded in ${chat.loadSeconds.toFixed(1)} s${checkNote ? `; ${checkNote}` : ""}${opts.verbose ? "" : " (--verbose shows the plan)"}\n`);
-      if (opts.verbose) process.stderr.write(`${p.describe()}\n`);
+      process.stderr.write(`${loadLine("chat", chat, opts.verbose ?? false)}\n`);
+      if (opts.verbose) process.stderr.write(`${chat.plan.describe()}\n`);
     }
     return chat;
   } catch (err) {
@@ -346,15 +330,12 @@ async function interactive(model: ChatModel, images: ChatImage[], opts: ChatOpti
 }
 
 export function addChatCommand(program: Command): void {
-  program
+  const command = program
     .command("chat")
     .description("chat with a packed model: one-shot with a prompt, else interactive")
     .argument("<model>", "packed model directory (from kvl pack / kvl prepare)")
-    .argument("[prompt]", "one-shot prompt ('-' reads stdin); omit for an interactive chat")
-    .addOption(backendOption())
-    .option("--ram-mib <mib>", "total RAM budget", positiveInt, 4096)
-    .option("--cache-mib <mib>", "expert cache (default: what the RAM budget leaves once the trunk cache is full)", nonNegativeInt)
-    .option("--trunk-cache-mib <mib>", "trunk cache (default: what the RAM budget leaves)", nonNegativeInt)
+    .argument("[prompt]", "one-shot prompt ('-' reads stdin); omit for an interactive chat");
+  addModelOptions(command)
     .option("--max-new <n>", "max new tokens", positiveInt, DEFAULT_MAX_NEW_TOKENS)
     .option("--temperature <t>", "sampling temperature, 0 = greedy", finiteNumber, DEFAULT_TEMPERATURE)
     .option("--top-p <p>", "nucleus sampling (0 or 1 = off)", finiteNumber, 1)
@@ -363,13 +344,6 @@ export function addChatCommand(program: Command): void {
     .option("--stop <text>", "stop string (repeatable)", collect, [])
     .option("--system <text>", "system prompt (default: the template's)")
     .option("--image <path>", "attach an image to the (first) user message (repeatable)", collect, [])
-    .option("--threads <n>", "compute threads (0 = all cores)", nonNegativeInt, 0)
-    .option("--max-context <n>", "context length in tokens", positiveInt, 4096)
-    .addOption(kernelsOption())
-    .addOption(actDtypeOption())
-    .option("--no-vision", "do not load the vision tower")
-    .addOption(maxImageMpOption())
-    .addOption(instancesOption())
     .option("--show-tokens", "print token ids, timings, cache/I-O statistics and peak RSS")
     .option("--json", "print one JSON object per reply instead of streaming text")
     .option("--quiet", "print nothing but the reply (no load line)")

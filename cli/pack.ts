@@ -4,7 +4,7 @@
  *
  * The experts' Q8 quantisation runs in whichever core --backend (or KVL_BACKEND) chooses; both
  * give the same bytes. Status lines ("resuming ...", "packed into DST") and the progress bar go
- * to stderr, as the Python front end's did; --quiet silences both.
+ * to stderr (stdout stays free for what a script reads); --quiet silences both.
  */
 import { type Command, Option } from "commander";
 

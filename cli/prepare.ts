@@ -2,8 +2,9 @@
  * prepare.ts — `kvl prepare DST`: parses the options and reports; downloading and packing are
  * packer/prepare.ts's.
  *
- * Owns: the command's options (those of the Python command, plus --backend), the size syntax of
- * --ram-budget, and printing a UserError as one `kvl prepare: error: ...` line (exit status 1).
+ * Owns: the command's options (--revision, --keep-download, --ram-budget, --quiet, --backend),
+ * the size syntax of --ram-budget, and printing a UserError as one `kvl prepare: error: ...` line
+ * (exit status 1).
  */
 import { type Command, InvalidArgumentError, Option } from "commander";
 
@@ -14,7 +15,7 @@ import { silentProgress, stderrProgress } from "../packer/progress.js";
 import { backendOption } from "./options.js";
 
 /** A size in MiB: a plain number is MiB; k/m/g/t with an optional i and b (6000, 6000MiB, 8GiB). */
-export function parseSizeMib(text: string): number {
+function parseSizeMib(text: string): number {
   const m = /^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b?)?\s*$/.exec(text.toLowerCase());
   if (!m) throw new InvalidArgumentError(`'${text}' is not a size (examples: 6000, 6000MiB, 8GiB)`);
   const unit = (m[2] ?? "m")[0] as "k" | "m" | "g" | "t";

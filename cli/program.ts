@@ -21,25 +21,24 @@ import { UserError, fsUserError } from "../host/system/user-error.js";
 import { silentProgress, stderrProgress } from "../packer/progress.js";
 import { addBenchCommand } from "./bench.js";
 import { addChatCommand } from "./chat.js";
-import { DEFAULT_RAM_MIB, renderModelDoctor, runModelDoctor } from "./doctor-model.js";
+import { runModelDoctor } from "../host/engine/model-doctor.js";
+import { PINNED_REVISION } from "../packer/hub.js";
+import { renderModelDoctor } from "./doctor-model.js";
 import { renderDoctor, runDoctor } from "./doctor.js";
-import { backendOption, checkEnvironment, instancesOption, positiveInt } from "./options.js";
+import { type ModelCliOptions, addModelOptions, checkEnvironment, modelSettings } from "./options.js";
 import { addPackCommand } from "./pack.js";
 import { addPrepareCommand } from "./prepare.js";
 import { addServeCommand } from "./serve.js";
 import { addSynthCommand } from "./synth.js";
 
-interface DoctorOptions {
-  backend?: string;
+interface DoctorOptions extends ModelCliOptions {
   json?: boolean;
   quick?: boolean;
   verbose?: boolean;
-  ramMib: number;
   quiet?: boolean;
-  instances?: number;
 }
 
-export function buildProgram(): Command {
+function buildProgram(): Command {
   const { version } = JSON.parse(readFileSync(join(packageRoot, "package.json"), "utf8")) as { version: string };
   const program = new Command("kvl")
     .description("CPU-first, low-RAM inference runtime for Kimi-VL-A3B-Instruct")
@@ -47,22 +46,20 @@ export function buildProgram(): Command {
     .exitOverride()
     .hook("preAction", () => checkEnvironment());
 
-  program
+  const doctor = program
     .command("doctor")
     .description("check this machine: backends, kernel sets and their self-test; with MODEL: the packed model, " +
-      "its data, the RAM plan, direct I/O and a short generation")
-    .argument("[model]", "packed model directory")
-    .addOption(backendOption())
+      "its data, the act mode and the RAM plan for the model options (as kvl chat and serve take them), direct I/O and a short generation")
+    .argument("[model]", "packed model directory");
+  addModelOptions(doctor)
     .option("--json", "print the report as JSON")
     .option("--quick", "MODEL: skip the CRC of every tensor's data (reading the whole pack)")
-    .option("--ram-mib <mib>", "MODEL: the RAM budget to plan for", positiveInt, DEFAULT_RAM_MIB)
     .option("--verbose", "MODEL: also print the RAM plan's table")
     .option("--quiet", "MODEL: no progress on stderr")
-    .addOption(instancesOption())
     .action(async (model: string | undefined, opts: DoctorOptions) => {
       if (model !== undefined) {
         const report = await runModelDoctor(model, {
-          backend: opts.backend, ramMib: opts.ramMib, quick: opts.quick ?? false, instances: opts.instances,
+          backend: opts.backend, ...modelSettings(opts), quick: opts.quick ?? false, pinnedRevision: PINNED_REVISION,
           progress: opts.quiet ? silentProgress : stderrProgress(),
         });
         process.stdout.write(opts.json ? `${JSON.stringify(report, null, 2)}\n` : `${renderModelDoctor(report, opts.verbose ?? false)}\n`);

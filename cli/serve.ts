@@ -1,38 +1,26 @@
 /**
  * serve.ts — `kvl serve MODEL`: the local OpenAI-, Anthropic- and Ollama-compatible server
- * (docs/SERVER.md). Replaces the Python front end's `kvl serve` with the same options, plus
- * --backend and --instances as `kvl chat`.
+ * (docs/SERVER.md), with the model options of `kvl chat` (--backend and --instances among them).
  *
- * Owns: the command's options and their defaults. Does not own: anything the server does
- * (server/serve.ts and the rest of server/).
+ * Owns: the command's own options and their defaults (the model options: options.ts
+ * addModelOptions). Does not own: anything the server does (server/serve.ts and the rest of
+ * server/).
  */
 import { type Command, InvalidArgumentError } from "commander";
 
-import type { KernelChoice, ActDtype } from "../host/core/core-api.js";
 import { envString } from "../host/system/env.js";
 import { DEFAULT_MODEL_ID } from "../server/app.js";
 import { DEFAULT_HOST } from "../server/auth.js";
 import { runServer } from "../server/serve.js";
-import { actDtypeOption, backendOption, instancesOption, kernelsOption, maxImageMpOption, megapixelsToPixels, nonNegativeInt, positiveInt } from "./options.js";
+import { type ModelCliOptions, addModelOptions, modelSettings, nonNegativeInt, positiveInt } from "./options.js";
 
-interface ServeCommandOptions {
+interface ServeCommandOptions extends ModelCliOptions {
   host: string;
   port: number;
   apiKey?: string;
   modelId: string;
-  backend?: string;
-  instances?: number;
-  ramMib: number;
-  cacheMib?: number;
-  trunkCacheMib?: number;
   maxQueue: number;
-  maxContext: number;
-  threads: number;
   maxBodyMib?: number;
-  kernels: KernelChoice;
-  actDtype: ActDtype;
-  vision: boolean;
-  maxImageMp?: number;
   allowOrigin?: string[];
   allowHost?: string[];
   verbose?: boolean;
@@ -50,7 +38,7 @@ function port(value: string): number {
 }
 
 export function addServeCommand(program: Command): void {
-  program
+  const command = program
     .command("serve")
     .description("serve a packed model over OpenAI-, Anthropic- and Ollama-compatible HTTP APIs (docs/SERVER.md)")
     .argument("<model>", "packed model directory (from kvl pack / kvl prepare)")
@@ -62,30 +50,17 @@ export function addServeCommand(program: Command): void {
     .option("--allow-origin <origin>", "let web pages at this origin (e.g. http://localhost:3000; * matches any characters) use the " +
       "API from the browser; repeatable. Pages of other origins are refused (docs/SERVER.md)", collect)
     .option("--allow-host <name>", "also answer requests whose Host header is this name (a reverse proxy, a LAN name); repeatable. " +
-      "Otherwise only localhost, loopback addresses and the address the server was reached at", collect)
-    .addOption(backendOption())
-    .addOption(instancesOption())
-    .option("--ram-mib <mib>", "total RAM budget", positiveInt, 4096)
-    .option("--cache-mib <mib>", "expert cache (default: what the RAM budget leaves once the trunk cache is full)", nonNegativeInt)
-    .option("--trunk-cache-mib <mib>", "trunk cache (default: what the RAM budget leaves)", nonNegativeInt)
+      "Otherwise only localhost, loopback addresses and the address the server was reached at", collect);
+  addModelOptions(command)
     .option("--max-queue <n>", "requests that may wait while one generates; more get HTTP 429", positiveInt, 8)
-    .option("--max-context <n>", "context length in tokens", positiveInt, 4096)
-    .option("--threads <n>", "compute threads (0 = all cores)", nonNegativeInt, 0)
     .option("--max-body-mib <mib>", "largest accepted request body; larger ones get HTTP 413 (default: the most the RAM plan holds, " +
       "up to 20)", positiveInt)
-    .addOption(kernelsOption())
-    .addOption(actDtypeOption())
-    .option("--no-vision", "do not load the vision tower")
-    .addOption(maxImageMpOption())
     .option("--verbose", "also print the RAM plan's table")
     .action(async (model: string, opts: ServeCommandOptions) => {
       process.exitCode = await runServer({
         model, host: opts.host, port: opts.port, apiKey: opts.apiKey ?? envString("KVL_API_KEY") ?? null, modelId: opts.modelId,
-        backend: opts.backend, instances: opts.instances, ramMib: opts.ramMib, cacheMib: opts.cacheMib,
-        trunkCacheMib: opts.trunkCacheMib ?? null, maxQueue: opts.maxQueue, maxContext: opts.maxContext, threads: opts.threads,
-        maxBodyMib: opts.maxBodyMib ?? null, kernels: opts.kernels, actDtype: opts.actDtype, vision: opts.vision,
-        imageMaxPixels: megapixelsToPixels(opts.maxImageMp), allowOrigins: opts.allowOrigin ?? [], allowHosts: opts.allowHost ?? [],
-        verbose: opts.verbose ?? false,
+        backend: opts.backend, ...modelSettings(opts), maxQueue: opts.maxQueue, maxBodyMib: opts.maxBodyMib ?? null,
+        allowOrigins: opts.allowOrigin ?? [], allowHosts: opts.allowHost ?? [], verbose: opts.verbose ?? false,
       });
     });
 }

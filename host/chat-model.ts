@@ -3,8 +3,9 @@
  * engine worker (engine-client.ts), the tokenizer, the chat template and the image preprocessing
  * config; and Conversation, one KV timeline with its images. What `kvl chat` and `kvl serve` use.
  *
- * Owns: refusing a pack that cannot run (pack-check.ts) before anything is loaded; the plan the
- * engine is opened from; images as the prompt sees them (ChatImage: the file's bytes, its size
+ * Owns: refusing a pack that cannot run (pack-check.ts) before anything is loaded; the act mode
+ * (--act-dtype auto resolved for the backend and kernel set, plan/act-mode.ts) and the plan the
+ * engine is opened from; the load line both commands print (loadLine); images as the prompt sees them (ChatImage: the file's bytes, its size
  * from the header, grid and media tokens — pixels are decoded only when the image is encoded;
  * an image over the plan's image decode line is refused from its header, when it is attached);
  * encoding each image once per conversation (embeddings kept by digest while the conversation
@@ -19,38 +20,30 @@ import { readFileSync } from "node:fs";
 import { readFile, stat } from "node:fs/promises";
 import { join } from "node:path";
 
-import { type BackendName, type EngineStats, type KernelChoice, type ActDtype, roundToBf16 } from "./core/core-api.js";
+import type { BackendRecord } from "./core/backend.js";
+import { type BackendName, type EngineStats, roundToBf16 } from "./core/core-api.js";
 import { ChatTemplate } from "./text/chat-template.js";
 import { type Message, type Prompt, ImageInput, buildPrompt, mediaKeyStrings, sha256Hex } from "./text/conversation.js";
 import { EngineClient, type ClientSession } from "./engine/engine-client.js";
 import { DEFAULT_DECODE_LIMITS, type DecodeLimits, checkImage, decodeImageWith, imageHeader } from "./image/image-decode.js";
 import { type PreprocessorConfig, gridForSize, loadPreprocessorConfig, mediaTokens, preprocessImage } from "./image/image-preprocess.js";
 import { openRunnablePack } from "./pack/pack-check.js";
-import { type RamPlan, type RequestPlanOptions, plan } from "./plan/planner.js";
+import { imageLimitsText } from "./image/image-budget.js";
+import { type ActMode, actModeFor, actModeText } from "./plan/act-mode.js";
+import { MIB } from "./plan/core-bytes.js";
+import type { RequestPlanOptions } from "./plan/input-lines.js";
+import { type RamPlan, plan } from "./plan/planner.js";
+import type { ModelOptions } from "./plan/settings.js";
 import { type ReplyParams, seedOrRandom, validateReplyParams } from "./text/reply-params.js";
 import { StopMatcher } from "./text/stop-matcher.js";
 import { StreamDecoder, Tokenizer } from "./text/tokenizer.js";
 import { UserError } from "./system/user-error.js";
 
-export interface ChatModelOptions {
-  backend: BackendName;
-  ramMib: number;
-  /** absent = auto (what the budget leaves once the trunk cache is full) */
-  cacheMib?: number | undefined;
-  /** null = what the budget leaves. */
-  trunkCacheMib: number | null;
-  maxContext: number;
-  /** 0 = every core. */
-  threads: number;
-  kernels: KernelChoice;
-  actDtype: ActDtype;
-  loadVision: boolean;
-  /** Instances to split over at least; absent: KVL_INSTANCES, else 1. */
-  instances?: number | undefined;
-  /** kvl serve: the request bodies the plan must hold (planner.ts RequestPlanOptions). */
+export interface ChatModelOptions extends ModelOptions {
+  /** The chosen backend (backend.ts chooseBackend): its name, why, and the native kernel set. */
+  backend: BackendRecord;
+  /** kvl serve: the request bodies the plan must hold (plan/input-lines.ts RequestPlanOptions). */
   requests?: RequestPlanOptions | undefined;
-  /** The largest image (pixels) the plan reserves decode memory for; absent: the most that fits. */
-  imageMaxPixels?: number | undefined;
   /** Called while the engine loads with the bytes this process has read so far (Linux) and
    * the bytes the plan expects it to read before it can run. */
   onLoadProgress?: (readBytes: number | null, expectedBytes: number) => void;
@@ -65,7 +58,7 @@ export class ChatImage extends ImageInput {
   }
 }
 
-export type FinishReason = "stop" | "length" | "cancelled";
+type FinishReason = "stop" | "length" | "cancelled";
 
 /** What one reply did. */
 export interface ReplyReport {
@@ -95,30 +88,54 @@ function processReadBytes(): number | null {
 const CHECKED_IMAGES_KEPT = 256;
 
 /**
- * What the load line of `kvl chat` / `kvl serve` says about the engine's CRC checks of pack data
- * on first read (docs/FORMAT.md "Checks at run time") where they cost more than 3 % of a decode
- * step: on WebAssembly (no carry-less multiply; Node's zlib.crc32) they took 2.5-3.4 % of the
- * first 32 decode steps after a short prompt on the full-size model, and under 2 % after that
- * (README "Data checks"); natively (PCLMULQDQ) under 1.5 %, so nothing is said there.
+ * What the load line says about the engine's CRC checks of pack data on first read
+ * (docs/FORMAT.md "Checks at run time") where they cost more than 3 % of a decode step: on
+ * WebAssembly (no carry-less multiply; Node's zlib.crc32) they took 2.5-3.4 % of the first 32
+ * decode steps after a short prompt on the full-size model, and under 2 % after that (README
+ * "Data checks"); natively (PCLMULQDQ) under 1.5 %, so nothing is said there.
  */
-export function firstReadCheckNote(backend: BackendName): string | null {
+function firstReadCheckNote(backend: BackendName): string | null {
   return backend === "wasm" ? "CRC checks of first reads cost ~3 % of decoding until every expert has been read once" : null;
+}
+
+/**
+ * The one line `kvl chat` and `kvl serve` print once the model is loaded: the backend and who
+ * asked for it, the instances, the kernel set and the act mode with why, the RAM plan against
+ * --ram-mib, a server's body and image limits, the load time, what the first reads' checks cost
+ * where that is noticeable, and (without --verbose) where the plan's table is.
+ */
+export function loadLine(command: string, model: ChatModel, verbose: boolean): string {
+  const record = model.backendRecord;
+  const p = model.plan;
+  const n = p.instances.length;
+  const by = record.requestedBy === "default" ? "" : record.requestedBy === "option" ? " (--backend)" : " (KVL_BACKEND)";
+  const bodies = p.requestBodies;
+  const limits = bodies ? `; bodies up to ${(bodies.bodyBytes / MIB).toFixed(0)} MiB${p.imageBudget ? `, images ${imageLimitsText(p.imageBudget, "first")}` : ""}` : "";
+  const note = firstReadCheckNote(record.chosen);
+  return `kvl ${command}: ${record.chosen}${by}, ${n} ${record.chosen === "wasm" ? "instance" : "engine"}${n > 1 ? "s" : ""}, ` +
+    `kernels ${model.client.info.kernels}, Linear inputs ${actModeText(model.actMode)}; ` +
+    `RAM plan ${(p.total / MIB).toFixed(0)} MiB of --ram-mib ${p.settings.ramMib}${limits}; loaded in ${model.loadSeconds.toFixed(1)} s` +
+    `${note ? `; ${note}` : ""}${verbose ? "" : " (--verbose shows the plan)"}`;
 }
 
 export class ChatModel {
   /** Digests of images that decoded whole, oldest first (a Set keeps insertion order). */
   readonly #checkedImages = new Set<string>();
 
-  private constructor(readonly packDir: string, readonly plan: RamPlan, readonly client: EngineClient, readonly tokenizer: Tokenizer,
-    readonly template: ChatTemplate, readonly preprocess: PreprocessorConfig | null, readonly loadSeconds: number) {}
+  private constructor(readonly packDir: string, readonly backendRecord: BackendRecord, readonly actMode: ActMode, readonly plan: RamPlan,
+    readonly client: EngineClient, readonly tokenizer: Tokenizer, readonly template: ChatTemplate, readonly preprocess: PreprocessorConfig | null,
+    readonly loadSeconds: number) {}
 
-  /** Checks the pack, plans (refusing a budget that does not fit, saying what to lower) and opens
-   * the engine in its worker. */
+  /** Checks the pack, resolves the act mode, plans with it (refusing a budget that does not fit,
+   * saying what to lower) and opens the engine in its worker. */
   static async open(packDir: string, options: ChatModelOptions): Promise<ChatModel> {
     await openRunnablePack(packDir);
+    const backend = options.backend.chosen;
+    // before the plan: the integer modes' trunk rows and workspace are bytes it counts
+    const actMode = actModeFor(options.actDtype, options.backend, backend, options.kernels);
     const ramPlan = await plan(packDir, {
-      backend: options.backend, ramMib: options.ramMib, cacheMib: options.cacheMib ?? null, trunkCacheMib: options.trunkCacheMib,
-      maxContext: options.maxContext, loadVision: options.loadVision, threads: options.threads, actDtype: options.actDtype, check: true,
+      backend, ramMib: options.ramMib, cacheMib: options.cacheMib ?? null, trunkCacheMib: options.trunkCacheMib,
+      maxContext: options.maxContext, loadVision: options.loadVision, threads: options.threads, actDtype: actMode.actDtype, check: true,
       ...(options.instances !== undefined ? { instances: options.instances } : {}),
       ...(options.requests !== undefined ? { requests: options.requests } : {}),
       ...(options.imageMaxPixels !== undefined ? { imageMaxPixels: options.imageMaxPixels } : {}),
@@ -142,13 +159,13 @@ export class ChatModel {
         }, 250)
         : undefined;
       try {
-        client = await EngineClient.open(options.backend, packDir, {
-          nThreads: ramPlan.nThreads, planned: ramPlan.instances, kernels: options.kernels, actDtype: options.actDtype,
+        client = await EngineClient.open(backend, packDir, {
+          nThreads: ramPlan.nThreads, planned: ramPlan.instances, kernels: options.kernels, actDtype: actMode.actDtype,
         });
       } finally {
         if (timer) clearInterval(timer);
       }
-      return new ChatModel(packDir, ramPlan, client, tokenizer, template, preprocess, (performance.now() - started) / 1000);
+      return new ChatModel(packDir, options.backend, actMode, ramPlan, client, tokenizer, template, preprocess, (performance.now() - started) / 1000);
     } catch (err) {
       tokenizer.close();
       await client?.close().catch(() => undefined);

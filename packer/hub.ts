@@ -25,16 +25,16 @@ import { UserError } from "../host/system/user-error.js";
 import { type Progress, silentProgress } from "./progress.js";
 import { MAX_HEADER_BYTES } from "./safetensors.js";
 
-/** The checkpoint kvl was verified against (kvl/__init__.py). */
+/** The checkpoint kvl was verified against: what `kvl prepare` downloads unless told otherwise. */
 export const PINNED_REPO = "moonshotai/Kimi-VL-A3B-Instruct";
 export const PINNED_REVISION = "398eede0903cd983a2bfa0cc634e9ac1d843f375";
 
-export const DEFAULT_ENDPOINT = "https://huggingface.co";
-export const CONNECT_TIMEOUT_MS = 5_000;
-export const READ_TIMEOUT_MS = 30_000;
+const DEFAULT_ENDPOINT = "https://huggingface.co";
+const CONNECT_TIMEOUT_MS = 5_000;
+const READ_TIMEOUT_MS = 30_000;
 /** Consecutive failed attempts (no byte gained) before a download gives up. */
-export const DOWNLOAD_ATTEMPTS = 4;
-export const PART_SUFFIX = ".part";
+const DOWNLOAD_ATTEMPTS = 4;
+const PART_SUFFIX = ".part";
 
 const HEX40 = /^[0-9a-f]{40}$/;
 const HEX64 = /^[0-9a-f]{64}$/;
@@ -62,7 +62,7 @@ class TransientStatus extends Error {
   override name = "TransientStatus";
 }
 
-/** The hub endpoint, read at call time like kvl/prepare.py's endpoint(). */
+/** The hub endpoint (HF_ENDPOINT, else huggingface.co), read at each call, not at import. */
 export function hubEndpoint(env: NodeJS.ProcessEnv = process.env): string {
   return (env.HF_ENDPOINT || DEFAULT_ENDPOINT).replace(/\/+$/, "");
 }
@@ -82,13 +82,13 @@ export function hubToken(env: NodeJS.ProcessEnv = process.env): string | null {
   return text || null;
 }
 
-export interface Checksum {
+interface Checksum {
   /** sha256 of the bytes (an LFS file), or git's blob sha1 (`blob SIZE\0` + bytes). */
   readonly algorithm: "sha256" | "git-sha1";
   readonly hex: string;
 }
 
-export interface FileMeta {
+interface FileMeta {
   /** Exact byte size, when the hub said it (X-Linked-Size, or Content-Length of a 200). */
   readonly size: number | null;
   readonly checksum: Checksum | null;
@@ -97,7 +97,7 @@ export interface FileMeta {
   readonly url: string;
 }
 
-export interface HubOptions {
+interface HubOptions {
   /** Bearer token sent to the hub's own origin only (never to a CDN it redirects to). */
   token?: string | null;
   /** One line per notable event (resumes, retries, warnings), without a trailing newline. */
@@ -109,13 +109,13 @@ export interface HubOptions {
   attempts?: number;
 }
 
-export interface DownloadOptions {
+interface DownloadOptions {
   progress?: Progress;
   /** Label of the progress bar; default `downloading NAME`. */
   label?: string;
 }
 
-export interface SafetensorsHeader {
+interface SafetensorsHeader {
   /** The 8-byte length prefix's value. */
   readonly length: number;
   readonly header: Record<string, unknown>;

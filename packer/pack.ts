@@ -1,6 +1,7 @@
 /**
  * pack.ts — `kvl pack`: checkpoint -> kvl runtime directory (docs/FORMAT.md), bounded-memory
- * and resumable (port of kvl/pack.py; byte-identical output).
+ * and resumable; a BF16-trunk pack is byte for byte what the former Python packer wrote
+ * (test/fixtures/python-packer-sha256.json).
  *
  * Owns: validating a source before anything is written, the deterministic layout of all three
  * stores, the crash-safe work loop (preallocated .bin files, fixed item order,
@@ -31,9 +32,10 @@ import { type TensorInfo, checkSource, checkSupported, formatShape, hparams as c
 import {
   ASSET_FILES, BIN_ALIGN, COMPLETE_FILE, DTYPE_BF16, DTYPE_F32, DTYPE_Q8_EXPERT, DTYPE_Q8_ROWS, JOURNAL_DIR,
   SOURCE_REVISION_FILE, STORES, STORE_KINDS, type StoreName, type TensorRecord, type TrunkDtype, alignUp, bf16BitsToF32,
-  PackReader, crc32, encodeIndex, expertRecordName, formatVersionOf, q8RowsLayout, recordNbytes,
+  type CompleteMarker, PackReader, crc32, encodeCompleteMarker, encodeIndex, expertRecordName, formatVersionOf, q8RowsLayout,
+  recordNbytes,
 } from "../host/pack/pack-format.js";
-import { decodeUtf8Strict, dumpsPy } from "../host/pack/py-json.js";
+import { JsonTextError, decodeUtf8Strict, isJsonObject, parseJson } from "../host/pack/json-file.js";
 import { UserError } from "../host/system/user-error.js";
 import { fsyncDir, writeAllAt, writeAtomic } from "./durable-io.js";
 import { PINNED_REPO, PINNED_REVISION } from "./hub.js";
@@ -44,15 +46,15 @@ import { isDir, isFile, pathExists, requireFolder } from "../host/pack/file-kind
 import { checkOutputDir, makeOutputDir } from "../host/system/output-path.js";
 import { envPositiveInt } from "../host/system/env.js";
 
-export const EXPERT_RE = /^language_model\.model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$/;
-export const ROUTER_BIAS_SUFFIX = ".mlp.gate.e_score_correction_bias";
-export const JOURNAL_LAYOUT = "layout.json";
-export const JOURNAL_DONE = "done.log";
+const EXPERT_RE = /^language_model\.model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$/;
+const ROUTER_BIAS_SUFFIX = ".mlp.gate.e_score_correction_bias";
+const JOURNAL_LAYOUT = "layout.json";
+const JOURNAL_DONE = "done.log";
 /** Digests of the source's shard files when the pack began (see TensorSource.shardDigest). */
-export const JOURNAL_SHARDS = "shards.json";
+const JOURNAL_SHARDS = "shards.json";
 /** Journal a batch once this many output bytes (or KVL_PACK_FLUSH_ITEMS items, default 256) are
  * pending: bounds the fsync count and the work lost to a crash. */
-export const FLUSH_BYTES = 256 << 20;
+const FLUSH_BYTES = 256 << 20;
 /** The largest item read ahead while the previous one is processed, or written behind while the
  * next one is (so memory stays at about one large tensor plus one small item). */
 const PREFETCH_BYTES = 256 << 20;
@@ -61,7 +63,7 @@ const Q8_ROWS_CHUNK_BYTES = 8 << 20;
 /** Names in DST that are not ours but may legitimately exist before packing (kvl prepare's scratch). */
 const FOREIGN_OK = new Set([".download"]);
 
-export interface PackOptions {
+interface PackOptions {
   /** The core that quantises the experts (either backend; the bytes are the same). */
   core: PackingCore;
   /** Pack a source whose revision is not the pinned one (or is unknown). */
@@ -84,7 +86,7 @@ export interface PackOptions {
 // Layout
 
 /** One unit of work: a trunk/vision tensor or a (layer, expert) extent. */
-export interface Item {
+interface Item {
   /** record name in the index */
   readonly key: string;
   readonly store: StoreName;
@@ -97,7 +99,7 @@ export interface Item {
   readonly inputs: readonly string[];
 }
 
-export interface Layout {
+interface Layout {
   /** in work order */
   readonly items: readonly Item[];
   readonly binSizes: ReadonlyMap<StoreName, number>;
@@ -113,7 +115,7 @@ export interface Layout {
   readonly shards: ReadonlyMap<string, string | null>;
 }
 
-export function storeOf(name: string): StoreName | null {
+function storeOf(name: string): StoreName | null {
   if (EXPERT_RE.test(name)) return "experts";
   if (name.startsWith("vision_tower.") || name.startsWith("multi_modal_projector.")) return "vision";
   if (name.startsWith("language_model.")) return "trunk";
@@ -121,7 +123,7 @@ export function storeOf(name: string): StoreName | null {
 }
 
 /** Every reason not to pack this source (empty = fine). */
-export async function validateSource(source: TensorSource, allowRevision: boolean): Promise<string[]> {
+async function validateSource(source: TensorSource, allowRevision: boolean): Promise<string[]> {
   const problems: string[] = [];
   const revision = source.revision();
   if (revision !== PINNED_REVISION && !allowRevision) {
@@ -152,7 +154,7 @@ interface Entry {
   inputs: readonly string[];
 }
 
-export async function computeLayout(source: TensorSource, trunkDtype: TrunkDtype = "bf16"): Promise<Layout> {
+async function computeLayout(source: TensorSource, trunkDtype: TrunkDtype = "bf16"): Promise<Layout> {
   const config = source.config();
   const assets = await source.assetFiles();
   const configText = decodeUtf8Strict(assets.get("config.json")!);
@@ -296,7 +298,7 @@ function buildItem(source: TensorSource, item: Item, inputs: readonly Uint8Array
 }
 
 /** The item's exact output bytes. */
-export async function itemBytes(source: TensorSource, item: Item, core: PackingCore): Promise<Uint8Array> {
+async function itemBytes(source: TensorSource, item: Item, core: PackingCore): Promise<Uint8Array> {
   return buildItem(source, item, await readInputs(source, item), core);
 }
 
@@ -326,6 +328,21 @@ function deleteShardsHooks(directory: string): ShardHooks {
   };
 }
 
+/** The inventory rows of a journal's layout.json (fingerprint: [name, dtype, shape, shard]), or
+ * null when they are not that. */
+function journalInventory(rows: unknown): Map<string, InventoryEntry> | null {
+  if (!Array.isArray(rows)) return null;
+  const inventory = new Map<string, InventoryEntry>();
+  for (const row of rows) {
+    if (!Array.isArray(row) || row.length !== 4) return null;
+    const [name, dtype, shape, shard] = row as unknown[];
+    if (typeof name !== "string" || typeof dtype !== "string" || (shard !== null && typeof shard !== "string") ||
+        !Array.isArray(shape) || !shape.every((d) => Number.isSafeInteger(d) && (d as number) >= 0)) return null;
+    inventory.set(name, { dtype, shape: shape as number[], shard });
+  }
+  return inventory;
+}
+
 /**
  * A TensorSource for a checkpoint directory. If an unfinished pack in DST recorded the inventory
  * and some shards were already deleted by --delete-consumed-shards, read from the journal's
@@ -335,25 +352,20 @@ async function openSource(src: string, dst: string): Promise<TensorSource> {
   const layoutPath = join(dst, JOURNAL_DIR, JOURNAL_LAYOUT);
   const indexPath = join(src, INDEX_NAME);
   if (isFile(layoutPath) && isFile(indexPath)) {
-    type Recorded = { revision?: unknown; inventory?: unknown };
-    let recorded: Recorded | null;
-    let weightMap: Record<string, unknown>;
+    let recorded: unknown = null;
+    let weightMap: unknown = null;
     try {
-      recorded = JSON.parse(readFileSync(layoutPath, "utf8")) as Recorded;
-      weightMap = (JSON.parse(readFileSync(indexPath, "utf8")) as { weight_map: Record<string, unknown> }).weight_map;
+      recorded = JSON.parse(readFileSync(layoutPath, "utf8"));
+      weightMap = (JSON.parse(readFileSync(indexPath, "utf8")) as { weight_map?: unknown } | null)?.weight_map;
     } catch {
-      recorded = null;
-      weightMap = {};
+      // not the journal's or the index's JSON: the checkpoint itself is opened below
     }
-    const shards = new Set(Object.values(weightMap ?? {}).filter((s): s is string => typeof s === "string"));
-    if (recorded && Array.isArray(recorded.inventory) && [...shards].some((s) => !pathExists(join(src, s)))) {
+    const inventory = isJsonObject(recorded) ? journalInventory(recorded.inventory) : null;
+    const shards = new Set(isJsonObject(weightMap) ? Object.values(weightMap).filter((s): s is string => typeof s === "string") : []);
+    if (inventory !== null && isJsonObject(recorded) && [...shards].some((s) => !pathExists(join(src, s)))) {
       const assets = readAssets(src);
       const config = assets.get("config.json");
       if (config === undefined) throw new UserError(`${src} has no config.json; download it with the checkpoint`);
-      const inventory = new Map<string, InventoryEntry>();
-      for (const [name, dtype, shape, shard] of recorded.inventory as Array<[string, string, number[], string | null]>) {
-        inventory.set(name, { dtype, shape, shard });
-      }
       const revision = typeof recorded.revision === "string" ? recorded.revision : null;
       return new InventorySource(src, decodeUtf8Strict(config), assets, inventory, revision);
     }
@@ -474,6 +486,21 @@ function trunkDtypeOf(print: string): string {
   }
 }
 
+/** The journal's shards.json: [shard, digest] pairs; a one-line UserError when it is not that. */
+function journalDigests(path: string): Array<[string, string]> {
+  let pairs: unknown = null;
+  try {
+    pairs = parseJson(readFileSync(path));
+  } catch (err) {
+    if (!(err instanceof JsonTextError)) throw err;
+  }
+  if (!Array.isArray(pairs) || !pairs.every((p) => Array.isArray(p) && p.length === 2 && p.every((s) => typeof s === "string"))) {
+    throw new UserError(`${path}: not a list of [shard, digest] pairs, so the unfinished pack cannot be resumed; ` +
+      "delete its directory and pack again");
+  }
+  return pairs as Array<[string, string]>;
+}
+
 /**
  * Whether the journal in `journal` records this pack: null when its fingerprint is `print` and
  * every shard still present has the digest it had when the pack began; else what differs
@@ -487,7 +514,7 @@ function journalMismatch(journal: string, print: string, digests: ReadonlyMap<st
   }
   // Same layout; the same data? Compare the shards still present with their digests at the start.
   const shardsPath = join(journal, JOURNAL_SHARDS);
-  const recorded = isFile(shardsPath) ? (JSON.parse(readFileSync(shardsPath, "utf8")) as Array<[string, string]>) : [];
+  const recorded = isFile(shardsPath) ? journalDigests(shardsPath) : [];
   for (const [shard, digest] of recorded) {
     const now = digests.get(shard);
     if (now !== undefined && now !== digest) return { trunkDtype: null };
@@ -624,7 +651,7 @@ async function pack(source: TensorSource, dst: string, options: PackOptions, hoo
     if (data !== undefined) await writeAtomic(join(dst, name), data);
   }
   await writeAtomic(join(dst, SOURCE_REVISION_FILE), Buffer.from(`${layout.revision ?? "unknown"}\n`, "ascii"));
-  const files = new Map<string, Map<string, number>>();
+  const files: CompleteMarker["files"] = {};
   for (const store of STORES) {
     const records: TensorRecord[] = layout.records.get(store)!.map((it) => {
       const crc = crcs.get(it.key);
@@ -634,21 +661,21 @@ async function pack(source: TensorSource, dst: string, options: PackOptions, hoo
     const data = encodeIndex(STORE_KINDS[store], layout.binSizes.get(store)!, layout.hparams, records, layout.configText,
       layout.revision, layout.formatVersion);
     await writeAtomic(join(dst, `${store}.idx`), data);
-    files.set(`${store}.bin`, new Map([["size", layout.binSizes.get(store)!]]));
-    files.set(`${store}.idx`, new Map([["size", data.length], ["crc32", crc32(data)]]));
+    files[`${store}.bin`] = { size: layout.binSizes.get(store)! };
+    files[`${store}.idx`] = { size: data.length, crc32: crc32(data) };
     testKillPoint(`final:${store}.idx`);
   }
   // leftovers of a crash inside an earlier run's writeAtomic
-  const ours = new Set<string>([...files.keys(), ...ASSET_FILES, SOURCE_REVISION_FILE, COMPLETE_FILE]);
+  const ours = new Set<string>([...Object.keys(files), ...ASSET_FILES, SOURCE_REVISION_FILE, COMPLETE_FILE]);
   for (const name of readdirSync(dst)) {
     if (name.endsWith(".tmp") && ours.has(name.slice(0, -4))) await unlink(join(dst, name));
   }
-  const complete = new Map<string, unknown>([
-    ["format_version", layout.formatVersion], ["source_revision", layout.revision], ["files", files],
-  ]);
-  // only a Q8 trunk says so: a BF16-trunk marker stays byte-identical to earlier packs
-  if (layout.trunkDtype !== "bf16") complete.set("trunk_dtype", layout.trunkDtype);
-  await writeAtomic(join(dst, COMPLETE_FILE), Buffer.from(`${dumpsPy(complete, { indent: 1 })}\n`, "utf8"));
+  const complete: CompleteMarker = {
+    format_version: layout.formatVersion, source_revision: layout.revision, files,
+    // only a Q8 trunk says so: a BF16-trunk marker stays byte-identical to earlier packs
+    ...(layout.trunkDtype !== "bf16" ? { trunk_dtype: layout.trunkDtype } : {}),
+  };
+  await writeAtomic(join(dst, COMPLETE_FILE), Buffer.from(encodeCompleteMarker(complete), "utf8"));
   testKillPoint("final:complete");
   await rm(journal, { recursive: true, force: true });
   await fsyncDir(dst);

@@ -1,6 +1,6 @@
 /**
  * prepare.ts — `kvl prepare DST`: download the pinned checkpoint and pack it, with about one shard
- * of scratch space (port of kvl/prepare.py).
+ * of scratch space.
  *
  * Owns: the order of the work — probe the hub (fail fast when unreachable, gated or at an unknown
  * revision), fetch the small files and every shard's safetensors header (Range requests) so the
@@ -18,6 +18,8 @@ import { join } from "node:path";
 
 import type { BackendName, PackingCore } from "../host/core/core-api.js";
 import { checkOutputDir, makeOutputDir } from "../host/system/output-path.js";
+import { testLoadNativeAddon } from "../host/core/backend.js";
+import { resolveActMode, WASM_AUTO_KERNEL_SET } from "../host/plan/act-mode.js";
 import { plan } from "../host/plan/planner.js";
 import { COMPLETE_FILE, JOURNAL_DIR, verify } from "../host/pack/pack-format.js";
 import { UserError } from "../host/system/user-error.js";
@@ -28,7 +30,7 @@ import { ASSET_NAMES, INDEX_NAME, readIndex } from "./safetensors.js";
 import { type InventoryEntry, InventorySource } from "./tensor-source.js";
 
 /** DST/.download: the small files and the shard in flight (all shards with keepDownload). */
-export const SCRATCH_DIR = ".download";
+const SCRATCH_DIR = ".download";
 
 export interface PrepareOptions {
   /** The core that quantises the experts (either backend; the bytes are the same). */
@@ -153,9 +155,12 @@ async function buildSource(hub: Hub, scratch: string, keep: boolean, bars: Progr
 /** The final health check: full structural validation of the pack and, with a RAM budget, the
  * RAM plan for the backend that will run it (a UserError with what to lower when it does not
  * fit). The deeper checks (data CRCs, a generation) are `kvl doctor MODEL`'s. */
-export async function postPackCheck(dst: string, ramBudgetMib: number | null, backend: BackendName): Promise<void> {
+async function postPackCheck(dst: string, ramBudgetMib: number | null, backend: BackendName): Promise<void> {
   await verify(dst);
-  if (ramBudgetMib !== null) await plan(dst, { backend, ramMib: ramBudgetMib });
+  if (ramBudgetMib === null) return;
+  // planned with the mode kvl chat would run there by default (--act-dtype auto)
+  const kernelSet = backend === "wasm" ? WASM_AUTO_KERNEL_SET : (testLoadNativeAddon().defaultKernelSet ?? "scalar");
+  await plan(dst, { backend, ramMib: ramBudgetMib, actDtype: resolveActMode("auto", backend, kernelSet).actDtype });
 }
 
 /** Downloads the pinned revision from the hub and packs it into `dst`; returns `dst`. */

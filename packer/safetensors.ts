@@ -1,7 +1,8 @@
 /**
- * safetensors.ts — safetensors files without torch: a validating reader, a streaming writer,
+ * safetensors.ts — safetensors files: a validating reader, a streaming writer,
  * model.safetensors.index.json read/write, and the source revision of a checkpoint directory
- * (port of kvl/safetensors_io.py; same checks, same messages, same bytes written).
+ * (headers and indexes written with JSON.stringify: for ASCII tensor names the bytes the former
+ * Python synthesizer wrote, test/fixtures/python-packer-sha256.json).
  *
  * Owns: header parsing and validation of a shard at open time (so later reads cannot run past the
  * file), positional tensor reads, the writer (header first, then tensors in a fixed order; the
@@ -15,9 +16,7 @@ import { closeSync, fsyncSync, openSync, readFileSync, readdirSync, renameSync, 
 import { type FileHandle, open, stat } from "node:fs/promises";
 import { basename, join, resolve, sep } from "node:path";
 
-import {
-  decodeUtf8Strict, dumpsPy, isIntMember, isJsonObject, loadsPy, orderedKeys, pyRepr,
-} from "../host/pack/py-json.js";
+import { JsonTextError, isJsonObject, jsonText, parseJson } from "../host/pack/json-file.js";
 import { UserError } from "../host/system/user-error.js";
 import { isDir, isFile } from "../host/pack/file-kind.js";
 
@@ -28,7 +27,7 @@ export const ASSET_NAMES = [
   "config.json", "generation_config.json", "tokenizer_config.json",
   "tiktoken.model", "chat_template.jinja", "preprocessor_config.json",
 ] as const;
-export const REVISION_FILES = ["SOURCE_REVISION.txt", ".kvl_revision"] as const;
+const REVISION_FILES = ["SOURCE_REVISION.txt", ".kvl_revision"] as const;
 /** The official limit; a larger header length means a corrupt file. */
 export const MAX_HEADER_BYTES = 100 * 1024 * 1024;
 
@@ -41,13 +40,13 @@ const HEX40 = /^[0-9a-f]{40}$/;
 /** Positional reads and writes move at most this much per call (Node caps one call near 2 GiB). */
 const IO_CHUNK = 1 << 30;
 
-export function itemsize(dtype: string): number {
+function itemsize(dtype: string): number {
   const size = DTYPE_SIZES[dtype];
   if (size === undefined) throw new Error(`unknown safetensors dtype ${dtype}`);
   return size;
 }
 
-export interface TensorEntry {
+interface TensorEntry {
   readonly dtype: string;
   readonly shape: readonly number[];
   /** Byte range in the data section (after the header). */
@@ -55,7 +54,7 @@ export interface TensorEntry {
   readonly end: number;
 }
 
-/** An I/O error as Python's strerror says it: "permission denied", not "EACCES: ..., open '/x'". */
+/** An I/O error in words without Node's code and path: "permission denied", not "EACCES: ..., open '/x'". */
 function errnoText(err: unknown): string {
   const e = err as NodeJS.ErrnoException;
   if (e && typeof e.code === "string") return e.message.replace(/^[A-Z]+: /, "").replace(/, \w+ '.*'$/, "");
@@ -117,48 +116,48 @@ export class SafetensorsFile {
     }
     let header: unknown;
     try {
-      header = loadsPy(decodeUtf8Strict(raw));
+      header = parseJson(raw);
     } catch (err) {
-      const why = err instanceof TypeError ? "'utf-8' codec can't decode the header: invalid UTF-8" : (err as Error).message;
-      throw this.#fail(`has a corrupt header: not valid JSON (${why})`);
+      if (!(err instanceof JsonTextError)) throw err;
+      throw this.#fail(`has a corrupt header: not valid JSON (${err.message})`);
     }
     if (!isJsonObject(header)) throw this.#fail("has a corrupt header: the JSON header is not an object");
     this.dataStart = 8 + Number(n);
     const dataSize = size - this.dataStart;
     let maxEnd = 0;
     const spans: Array<[number, number, string]> = [];
-    for (const key of orderedKeys(header)) {
+    for (const key of Object.keys(header)) {
       if (key === "__metadata__") continue;
       const entry = header[key];
       if (!isJsonObject(entry) || typeof entry.dtype !== "string" || !Array.isArray(entry.shape) || !Array.isArray(entry.data_offsets)) {
-        throw this.#fail(`has a corrupt header: entry ${pyRepr(key)} lacks dtype/shape/data_offsets`);
+        throw this.#fail(`has a corrupt header: entry ${jsonText(key)} lacks dtype/shape/data_offsets`);
       }
       const dtype = entry.dtype;
       if (DTYPE_SIZES[dtype] === undefined) {
-        throw this.#fail(`has tensor ${key} with unknown dtype ${pyRepr(dtype)}`, "this checkpoint format is not supported; re-download it");
+        throw this.#fail(`has tensor ${key} with unknown dtype ${jsonText(dtype)}`, "this checkpoint format is not supported; re-download it");
       }
       const shape = entry.shape;
       const offs = entry.data_offsets;
-      if (!shape.every((d, i) => isIntMember(shape, i) && (d as number) >= 0) || offs.length !== 2 || !offs.every((_, i) => isIntMember(offs, i))) {
-        throw this.#fail(`has a corrupt header: tensor ${key} has shape ${pyRepr(shape)} and data_offsets ${pyRepr(offs)}`);
+      if (!shape.every((d) => Number.isInteger(d) && (d as number) >= 0) || offs.length !== 2 || !offs.every((o) => Number.isInteger(o))) {
+        throw this.#fail(`has a corrupt header: tensor ${key} has shape ${jsonText(shape)} and data_offsets ${jsonText(offs)}`);
       }
       const [begin, end] = offs as [number, number];
       if (begin < 0 || end < begin) {
-        throw this.#fail(`has a corrupt header: tensor ${key} has data_offsets [${pyRepr(begin)}, ${pyRepr(end)}]`);
+        throw this.#fail(`has a corrupt header: tensor ${key} has data_offsets [${begin}, ${end}]`);
       }
       // Exact products: a hostile shape must not wrap or round into a plausible size.
       const want = (shape as number[]).reduce((a, d) => a * BigInt(d), 1n) * BigInt(itemsize(dtype));
       const span = BigInt(end) - BigInt(begin);
       if (span !== want) {
-        throw this.#fail(`has a corrupt header: tensor ${key} (${dtype} ${pyRepr(shape)}) needs ${want} bytes but ` +
-          `data_offsets [${pyRepr(begin)}, ${pyRepr(end)}] span ${span}`);
+        throw this.#fail(`has a corrupt header: tensor ${key} (${dtype} [${shape.join(", ")}]) needs ${want} bytes but ` +
+          `data_offsets [${begin}, ${end}] span ${span}`);
       }
       maxEnd = Math.max(maxEnd, end);
       spans.push([begin, end, key]);
       this.tensors.set(key, { dtype, shape: shape as number[], begin, end });
     }
     if (maxEnd > dataSize) {
-      throw this.#fail(`is truncated: header says ${pyRepr(maxEnd)} bytes of data, file has ${dataSize}`);
+      throw this.#fail(`is truncated: header says ${maxEnd} bytes of data, file has ${dataSize}`);
     }
     spans.sort((a, b) => a[0] - b[0] || a[1] - b[1] || (a[2] < b[2] ? -1 : a[2] > b[2] ? 1 : 0));
     for (let i = 1; i < spans.length; i++) {
@@ -201,13 +200,12 @@ export class SafetensorsFile {
 export function readIndex(indexPath: string): Map<string, string> {
   let data: unknown;
   try {
-    data = loadsPy(decodeUtf8Strict(readFileSync(indexPath)));
+    data = parseJson(readFileSync(indexPath));
   } catch (err) {
-    const why = err instanceof TypeError ? "'utf-8' codec can't decode it: invalid UTF-8" : errnoText(err);
-    throw new UserError(`${INDEX_NAME} is unreadable (${why}); re-download it`);
+    throw new UserError(`${INDEX_NAME} is unreadable (${err instanceof JsonTextError ? err.message : errnoText(err)}); re-download it`);
   }
   const weightMap = isJsonObject(data) ? data.weight_map : undefined;
-  const keys = isJsonObject(weightMap) ? orderedKeys(weightMap) : [];
+  const keys = isJsonObject(weightMap) ? Object.keys(weightMap) : [];
   if (!isJsonObject(weightMap) || keys.length === 0 || !keys.every((k) => typeof weightMap[k] === "string")) {
     throw new UserError(`${INDEX_NAME} has no valid weight_map; re-download it`);
   }
@@ -215,25 +213,23 @@ export function readIndex(indexPath: string): Map<string, string> {
   for (const k of keys) {
     const file = weightMap[k] as string;
     if (basename(file) !== file || file === "." || file.includes("/") || file.includes(sep)) {
-      throw new UserError(`${INDEX_NAME} names shard ${pyRepr(file)} outside the checkpoint directory; re-download the index`);
+      throw new UserError(`${INDEX_NAME} names shard ${jsonText(file)} outside the checkpoint directory; re-download the index`);
     }
     out.set(k, file);
   }
   return out;
 }
 
-/** Writes model.safetensors.index.json (weight_map kept in the given order), as the Python
- * writer did: json.dumps(indent=2) + newline, via a .partial file renamed into place. */
+/** Writes model.safetensors.index.json — JSON.stringify with a two-space indent, then a line
+ * feed — via a .partial file renamed into place. weight_map keeps the given order (a JSON object
+ * would move integer-like names first; checkpoint tensor names never are). */
 export function writeIndex(directory: string, weightMap: ReadonlyMap<string, string>, totalSize: number): string {
   const path = join(directory, INDEX_NAME);
-  const data = new Map<string, unknown>([
-    ["metadata", new Map([["total_size", totalSize]])],
-    ["weight_map", weightMap],
-  ]);
+  const data = { metadata: { total_size: totalSize }, weight_map: Object.fromEntries(weightMap) };
   const tmp = `${path}.partial`;
   const fd = openSync(tmp, "w");
   try {
-    writeAll(fd, Buffer.from(`${dumpsPy(data, { indent: 2 })}\n`, "utf8"));
+    writeAll(fd, Buffer.from(`${JSON.stringify(data, null, 2)}\n`, "utf8"));
   } finally {
     closeSync(fd);
   }
@@ -244,7 +240,7 @@ export function writeIndex(directory: string, weightMap: ReadonlyMap<string, str
 function checkRevision(value: string, where: string): string {
   const v = value.trim().toLowerCase();
   if (!HEX40.test(v)) {
-    throw new UserError(`${where} holds ${pyRepr([...v].slice(0, 60).join(""))}, not a 40-hex-digit commit hash; fix or delete it`);
+    throw new UserError(`${where} holds ${jsonText([...v].slice(0, 60).join(""))}, not a 40-hex-digit commit hash; fix or delete it`);
   }
   return v;
 }
@@ -293,7 +289,7 @@ export function findRevision(directory: string): string | null {
 // ---------------------------------------------------------------------------------------------
 // Writer
 
-export interface WriterEntry {
+interface WriterEntry {
   readonly name: string;
   readonly dtype: string;
   readonly shape: readonly number[];
@@ -325,18 +321,21 @@ export class SafetensorsWriter {
 
   constructor(path: string, tensors: Iterable<WriterEntry>, metadata: Readonly<Record<string, string>> = { format: "pt" }) {
     this.path = path;
-    const header = new Map<string, unknown>([["__metadata__", new Map(Object.entries(metadata))]]);
+    // compact JSON, members in insertion order (tensor names are never integer-like); no
+    // prototype, so that every name, "__proto__" too, is an ordinary member
+    const header: Record<string, unknown> = Object.create(null) as Record<string, unknown>;
+    header.__metadata__ = { ...metadata };
     let offset = 0;
     for (const { name, dtype, shape } of tensors) {
-      if (DTYPE_SIZES[dtype] === undefined) throw new Error(`unknown safetensors dtype ${pyRepr(dtype)} for ${name}`);
-      if (header.has(name)) throw new Error(`duplicate tensor name ${name}`);
+      if (DTYPE_SIZES[dtype] === undefined) throw new Error(`unknown safetensors dtype ${jsonText(dtype)} for ${name}`);
+      if (Object.hasOwn(header, name)) throw new Error(`duplicate tensor name ${name}`);
       const nbytes = shape.reduce((a, b) => a * b, 1) * itemsize(dtype);
-      header.set(name, new Map<string, unknown>([["dtype", dtype], ["shape", [...shape]], ["data_offsets", [offset, offset + nbytes]]]));
+      header[name] = { dtype, shape: [...shape], data_offsets: [offset, offset + nbytes] };
       this.#order.push({ name, dtype, shape: [...shape], nbytes });
       offset += nbytes;
     }
     this.dataBytes = offset;
-    let raw = Buffer.from(dumpsPy(header, { separators: [",", ":"] }), "utf8");
+    let raw = Buffer.from(JSON.stringify(header), "utf8");
     // keep the data 8-byte aligned, as the reference writer does
     raw = Buffer.concat([raw, Buffer.alloc((8 - (raw.length % 8)) % 8, 0x20)]);
     this.#tmp = `${path}.partial`;

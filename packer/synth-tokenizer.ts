@@ -15,13 +15,11 @@
  * Python synthesizer wrote (test/fixtures/python-packer-sha256.json).
  */
 import { Buffer } from "node:buffer";
-import { dumpsPyFile } from "../host/pack/py-json.js";
 
+const N_BASE_TOKENS = 163_584;
+const N_SPECIAL_SLOTS = 256; // ids N_BASE_TOKENS .. N_BASE_TOKENS + 255 (= vocab 163840 - 1)
 
-export const N_BASE_TOKENS = 163_584;
-export const N_SPECIAL_SLOTS = 256; // ids N_BASE_TOKENS .. N_BASE_TOKENS + 255 (= vocab 163840 - 1)
-
-export const NAMED_SPECIALS: ReadonlyMap<number, string> = new Map([
+const NAMED_SPECIALS: ReadonlyMap<number, string> = new Map([
   [163584, "[BOS]"], [163585, "[EOS]"], [163586, "<|im_end|>"], [163587, "<|im_user|>"],
   [163588, "<|im_assistant|>"], [163590, "<|start_header_id|>"], [163591, "<|end_header_id|>"],
   [163593, "[EOT]"], [163594, "<|im_system|>"], [163601, "<|im_middle|>"],
@@ -78,7 +76,7 @@ for (int i = 0; i < n; ++i) { sum += a[i] * b[i]; }
 type ByteString = string;
 
 /** Bytes in GPT-2 order: printable '!'..'~', '¡'..'¬', '®'..'ÿ', then the rest ascending. */
-export function gpt2ByteOrder(): number[] {
+function gpt2ByteOrder(): number[] {
   const range = (a: number, b: number): number[] => Array.from({ length: b - a + 1 }, (_, i) => a + i);
   const printable = [...range(0x21, 0x7e), ...range(0xa1, 0xac), ...range(0xae, 0xff)];
   const seen = new Set(printable);
@@ -130,7 +128,7 @@ function trainMerges(text: string, maxMerges: number): ByteString[] {
 let ranksCache: ByteString[] | undefined;
 
 /** Token bytes by rank: exactly N_BASE_TOKENS distinct byte strings. */
-export function rankedTokens(): ByteString[] {
+function rankedTokens(): ByteString[] {
   if (ranksCache) return ranksCache;
   const tokens: ByteString[] = gpt2ByteOrder().map((b) => String.fromCharCode(b));
   const seen = new Set(tokens);
@@ -164,11 +162,11 @@ export function rankedTokens(): ByteString[] {
   return tokens;
 }
 
-export function specialName(id: number): string {
+function specialName(id: number): string {
   return NAMED_SPECIALS.get(id) ?? `<|reserved_token_${id}|>`;
 }
 
-export function tiktokenModelBytes(): Buffer {
+function tiktokenModelBytes(): Buffer {
   const lines = rankedTokens().map((tok, rank) => `${Buffer.from(tok, "latin1").toString("base64")} ${rank}`);
   return Buffer.from(`${lines.join("\n")}\n`, "latin1");
 }
@@ -193,7 +191,7 @@ function tokenizerConfig(): Record<string, unknown> {
 }
 
 /** Our own template text; renders exactly the official prompt strings (spec §7.1). */
-export const CHAT_TEMPLATE = `{%- if messages | length == 0 or messages[0]['role'] != 'system' -%}
+const CHAT_TEMPLATE = `{%- if messages | length == 0 or messages[0]['role'] != 'system' -%}
 <|im_system|>system<|im_middle|>You are a helpful assistant<|im_end|>
 {%- endif -%}
 {%- for message in messages -%}
@@ -232,13 +230,19 @@ function generationConfig(): Record<string, unknown> {
   };
 }
 
+/** A JSON file as the official checkpoint's are laid out: two-space indent, then a line feed
+ * (added_tokens_decoder's keys are ids, which JSON.stringify writes in ascending order). */
+function jsonFile(value: unknown): string {
+  return `${JSON.stringify(value, null, 2)}\n`;
+}
+
 /** File name -> contents of tiktoken.model, tokenizer_config.json, chat_template.jinja and
  * generation_config.json. */
 export function tokenizerAssets(): Map<string, Buffer> {
   return new Map([
     ["tiktoken.model", tiktokenModelBytes()],
-    ["tokenizer_config.json", Buffer.from(dumpsPyFile(tokenizerConfig()), "utf8")],
+    ["tokenizer_config.json", Buffer.from(jsonFile(tokenizerConfig()), "utf8")],
     ["chat_template.jinja", Buffer.from(CHAT_TEMPLATE, "utf8")],
-    ["generation_config.json", Buffer.from(dumpsPyFile(generationConfig()), "utf8")],
+    ["generation_config.json", Buffer.from(jsonFile(generationConfig()), "utf8")],
   ]);
 }

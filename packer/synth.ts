@@ -21,7 +21,6 @@ import { join } from "node:path";
 import type { PackingCore, Pcg64State } from "../host/core/core-api.js";
 import { type Inventory, type TensorInfo, checkSupported, expectedTensors, LM_HEAD, ROUTER_BIAS_SUFFIX, textDims } from "../host/pack/model-spec.js";
 import { makeOutputDir } from "../host/system/output-path.js";
-import { dumpsPyFile, loadsPy, PyFloat } from "../host/pack/py-json.js";
 import { UserError } from "../host/system/user-error.js";
 import { silentProgress, type Progress } from "./progress.js";
 import { seedSequenceState } from "../host/core/seed-sequence.js";
@@ -32,7 +31,26 @@ import type { TensorSource } from "./tensor-source.js";
 export type Preset = "tiny" | "full";
 export const PRESETS: readonly Preset[] = ["tiny", "full"];
 
-const f = (v: number): PyFloat => new PyFloat(v);
+const LITERAL_MARK = "kvl-synth-number:";
+/**
+ * A number spelt as the official config.json spells it where JSON.stringify would spell it
+ * otherwise (`800000.0`, `1e-05`, `0.0`; JSON.stringify writes 800000, 0.00001, 0). Every pack
+ * embeds config.json verbatim in its indexes, so the synthesized text is kept the official
+ * file's: the packs' .idx bytes stay those recorded in test/fixtures/python-packer-sha256.json.
+ */
+class NumberLiteral {
+  constructor(readonly text: string) {}
+  toJSON(): string {
+    return `${LITERAL_MARK}${this.text}`;
+  }
+}
+const literal = (text: string): NumberLiteral => new NumberLiteral(text);
+
+/** A synthesized checkpoint's JSON file: JSON.stringify with a two-space indent (the official
+ * files' layout), NumberLiterals as spelt, then a line feed. */
+function checkpointJson(value: unknown): string {
+  return `${JSON.stringify(value, null, 2).replace(new RegExp(`"${LITERAL_MARK}([^"]*)"`, "g"), "$1")}\n`;
+}
 
 const FULL_TEXT = {
   vocab_size: 163840, hidden_size: 2048, intermediate_size: 11264,
@@ -41,12 +59,12 @@ const FULL_TEXT = {
   num_experts_per_tok: 6, first_k_dense_replace: 1, moe_layer_freq: 1, ep_size: 1,
   kv_lora_rank: 512, q_lora_rank: null, qk_nope_head_dim: 128, qk_rope_head_dim: 64,
   v_head_dim: 128, topk_method: "noaux_tc", scoring_func: "sigmoid",
-  routed_scaling_factor: f(2.446), n_group: 1, topk_group: 1, norm_topk_prob: true,
-  aux_loss_alpha: f(0.001), seq_aux: true, max_position_embeddings: 131072,
-  rope_theta: f(800000.0), rope_scaling: null, rms_norm_eps: f(1e-5), hidden_act: "silu",
-  attention_bias: false, attention_dropout: f(0.0), tie_word_embeddings: false,
+  routed_scaling_factor: 2.446, n_group: 1, topk_group: 1, norm_topk_prob: true,
+  aux_loss_alpha: 0.001, seq_aux: true, max_position_embeddings: 131072,
+  rope_theta: literal("800000.0"), rope_scaling: null, rms_norm_eps: literal("1e-05"), hidden_act: "silu",
+  attention_bias: false, attention_dropout: literal("0.0"), tie_word_embeddings: false,
   bos_token_id: 163584, eos_token_id: 163585, pad_token_id: 163839,
-  initializer_range: f(0.02), use_cache: true, model_type: "deepseek_v3",
+  initializer_range: 0.02, use_cache: true, model_type: "deepseek_v3",
   torch_dtype: "bfloat16",
 };
 const FULL_VISION = {
@@ -86,8 +104,8 @@ const PREPROCESSOR_CONFIG = {
   merge_kernel_size: [2, 2],
   num_pooled_tokens: 1024,
   pad_input: true,
-  image_mean: [f(0.5), f(0.5), f(0.5)],
-  image_std: [f(0.5), f(0.5), f(0.5)],
+  image_mean: [0.5, 0.5, 0.5],
+  image_std: [0.5, 0.5, 0.5],
 };
 
 const RESIDUAL_DAMPING = 0.5; // branch outputs (o_proj, down_proj, wo, fc1) add O(0.5) per layer
@@ -100,7 +118,7 @@ const SQRT3 = Math.sqrt(3.0);
 /** Elements generated per step: bounded memory; even, so a tensor's stream never skips a value. */
 const CHUNK = 1 << 22;
 
-export interface SynthOptions {
+interface SynthOptions {
   preset: Preset;
   seed: number;
   biasDtype?: "bf16" | "f32";
@@ -134,14 +152,14 @@ export function presetConfigText(preset: Preset, nGroup?: number, topkGroup?: nu
     text_config: text,
     vision_config: parts.vision,
   };
-  const configText = dumpsPyFile(config);
+  const configText = checkpointJson(config);
   const problems = checkSupported(JSON.parse(configText) as Record<string, unknown>);
   if (problems.length > 0) throw new UserError(`the requested synthetic config is not runnable: ${problems.join("; ")}`);
   return configText;
 }
 
 /** (mean, std) of a tensor's uniform distribution. */
-export function initStats(name: string, shape: readonly number[], hidden: number): { mean: number; std: number } {
+function initStats(name: string, shape: readonly number[], hidden: number): { mean: number; std: number } {
   if (name === LM_HEAD) return { mean: 0, std: LOGIT_STD / Math.sqrt(hidden) };
   if (name.endsWith("embed_tokens.weight")) return { mean: 0, std: 1 };
   if (name.endsWith(ROUTER_BIAS_SUFFIX)) return { mean: 0, std: ROUTER_BIAS_STD };
@@ -159,7 +177,7 @@ export function initStats(name: string, shape: readonly number[], hidden: number
 
 /** The generator state of one tensor: sha256("kvl-synth/{seed}/{name}")[:16] little-endian as
  * numpy SeedSequence entropy. */
-export function tensorStream(core: PackingCore, seed: number, name: string): Pcg64State {
+function tensorStream(core: PackingCore, seed: number, name: string): Pcg64State {
   const digest = createHash("sha256").update(`kvl-synth/${seed}/${name}`, "utf8").digest();
   let entropy = 0n;
   for (let i = 15; i >= 0; i--) entropy = (entropy << 8n) | BigInt(digest[i]!);
@@ -199,7 +217,7 @@ export function shardPlan(inventory: Inventory, nShards: number): string[][] {
 function assetFiles(configText: string): Map<string, Uint8Array> {
   return new Map<string, Uint8Array>([
     ["config.json", Buffer.from(configText, "utf8")],
-    ["preprocessor_config.json", Buffer.from(dumpsPyFile(PREPROCESSOR_CONFIG), "utf8")],
+    ["preprocessor_config.json", Buffer.from(checkpointJson(PREPROCESSOR_CONFIG), "utf8")],
     ...tokenizerAssets(),
   ]);
 }
@@ -242,7 +260,7 @@ export class SynthSource implements TensorSource {
   }
 
   config(): unknown {
-    return loadsPy(this.#configText);
+    return JSON.parse(this.#configText);
   }
 
   async assetFiles(): Promise<ReadonlyMap<string, Uint8Array>> {

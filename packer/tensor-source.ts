@@ -1,6 +1,5 @@
 /**
- * tensor-source.ts — where the packer gets checkpoint tensors from (port of kvl/tensor_source.py
- * and of the sources in kvl/safetensors_io.py and kvl/pack.py).
+ * tensor-source.ts — where the packer gets checkpoint tensors from.
  *
  * Owns: the TensorSource interface, the ShardHooks interface a downloader implements, and two
  * sources: CheckpointSource (a checkpoint directory: sharded with model.safetensors.index.json,
@@ -18,7 +17,7 @@ import { open } from "node:fs/promises";
 import { join } from "node:path";
 
 import { type TensorInfo, formatShape } from "../host/pack/model-spec.js";
-import { decodeUtf8Strict, isJsonObject, loadsPy } from "../host/pack/py-json.js";
+import { JsonTextError, isJsonObject, parseJson } from "../host/pack/json-file.js";
 import { UserError } from "../host/system/user-error.js";
 import { ASSET_NAMES, INDEX_NAME, SINGLE_NAME, SafetensorsFile, findRevision, readIndex } from "./safetensors.js";
 import { isDir, isFile } from "../host/pack/file-kind.js";
@@ -72,7 +71,8 @@ export interface TensorSource {
   close?(): Promise<void>;
 }
 
-/** The parsed config.json text as a source returns it (Python json.loads semantics). */
+/** config.json parsed (strict UTF-8, JSON.parse) as a source returns it: a JSON object; model-spec.ts
+ * validates its fields. */
 function parseConfig(read: () => Uint8Array, missing: () => string): unknown {
   let bytes: Uint8Array;
   try {
@@ -83,10 +83,10 @@ function parseConfig(read: () => Uint8Array, missing: () => string): unknown {
   }
   let config: unknown;
   try {
-    config = loadsPy(decodeUtf8Strict(bytes));
+    config = parseJson(bytes);
   } catch (err) {
-    const why = err instanceof TypeError ? "'utf-8' codec can't decode it: invalid UTF-8" : (err as Error).message;
-    throw new UserError(`config.json is unreadable (${why}); re-download it`);
+    if (!(err instanceof JsonTextError)) throw err;
+    throw new UserError(`config.json is unreadable (${err.message}); re-download it`);
   }
   if (!isJsonObject(config)) throw new UserError("config.json is not a JSON object; re-download it");
   return config;
@@ -95,7 +95,7 @@ function parseConfig(read: () => Uint8Array, missing: () => string): unknown {
 const DIGEST_SPAN = 1 << 20;
 
 /** sha256 of a file's size, first MiB and last MiB; null when there is no such file. */
-export async function fileDigest(path: string): Promise<string | null> {
+async function fileDigest(path: string): Promise<string | null> {
   if (!isFile(path)) return null;
   const handle = await open(path, "r");
   try {

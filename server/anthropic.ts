@@ -1,7 +1,6 @@
 /**
  * anthropic.ts — the Anthropic Messages dialect: request JSON → messages and ReplyParams, a
- * ReplyReport → the message object or the named-event SSE stream. Port of
- * the former Python server (anthropic_api.py).
+ * ReplyReport → the message object or the named-event SSE stream.
  *
  * Owns: validating /v1/messages and /v1/messages/count_tokens bodies (system as a string or text
  * blocks, text and base64 image blocks; URL sources, tool_use, tool_result, document, thinking
@@ -26,7 +25,7 @@ const UNSUPPORTED_BLOCKS: Record<string, string> = {
   search_result: "search results", thinking: "thinking blocks", redacted_thinking: "thinking blocks", audio: "audio", file: "files",
 };
 
-export interface MessagesRequest {
+interface MessagesRequest {
   model: string;
   messages: RequestMessage[];
   params: ReplyParams;
@@ -67,7 +66,7 @@ function parseBlocks(content: unknown, role: string, where: string): Array<strin
   });
 }
 
-export function parseConversation(body: JsonObject): RequestMessage[] {
+function parseConversation(body: JsonObject): RequestMessage[] {
   const messages: RequestMessage[] = [];
   if (body.system !== undefined && body.system !== null) {
     const parts = parseBlocks(body.system, "system", "system");
@@ -123,7 +122,7 @@ export function stopReason(report: ReplyReport): "end_turn" | "max_tokens" | "st
   return "end_turn";
 }
 
-export function usageBody(report: ReplyReport): Record<string, number> {
+function usageBody(report: ReplyReport): Record<string, number> {
   const u = report.usage;
   return {
     input_tokens: u.promptTokens - u.reusedPromptTokens, output_tokens: u.completionTokens,
@@ -142,7 +141,7 @@ export function messageBody(id: string, model: string, report: ReplyReport): Rec
   };
 }
 
-export function event(name: string, obj: unknown): string {
+function event(name: string, obj: unknown): string {
   return `event: ${name}\ndata: ${JSON.stringify(obj)}\n\n`;
 }
 

@@ -1,6 +1,5 @@
 /**
  * app.ts — the koa app: routes, per-route API dialect, auth, and one log line per request.
- * Port of create_app in the former Python server (app.py), plus the Ollama routes.
  *
  * Owns: the routing table (/ and its assets: the web chat page, web.ts; /healthz; OpenAI /v1/models, /v1/models/{id}, /v1/chat/completions;
  * Anthropic /v1/messages, /v1/messages/count_tokens; Ollama /api/chat, /api/generate, /api/tags,
@@ -33,10 +32,8 @@ import { NDJSON_CONTENT_TYPE, RequestLog, SSE_CONTENT_TYPE, type StreamShape, co
 import { WebPage } from "./web.js";
 
 export const DEFAULT_MODEL_ID = "kimi-vl-a3b-instruct-q8";
-export const MIB = 1 << 20;
-export const DEFAULT_MAX_BODY_MIB = 20;
 /** A silent stream (a long prefill, a wait in the queue) still shows the client it is alive. */
-export const KEEPALIVE_MS = 5000;
+const KEEPALIVE_MS = 5000;
 
 export interface ServerConfig {
   modelId: string;

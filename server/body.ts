@@ -68,7 +68,7 @@ function tooLarge(size: number | null, limit: number): ApiError {
  * has sent everything, gets the answer instead of a broken pipe. Resolves when the body has ended,
  * or when no byte of it came for bodyIdleMs (a stalled client gets its answer then; the answer
  * closes the connection); past `cap` more bytes or bodyTotalMs the connection is destroyed instead. */
-export function drain(req: IncomingMessage, cap: number, deadlines: ReadDeadlines): Promise<void> {
+function drain(req: IncomingMessage, cap: number, deadlines: ReadDeadlines): Promise<void> {
   return new Promise((resolve) => {
     if (req.complete || req.destroyed) {
       resolve();

@@ -1,6 +1,5 @@
 /**
  * errors.ts — errors of the HTTP APIs and their wire shapes (OpenAI, Anthropic, Ollama).
- * Port of the former Python server (errors.py) (the error half).
  *
  * Owns: ApiError (an HTTP status plus a neutral kind, a message, the offending field and an
  * optional Retry-After), rendering it in each API's JSON shape, and which API a path speaks when
@@ -26,7 +25,7 @@ const KINDS = {
   unavailable: [503, "server_error", "overloaded_error"],
 } as const satisfies Record<string, readonly [number, string, string]>;
 
-export type ErrorKind = keyof typeof KINDS;
+type ErrorKind = keyof typeof KINDS;
 
 /** OpenAI puts a machine-readable code next to the type for some errors. */
 const OPENAI_CODES: Partial<Record<ErrorKind, string>> = {

@@ -1,6 +1,6 @@
 /**
  * fields.ts — typed checks of JSON request fields, shared by the API translators (openai.ts,
- * anthropic.ts, ollama.ts). Port of the field half of the former Python server (errors.py).
+ * anthropic.ts, ollama.ts).
  *
  * Owns: "is this field what it must be" for parsed JSON — objects, strings, booleans, finite
  * numbers in a range, integers in a range, max_tokens against the context, stop lists — each
@@ -38,14 +38,9 @@ export function requireObject(value: unknown, where: string): JsonObject {
   return value;
 }
 
-/** A present field's value; null and absent are the same (as in the Python's dict.get). */
+/** A present field's value; null and absent are the same (undefined). */
 function field(obj: JsonObject, key: string): unknown {
   return Object.hasOwn(obj, key) ? obj[key] : undefined;
-}
-
-export function has(obj: JsonObject, key: string): boolean {
-  const v = field(obj, key);
-  return v !== undefined && v !== null;
 }
 
 export function getStr(obj: JsonObject, key: string, where: string, options: { required?: boolean; allowEmpty?: boolean } = {}): string | null {

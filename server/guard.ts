@@ -25,7 +25,7 @@ import { UserError } from "../host/system/user-error.js";
 import { type ReadDeadlines, refuseUnread } from "./body.js";
 import { ApiError } from "./errors.js";
 
-export interface GuardOptions {
+interface GuardOptions {
   /** --host as given: when it is a name (e.g. localhost, box.lan) that name is an allowed Host. */
   bindHost: string;
   /** --allow-host: more Host names (no port); "*" allows any Host. */
@@ -49,7 +49,7 @@ function ipFamily(address: string): "ipv4" | "ipv6" | null {
 }
 
 /** The name (lowercase, IPv6 without brackets) of a Host header `name[:port]` / `[v6][:port]`; null when malformed. */
-export function hostName(header: string): string | null {
+function hostName(header: string): string | null {
   const m = /^(\[[0-9a-f:.]+\]|[^\s:/?#@[\]\\]+)(?::\d{1,5})?$/i.exec(header);
   if (!m) return null;
   const name = m[1]!.toLowerCase();

@@ -1,7 +1,6 @@
 /**
  * images.ts — images as the HTTP APIs send them (OpenAI data URLs, Anthropic base64 sources,
- * Ollama base64 strings) → the model's images (ChatModel.loadImage). Port of the image half of
- * the former Python server (errors.py) and of parse_image_url.
+ * Ollama base64 strings) → the model's images (ChatModel.loadImage).
  *
  * Owns: strict base64 (whitespace allowed, as clients wrap lines; anything else outside the
  * alphabet, or bad padding, is a 400), data-URL parsing (base64 only; http(s) URLs are refused,
@@ -98,9 +97,4 @@ export async function loadImages(messages: readonly RequestMessage[], loader: Im
     out.push({ role: message.role, parts });
   }
   return out;
-}
-
-/** Whether any message has an image. */
-export function hasImages(messages: readonly RequestMessage[]): boolean {
-  return messages.some((m) => m.parts.some((p) => p instanceof ImageData));
 }

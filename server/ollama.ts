@@ -23,7 +23,7 @@ import type { ModelFacts } from "./openai.js";
 const ROLES = ["system", "user", "assistant", "tool"];
 export const OLLAMA_VERSION = "0.6.0";
 
-export interface OllamaRequest {
+interface OllamaRequest {
   model: string;
   messages: RequestMessage[];
   params: ReplyParams;
@@ -151,7 +151,7 @@ function textField(endpoint: OllamaEndpoint, text: string): JsonObject {
   return endpoint === "chat" ? { message: { role: "assistant", content: text } } : { response: text };
 }
 
-export function doneReason(report: ReplyReport): "stop" | "length" {
+function doneReason(report: ReplyReport): "stop" | "length" {
   return report.finishReason === "length" ? "length" : "stop";
 }
 
@@ -176,7 +176,7 @@ export function loadBody(endpoint: OllamaEndpoint, model: string, reason: "load"
   return { ...head(model), ...textField(endpoint, ""), done: true, done_reason: reason };
 }
 
-export function line(obj: unknown): string {
+function line(obj: unknown): string {
   return `${JSON.stringify(obj)}\n`;
 }
 

@@ -1,7 +1,6 @@
 /**
  * openai.ts — the OpenAI Chat Completions dialect: request JSON → messages and ReplyParams, a
- * ReplyReport → chat.completion JSON or chat.completion.chunk SSE. Port of
- * the former Python server (openai_api.py).
+ * ReplyReport → chat.completion JSON or chat.completion.chunk SSE.
  *
  * Owns: validating a /v1/chat/completions body (roles, content parts, images as data URLs,
  * sampling fields, what is refused: n > 1, tools, functions, tool calls, logprobs, audio and file
@@ -21,7 +20,7 @@ import { type ImageData, type RequestMessage, decodeDataUrl } from "./images.js"
 const ROLE_MAP: Record<string, string> = { system: "system", developer: "system", user: "user", assistant: "assistant", tool: "tool" };
 const UNSUPPORTED_PARTS: Record<string, string> = { input_audio: "audio input", file: "file input", refusal: "refusal parts" };
 
-export interface ChatRequest {
+interface ChatRequest {
   model: string;
   messages: RequestMessage[];
   params: ReplyParams;
@@ -120,7 +119,7 @@ export function finishReason(report: ReplyReport): "stop" | "length" {
   return report.finishReason === "length" ? "length" : "stop";
 }
 
-export function usageBody(report: ReplyReport): Record<string, unknown> {
+function usageBody(report: ReplyReport): Record<string, unknown> {
   const u = report.usage;
   return {
     prompt_tokens: u.promptTokens, completion_tokens: u.completionTokens, total_tokens: u.promptTokens + u.completionTokens,
@@ -141,11 +140,11 @@ export function completionBody(id: string, created: number, model: string, repor
   };
 }
 
-export function sse(obj: unknown): string {
+function sse(obj: unknown): string {
   return `data: ${JSON.stringify(obj)}\n\n`;
 }
 
-export const DONE_MARKER = "data: [DONE]\n\n";
+const DONE_MARKER = "data: [DONE]\n\n";
 /** An SSE comment: clients ignore it, a dead socket fails it. */
 export const KEEPALIVE = ": keep-alive\n\n";
 

@@ -1,6 +1,6 @@
 /**
  * queue.ts — the one owner of the engine: loads the model in the background, then runs replies
- * one at a time in arrival order, with a bounded number waiting. Port of the former Python server (worker.py).
+ * one at a time in arrival order, with a bounded number waiting.
  *
  * Owns: the status (loading → ready | failed, with the reason), the bounded wait list (full →
  * 429 with Retry-After; loading → 503 with Retry-After; failed or shutting down → 503), running
@@ -22,7 +22,7 @@ import { UserError } from "../host/system/user-error.js";
 import { ApiError, RETRY_AFTER_S } from "./errors.js";
 import type { ServedModel } from "./model.js";
 
-export type EngineStatus = "loading" | "ready" | "failed";
+type EngineStatus = "loading" | "ready" | "failed";
 
 /** A Job that ended because its client left before it ran. */
 export class JobCancelled extends Error {
@@ -33,7 +33,7 @@ export class JobCancelled extends Error {
 }
 
 /** One reply: waiting, then running, then done. */
-export class Job {
+class Job {
   #state: "waiting" | "running" | "done" = "waiting";
   #cancelled = false;
   readonly result: Promise<ReplyReport>;

@@ -1,13 +1,12 @@
 /**
  * serve.ts — `kvl serve` as a process: checks the options, binds the port first (a busy port
  * fails in a second, not after the load), loads the model in the background (GET /healthz says
- * loading, then ready), serves until SIGINT/SIGTERM, then shuts down cleanly. Port of run() and
- * bind() in the former Python server (app.py).
+ * loading, then ready), serves until SIGINT/SIGTERM, then shuts down cleanly.
  *
  * Owns: option checks (UserErrors), the HTTP server and its listen socket (createHttpServer: the
  * Host/Origin rules, the body slots and the headers' deadline in front of the app), the startup
- * and ready lines on stderr, a failed load stopping the server with exit status 1 (the reason on
- * stderr), and shutdown (the
+ * and ready lines on stderr (the load line between them is host/chat-model.ts loadLine), a
+ * failed load stopping the server with exit status 1 (the reason on stderr), and shutdown (the
  * running reply stops, open streams end with an error event, waiting requests get 503, then
  * connections close and the engine closes; a second signal exits at once).
  * Does not own: the routes (app.ts), the queue (queue.ts), the model (model.ts).
@@ -19,11 +18,11 @@ import type { AddressInfo } from "node:net";
 import { join } from "node:path";
 
 import { chooseBackend } from "../host/core/backend.js";
-import { firstReadCheckNote } from "../host/chat-model.js";
-import type { KernelChoice, ActDtype } from "../host/core/core-api.js";
-import { imageLimitsText } from "../host/image/image-budget.js";
+import { loadLine } from "../host/chat-model.js";
 import { checkPackFolder } from "../host/pack/pack-format.js";
-import { BODY_BYTES_FLOOR, MIB, bodySlots } from "../host/plan/planner.js";
+import { MIB } from "../host/plan/core-bytes.js";
+import { BODY_BYTES_FLOOR, bodySlots } from "../host/plan/input-lines.js";
+import type { ModelOptions } from "../host/plan/settings.js";
 import { UserError } from "../host/system/user-error.js";
 import { type ServerConfig, createApp } from "./app.js";
 import { isLoopbackHost } from "./auth.js";
@@ -32,28 +31,18 @@ import { AccessRules, guardRequests } from "./guard.js";
 import { ChatServedModel } from "./model.js";
 import { EngineQueue } from "./queue.js";
 
-export interface ServeOptions {
+/** The server's options and the model's (ModelOptions: what runs it and what its plan holds). */
+interface ServeOptions extends ModelOptions {
   model: string;
   host: string;
   port: number;
   apiKey: string | null;
   modelId: string;
+  /** --backend; KVL_BACKEND applies when absent. */
   backend?: string | undefined;
-  instances?: number | undefined;
-  ramMib: number;
-  /** absent = auto (what the budget leaves once the trunk cache is full) */
-  cacheMib?: number | undefined;
-  trunkCacheMib: number | null;
   maxQueue: number;
-  maxContext: number;
-  threads: number;
-  /** null = auto: the RAM plan's body limit (planner.ts "Image decode and request bodies"). */
+  /** null = auto: the RAM plan's body limit (plan/input-lines.ts). */
   maxBodyMib: number | null;
-  kernels: KernelChoice;
-  actDtype: ActDtype;
-  vision: boolean;
-  /** The largest image (pixels) the plan reserves decode memory for; undefined: the most that fits. */
-  imageMaxPixels?: number | undefined;
   /** --allow-host: more names the Host header may carry (guard.ts); "*" any. */
   allowHosts?: string[];
   /** --allow-origin: origins whose web pages may use the API (guard.ts). */
@@ -84,7 +73,7 @@ function packFacts(dir: string): ServerConfig["pack"] {
   }
 }
 
-export function checkServeOptions(o: ServeOptions): void {
+function checkServeOptions(o: ServeOptions): void {
   checkPackFolder(o.model);
   const ranges: Array<[string, number, number, number]> = [
     ["--port", o.port, 0, 65535], ["--max-queue", o.maxQueue, 1, 1 << 20], ["--max-context", o.maxContext, 2, 1 << 24],
@@ -146,7 +135,7 @@ export async function runServer(o: ServeOptions): Promise<number> {
   // bodies are read only once the model is ready (gateBodies answers 503 before), under the
   // plan's limit, which replaces this placeholder then
   const config: ServerConfig = {
-    modelId: o.modelId, apiKey: o.apiKey, maxContext: o.maxContext, maxBodyBytes: BODY_BYTES_FLOOR, vision: o.vision,
+    modelId: o.modelId, apiKey: o.apiKey, maxContext: o.maxContext, maxBodyBytes: BODY_BYTES_FLOOR, vision: o.loadVision,
     pack: packFacts(o.model),
   };
   const app = createApp(queue, config);
@@ -187,8 +176,8 @@ export async function runServer(o: ServeOptions): Promise<number> {
 
   try {
     const failure = await queue.start(() => ChatServedModel.open(o.model, {
-      backend: record.chosen, ramMib: o.ramMib, cacheMib: o.cacheMib, trunkCacheMib: o.trunkCacheMib, maxContext: o.maxContext,
-      threads: o.threads, kernels: o.kernels, actDtype: o.actDtype, loadVision: o.vision, instances: o.instances, imageMaxPixels: o.imageMaxPixels,
+      backend: record, ramMib: o.ramMib, cacheMib: o.cacheMib, trunkCacheMib: o.trunkCacheMib, maxContext: o.maxContext,
+      threads: o.threads, kernels: o.kernels, actDtype: o.actDtype, loadVision: o.loadVision, instances: o.instances, imageMaxPixels: o.imageMaxPixels,
       requests: { maxQueue: o.maxQueue, maxBodyBytes: o.maxBodyMib === null ? null : o.maxBodyMib * MIB },
     }));
     if (failure) {
@@ -198,15 +187,9 @@ export async function runServer(o: ServeOptions): Promise<number> {
       stop();
     } else if (!stopping) {
       const model = (queue.requireReady() as ChatServedModel).chat;
-      const p = model.plan;
-      const bodies = p.requestBodies!;
-      config.maxBodyBytes = bodies.bodyBytes;
-      const by = record.requestedBy === "default" ? "" : record.requestedBy === "option" ? " (--backend)" : " (KVL_BACKEND)";
-      say(`kvl serve: ${record.chosen}${by}, ${p.instances.length} ${record.chosen === "wasm" ? "instance" : "engine"}${p.instances.length > 1 ? "s" : ""}, ` +
-        `kernels ${model.client.info.kernels}; RAM plan ${(p.total / MIB).toFixed(0)} MiB of --ram-mib ${o.ramMib}; bodies up to ${(bodies.bodyBytes / MIB).toFixed(0)} MiB` +
-        `${p.imageBudget ? `, images ${imageLimitsText(p.imageBudget, "first")}` : ""}; loaded in ${model.loadSeconds.toFixed(1)} s` +
-        `${firstReadCheckNote(record.chosen) ? `; ${firstReadCheckNote(record.chosen)}` : ""}`);
-      if (o.verbose) say(p.describe());
+      config.maxBodyBytes = model.plan.requestBodies!.bodyBytes;
+      say(loadLine("serve", model, o.verbose ?? false));
+      if (o.verbose) say(model.plan.describe());
       say(`kvl serve: model ready as '${o.modelId}'; chat in a browser at http://${shown}:${address.port}/`);
     }
     await closed;

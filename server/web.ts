@@ -17,7 +17,7 @@ import type Koa from "koa";
 
 import { packageRoot } from "../host/system/paths.js";
 
-export const WEB_DIR = join(packageRoot, "server", "web");
+const WEB_DIR = join(packageRoot, "server", "web");
 
 /** URL path → file in WEB_DIR and its content type. Nothing else is served from the folder. */
 const ASSETS: Record<string, { file: string; type: string }> = {

@@ -1,10 +1,11 @@
 /**
- * `kvl bench` (cli/bench.ts over host/bench-*.ts) on a tiny synthesized pack, on both backends:
+ * `kvl bench` (cli/bench.ts over host/bench/) on a tiny synthesized pack, on both backends:
  * the byte accounting the bounds rest on, checked against the pack's own index and against what
  * the engine read (ported from tests/test_bench.py), the CRC checks of first reads among them
  * (every trunk tensor at open, each distinct expert once: the bytes, from the index, that the
  * share of the decode step rests on); the --membw probes around each decode (a
- * stand-in membw script); `--backend both` and its native/wasm ratios; clear errors for bad
+ * stand-in membw script); `--backend both` and its native/wasm ratios; --act-dtype auto resolved per
+ * backend for its kernel set; clear errors for bad
  * options; the prompts are the Python bench's; the Node fallback of the limits. Timing is never
  * asserted, only structure and bytes. The command runs as a user runs it, in a child process over
  * the compiled dist/ (dist/cli/kvl.js).
@@ -190,6 +191,12 @@ describe.skipIf(!nativeBuilt)("--backend both", () => {
     expect(result.settings.backend).toBe("both");
     expect(result.runs.map((r: Json) => r.backend)).toEqual(["native", "wasm"]);
     const [n, w] = result.runs;
+    // no --act-dtype: auto, per backend, for the kernel set each runs (vector kernels: i16x1)
+    expect(result.settings.act_dtype).toBe("auto");
+    expect(result.runs.map((r: Json) => [r.backend, r.act_mode.chosen_by, r.act_mode.kernels, r.act_mode.act_dtype, r.info.act_dtype])).toEqual([
+      ["native", "auto", n.info.kernels, n.info.kernels === "scalar" ? "f32" : "i16x1", n.info.kernels === "scalar" ? "f32" : "i16x1"],
+      ["wasm", "auto", "simd128", "i16x1", "i16x1"],
+    ]);
     expect(n.cold_prompt.tokens).toBe(w.cold_prompt.tokens);
     expect(n.decode_after_cold.bound_s).toBeGreaterThan(0);
     const cmp = result.native_over_wasm;
@@ -210,12 +217,17 @@ describe.skipIf(!nativeBuilt)("--backend both", () => {
     expect(md.filter((l) => /^\| A, (native|wasm) \((after cold prompt|warm)\) \| 8\+2 \|/.test(l))).toHaveLength(4);
   });
 
-  it("--kernels and --act-dtype reach every backend's engine (scalar, i16x1)", () => {
+  it("--kernels and --act-dtype reach every backend's engine (scalar, i16x1; scalar alone: auto's f32)", () => {
     const result = benchJson([...args, limitsFile, "--kernels", "scalar", "--act-dtype", "i16x1"]);
     expect(result.settings.kernels).toBe("scalar");
     expect(result.settings.act_dtype).toBe("i16x1");
-    expect(result.runs.map((r: Json) => [r.backend, r.info.kernels, r.info.act_dtype])).toEqual([
-      ["native", "scalar", "i16x1"], ["wasm", "scalar", "i16x1"],
+    expect(result.runs.map((r: Json) => [r.backend, r.info.kernels, r.info.act_dtype, r.act_mode.chosen_by])).toEqual([
+      ["native", "scalar", "i16x1", "option"], ["wasm", "scalar", "i16x1", "option"],
+    ]);
+    // without --act-dtype, scalar kernels keep the exact mode
+    const auto = benchJson([...args, limitsFile, "--kernels", "scalar"]);
+    expect(auto.runs.map((r: Json) => [r.backend, r.info.kernels, r.info.act_dtype, r.info.kv_dtype, r.act_mode.chosen_by])).toEqual([
+      ["native", "scalar", "f32", "f32", "auto"], ["wasm", "scalar", "f32", "f32", "auto"],
     ]);
   });
 

@@ -225,7 +225,7 @@ describe("bad messages are UserErrors", () => {
   const build = (messages: unknown[]): unknown => buildPrompt(messages as Message[], template, tok);
 
   it.each([
-    ["an unknown role", [{ role: "robot", parts: ["x"] }], /message 0 has role 'robot'; use one of system, user, assistant, tool/],
+    ["an unknown role", [{ role: "robot", parts: ["x"] }], /message 0 has role "robot"; use one of system, user, assistant, tool/],
     ["no messages", [], /the conversation is empty/],
     ["a literal placeholder in text", [{ role: "user", parts: ["<|media_pad|>"] }], /placeholders/],
     ["a literal placeholder beside an image", [{ role: "user", parts: [image(), "see <|media_pad|>"] }], /holds 2 image placeholders but 1 images/],

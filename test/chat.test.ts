@@ -203,6 +203,27 @@ describe.each(RUNS)("kvl chat on $label", ({ label, env: runEnv }) => {
 });
 
 describe("kvl chat, the terminal side", () => {
+  it("with no --act-dtype runs the auto mode, i16x1 on WebAssembly's simd128, and plans with it: load line, --json, plan", () => {
+    const args = [pack, "What is 2+2?", "--backend", "wasm", "--temperature", "0", "--max-new", "2", "--ram-mib", "1024", "--threads", "2",
+      "--max-context", "512"];
+    const loud = chat([...args, "--verbose"], {});
+    expect(loud.status, loud.stderr).toBe(0);
+    expect(loud.stderr).toMatch(/^kvl chat: wasm \(--backend\), 1 instance, kernels simd128, Linear inputs i16x1 \(auto: [^)]+\); RAM plan /m);
+    // the plan was made with the resolved mode: its KV cache is the int16 one that goes with i16x1
+    expect(loud.stderr).toMatch(/^KV cache +[\d.,]+ +512 tokens, i16$/m);
+    const json = (extra: string[]): Reply => JSON.parse(chat([...args, "--json", ...extra], {}).stdout) as Reply;
+    const auto = json([]);
+    expect(auto.io.kernels).toBe("simd128");
+    expect(auto.io.act_dtype).toBe("i16x1");
+    expect(auto.io.act_mode).toMatchObject({ act_dtype: "i16x1", kv_dtype: "i16", chosen_by: "auto", kernels: "simd128" });
+    expect(auto.plan_bytes).toBe(json(["--act-dtype", "i16x1"]).plan_bytes);
+    // a named mode wins: f32, the exact mode, in the load line, --json and the plan
+    const exact = chat([...args, "--verbose", "--act-dtype", "f32"], {});
+    expect(exact.stderr).toMatch(/^kvl chat: wasm \(--backend\), 1 instance, kernels simd128, Linear inputs f32 \(--act-dtype\); RAM plan /m);
+    expect(exact.stderr).toMatch(/^KV cache +[\d.,]+ +512 tokens, f32$/m);
+    expect(json(["--act-dtype", "f32"]).io.act_mode).toMatchObject({ act_dtype: "f32", kv_dtype: "f32", chosen_by: "option" });
+  });
+
   it("streams the reply text, prints one load line (no plan table), and --show-tokens diagnostics", () => {
     const json = JSON.parse(chat([pack, "What is 2+2?", "--json", ...COMMON], {}).stdout) as Reply;
     const r = chat([pack, "What is 2+2?", "--show-tokens", ...COMMON], {});

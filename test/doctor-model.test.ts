@@ -11,7 +11,7 @@ import { join } from "node:path";
 
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 
-import { availableRamBytes } from "../cli/doctor-model.js";
+import { availableRamBytes } from "../host/engine/model-doctor.js";
 import { PackReader, type StoreName } from "../host/pack/pack-format.js";
 import { packageRoot } from "../host/system/paths.js";
 import { WasmBackend } from "../host/core/wasm-backend.js";

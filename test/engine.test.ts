@@ -16,23 +16,27 @@
  *   - forced splits over 2 and 3 instances (layer ranges, hidden states passed between them)
  *     give the unsplit run's logits and tokens, and a failure in a later range leaves every
  *     range at the same position;
- *   - the integer-activation modes (act_dtype i16: two integer terms per Linear input, i16x1:
- *     one), on every kernel set of each backend, unsplit, split over 3 instances and with a
- *     partly streamed trunk: i16 within the same 1e-3 logit tolerance, i16x1 within 1e-3 plus
- *     twice what its input rounding moves the float64 reference (actModeBound), and the
- *     reference's 32 greedy tokens for both.
+ *   - the integer-activation modes (act_dtype i16x1: Linear inputs quantised to 16-bit integers;
+ *     i8: the routed experts' 8-bit), on every kernel set of each backend, unsplit, split over 3
+ *     instances and with a partly streamed trunk: within 1e-3 plus twice what each mode's input
+ *     rounding moves the float64 reference (actModeBound), and the reference's 32 greedy tokens;
+ *   - the core refuses act_dtype 3 (the removed two-term mode i16) with a message naming i16x1
+ *     and f32.
  */
 import { readFileSync, rmSync, truncateSync, cpSync, statSync } from "node:fs";
 import { join } from "node:path";
 
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 
-import { type CoreEngine, type EngineInfo, type EngineOptions, type KernelChoice, CoreError } from "../host/core/core-api.js";
+import {
+  type CoreEngine, type EngineInfo, type EngineOptionCodes, type EngineOptions, type KernelChoice, CoreError, KVL_STRUCTS, engineOptionCodes,
+} from "../host/core/core-api.js";
 import { openHostedEngine } from "../host/engine/engine-host.js";
 import { SplitEngine } from "../host/engine/split-engine.js";
 import { layerRanges } from "../host/plan/instances.js";
-import { NativeBackend } from "../host/core/native-backend.js";
+import { NativeBackend, loadNativeAddon } from "../host/core/native-backend.js";
 import { WasmBackend } from "../host/core/wasm-backend.js";
+import { type WasmEngine, wasmStructLayout } from "../host/core/wasm-engine.js";
 import { packCheckpoint } from "../packer/pack.js";
 import { argmax } from "./reference/math.js";
 import {
@@ -348,14 +352,51 @@ describe.each(BACKENDS)("a model split over instances on %s", (backend) => {
   });
 });
 
-/** The integer modes, each checked within actModeBound (i16: TOLERANCE; i16x1 and i8: their own bounds). */
-const INT_MODES = ["i16", "i16x1", "i8"] as const;
-/** The one-term modes: an int16 KV cache and attention on integers. */
-const KV_INT_MODES = ["i16x1", "i8"] as const;
+/** The integer modes, each checked within its own bound (actModeBound); both keep an int16 KV cache
+ * and run attention on integers. */
+const INT_MODES = ["i16x1", "i8"] as const;
 const intModeBound = (m: Model, mode: (typeof INT_MODES)[number], ids: number[]): number =>
   actModeBound(mode, m.reference, m.rounded, ids);
 
-describe.each(BACKENDS)("the integer-activation modes (act_dtype i16, i16x1, i8) on %s", (backend) => {
+/**
+ * kvl_engine_open with these option codes as they are, past the host's own check (engineOptionCodes
+ * takes only the names it knows, so a code the host no longer sends reaches the core only so):
+ * the status and the core's message.
+ */
+function openWithCodes(backend: BackendName, pack: string, codes: Partial<EngineOptionCodes>): { status: number; error: string } {
+  const all: EngineOptionCodes = { ...engineOptionCodes({ nThreads: THREADS }), ...codes };
+  if (backend === "native") {
+    const addon = loadNativeAddon();
+    const { status, error, engine } = addon.engineOpen(pack, all);
+    if (engine) addon.engineFree(engine);
+    return { status, error };
+  }
+  // the instance's exports, from an engine opened (and closed) the ordinary way
+  const probe = wasm.openEngine(pack, { nThreads: THREADS }) as WasmEngine;
+  const { core, memory } = probe;
+  probe.close();
+  const layout = wasmStructLayout(core, memory, KVL_STRUCTS.engineOptions);
+  const ERR_BYTES = 8192;
+  const pathBytes = core.lengthBytesUTF8(pack) + 1;
+  const [opts, path, out, err] = [layout.bytes, pathBytes, 8, ERR_BYTES].map((n) => core._malloc(n) >>> 0) as [number, number, number, number];
+  try {
+    const v = new DataView(memory.buffer, opts, layout.bytes);
+    new Uint8Array(memory.buffer, opts, layout.bytes).fill(0);
+    for (const f of layout.fields) {
+      const x = all[f.name as keyof EngineOptionCodes];
+      if (f.bytes === 8) v.setBigInt64(f.offset, BigInt(x), true);
+      else v.setInt32(f.offset, x, true);
+    }
+    core.stringToUTF8(pack, path, pathBytes);
+    const status = core._kvl_engine_open(path, opts, out, err, ERR_BYTES);
+    if (status === 0) core._kvl_engine_free(new DataView(memory.buffer, out, 4).getUint32(0, true));
+    return { status, error: core.UTF8ToString(err) };
+  } finally {
+    for (const p of [opts, path, out, err]) core._free(p);
+  }
+}
+
+describe.each(BACKENDS)("the integer-activation modes (act_dtype i16x1, i8) on %s", (backend) => {
   const SETS: Record<BackendName, KernelChoice[]> = { wasm: ["scalar", "simd128"], native: ["scalar", "avx2", "avx512"] };
 
   describe.each(SETS[backend])("on the %s kernel set", (set) => {
@@ -459,7 +500,7 @@ describe.each(BACKENDS)("the integer-activation modes (act_dtype i16, i16x1, i8)
     expect(maxAbsDiff(runs[1]!, runs[0]!)).toBe(0);
   });
 
-  it.each(KV_INT_MODES)("%s decodes on integers from its int16 KV cache: token by token across a tile edge, within the mode's bound of the reference, the same after a truncate and over 3 instances", async (mode) => {
+  it.each(INT_MODES)("%s decodes on integers from its int16 KV cache: token by token across a tile edge, within the mode's bound of the reference, the same after a truncate and over 3 instances", async (mode) => {
     const m = models[1]!;
     const ids = promptIds(17, 140, m.reference.cfg.vocab_size);
     const prompt = 100; // then 40 single-token steps, positions 100..139: the first tile fills at 128
@@ -497,7 +538,7 @@ describe.each(BACKENDS)("the integer-activation modes (act_dtype i16, i16x1, i8)
   });
 
   it("keeps an int16 KV cache with act_dtype i16x1 or i8 and only with them, refusing the other pairings by name", () => {
-    for (const actDtype of KV_INT_MODES) {
+    for (const actDtype of INT_MODES) {
       const engine = openEngine(backend, models[0]!.pack, { actDtype });
       try {
         expect(engine.info().kvDtype).toBe("i16");
@@ -509,7 +550,18 @@ describe.each(BACKENDS)("the integer-activation modes (act_dtype i16, i16x1, i8)
     expect(() => openEngine(backend, models[0]!.pack, { kvDtype: "bf16", actDtype: "i8" })).toThrow(/use kv_dtype i16 with act_dtype i16x1 or i8/);
   });
 
-  it("refuses an act_dtype the core does not know", () => {
-    expect(() => openEngine(backend, models[0]!.pack, { actDtype: "i4" as never })).toThrow(RangeError);
+  it("refuses an act_dtype the host does not know, the removed i16 among them", () => {
+    for (const actDtype of ["i4", "i16"]) {
+      expect(() => openEngine(backend, models[0]!.pack, { actDtype: actDtype as never })).toThrow(RangeError);
+    }
+  });
+
+  it("the core refuses act_dtype 3 (the removed two-term mode i16) as an invalid argument, naming i16x1 and f32", () => {
+    const refused = openWithCodes(backend, models[0]!.pack, { actDtype: 3 });
+    expect(refused.status).toBe(5); // KVL_ERR_INVALID_ARG
+    expect(refused.error).toBe("act_dtype = 3 (i16, two integer terms per input) was removed: use i16x1 (4), faster on every " +
+      "kernel set, or f32 (1), the exact mode");
+    // the codes on either side still open
+    for (const actDtype of [2, 4]) expect(openWithCodes(backend, models[0]!.pack, { actDtype }).status).toBe(0);
   });
 });

@@ -467,17 +467,22 @@ describe("preprocessor_config.json", () => {
     const dir = pack("ok", shipped);
     expect(loadPreprocessorConfig(dir)).toEqual(SHIPPED);
     expect(loadPreprocessorConfig(dir, [1, 1]).mergeKernel).toEqual([1, 1]);
+    // JSON has one number type: 14.0 is the integer 14
+    expect(loadPreprocessorConfig(pack("ok-float", shipped.replace('"patch_size":14', '"patch_size":14.0')))).toEqual(SHIPPED);
   });
 
   it("names the file and key when damaged", async () => {
     const cases: Array<[string, RegExp]> = [
-      [shipped.replace('"patch_size":14', '"patch_size":"14"'), /preprocessor_config\.json: 'patch_size' must be a positive integer, got '14'/],
-      [shipped.replace('"patch_size":14', '"patch_size":14.0'), /'patch_size' must be a positive integer, got 14\.0/],
+      [shipped.replace('"patch_size":14', '"patch_size":"14"'), /preprocessor_config\.json: 'patch_size' must be a positive integer, got "14"/],
+      [shipped.replace('"patch_size":14', '"patch_size":14.5'), /'patch_size' must be a positive integer, got 14\.5/],
+      [shipped.replace('"patch_size":14,', ''), /'patch_size' must be a positive integer, got nothing \(it is missing\)/],
+      [shipped.replace('"pad_input":true', '"pad_input":1'), /preprocessor_config\.json: 'pad_input' must be true or false, got 1;/],
       [shipped.replace('"in_token_limit":4096', '"in_token_limit":0'), /'in_token_limit' must be a positive integer, got 0/],
       [shipped.replace('"image_mean":[0.5,0.5,0.5]', '"image_mean":[0.5,0.5]'), /'image_mean' must be a list of 3 finite numbers/],
       [shipped.replace('"image_std":[0.5,0.5,0.5]', '"image_std":[0.5,0,0.5]'), /'image_std' contains a zero/],
       [shipped.replace('"merge_kernel_size":[2,2]', '"merge_kernel_size":[2]'), /'merge_kernel_size' must be two positive integers, got \[2\]/],
-      ["{not json", /preprocessor_config\.json is not valid JSON/],
+      ["{not json", /preprocessor_config\.json is not valid JSON \(.* \(line 1 column 2\)\); rerun kvl pack$/],
+      ["{\n \"patch_size\": NaN}", /preprocessor_config\.json is not valid JSON \(.*NaN.*\); rerun kvl pack$/],
       ["[1, 2]", /preprocessor_config\.json is not a JSON object/],
     ];
     let i = 0;

@@ -1,8 +1,8 @@
 /**
  * host/pack/model-spec.ts: the tensor inventory of a config (the tiny preset's against the shards the
  * synthesizer wrote in the official layout, the full preset's against the real checkpoint's
- * shapes), config validation with kvl/modelspec.py's exact messages (recorded from it), the
- * source check, and the hparam table of docs/FORMAT.md.
+ * shapes), config validation with kvl/modelspec.py's messages (recorded from it; values now
+ * spelt as JSON.stringify spells them), the source check, and the hparam table of docs/FORMAT.md.
  */
 import { join } from "node:path";
 
@@ -12,26 +12,20 @@ import type { CoreBackend } from "../host/core/core-api.js";
 import {
   type Inventory, type InventoryView, checkSource, checkSupported, countParams, expectedTensors, hparams, modelDims, textDims,
 } from "../host/pack/model-spec.js";
-import { loadsPy } from "../host/pack/py-json.js";
 import { UserError } from "../host/system/user-error.js";
 import { presetConfigText } from "../packer/synth.js";
 import { CheckpointSource } from "../packer/tensor-source.js";
 import { anyCore, tempDir, tinyCheckpoint } from "./support/pack-fixtures.js";
 
 type Json = Record<string, unknown>;
-const tiny = (): Json => loadsPy(presetConfigText("tiny")) as Json;
-const full = (): Json => loadsPy(presetConfigText("full")) as Json;
+const tiny = (): Json => JSON.parse(presetConfigText("tiny")) as Json;
+const full = (): Json => JSON.parse(presetConfigText("full")) as Json;
 
-/** A literal JSON number text (so `64.0` stays a float literal after re-parsing). */
-class Raw {
-  constructor(readonly text: string) {}
-}
+/** The tiny config edited, as config.json text parsed again. */
 function edited(edit: (c: Json, t: Json, v: Json) => void): unknown {
   const c = tiny();
   edit(c, c.text_config as Json, c.vision_config as Json);
-  const raws: string[] = [];
-  const text = JSON.stringify(c, (_k, v: unknown) => (v instanceof Raw ? `@@${raws.push(v.text) - 1}@@` : v));
-  return loadsPy(text.replace(/"@@(\d+)@@"/g, (_m, i: string) => raws[Number(i)]!));
+  return JSON.parse(JSON.stringify(c));
 }
 
 describe("expected tensors", () => {
@@ -99,13 +93,16 @@ describe("config validation (kvl/modelspec.py's messages)", () => {
 
   const cases: Array<[string, (c: Json, t: Json, v: Json) => void, string]> = [
     ["q_lora", (_c, t) => { t.q_lora_rank = 64; }, "text_config.q_lora_rank = 64: low-rank query projection is not supported (Kimi-VL uses null)"],
-    ["rope_scaling", (_c, t) => { t.rope_scaling = { type: "yarn", factor: new Raw("4.0") }; },
-      'text_config.rope_scaling = {"type": "yarn", "factor": 4.0}: RoPE scaling (YaRN etc.) is not supported (Kimi-VL uses null)'],
+    ["rope_scaling", (_c, t) => { t.rope_scaling = { type: "yarn", factor: 4 }; },
+      'text_config.rope_scaling = {"type":"yarn","factor":4}: RoPE scaling (YaRN etc.) is not supported (Kimi-VL uses null)'],
     ["scoring", (_c, t) => { t.scoring_func = "softmax"; }, 'text_config.scoring_func = "softmax": only \'sigmoid\' router scoring is supported'],
     ["topk_method", (_c, t) => { t.topk_method = "greedy"; }, 'text_config.topk_method = "greedy": only \'noaux_tc\' expert selection is supported'],
     ["hidden_act", (_c, t) => { t.hidden_act = "gelu"; }, 'text_config.hidden_act = "gelu": only \'silu\' is supported'],
     ["attn_bias", (_c, t) => { t.attention_bias = true; }, "text_config.attention_bias = true: attention biases are not supported"],
+    ["attn_bias_int", (_c, t) => { t.attention_bias = 1; },
+      "config.json: text_config.attention_bias = 1 is not true or false; fix or re-download config.json"],
     ["tie", (c) => { c.tie_word_embeddings = true; }, "tie_word_embeddings = true: a tied lm_head is not supported (Kimi-VL has a separate lm_head)"],
+    ["tie_str", (c) => { c.tie_word_embeddings = "no"; }, 'config.json: tie_word_embeddings = "no" is not true or false; fix or re-download config.json'],
     ["odd_rope", (_c, t) => { t.qk_rope_head_dim = 15; }, "text_config.qk_rope_head_dim = 15 is odd; RoPE needs an even dimension"],
     ["no_experts", (_c, t) => { t.n_routed_experts = 0; }, "text_config.n_routed_experts = 0: a model without routed experts is not supported"],
     ["indivisible", (_c, t) => { t.n_group = 3; }, "text_config.n_routed_experts = 8 is not divisible by n_group = 3"],
@@ -120,12 +117,13 @@ describe("config validation (kvl/modelspec.py's messages)", () => {
     ["vhead4", (_c, _t, v) => { v.num_attention_heads = 32; }, "vision head_dim = 2 is not divisible by 4 (2D RoPE splits it into x/y pairs)"],
     ["merge", (_c, _t, v) => { v.merge_kernel_size = [3, 3]; }, "vision_config.merge_kernel_size = [3, 3]: only [2, 2] patch merging is supported"],
     ["media", (c) => { c.media_placeholder_token_id = 163840; }, "media_placeholder_token_id = 163840 is not a token id below vocab_size 163840"],
+    ["media_bool", (c) => { c.media_placeholder_token_id = true; }, "media_placeholder_token_id = true is not a token id below vocab_size 163840"],
     ["media_none", (c) => { delete c.media_placeholder_token_id; }, "media_placeholder_token_id is missing; it must be a token id below vocab_size 163840"],
     ["vact", (_c, _t, v) => { v.hidden_act = "relu"; }, 'vision_config.hidden_act = "relu": only the GELU-tanh vision MLP is supported'],
     ["missing", (_c, t) => { delete t.hidden_size; }, "config.json: text_config.hidden_size is missing; re-download config.json"],
     ["str_int", (_c, t) => { t.hidden_size = "64"; }, 'config.json: text_config.hidden_size = "64" is not an integer; fix or re-download config.json'],
     ["bool_int", (_c, t) => { t.hidden_size = true; }, "config.json: text_config.hidden_size = true is not an integer; fix or re-download config.json"],
-    ["float_int", (_c, t) => { t.hidden_size = new Raw("64.0"); }, "config.json: text_config.hidden_size = 64.0 is not an integer; fix or re-download config.json"],
+    ["float_int", (_c, t) => { t.hidden_size = 64.5; }, "config.json: text_config.hidden_size = 64.5 is not an integer; fix or re-download config.json"],
     ["zero", (_c, t) => { t.vocab_size = 0; }, "config.json: text_config.vocab_size = 0 must be positive"],
     ["qlora_str", (_c, t) => { t.q_lora_rank = "x"; }, 'config.json: text_config.q_lora_rank = "x" must be null or an integer'],
     ["neg_routed", (_c, t) => { t.n_routed_experts = -1; }, "config.json: text_config.n_routed_experts = -1 must not be negative"],
@@ -137,6 +135,14 @@ describe("config validation (kvl/modelspec.py's messages)", () => {
   ];
   it.each(cases)("%s", (_name, edit, message) => {
     expect(checkSupported(edited(edit))).toEqual([message]);
+  });
+
+  it("reads an integer field written with a fraction or an exponent (JSON has one number type)", () => {
+    const text = presetConfigText("tiny").replace('"hidden_size": 64,', '"hidden_size": 64.0,').replace('"vocab_size": 163840,', '"vocab_size": 1.6384e5,');
+    expect(text).toContain('"hidden_size": 64.0,');
+    expect(text).toContain('"vocab_size": 1.6384e5,');
+    expect(checkSupported(JSON.parse(text))).toEqual([]);
+    expect(textDims(JSON.parse(text))).toMatchObject({ hidden_size: 64, vocab_size: 163840 });
   });
 
   it("refuses a config that is not an object", () => {

@@ -384,6 +384,6 @@ describe("rules of the format that store.c enforces", () => {
   it.each([Infinity, NaN])("refuses hparam %s", async (value) => {
     const files = Object.fromEntries(IDX_FILES.map((f) => [f, fixCrc(setHparam(readFileSync(join(base, f)), "text.rms_norm_eps", value))]));
     const dir = materialize({ label: "hp", files });
-    await expect(verify(dir)).rejects.toThrow(`trunk.idx: hparam 'text.rms_norm_eps' = ${value === Infinity ? "inf" : "nan"} is not a finite number`);
+    await expect(verify(dir)).rejects.toThrow(`trunk.idx: hparam 'text.rms_norm_eps' = ${value === Infinity ? "Infinity" : "NaN"} is not a finite number`);
   });
 });

@@ -7,7 +7,7 @@
  * of another source is refused and leaves it as it was; and the WebAssembly and native cores give
  * byte-identical packs, even when a pack started on one finishes on the other.
  */
-import { existsSync, readFileSync, readdirSync, rmSync, appendFileSync, unlinkSync, statSync, copyFileSync, mkdirSync } from "node:fs";
+import { existsSync, readFileSync, readdirSync, rmSync, appendFileSync, unlinkSync, statSync, copyFileSync, mkdirSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -183,6 +183,19 @@ describe("a damaged journal", () => {
     expect(lines[0]).toBe(`resuming the pack in ${dst}: 32 items already written`);
     expect(lines).toContain("vision.bin is missing or resized; rewriting its items");
     expect(treeDiff(treeBytes(dst), clean)).toBeNull();
+  });
+
+  it("refuses, in one line, to resume when the journal's shards.json is not its list of shard digests", async () => {
+    const dst = out();
+    const r = runPack(packArgs(ckpt, dst, "native"), { KVL_PACK_TEST_KILL_AT: "flush:1", KVL_PACK_FLUSH_ITEMS: "8" });
+    expect(r.signal).toBe("SIGKILL");
+    const shards = join(dst, ".pack-journal", "shards.json");
+    expect((JSON.parse(readFileSync(shards, "utf8")) as unknown[]).length).toBe(3);
+    for (const damaged of ["[[\"model-00001-of-00003.safetensors\"", '{"model-00001-of-00003.safetensors": "x"}', "[[1, 2]]"]) {
+      writeFileSync(shards, damaged);
+      await expect(packCheckpoint(ckpt, dst, { core: native, allowRevision: true })).rejects.toThrow(new UserError(
+        `${shards}: not a list of [shard, digest] pairs, so the unfinished pack cannot be resumed; delete its directory and pack again`));
+    }
   });
 
   it("refuses to resume an unfinished pack of another source, even one with the same layout (another seed)", async () => {

@@ -118,7 +118,7 @@ describe("index encoding", () => {
     expect(() => decodeIndex(data, "vision.idx")).toThrow(/^vision\.idx: CRC mismatch \(stored [0-9a-f]{8}, computed [0-9a-f]{8}\)/);
     expect(() => decodeIndex(data.subarray(0, -3), "vision.idx")).toThrow(/expected \d+ bytes from its header, found \d+/);
     const bad = Buffer.concat([Buffer.from("NOTANIDX"), data.subarray(8)]);
-    expect(() => decodeIndex(bad, "vision.idx")).toThrow("vision.idx: bad magic b'NOTANIDX' (expected b'KVLIDX01') — not a kvl index; rerun kvl pack");
+    expect(() => decodeIndex(bad, "vision.idx")).toThrow('vision.idx: bad magic "NOTANIDX" (expected "KVLIDX01") — not a kvl index; rerun kvl pack');
   });
 });
 
@@ -421,6 +421,33 @@ describe("damaged packs", () => {
     expect(() => decodeIndex(data, "trunk.idx")).toThrow("CRC mismatch");
     unlinkSync(join(p, "PACK_COMPLETE.json"));
     await expect(verify(p)).rejects.toThrow(`${p}: PACK_COMPLETE.json is missing — the pack is incomplete; rerun kvl pack`);
+  });
+
+  it("reads PACK_COMPLETE.json as JSON and names what is wrong in it", async () => {
+    const p = copy();
+    const path = join(p, "PACK_COMPLETE.json");
+    const marker = JSON.parse(readFileSync(path, "utf8")) as Record<string, unknown>;
+    // readers parse JSON: another layout of the same members reads the same
+    writeFileSync(path, JSON.stringify(marker));
+    await verify(p);
+    const refusal = async (text: string | Buffer): Promise<string> => {
+      writeFileSync(path, text);
+      const err = await verify(p).then(() => null, (e: unknown) => e);
+      expect(err).toBeInstanceOf(UserError);
+      return (err as UserError).message;
+    };
+    const hint = "the pack is incomplete; rerun kvl pack";
+    expect(await refusal('{"format_version": 1,\n "files" 1}')).toMatch(
+      new RegExp(`^${path.replace(/[.\\/]/g, "\\$&")}: unreadable \\(.* at position 31 \\(line 2 column 10\\)\\) — ${hint}$`));
+    expect(await refusal(Buffer.from([0x7b, 0xff, 0x7d]))).toBe(`${path}: unreadable (not UTF-8 text) — ${hint}`);
+    expect(await refusal("[1]")).toBe(`${path}: unreadable (the marker is not a JSON object) — ${hint}`);
+    expect(await refusal(JSON.stringify({ format_version: 1 }))).toBe(`${path}: unreadable ("files" is missing) — ${hint}`);
+    expect(await refusal(JSON.stringify({ ...marker, files: [1] }))).toBe(`${path}: "files" is not a table of file entries — ${hint}`);
+    expect(await refusal(JSON.stringify({ ...marker, format_version: "1" }))).toBe(
+      `${path}: format version "1", this kvl reads versions 1 and 2; repack with this kvl version`);
+    const files = marker.files as Record<string, { size: number; crc32: number }>;
+    expect(await refusal(JSON.stringify({ ...marker, files: { ...files, "trunk.idx": { ...files["trunk.idx"], size: String(files["trunk.idx"]!.size) } } })))
+      .toBe("trunk.idx: does not match PACK_COMPLETE.json (size/CRC differ) — the pack was modified or is corrupt; rerun kvl pack");
   });
 
   it("finds corrupt data only with the data CRC check, naming the tensor", async () => {

@@ -5,6 +5,15 @@
  * checkpoint files and the TypeScript packer the same pack files, byte for byte (sha256 of
  * every file, and no other files). Packs are made on both cores.
  *
+ * The JSON files (config.json, tokenizer_config.json, generation_config.json,
+ * preprocessor_config.json, model.safetensors.index.json, the safetensors headers and
+ * PACK_COMPLETE.json) are now the platform JSON's bytes (JSON.stringify; docs/FORMAT.md "JSON
+ * files"), not a copy of Python's json.dumps. Recomputed with it, every recorded sha256 stayed
+ * as the Python packer wrote it: JSON.stringify lays out these files as json.dumps did, and the
+ * synthesizer spells config.json's three float literals (800000.0, 1e-05, 0.0) as the official
+ * file does, because every .idx embeds config.json verbatim. A JSON file's hash may change in
+ * the fixture if its layout ever changes; the .bin and .idx hashes must not.
+ *
  * The full-size preset (33 GB checkpoint, 18.5 GB pack, about 5 minutes) is too big for the
  * suite: bench/full-pack.mjs checks its pack hashes and peak RSS.
  */

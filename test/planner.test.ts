@@ -23,10 +23,9 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import type { CoreBackend, CoreEngine } from "../host/core/core-api.js";
 import { openHostedEngine } from "../host/engine/engine-host.js";
 import { NativeBackend } from "../host/core/native-backend.js";
-import {
-  MIB, NODE_NATIVE_BYTES, NODE_WASM_BYTES, PTHREAD_WORKER_BYTES, type PackFacts, type PlanOptions, type RamPlan,
-  WASM_MIN_INSTANCE_BYTES, largestGrid, planFromFacts, readPackFacts, trunkTensorBytes,
-} from "../host/plan/planner.js";
+import { MIB, type PackFacts, WASM_MIN_INSTANCE_BYTES, largestGrid, readPackFacts, trunkTensorBytes } from "../host/plan/core-bytes.js";
+import { NODE_NATIVE_BYTES, NODE_WASM_BYTES, PTHREAD_WORKER_BYTES, type RamPlan, planFromFacts } from "../host/plan/planner.js";
+import type { PlanOptions } from "../host/plan/settings.js";
 import type { SplitEngine } from "../host/engine/split-engine.js";
 import { UserError } from "../host/system/user-error.js";
 import { WasmBackend } from "../host/core/wasm-backend.js";
@@ -87,8 +86,7 @@ describe.each(BACKENDS)("the plan on %s", (backend) => {
     it.each([
       { trunk: "auto", kvDtype: "f32", actDtype: "f32" }, { trunk: "stream", kvDtype: "f32", actDtype: "f32" },
       { trunk: "part", kvDtype: "f32", actDtype: "f32" }, { trunk: "part", kvDtype: "bf16", actDtype: "f32" },
-      // --act-dtype i16: int16 trunk rows with their scales, the quantised-input workspace
-      { trunk: "auto", kvDtype: "f32", actDtype: "i16" }, { trunk: "part", kvDtype: "f32", actDtype: "i16" },
+      // the integer modes: int16 trunk rows with their scales, the quantised-input workspace, the int16 KV cache
       { trunk: "auto", kvDtype: "i16", actDtype: "i16x1" }, { trunk: "part", kvDtype: "i16", actDtype: "i16x1" },
       { trunk: "part", kvDtype: "i16", actDtype: "i8" },
     ] as const)("equals what each range's engine reports (trunk $trunk, KV $kvDtype, Linear inputs $actDtype)", async ({ trunk, kvDtype, actDtype }) => {
@@ -145,7 +143,7 @@ describe.each(BACKENDS)("the plan on %s", (backend) => {
 describe.each(BACKENDS)("the plan of a Q8-trunk pack (kvl pack --trunk-dtype q8) on %s", (backend) => {
   it.each([
     { instances: 1, trunk: "auto", actDtype: "f32" }, { instances: 2, trunk: "part", actDtype: "f32" },
-    { instances: 1, trunk: "auto", actDtype: "i16" }, { instances: 2, trunk: "part", actDtype: "i16" },
+    { instances: 1, trunk: "auto", actDtype: "i16x1" }, { instances: 2, trunk: "part", actDtype: "i16x1" },
     { instances: 1, trunk: "auto", actDtype: "bf16" }, { instances: 2, trunk: "auto", actDtype: "i16x1" },
     { instances: 2, trunk: "part", actDtype: "i8" },
   ] as const)("equals what each range's engine reports ($instances instance(s), trunk $trunk, Linear inputs $actDtype)", async ({ instances, trunk, actDtype }) => {
@@ -535,6 +533,7 @@ describe("bad inputs", () => {
     ["act dtype i16x1 with an f32 KV cache", { kvDtype: "f32" as const, actDtype: "i16x1" as const }, /kv dtype f32 does not go with act dtype i16x1/],
     ["act dtype i8 with a bf16 KV cache", { kvDtype: "bf16" as const, actDtype: "i8" as const }, /kv dtype bf16 does not go with act dtype i8/],
     ["act dtype", { actDtype: "i4" as never }, /act dtype 'i4' unknown/],
+    ["the removed act dtype i16", { actDtype: "i16" as never }, /^act dtype 'i16' unknown; use one of f32, bf16, i16x1, i8$/],
     ["instance limit below the module's minimum", { backend: "wasm" as const, maxInstanceBytes: 16 * MIB }, /instance memory limit/],
   ] as const)("%s is a UserError", (_name, change, pattern) => {
     expect(() => planOf({ ...ok, ...change })).toThrow(UserError);

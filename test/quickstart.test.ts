@@ -39,7 +39,7 @@ describe.runIf(process.platform !== "win32")("scripts/quickstart --demo", () => 
     expect(out.match(/^PASS$/gm)?.length).toBe(2);
     expect(out).toContain(`packed into ${join(scratch, "cache", "kvl", "demo-tiny")}`);
     // the chat opened on the demo model, then replied to "hello" (random weights: noise) before /quit
-    expect(r.stderr).toMatch(/^kvl chat: \w+, 1 engine, kernels [\w-]+; RAM plan \d+ MiB/m);
+    expect(r.stderr).toMatch(/^kvl chat: \w+, 1 engine, kernels [\w-]+, Linear inputs \w+ \([^)]+\); RAM plan \d+ MiB/m);
     const reply = r.stdout.slice(r.stdout.indexOf("== chat")).split("\n").slice(1).join("\n");
     expect(reply.trim().length).toBeGreaterThan(20);
   }, 600_000);

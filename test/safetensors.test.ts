@@ -93,7 +93,7 @@ describe("reading", () => {
     }
   });
 
-  it("reads a sharded checkpoint in index order and writes the index as the Python writer did", async () => {
+  it("reads a sharded checkpoint in index order and writes the index (two-space JSON, the Python writer's bytes)", async () => {
     const dir = fresh();
     rawShard(join(dir, "s1.safetensors"), { x: { dtype: "F32", shape: [4], data_offsets: [0, 16] } }, randomBytes(16, 5));
     rawShard(join(dir, "s2.safetensors"), {
@@ -146,6 +146,19 @@ describe("writing", () => {
     expect(readFileSync(path2).equals(readFileSync(path))).toBe(true);
   });
 
+  it("writes and reads back a tensor named __proto__ (an ordinary JSON member)", async () => {
+    const path = join(fresh(), "p.safetensors");
+    const writer = new SafetensorsWriter(path, [{ name: "__proto__", dtype: "F32", shape: [1] }]);
+    writer.write("__proto__", randomBytes(4, 9));
+    writer.close();
+    const header = readFileSync(path).subarray(8, 8 + Number(readFileSync(path).readBigUInt64LE(0))).toString().trimEnd();
+    expect(header).toBe('{"__metadata__":{"format":"pt"},"__proto__":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}');
+    const file = await SafetensorsFile.open(path);
+    expect([...file.tensors.keys()]).toEqual(["__proto__"]);
+    expect(Buffer.from(await file.read("__proto__")).equals(randomBytes(4, 9))).toBe(true);
+    await file.close();
+  });
+
   it("enforces order and completeness; an unfinished file never gets its final name", () => {
     const dir = fresh();
     const path = join(dir, "y.safetensors");
@@ -155,7 +168,7 @@ describe("writing", () => {
     w.write("a", new Float32Array(2));
     expect(() => w.close()).toThrow("closed before tensor b was written");
     expect(existsSync(path)).toBe(false);
-    expect(() => new SafetensorsWriter(join(dir, "z.safetensors"), [{ name: "a", dtype: "Q4", shape: [1] }])).toThrow("unknown safetensors dtype 'Q4' for a");
+    expect(() => new SafetensorsWriter(join(dir, "z.safetensors"), [{ name: "a", dtype: "Q4", shape: [1] }])).toThrow(`unknown safetensors dtype "Q4" for a`);
     expect(() => new SafetensorsWriter(join(dir, "z.safetensors"), [{ name: "a", dtype: "F32", shape: [1] }, { name: "a", dtype: "F32", shape: [1] }]))
       .toThrow("duplicate tensor name a");
     const aborted = new SafetensorsWriter(join(dir, "q.safetensors"), [{ name: "a", dtype: "F32", shape: [1] }]);
@@ -180,16 +193,17 @@ describe("bad files", () => {
   const good = { dtype: "F32", shape: [2, 3], data_offsets: [0, 24] };
   it.each([
     ["huge_len", "corrupt header: header length field says 1099511627776 bytes"],
-    ["not_json", "not valid JSON (Expecting property name enclosed in double quotes"],
-    ["bad_dtype", "has tensor w with unknown dtype 'Q7'; this checkpoint format is not supported; re-download it"],
+    ["not_json", "has a corrupt header: not valid JSON ("],
+    ["not_utf8", "has a corrupt header: not valid JSON (not UTF-8 text)"],
+    ["bad_dtype", 'has tensor w with unknown dtype "Q7"; this checkpoint format is not supported; re-download it'],
     ["size_mismatch", "needs 24 bytes but data_offsets [0, 20] span 20"],
     ["beyond_end", "is truncated: header says 48 bytes of data, file has 24"],
     ["overlap", "overlap"],
     ["too_short", "is truncated: 2 bytes, too short for a safetensors header length"],
-    ["float_offsets", "has a corrupt header: tensor w has shape [2, 3] and data_offsets [0.0, 24.0]"],
-    ["bool_dim", "has a corrupt header: tensor w has shape [True, 3] and data_offsets [0, 24]"],
+    ["float_offsets", "has a corrupt header: tensor w has shape [2,3] and data_offsets [0.5,24]"],
+    ["bool_dim", "has a corrupt header: tensor w has shape [true,3] and data_offsets [0,24]"],
     ["not_object", "the JSON header is not an object"],
-    ["lacks_fields", "entry 'w' lacks dtype/shape/data_offsets"],
+    ["lacks_fields", 'entry "w" lacks dtype/shape/data_offsets'],
   ])("%s", async (kind, expected) => {
     const dir = fresh();
     const path = join(dir, "model.safetensors");
@@ -197,15 +211,15 @@ describe("bad files", () => {
       const len = Buffer.alloc(8);
       len.writeBigUInt64LE(1n << 40n);
       writeFileSync(path, Buffer.concat([len, Buffer.from("{}")]));
-    } else if (kind === "not_json") {
+    } else if (kind === "not_json" || kind === "not_utf8") {
       const len = Buffer.alloc(8);
       len.writeBigUInt64LE(5n);
-      writeFileSync(path, Buffer.concat([len, Buffer.from("{nope"), Buffer.alloc(8)]));
+      writeFileSync(path, Buffer.concat([len, Buffer.from(kind === "not_json" ? "{nope" : "{\xff}", "latin1"), Buffer.alloc(8)]));
     } else if (kind === "too_short") {
       writeFileSync(path, Buffer.from([1, 2]));
     } else if (kind === "float_offsets" || kind === "bool_dim") {
       const text = kind === "float_offsets"
-        ? '{"w": {"dtype": "F32", "shape": [2, 3], "data_offsets": [0.0, 24.0]}}'
+        ? '{"w": {"dtype": "F32", "shape": [2, 3], "data_offsets": [0.5, 24]}}'
         : '{"w": {"dtype": "F32", "shape": [true, 3], "data_offsets": [0, 24]}}';
       const len = Buffer.alloc(8);
       len.writeBigUInt64LE(BigInt(text.length));
@@ -235,9 +249,9 @@ describe("bad files", () => {
     writeIndex(dir, new Map([["x", "s1.safetensors"], ["y", "s1.safetensors"]]), 16);
     expect((await openError(dir)).message).toContain("does not contain tensor y");
     writeIndex(dir, new Map([["x", "../s1.safetensors"]]), 16);
-    expect((await openError(dir)).message).toContain("names shard '../s1.safetensors' outside the checkpoint directory");
+    expect((await openError(dir)).message).toContain('names shard "../s1.safetensors" outside the checkpoint directory');
     writeFileSync(join(dir, INDEX_NAME), "{not json");
-    expect((await openError(dir)).message).toMatch(/is unreadable \(Expecting property name.*\); re-download it/);
+    expect((await openError(dir)).message).toMatch(new RegExp(`^${INDEX_NAME.replace(/\./g, "\\.")} is unreadable \\(.* \\(line 1 column 2\\)\\); re-download it$`));
     writeFileSync(join(dir, INDEX_NAME), '{"weight_map": {}}');
     expect((await openError(dir)).message).toContain("has no valid weight_map; re-download it");
     expect((await openError(join(dir, "nowhere"))).message).toContain("does not exist; pass the folder that holds config.json");
@@ -249,7 +263,11 @@ describe("bad files", () => {
     const src = await CheckpointSource.open(dir);
     expect(() => src.config()).toThrow(new UserError(`${dir} has no config.json; download it with the checkpoint`));
     writeFileSync(join(dir, "config.json"), "{not json");
-    expect(() => src.config()).toThrow(/^config\.json is unreadable \(Expecting property name .*\); re-download it$/);
+    expect(() => src.config()).toThrow(/^config\.json is unreadable \(.* \(line 1 column 2\)\); re-download it$/);
+    writeFileSync(join(dir, "config.json"), '{"a":\n  NaN}');
+    expect(() => src.config()).toThrow(/^config\.json is unreadable \(.*NaN.*\); re-download it$/);
+    writeFileSync(join(dir, "config.json"), Buffer.from([0x7b, 0xff, 0x7d]));
+    expect(() => src.config()).toThrow(new UserError("config.json is unreadable (not UTF-8 text); re-download it"));
     writeFileSync(join(dir, "config.json"), "[1]");
     expect(() => src.config()).toThrow("config.json is not a JSON object; re-download it");
     await src.close();
@@ -265,7 +283,7 @@ describe("revision and assets", () => {
     expect(findRevision(explicit)).toBe(REV);
     const bad = fresh();
     writeFileSync(join(bad, ".kvl_revision"), "main\n");
-    expect(() => findRevision(bad)).toThrow(new UserError(`${join(bad, ".kvl_revision")} holds 'main', not a 40-hex-digit commit hash; fix or delete it`));
+    expect(() => findRevision(bad)).toThrow(new UserError(`${join(bad, ".kvl_revision")} holds "main", not a 40-hex-digit commit hash; fix or delete it`));
     const hub = fresh();
     const meta = join(hub, ".cache", "huggingface", "download");
     mkdirSync(join(meta, "sub"), { recursive: true });

@@ -21,7 +21,7 @@ import type { ReplyReport } from "../host/chat-model.js";
 import { ImageInput, type Message, sha256Hex } from "../host/text/conversation.js";
 import { checkImage, decodeImage } from "../host/image/image-decode.js";
 import { packageRoot } from "../host/system/paths.js";
-import { bodySlots } from "../host/plan/planner.js";
+import { bodySlots } from "../host/plan/input-lines.js";
 import { DEFAULT_TEMPERATURE, type ReplyParams } from "../host/text/reply-params.js";
 import { UserError } from "../host/system/user-error.js";
 import * as anthropic from "../server/anthropic.js";

@@ -247,7 +247,7 @@ describe("special tokens", () => {
     // spec §8 ids (the synthesized tokenizer_config.json keeps the official special ids)
     expect([tok.imEnd, tok.eos, tok.mediaPad]).toEqual([163586, 163585, 163605]);
     expect(tok.idOf("<|im_user|>")).toBe(163587);
-    expect(() => tok.idOf("<|no_such|>")).toThrow(/has no special token '<\|no_such\|>'/);
+    expect(() => tok.idOf("<|no_such|>")).toThrow(/has no special token "<\|no_such\|>"/);
   });
 
   it("encodes and decodes every special by name", () => {
@@ -324,18 +324,18 @@ describe("missing or corrupt tokenizer files", () => {
   it("names a missing or invalid tokenizer_config.json", () => {
     expect(fails(copy(() => {}, ["tiktoken.model"])).message).toMatch(/tokenizer_config\.json is missing; rerun kvl pack/);
     const bad = copy((d) => writeFileSync(join(d, "tokenizer_config.json"), "{\"added_tokens_decoder\": "));
-    expect(fails(bad).message).toMatch(/tokenizer_config\.json is not valid JSON.*rerun kvl pack/);
+    expect(fails(bad).message).toMatch(/tokenizer_config\.json is not valid JSON \(Unexpected end of JSON input\); rerun kvl pack$/);
     const none = copy((d) => writeFileSync(join(d, "tokenizer_config.json"), "{\"eos_token\": \"[EOS]\"}"));
     expect(fails(none).message).toMatch(/has no added_tokens_decoder object.*rerun kvl pack/);
     const entry = copy((d) => writeFileSync(join(d, "tokenizer_config.json"), "{\"added_tokens_decoder\": {\"x\": {\"content\": \"a\"}}}"));
-    expect(fails(entry).message).toMatch(/bad added_tokens_decoder entry 'x'/);
+    expect(fails(entry).message).toMatch(/tokenizer_config\.json: bad added_tokens_decoder entry "x"; rerun kvl pack$/);
   });
 
   it("refuses a config without the specials the runtime needs", () => {
     const config = JSON.parse(readFileSync(join(pack, "tokenizer_config.json"), "utf8")) as { added_tokens_decoder: Record<string, { content: string }> };
     config.added_tokens_decoder[String(G.ids.media_pad)]!.content = "<|something_else|>";
     const dir = copy((d) => writeFileSync(join(d, "tokenizer_config.json"), JSON.stringify(config)));
-    expect(fails(dir).message).toMatch(/has no special token '<\|media_pad\|>'; the model directory is not a Kimi-VL pack/);
+    expect(fails(dir).message).toMatch(/has no special token "<\|media_pad\|>"; the model directory is not a Kimi-VL pack/);
   });
 
   it("takes eos from the config, also as an AddedToken object", () => {

@@ -7,9 +7,9 @@
  *     (each reference step's top-1 / top-2 margin asserted above twice the tolerance), on both
  *     tiny presets;
  *   - every kernel set of each backend that this CPU has, with FP32 activations and with the
- *     integer activation modes (act_dtype i16, i16x1: matmul_q8_i16 on the Q8 trunk; i8:
- *     matmul_q8_i8; i16x1 and i8 within their own bounds, actModeBound);
- *   - a partly streamed trunk (half the trunk cache), FP32, i16, i16x1 and i8;
+ *     integer activation modes (act_dtype i16x1: matmul_q8_i16 on the Q8 trunk; i8:
+ *     matmul_q8_i8; each within its own bound, actModeBound);
+ *   - a partly streamed trunk (half the trunk cache), FP32, i16x1 and i8;
  *   - a forced split over 2 instances: the unsplit run's logits bit for bit, and its tokens;
  *   - BF16 activations (matmul_q8_xb) run and stay within BF16 rounding of the reference;
  *   - the engine's resident trunk bytes are the Q8 records' sizes, below the BF16 pack's.
@@ -63,7 +63,7 @@ function openEngine(backend: BackendName, pack: string, options: Omit<EngineOpti
   return core(backend).openEngine(pack, { nThreads: THREADS, ...options });
 }
 
-const ACTS = ["f32", "i16", "i16x1", "i8"] as const;
+const ACTS = ["f32", "i16x1", "i8"] as const;
 type Act = (typeof ACTS)[number];
 const boundFor = (m: Model, act: Act, ids: number[]): number => actModeBound(act, m.reference, m.rounded, ids);
 

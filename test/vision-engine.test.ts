@@ -345,7 +345,7 @@ describe("the addon's own checks (visionBytes / visionEncode)", () => {
     const { status, engine } = addon.engineOpen(pack, engineOptionCodes({ nThreads: THREADS, loadVision: true }));
     expect(status).toBe(0);
     try {
-      const H = addon.engineInfo(engine!).hidden_size;
+      const H = addon.engineInfo(engine!).hiddenSize;
       const out = new Float32Array(12 * H);
       const failed = errorOf(() => addon.visionEncode(engine!, pixels.subarray(0, 12 * patchValues), Int32Array.of(3, 4), new Float32Array(3 * H)));
       expect((failed as { code?: string }).code).toBe("ERR_KVL_STATUS");

@@ -12,7 +12,7 @@ import type { BackendName } from "../core/core-api.js";
 import type { DecodeRecord, PromptRecord } from "./bench-model.js";
 
 /** What a run must hold for the comparison (bench-run.ts RunRecord). */
-export interface ComparableRun {
+interface ComparableRun {
   backend: BackendName;
   prompt_tokens: number;
   cold_prompt?: PromptRecord;
@@ -22,13 +22,13 @@ export interface ComparableRun {
   peak_rss_bytes?: number | null;
 }
 
-export const PROMPT_FIGURES = ["first_token_s", "prefill_tokens_per_s", "ratio"] as const;
-export const DECODE_FIGURES = ["tokens_per_s", "s_per_token_mean", "s_per_token_median", "ratio"] as const;
+const PROMPT_FIGURES = ["first_token_s", "prefill_tokens_per_s", "ratio"] as const;
+const DECODE_FIGURES = ["tokens_per_s", "s_per_token_mean", "s_per_token_median", "ratio"] as const;
 
 export type PromptComparison = Partial<Record<(typeof PROMPT_FIGURES)[number], number>>;
 export type DecodeComparison = Partial<Record<(typeof DECODE_FIGURES)[number] | "adjacent_ratio", number>>;
 
-export interface PromptLengthComparison {
+interface PromptLengthComparison {
   prompt_tokens: number;
   cold_prompt?: PromptComparison;
   decode_after_cold?: DecodeComparison;

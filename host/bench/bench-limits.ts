@@ -13,7 +13,7 @@
  *      SharedArrayBuffer with Buffer.indexOf (memchr) for DRAM; fs reads of 4 KiB-aligned
  *      extents of experts.bin opened with fs.constants.O_DIRECT into a WebAssembly memory (page
  *      aligned, as O_DIRECT needs) for the SSD, buffered where the filesystem refuses O_DIRECT
- *      (said in the source); no FMA peak (so no FLOP floor, as the Python fallback).
+ *      (said in the source); no FMA peak (so no FLOP floor).
  * A membw measurement that fails (e.g. O_DIRECT refused) falls back to the Node one for that
  * limit. Also owns --drop-caches (dropPageCache). Does not own the bounds (bench-model.ts).
  */
@@ -32,7 +32,7 @@ import { UserError } from "../system/user-error.js";
 
 const MIB = 1 << 20;
 
-/** The limits a run's bounds divide by (--json: limits, with kvl/bench.py's field names). */
+/** The limits a run's bounds divide by (--json: limits). */
 export interface Limits {
   /** best multi-thread streaming read */
   dram_bytes_per_s: number;
@@ -76,7 +76,7 @@ export function dropPageCache(): void {
 
 // ---- membw ----------------------------------------------------------------------------------
 
-export const MEMBW_SOURCE = join(packageRoot, "bench", "membw.c");
+const MEMBW_SOURCE = join(packageRoot, "bench", "membw.c");
 
 /** Runs membw with argv; every JSON line it printed (fma prints one per instruction set), or
  * the reason it failed. */
@@ -117,7 +117,7 @@ export function membwBinary(dir: string): { path: string; compiler: string } | {
 }
 
 /** The direct-read block for a file: at most `want`, at most half the file (tiny packs), 4 KiB multiple. */
-export function readBlock(file: string, want: number): number {
+function readBlock(file: string, want: number): number {
   const size = statSync(file).size;
   return Math.min(Math.ceil(want / PAGE) * PAGE, Math.max(PAGE, Math.floor(size / 2 / PAGE) * PAGE));
 }
@@ -164,7 +164,7 @@ parentPort.postMessage(sink);
  * (Buffer.indexOf of a byte it does not hold: memchr), timed from a common start to the last
  * thread's end, as membw dram does.
  */
-export async function nodeDramRead(sizeBytes: number, threads: number, reps: number): Promise<number> {
+async function nodeDramRead(sizeBytes: number, threads: number, reps: number): Promise<number> {
   const sab = new SharedArrayBuffer(sizeBytes);
   new Uint8Array(sab).fill(0x5a); // every page written: reads hit real memory
   const ctl = new SharedArrayBuffer(16);
@@ -210,7 +210,7 @@ function splitmix64(state: { s: bigint }): bigint {
  * offsets of `path`, `qd` in flight, opened with O_DIRECT where the filesystem allows (direct:
  * false when it refused and the reads went through the page cache).
  */
-export async function nodeDirectRead(path: string, block: number, qd: number, reads: number, seed: number): Promise<{ bytes_per_s: number; direct: boolean }> {
+async function nodeDirectRead(path: string, block: number, qd: number, reads: number, seed: number): Promise<{ bytes_per_s: number; direct: boolean }> {
   block = Math.ceil(block / PAGE) * PAGE;
   const size = statSync(path).size;
   if (size < block) throw new UserError(`${path} is smaller than one ${block}-byte read`);
@@ -255,7 +255,7 @@ export async function nodeDirectRead(path: string, block: number, qd: number, re
 
 // ---- the limits of a run --------------------------------------------------------------------
 
-export interface MeasureOptions {
+interface MeasureOptions {
   model: string;
   /** one routed expert's data bytes: the block of the direct-read measurement */
   extent: number;

@@ -1,7 +1,7 @@
 /**
  * bench-model.ts — the byte accounting of `kvl bench`: what one token must move through RAM and
  * read from the SSD, from the pack's own index, and the lower bounds (time = bytes / bandwidth)
- * each measurement is compared with. Port of kvl/bench.py's PackBytes and *_bounds.
+ * each measurement is compared with.
  *
  * Owns: PackBytes (packBytes reads it from trunk.idx, experts.idx and the hparams), and the bound
  * arithmetic that fills the measured records (promptBounds, decodeBounds, adjacentBounds). Does
@@ -27,8 +27,8 @@ import { PackReader } from "../pack/pack-format.js";
 import { UserError } from "../system/user-error.js";
 
 export const PAGE = 4096;
-export const EMBED = "language_model.model.embed_tokens.weight";
-export const LM_HEAD = "language_model.lm_head.weight";
+const EMBED = "language_model.model.embed_tokens.weight";
+const LM_HEAD = "language_model.lm_head.weight";
 /** Bytes of one position's cached row in one layer by the engine's kv_dtype (info.kvDtype): f32
  * and bf16 rows; i16 (kvl_core.h KVL_KV_I16) the int16 row, its f32 scale and the latents' int16
  * copy in the transposed tiles. */
@@ -37,7 +37,7 @@ export function kvRowBytes(pb: PackBytes, kvDtype: string): number {
   return pb.kv_row_elems * (kvDtype === "bf16" ? 2 : 4);
 }
 
-/** The pack's byte facts, with kvl/bench.py's field names (they are --json's pack_bytes). */
+/** The pack's byte facts (--json's pack_bytes, snake_case like every --json field). */
 export interface PackBytes {
   /** every trunk tensor except embed_tokens (stored bytes) */
   trunk_used: number;
@@ -61,17 +61,17 @@ export interface PackBytes {
   vocab: number;
 }
 
-export function decodeRam(pb: PackBytes, context: number, kvRow: number): number {
+function decodeRam(pb: PackBytes, context: number, kvRow: number): number {
   const kv = pb.n_layers * context * kvRow;
   return pb.trunk_used + pb.embed_row + pb.n_moe_layers * pb.top_k * pb.extent_data + kv;
 }
 
-export function prefillRam(pb: PackBytes, tokens: number, distinct: number, kvRow: number): number {
+function prefillRam(pb: PackBytes, tokens: number, distinct: number, kvRow: number): number {
   const kv = pb.n_layers * tokens * kvRow;
   return pb.trunk_used + tokens * pb.embed_row + distinct * pb.extent_data + kv;
 }
 
-export function prefillFlops(pb: PackBytes, tokens: number): number {
+function prefillFlops(pb: PackBytes, tokens: number): number {
   return 2.0 * tokens * pb.active_weight_elems + 2.0 * pb.hidden * pb.vocab;
 }
 
@@ -121,7 +121,7 @@ export async function packBytes(model: string): Promise<PackBytes> {
 }
 
 /** The bandwidths a bound divides by (bench-limits.ts Limits, or adjacent probes). */
-export interface Bandwidths {
+interface Bandwidths {
   dram_bytes_per_s: number;
   ssd_bytes_per_s: number;
   fma_flops_per_s?: number | null;
@@ -159,7 +159,7 @@ export interface Probe {
   ssd_bytes_per_s: number;
 }
 
-export interface AdjacentRecord {
+interface AdjacentRecord {
   before: Probe;
   after: Probe;
   dram_bytes_per_s: number;
@@ -176,7 +176,7 @@ export interface DecodeRecord {
   s_per_token_mean: number;
   s_per_token_median: number;
   s_per_token_min: number;
-  /** 1 / s_per_token_mean (not in the Python output) */
+  /** 1 / s_per_token_mean */
   tokens_per_s: number;
   ssd_bytes_per_token: number;
   expert_hit_rate: number | null;

@@ -1,12 +1,13 @@
 /**
- * bench-prompt.ts — the random prompts of `kvl bench`, the very token ids the Python bench drew.
+ * bench-prompt.ts — the random prompts of `kvl bench`: numpy's draws, so a seed names the same
+ * prompt on every machine and in every bench/RESULTS.md figure, the earlier Python bench's included.
  *
- * Owns: randomPrompt(vocab, n, seed, avoid), which reproduces kvl/bench.py random_prompt
- * bit for bit: numpy's `default_rng(seed).integers(0, vocab, size=n, dtype=int64)` (SeedSequence
- * → PCG64 XSL-RR → Lemire's bounded 32-bit draw, numpy's own order of 32-bit halves), then each
- * avoided id replaced by (id + 1) % vocab. Identical prompts route to the same experts, so a
- * TypeScript run and a Python run of the same settings read the same bytes: the A/B comparison of
- * the two front ends compares time only. Does not own: what the prompt is used for (bench-run.ts).
+ * Owns: randomPrompt(vocab, n, seed, avoid), bit for bit numpy's
+ * `default_rng(seed).integers(0, vocab, size=n, dtype=int64)` (SeedSequence → PCG64 XSL-RR →
+ * Lemire's bounded 32-bit draw, numpy's own order of 32-bit halves), then each avoided id replaced
+ * by (id + 1) % vocab. Identical prompts route to the same experts, so two runs of the same
+ * settings read the same bytes and differ in time only. Does not own: what the prompt is used for
+ * (bench-run.ts).
  */
 import { seedSequenceState } from "../core/seed-sequence.js";
 
@@ -61,7 +62,7 @@ class Pcg64 {
 
 /**
  * n token ids uniform over [0, vocab) without the avoided ids (the media placeholder needs
- * media), as kvl/bench.py random_prompt draws them (vocab up to 2^32 - 1).
+ * media), as numpy's default_rng(seed).integers draws them (vocab up to 2^32 - 1).
  */
 export function randomPrompt(vocab: number, n: number, seed: number, avoid: Iterable<number> = []): Int32Array {
   if (!Number.isInteger(vocab) || vocab < 1 || vocab > 0xffffffff) throw new RangeError(`vocab must be in 1..2^32-1, got ${vocab}`);

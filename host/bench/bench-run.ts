@@ -1,10 +1,11 @@
 /**
- * bench-run.ts — the measurement procedure of `kvl bench` (port of kvl/bench.py run_bench), on
- * one backend or on native then WebAssembly in one run.
+ * bench-run.ts — the measurement procedure of `kvl bench`, on one backend or on native then
+ * WebAssembly in one run.
  *
  * Owns: the procedure — per backend and prompt length a fresh engine, opened in this process
  * (engine-host.ts openHostedEngine, not the worker: no message passing inside the timings) from
- * the RAM plan (planner.ts, with the plan's instances, reconciled with what the engines report);
+ * the RAM plan (planner.ts, with the plan's instances, reconciled with what the engines report)
+ * made with the backend's act mode (--act-dtype auto resolved per backend: plan/act-mode.ts);
  * a cold prefill of a random prompt (bench-prompt.ts) in one chunk, greedy decode, optionally
  * a warm-up prefill and the same prompt and decode again on warm caches; the engine-stats deltas
  * of each phase (the CRC checks of first reads among them: their share of the decode step); --membw probes around each decode; --drop-caches before each open; the peak
@@ -21,24 +22,28 @@ import { type BenchComparison, nativeOverWasm } from "./bench-compare.js";
 import { type Limits, dropPageCache, probeLimits } from "./bench-limits.js";
 import { type DecodeRecord, kvRowBytes, type PackBytes, type PromptRecord, adjacentBounds, decodeBounds, promptBounds } from "./bench-model.js";
 import { randomPrompt } from "./bench-prompt.js";
-import { type BackendName, CoreError, type CoreSession, type EngineStats, type ActDtype, type KernelChoice } from "../core/core-api.js";
+import type { BackendRecord } from "../core/backend.js";
+import { type BackendName, CoreError, type CoreSession, type EngineStats, type KernelChoice } from "../core/core-api.js";
 import { type HostedEngine, openHostedEngine } from "../engine/engine-host.js";
 import { type ThpMode, readThpMode } from "../core/huge-pages.js";
+import { type ActDtypeChoice, actModeFor, actModeJson } from "../plan/act-mode.js";
 import { plan } from "../plan/planner.js";
 import { peakRssBytes } from "../system/process-memory.js";
 import { UserError } from "../system/user-error.js";
 
-export interface BenchOptions {
+interface BenchOptions {
   model: string;
   /** native, wasm, or both in this order */
   backends: readonly BackendName[];
   /** what --backend asked for ("auto", "native", "wasm", "both") and why these backends run */
   backendRequest: string;
   backendReason: string;
+  /** The backend choice's record: the native kernel set --kernels auto runs (act-mode.ts). */
+  backendRecord: Pick<BackendRecord, "native">;
   ramMib: number;
   /** as given: "auto" or MiB */
   cacheMib: string;
-  /** as given: "auto", "0" or MiB (the settings record keeps the text, as the Python did) */
+  /** as given: "auto", "0" or MiB (the settings record keeps the text) */
   trunkCacheMib: string;
   /** resolved (no 0) */
   threads: number;
@@ -49,7 +54,8 @@ export interface BenchOptions {
   /** 0 = the longest prompt */
   maxBatch: number;
   seed: number;
-  actDtype: ActDtype;
+  /** auto: per backend, the mode act-mode.ts's table gives for its kernel set. */
+  actDtype: ActDtypeChoice;
   /** the kernel set each backend runs (kvl chat --kernels; default auto) */
   kernels?: KernelChoice | undefined;
   dropCaches: boolean;
@@ -70,6 +76,8 @@ export interface RunRecord {
   plan_differences: string[];
   open_ssd_bytes: number;
   info: Record<string, unknown>;
+  /** The act mode the run planned and opened with, and why (act-mode.ts actModeJson). */
+  act_mode: ReturnType<typeof actModeJson>;
   streamed_trunk_bytes: number;
   cold_prompt?: PromptRecord;
   decode_after_cold?: DecodeRecord;
@@ -100,7 +108,7 @@ export interface BenchResult {
 // ---- process memory -------------------------------------------------------------------------
 
 /** Resets VmHWM to the current RSS (Linux >= 4.0); false where it cannot. */
-export function resetPeakRss(): boolean {
+function resetPeakRss(): boolean {
   try {
     writeFileSync("/proc/self/clear_refs", "5\n");
     return true;
@@ -218,7 +226,7 @@ function boundedDecode(o: BenchOptions, hosted: HostedEngine, session: CoreSessi
 
 // ---- the procedure --------------------------------------------------------------------------
 
-export function benchSizes(o: Pick<BenchOptions, "promptLens" | "decodeTokens" | "warm" | "warmupTokens" | "maxBatch">): { maxBatch: number; maxContext: number } {
+function benchSizes(o: Pick<BenchOptions, "promptLens" | "decodeTokens" | "warm" | "warmupTokens" | "maxBatch">): { maxBatch: number; maxContext: number } {
   const longest = Math.max(...o.promptLens);
   const maxBatch = o.maxBatch || Math.max(longest, o.warm ? o.warmupTokens : 0);
   let maxContext = longest + o.decodeTokens + 8;
@@ -231,9 +239,10 @@ async function benchOne(o: BenchOptions, backend: BackendName, n: number, pb: Pa
   rssReset: boolean): Promise<RunRecord> {
   const { maxBatch, maxContext } = sizes;
   if (o.dropCaches) dropPageCache();
+  const mode = actModeFor(o.actDtype, o.backendRecord, backend, o.kernels ?? "auto");
   const ramPlan = await plan(o.model, {
     backend, ramMib: o.ramMib, cacheMib: o.cacheMib === "auto" ? null : Number(o.cacheMib), trunkCacheMib: o.trunkCacheMib === "auto" ? null : Number(o.trunkCacheMib),
-    maxContext, maxBatch, loadVision: false, threads: o.threads, actDtype: o.actDtype, check: true, ...(o.instances !== undefined ? { instances: o.instances } : {}),
+    maxContext, maxBatch, loadVision: false, threads: o.threads, actDtype: mode.actDtype, check: true, ...(o.instances !== undefined ? { instances: o.instances } : {}),
   });
   await collectGarbage();
   if (rssReset) resetPeakRss();
@@ -241,7 +250,7 @@ async function benchOne(o: BenchOptions, backend: BackendName, n: number, pb: Pa
   let hosted: HostedEngine;
   try {
     hosted = await openHostedEngine(backend, o.model, {
-      nThreads: ramPlan.nThreads, planned: ramPlan.instances, actDtype: o.actDtype, ...(o.kernels !== undefined ? { kernels: o.kernels } : {}),
+      nThreads: ramPlan.nThreads, planned: ramPlan.instances, actDtype: mode.actDtype, ...(o.kernels !== undefined ? { kernels: o.kernels } : {}),
     });
   } catch (err) {
     if (err instanceof CoreError) throw new UserError(`the ${backend} engine refused ${o.model}: ${err.message}`);
@@ -265,6 +274,7 @@ async function benchOne(o: BenchOptions, backend: BackendName, n: number, pb: Pa
         expert_direct_io: info.expertDirectIo, global_bytes: info.globalBytes, trunk_cache_bytes: info.trunkCacheBytes,
         expert_cache_bytes: info.expertCacheBytes, engine_workspace_bytes: info.engineWorkspaceBytes, expert_extent_bytes: info.expertExtentBytes,
       },
+      act_mode: actModeJson(mode),
       streamed_trunk_bytes: streamedTrunk,
     };
     const avoid = [info.mediaPlaceholderTokenId];

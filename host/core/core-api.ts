@@ -5,6 +5,8 @@
  *
  * Owns: the TypeScript types of the core's public API as the host uses it (engine options, info
  * and stats; the CoreBackend / CoreEngine / CoreSession interfaces each backend implements), the
+ * JS form of the core's struct layout tables (StructLayout, and jsFieldName: a C member's JS
+ * property name), the
  * parsing of the conformance report, the translation of options to the C enums, CoreError (a
  * failed kvl_status with the core's detail message) and CorruptPackError (the main thread's form
  * of KVL_ERR_CORRUPT), the shape arithmetic of a vision call (visionShape) and roundToBf16 (media
@@ -23,7 +25,7 @@ export interface KernelSet {
   readonly supported: boolean;
 }
 
-export interface ConformanceCheck {
+interface ConformanceCheck {
   readonly kernel: string;
   readonly shape: string;
   /** null when the kernel produced a non-finite result. */
@@ -71,12 +73,12 @@ export interface PackingCore {
 }
 
 /** kvl_status codes (kvl_core.h). */
-export const KVL_STATUS_NAMES: Readonly<Record<number, string>> = {
+const KVL_STATUS_NAMES: Readonly<Record<number, string>> = {
   0: "ok", 1: "I/O error", 2: "format error", 3: "config error", 4: "out of memory",
   5: "invalid argument", 6: "context full", 7: "cancelled", 8: "unsupported", 9: "internal error",
   10: "corrupt pack data",
 };
-export const KVL_ERR_FORMAT = 2;
+const KVL_ERR_FORMAT = 2;
 /** Pack data read at run time does not match its CRC-32 (kvl_core.h KVL_ERR_CORRUPT). */
 export const KVL_ERR_CORRUPT = 10;
 
@@ -91,6 +93,8 @@ export interface CoreBackend extends PackingCore {
   conformance(set: string): ConformanceReport;
   /** Opens a pack as a text engine (CoreEngine below); throws CoreError naming what is wrong. */
   openEngine(packDir: string, options?: EngineOptions): CoreEngine;
+  /** kvl_struct_layout: the layout of a boundary struct in this core, with the JS names. */
+  structLayout(which: StructId): StructLayout;
   /**
    * kvl_sample: one token from logits (used as scratch: they are overwritten). Greedy when
    * temperature <= 0 (lowest index on ties); else temperature, top-k (0 = off), softmax, top-p
@@ -148,28 +152,77 @@ export function packExpertStatus(status: number): void {
 }
 
 
-export type IoMode = "auto" | "direct" | "buffered";
-export type KernelChoice = "auto" | "scalar" | "avx2" | "avx512" | "simd128";
-export type NumericDtype = "f32" | "bf16";
-/** Inputs of the Linear layers (kvl_core.h KVL_ACT_*): f32 exact, bf16 rounded, i16, i16x1 and i8
- * the integer modes (two terms per input, one, or one with the Q8 products' inputs 8-bit: README
- * "Numerics"). */
-export type ActDtype = NumericDtype | "i16" | "i16x1" | "i8";
-export const ACT_DTYPE_NAMES: readonly ActDtype[] = ["f32", "bf16", "i16", "i16x1", "i8"];
+type IoMode = "auto" | "direct" | "buffered";
+/** --kernels: simd128 and simd128-relaxed also pick the WebAssembly build (wasm-relaxed.ts). */
+export type KernelChoice = "auto" | "scalar" | "avx2" | "avx512" | "simd128" | "simd128-relaxed";
+export const KERNEL_CHOICES: readonly KernelChoice[] = ["auto", "scalar", "avx2", "avx512", "simd128", "simd128-relaxed"];
+type NumericDtype = "f32" | "bf16";
+/** Inputs of the Linear layers (kvl_core.h KVL_ACT_*): f32 exact, bf16 rounded, i16x1 and i8
+ * the integer modes (i8: i16x1 with the routed experts' inputs 8-bit; README "Numerics"). The
+ * core's code 3, the former two-term mode i16, is reserved and refused. */
+export type ActDtype = NumericDtype | "i16x1" | "i8";
+export const ACT_DTYPE_NAMES: readonly ActDtype[] = ["f32", "bf16", "i16x1", "i8"];
 
-/** The integer modes: resident BF16 trunk weights become int16 rows, and a workspace holds the
- * quantised inputs (the RAM plan counts both). */
-export const isIntegerAct = (a: ActDtype): boolean => a === "i16" || a === "i16x1" || a === "i8";
-
-/** The one-term integer modes, which keep an int16 KV cache and run attention on integers. */
-export const hasIntegerKv = (a: ActDtype): boolean => a === "i16x1" || a === "i8";
+/** The integer modes: resident BF16 trunk weights become int16 rows, a workspace holds the
+ * quantised inputs (the RAM plan counts both), and the KV cache is int16, so that attention runs
+ * on integers too. */
+export const isIntegerAct = (a: ActDtype): boolean => a === "i16x1" || a === "i8";
 
 /** The KV cache's rows (kvl_core.h KVL_KV_*): f32, bf16, or i16 (int16 rows with a scale each
  * and the latents in transposed tiles), which goes with act dtype i16x1 or i8 and only with them. */
 export type KvDtype = NumericDtype | "i16";
 export const KV_DTYPE_NAMES: readonly KvDtype[] = ["f32", "bf16", "i16"];
 /** The core's default (KVL_KV_DEFAULT): i16 with act dtype i16x1 or i8, else f32. */
-export const defaultKvDtype = (act: ActDtype): KvDtype => (hasIntegerKv(act) ? "i16" : "f32");
+export const defaultKvDtype = (act: ActDtype): KvDtype => (isIntegerAct(act) ? "i16" : "f32");
+
+/**
+ * The structs that cross the boundary (kvl_core.h KVL_STRUCT_*): kvl_engine_options,
+ * kvl_engine_info and kvl_stats. Neither backend spells out their fields: both convert them from
+ * the core's own layout table (kvl_struct_layout), the addon in C and the WebAssembly engine in
+ * its memory (wasm-engine.ts). EngineOptions, EngineInfo and EngineStats below are their
+ * TypeScript types, one property per member named by jsFieldName (test/boundary.test.ts holds the
+ * two to each other): adding a member is its row in kvl_core.h and its property here.
+ */
+export const KVL_STRUCTS = { engineOptions: 1, engineInfo: 2, stats: 3 } as const;
+export type StructId = (typeof KVL_STRUCTS)[keyof typeof KVL_STRUCTS];
+
+/** A member's kind (kvl_core.h KVL_FIELD_*) and its JS form: i32, i64 and u64 a number (64-bit
+ * ones exact below 2^53), bool32 a boolean, chars a string. */
+export type FieldKind = "i32" | "bool32" | "i64" | "u64" | "chars";
+const FIELD_KINDS: Readonly<Record<number, FieldKind>> = { 1: "i32", 2: "bool32", 3: "i64", 4: "u64", 5: "chars" };
+
+/** A KVL_FIELD_* number as a FieldKind; Error for a kind this host does not know. */
+export function fieldKind(code: number, cName: string): FieldKind {
+  const kind = FIELD_KINDS[code];
+  if (kind === undefined) throw new Error(`kvl: the core's struct member ${cName} has kind ${code}, which this host does not know; rebuild the core and the host together`);
+  return kind;
+}
+
+/** One member of a boundary struct, as kvl_struct_layout describes it. */
+export interface FieldLayout {
+  /** The JS property: jsFieldName(cName). */
+  name: string;
+  cName: string;
+  offset: number;
+  bytes: number;
+  kind: FieldKind;
+}
+
+export interface StructLayout {
+  /** sizeof the struct */
+  bytes: number;
+  /** Its members in declaration order. */
+  fields: FieldLayout[];
+}
+
+/**
+ * A member's JS property: its C name in camelCase, each "_" dropped and the character after it
+ * upper-cased (vocab_size -> vocabSize), with no exceptions. The addon applies the same rule in C
+ * (addon.c js_field_name).
+ */
+export function jsFieldName(cName: string): string {
+  return cName.replace(/_(.)/g, (_all, c: string) => c.toUpperCase());
+}
 
 export interface EngineOptions {
   /** Worker threads of the engine's pool; 0 or absent = every core. */
@@ -329,24 +382,16 @@ export class CorruptPackError extends UserError {
   }
 }
 
-/** The numeric fields of kvl_engine_options, in struct order. */
-export interface EngineOptionCodes {
-  nThreads: number;
-  expertCacheBytes: number;
-  trunkCacheBytes: number;
-  ioMode: number;
-  kernels: number;
-  kvDtype: number;
-  loadVision: number;
-  actDtype: number;
-  layerBegin: number;
-  layerEnd: number;
-}
+/** EngineOptions as kvl_engine_options holds them: every member a number (the C enum codes;
+ * loadVision 0 or 1). */
+export type EngineOptionCodes = { [K in keyof EngineOptions]-?: number };
 
 const IO_MODES: Record<IoMode, number> = { auto: 0, direct: 1, buffered: 2 };
-const KERNELS: Record<KernelChoice, number> = { auto: 0, scalar: 1, avx2: 2, avx512: 3, simd128: 4 };
+/** simd128-relaxed is level 4 of the relaxed build, as simd128 is of the plain one (kernels.h). */
+const KERNELS: Record<KernelChoice, number> = { auto: 0, scalar: 1, avx2: 2, avx512: 3, simd128: 4, "simd128-relaxed": 4 };
 const KV_DTYPES: Record<KvDtype, number> = { f32: 1, bf16: 2, i16: 3 };
-const ACT_DTYPES: Record<ActDtype, number> = { f32: 1, bf16: 2, i16: 3, i16x1: 4, i8: 5 };
+/** 3 was i16 (two integer terms per input), which the core refuses now. */
+const ACT_DTYPES: Record<ActDtype, number> = { f32: 1, bf16: 2, i16x1: 4, i8: 5 };
 
 function nonNegativeInteger(name: string, value: number | undefined, min = 0): number {
   const v = value ?? 0;
@@ -376,7 +421,7 @@ export function engineOptionCodes(options: EngineOptions = {}): EngineOptionCode
   };
 }
 
-export const LOGITS_MODES: Record<LogitsMode, number> = { none: 0, last: 1, all: 2 };
+const LOGITS_MODES: Record<LogitsMode, number> = { none: 0, last: 1, all: 2 };
 
 /** A logits mode's C code; RangeError for anything else. */
 export function logitsModeCode(logits: LogitsMode): number {
@@ -399,7 +444,7 @@ export function sessionOptionCodes(options: SessionOptions = {}): [number, numbe
 }
 
 /** Images, patches and embedding rows of one vision call; RangeError for an odd grids length. */
-export interface VisionShape {
+interface VisionShape {
   nImages: number;
   patches: number;
   /** sum(gh*gw) x 3 x patch x patch */
@@ -443,8 +488,8 @@ export function checkPixelLength(pixelValues: Float32Array, shape: VisionShape, 
 }
 
 /**
- * FP32 -> nearest-even BF16 -> FP32, as kvl/engine.py round_to_bf16 (bits + 0x7FFF + the lowest
- * kept bit, low 16 bits cleared; uint32 arithmetic, so it wraps exactly as numpy does). A new
+ * FP32 -> nearest-even BF16 -> FP32 (bits + 0x7FFF + the lowest kept bit, modulo 2^32, low 16
+ * bits cleared; NaNs are not special-cased). A new
  * array: the official model feeds the text decoder BF16 image embeddings, so the host rounds the
  * media rows of encodeImages before prefill.
  */

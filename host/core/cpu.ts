@@ -9,7 +9,7 @@ import { readFileSync } from "node:fs";
 import { cpus } from "node:os";
 
 /** Flags named as Linux's /proc/cpuinfo names them. */
-export const KERNEL_FLAGS = ["avx2", "fma", "f16c", "avx512f", "avx512dq", "avx512bw", "avx512vl",
+const KERNEL_FLAGS = ["avx2", "fma", "f16c", "avx512f", "avx512dq", "avx512bw", "avx512vl",
   "avx512_vnni", "avx512_bf16"] as const;
 
 export interface CpuInfo {

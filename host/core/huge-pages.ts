@@ -4,11 +4,11 @@
  * Owns: reading the system's THP mode (Linux only: none elsewhere, even where that file can be
  * read) and what it means for a backend. Direct reads land in the
  * expert cache's memory; into 4 KiB pages they ran 1.3-1.6x slower than into 2 MiB pages on the
- * virtio disk where this was measured (bench/RESULTS.md, session 14), and a WebAssembly decode at
- * a 4 GiB plan varied more. The native core asks for huge pages on its caches itself
- * (madvise, wasm-core/src/platform.h), so it has them unless THP is off. A WebAssembly memory is
- * mapped by V8 and nothing in JavaScript can madvise it: it gets huge pages only when the mode is
- * "always".
+ * virtio disk where this was measured (bench/RESULTS.md "Idle workers, huge pages and prefill
+ * products", 2026-12-04), and a WebAssembly decode at a 4 GiB plan varied more. The native core
+ * asks for huge pages on its caches itself (madvise, wasm-core/src/platform.h), so it has them
+ * unless THP is off. A WebAssembly memory is mapped by V8 and nothing in JavaScript can madvise
+ * it: it gets huge pages only when the mode is "always".
  */
 import { readFileSync } from "node:fs";
 
@@ -16,7 +16,7 @@ import type { BackendName } from "./core-api.js";
 
 export type ThpMode = "always" | "madvise" | "never";
 
-export const THP_ENABLED_PATH = "/sys/kernel/mm/transparent_hugepage/enabled";
+const THP_ENABLED_PATH = "/sys/kernel/mm/transparent_hugepage/enabled";
 
 const ENABLE_ALWAYS = `echo always | sudo tee ${THP_ENABLED_PATH}`;
 
@@ -37,7 +37,7 @@ export function readThpMode(path: string = THP_ENABLED_PATH, platform: NodeJS.Pl
   }
 }
 
-export interface HugePageAdvice {
+interface HugePageAdvice {
   readonly status: "OK" | "WARN";
   readonly detail: string;
 }

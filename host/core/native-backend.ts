@@ -7,73 +7,24 @@
  * NativeSession: CoreEngine / CoreSession of core-api.ts: the text engine and the vision
  * encoder). Does not own: building it (scripts/build-addon.mjs).
  */
-import { type ConformanceReport, type CoreBackend, type KernelSet, type Pcg64State, type SamplerParams, checkPackExpertArgs, checkPackQ8RowsArgs, packExpertStatus, packQ8RowsStatus, parseConformanceReport, type CoreEngine, CoreError, type CoreSession, type EngineInfo, type EngineOptionCodes, type EngineOptions, type EngineStats, logitsModeCode, wholeRows, type LogitsMode, type SessionOptions, engineOptionCodes, sessionOptionCodes, checkGridsLength, visionShape } from "./core-api.js";
+import { type ConformanceReport, type CoreBackend, type KernelSet, type Pcg64State, type SamplerParams, checkPackExpertArgs, checkPackQ8RowsArgs, packExpertStatus, packQ8RowsStatus, parseConformanceReport, type CoreEngine, CoreError, type CoreSession, type EngineInfo, type EngineOptionCodes, type EngineOptions, type EngineStats, type FieldLayout, fieldKind, type StructId, type StructLayout, logitsModeCode, wholeRows, type LogitsMode, type SessionOptions, engineOptionCodes, sessionOptionCodes, checkGridsLength, visionShape } from "./core-api.js";
 import { q8RowsLayout } from "../pack/pack-format.js";
 import { nativeAddonPath, requireFile } from "../system/paths.js";
 
 /** An engine handle of the addon (an opaque external; see addon.c). */
-export interface NativeEngineHandle {
+interface NativeEngineHandle {
   readonly __kvlNativeHandle: "engine";
 }
 
 /** A session handle of the addon (an opaque external; it keeps its engine's handle alive). */
-export interface NativeSessionHandle {
+interface NativeSessionHandle {
   readonly __kvlNativeHandle: "session";
-}
-
-/** kvl_engine_info with the C field names, as engineInfo returns it. */
-export interface NativeEngineInfo {
-  vocab_size: number;
-  hidden_size: number;
-  n_layers: number;
-  n_heads: number;
-  kv_lora_rank: number;
-  qk_rope_head_dim: number;
-  n_routed_experts: number;
-  num_experts_per_tok: number;
-  max_position_embeddings: number;
-  vision_hidden_size: number;
-  vision_merge_h: number;
-  vision_merge_w: number;
-  vision_patch_size: number;
-  media_placeholder_token_id: number;
-  n_threads: number;
-  trunk_direct_io: number;
-  expert_direct_io: number;
-  vision_direct_io: number;
-  kernels: string;
-  kv_dtype: string;
-  global_bytes: number;
-  trunk_cache_bytes: number;
-  expert_cache_bytes: number;
-  engine_workspace_bytes: number;
-  expert_extent_bytes: number;
-  act_dtype: string;
-  layer_begin: number;
-  layer_end: number;
-}
-
-/** kvl_stats with the C field names, as engineStats returns it. */
-export interface NativeEngineStats {
-  expert_hits: number;
-  expert_misses: number;
-  expert_bytes_read: number;
-  expert_stall_ns: number;
-  trunk_hits: number;
-  trunk_misses: number;
-  trunk_bytes_read: number;
-  trunk_stall_ns: number;
-  vision_bytes_read: number;
-  tokens_prefilled: number;
-  tokens_decoded: number;
-  verify_ns: number;
-  verify_bytes: number;
 }
 
 /** What wasm-core/native/addon.c exports. Engine and session calls return a kvl_status as a
  * number (0 = ok) and throw only for a caller mistake or a closed handle; the vision calls,
  * which return a result, throw a failed status (an Error with a numeric `status`). */
-export interface NativeAddon {
+interface NativeAddon {
   abiVersion(): number;
   kernelSets(): KernelSet[];
   defaultKernelSet(): string;
@@ -85,10 +36,14 @@ export interface NativeAddon {
   synthUniform(state: BigUint64Array, count: number, center: number, halfWidth: number, out: Uint16Array | Float32Array): void;
   sampleToken(logits: Float32Array, temperature: number, topK: number, topP: number, rng: BigUint64Array, workspace: Int32Array): number;
   samplerSeed(rng: BigUint64Array): void;
+  /** kvl_struct_layout with each member's JS name; kind the KVL_FIELD_* number. */
+  structLayout(which: StructId): { bytes: number; fields: Array<Omit<FieldLayout, "kind"> & { kind: number }> };
   engineOpen(packDir: string, codes: EngineOptionCodes): { status: number; error: string; engine: NativeEngineHandle | null };
   engineFree(engine: NativeEngineHandle): void;
-  engineInfo(engine: NativeEngineHandle): NativeEngineInfo;
-  engineStats(engine: NativeEngineHandle): NativeEngineStats;
+  /** The struct as an object converted from the core's layout table (KVL_STRUCT_ENGINE_INFO). */
+  engineInfo(engine: NativeEngineHandle): EngineInfo;
+  /** The same for kvl_stats. */
+  engineStats(engine: NativeEngineHandle): EngineStats;
   engineResetStats(engine: NativeEngineHandle): void;
   engineLastError(engine: NativeEngineHandle): string;
   sessionBytes(engine: NativeEngineHandle, maxContext: number, maxBatch: number): { status: number; bytes: number };
@@ -194,45 +149,26 @@ export class NativeBackend implements CoreBackend {
     return NativeEngine.open(this.#addon, packDir, options);
   }
 
+  structLayout(which: StructId): StructLayout {
+    const { bytes, fields } = this.#addon.structLayout(which);
+    return { bytes, fields: fields.map((f) => ({ ...f, kind: fieldKind(f.kind, f.cName) })) };
+  }
+
   close(): void {
     /* The addon's memory belongs to the process; nothing to release yet. */
   }
 }
 
-function engineInfoFromNative(i: NativeEngineInfo): EngineInfo {
-  return {
-    vocabSize: i.vocab_size, hiddenSize: i.hidden_size, nLayers: i.n_layers, nHeads: i.n_heads,
-    kvLoraRank: i.kv_lora_rank, qkRopeHeadDim: i.qk_rope_head_dim, nRoutedExperts: i.n_routed_experts,
-    numExpertsPerTok: i.num_experts_per_tok, maxPositionEmbeddings: i.max_position_embeddings,
-    visionHiddenSize: i.vision_hidden_size, visionMergeH: i.vision_merge_h, visionMergeW: i.vision_merge_w,
-    visionPatchSize: i.vision_patch_size, mediaPlaceholderTokenId: i.media_placeholder_token_id,
-    nThreads: i.n_threads, trunkDirectIo: i.trunk_direct_io === 1, expertDirectIo: i.expert_direct_io === 1,
-    visionDirectIo: i.vision_direct_io === 1, kernels: i.kernels, kvDtype: i.kv_dtype, actDtype: i.act_dtype,
-    globalBytes: i.global_bytes, trunkCacheBytes: i.trunk_cache_bytes, expertCacheBytes: i.expert_cache_bytes,
-    engineWorkspaceBytes: i.engine_workspace_bytes, expertExtentBytes: i.expert_extent_bytes,
-    layerBegin: i.layer_begin, layerEnd: i.layer_end,
-  };
-}
-
-function engineStatsFromNative(s: NativeEngineStats): EngineStats {
-  return {
-    expertHits: s.expert_hits, expertMisses: s.expert_misses, expertBytesRead: s.expert_bytes_read,
-    expertStallNs: s.expert_stall_ns, trunkHits: s.trunk_hits, trunkMisses: s.trunk_misses,
-    trunkBytesRead: s.trunk_bytes_read, trunkStallNs: s.trunk_stall_ns, visionBytesRead: s.vision_bytes_read,
-    tokensPrefilled: s.tokens_prefilled, tokensDecoded: s.tokens_decoded, verifyNs: s.verify_ns, verifyBytes: s.verify_bytes,
-  };
-}
-
 /** The text engine on the addon. The addon makes a closed handle unusable by itself; the checks
  * here give the same errors as the WebAssembly engine (wasm-engine.ts). */
-export class NativeEngine implements CoreEngine {
+class NativeEngine implements CoreEngine {
   #handle: NativeEngineHandle | null;
   readonly #info: EngineInfo;
   readonly #sessions = new Set<NativeSession>();
 
   private constructor(readonly addon: NativeAddon, handle: NativeEngineHandle) {
     this.#handle = handle;
-    this.#info = engineInfoFromNative(addon.engineInfo(handle));
+    this.#info = addon.engineInfo(handle);
   }
 
   static open(addon: NativeAddon, packDir: string, options: EngineOptions = {}): NativeEngine {
@@ -261,7 +197,7 @@ export class NativeEngine implements CoreEngine {
   }
 
   stats(): EngineStats {
-    return engineStatsFromNative(this.addon.engineStats(this.#live));
+    return this.addon.engineStats(this.#live);
   }
 
   resetStats(): void {
@@ -316,7 +252,7 @@ export class NativeEngine implements CoreEngine {
   }
 }
 
-export class NativeSession implements CoreSession {
+class NativeSession implements CoreSession {
   #handle: NativeSessionHandle | null;
   readonly #vocab: number;
   readonly #hidden: number;

@@ -1,5 +1,7 @@
 /**
- * seed-sequence.ts — numpy's SeedSequence, enough of it to seed PCG64 the way kvl/synth.py did.
+ * seed-sequence.ts — numpy's SeedSequence, enough of it to seed PCG64: how `kvl synth` seeds each
+ * tensor's stream (so its bytes are the ones test/fixtures/python-packer-sha256.json records) and
+ * `kvl bench` its prompts.
  *
  * Owns: turning an integer entropy (any size) into the four 64-bit words numpy's
  * `SeedSequence(entropy).generate_state(4, np.uint64)` gives (numpy/random/bit_generator.pyx:

@@ -2,16 +2,18 @@
  * wasm-backend.ts — the core as WebAssembly (SIMD128 + pthreads), from wasm-core/dist/.
  *
  * Owns: instantiating the emscripten module (its loader is CommonJS, its bytes are passed in as
- * wasmBinary because the loader would fetch() them), and marshalling the kernel-set API across
- * the instance's memory. Does not own: choosing the backend (backend.ts).
+ * wasmBinary because the loader would fetch() them) of either build — kvl_core (kernel sets
+ * scalar, simd128) or kvl_core_relaxed (also simd128-relaxed, which it runs by default; it
+ * validates only where relaxed SIMD does) — and marshalling the kernel-set API across the
+ * instance's memory. Does not own: choosing the backend (backend.ts) or the build (wasm-relaxed.ts).
  */
 import { readFileSync } from "node:fs";
 import { join } from "node:path";
 
-import { type ConformanceReport, type CoreBackend, type KernelSet, type Pcg64State, type SamplerParams, checkPackExpertArgs, checkPackQ8RowsArgs, packExpertStatus, packQ8RowsStatus, parseConformanceReport, type CoreEngine, type EngineOptions } from "./core-api.js";
+import { type ConformanceReport, type CoreBackend, type KernelSet, type Pcg64State, type SamplerParams, checkPackExpertArgs, checkPackQ8RowsArgs, packExpertStatus, packQ8RowsStatus, parseConformanceReport, type CoreEngine, type EngineOptions, type StructId, type StructLayout } from "./core-api.js";
 import { q8RowsLayout } from "../pack/pack-format.js";
 import { requireFile, wasmDistDir } from "../system/paths.js";
-import { type EmscriptenEngineExports, WasmEngine } from "./wasm-engine.js";
+import { type EmscriptenEngineExports, WasmEngine, wasmStructLayout } from "./wasm-engine.js";
 
 /** The parts of the emscripten module object the host uses. */
 interface EmscriptenCore extends EmscriptenEngineExports {
@@ -38,6 +40,11 @@ interface EmscriptenCore extends EmscriptenEngineExports {
 }
 
 type CoreFactory = (overrides: { wasmBinary: Uint8Array; wasmMemory: WebAssembly.Memory; kvlPthreads: number }) => Promise<EmscriptenCore>;
+
+/** The two builds of the core in wasm-core/dist/ (wasm-core/build-wasm.sh), by the kernel set
+ * each runs by default, and the name of each one's files (NAME.cjs, NAME.worker.js, NAME.wasm). */
+export type WasmBuild = "simd128" | "simd128-relaxed";
+export const WASM_BUILD_FILES: Readonly<Record<WasmBuild, string>> = { simd128: "kvl_core", "simd128-relaxed": "kvl_core_relaxed" };
 
 const PAGE = 65536;
 /** A wasm32 memory addresses 4 GiB, but emscripten 3.1.6's heap size is a 32-bit value: with a
@@ -69,8 +76,9 @@ export class WasmBackend implements CoreBackend {
    * One instance: its own thread pool and its own shared memory of exactly memoryBytes (a
    * multiple of 64 KiB, at most MAX_INSTANCE_BYTES), fixed at creation: it never grows while threads run.
    */
-  static async create(options: { distDir?: string; memoryBytes?: number; pthreads?: number } = {}): Promise<WasmBackend> {
+  static async create(options: { distDir?: string; memoryBytes?: number; pthreads?: number; build?: WasmBuild } = {}): Promise<WasmBackend> {
     const distDir = options.distDir ?? wasmDistDir;
+    const build = options.build ?? "simd128";
     const pthreads = options.pthreads ?? DEFAULT_PTHREADS;
     if (!Number.isInteger(pthreads) || pthreads < 1 || pthreads > 256) throw new RangeError(`pthreads must be 1..256, got ${pthreads}`);
     const bytes = options.memoryBytes ?? DEFAULT_INSTANCE_BYTES;
@@ -79,13 +87,17 @@ export class WasmBackend implements CoreBackend {
       throw new RangeError(`wasm instance memory must be a multiple of 64 KiB between 64 MiB and 4 GiB - 64 KiB, got ${bytes}`);
     }
     const wasmMemory = new WebAssembly.Memory({ initial: bytes / PAGE, maximum: bytes / PAGE, shared: true });
-    const factory = requireFile(join(distDir, "kvl_core.cjs")) as CoreFactory;
-    const wasmBinary = readFileSync(join(distDir, "kvl_core.wasm"));
+    const factory = requireFile(join(distDir, `${WASM_BUILD_FILES[build]}.cjs`)) as CoreFactory;
+    const wasmBinary = readFileSync(join(distDir, `${WASM_BUILD_FILES[build]}.wasm`));
     const backend = new WasmBackend(await factory({ wasmBinary, wasmMemory, kvlPthreads: pthreads }));
     backend.memory = wasmMemory;
     backend.pthreads = pthreads;
+    backend.build = build;
     return backend;
   }
+
+  /** Which build this instance runs. */
+  build: WasmBuild = "simd128";
 
   /** The instance's memory (for the file bridge and the tests). */
   memory: WebAssembly.Memory | undefined;
@@ -108,6 +120,10 @@ export class WasmBackend implements CoreBackend {
         `pthreads >= ${WasmBackend.pthreadsForEngine(Math.max(nThreads, 1))} (this one has ${this.pthreads}); pass nThreads >= 1`);
     }
     return WasmEngine.open(this.#live, this.memory!, packDir, options);
+  }
+
+  structLayout(which: StructId): StructLayout {
+    return wasmStructLayout(this.#live, this.memory!, which);
   }
 
   get #live(): EmscriptenCore {

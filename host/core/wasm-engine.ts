@@ -2,15 +2,16 @@
  * wasm-engine.ts — the engine (kvl_engine_*, kvl_session_*, the vision encoder kvl_vision_*)
  * inside one WebAssembly instance.
  *
- * Owns: the byte layouts of kvl_engine_options, kvl_engine_info, kvl_stats and
- * kvl_session_options in wasm32 (checked against the native addon's field access by the engine
- * tests), and copying tokens, media rows, logits, pixels, grids and image embeddings through the
- * instance's memory (malloc'd per call, freed after it; the core allocates a vision call's
- * working memory itself). The pack files are opened and read by the instance's own threads
- * through host_io_wasm.c.
+ * Owns: reading the instance's layout tables (kvl_struct_layout) and, from them alone, writing
+ * kvl_engine_options and reading kvl_engine_info and kvl_stats in its memory (no field is spelled
+ * out here; test/boundary.test.ts holds the tables to the TypeScript types); the byte layout of
+ * kvl_session_options; and copying tokens, media rows, logits, pixels, grids and image
+ * embeddings through the instance's memory (malloc'd per call, freed after it; the core
+ * allocates a vision call's working memory itself). The pack files are opened and read by the
+ * instance's own threads through host_io_wasm.c.
  * Does not own: the instance (wasm-backend.ts) or the engine interfaces (core-api.ts).
  */
-import { type CoreEngine, CoreError, type CoreSession, type EngineInfo, type EngineOptions, type EngineStats, logitsModeCode, wholeRows, type LogitsMode, type SessionOptions, engineOptionCodes, sessionOptionCodes, checkGridsLength, checkPixelLength, visionShape } from "./core-api.js";
+import { type CoreEngine, CoreError, type CoreSession, type EngineInfo, type EngineOptions, type EngineStats, type FieldLayout, fieldKind, jsFieldName, KVL_STRUCTS, type StructId, type StructLayout, logitsModeCode, wholeRows, type LogitsMode, type SessionOptions, engineOptionCodes, sessionOptionCodes, checkGridsLength, checkPixelLength, visionShape } from "./core-api.js";
 
 /** The engine exports of the emscripten module (pointers are wasm32 addresses). */
 export interface EmscriptenEngineExports {
@@ -34,6 +35,7 @@ export interface EmscriptenEngineExports {
     hiddenOut: number, mode: number, logits: number, decode: number): number;
   _kvl_vision_bytes(engine: number, grids: number, nImages: number, outBytes: number): number;
   _kvl_vision_encode(engine: number, pixelValues: number, grids: number, nImages: number, out: number): number;
+  _kvl_struct_layout(which: number, outCount: number, outStructBytes: number): number;
   UTF8ToString(ptr: number, maxBytes?: number): string;
   stringToUTF8(str: string, ptr: number, maxBytes: number): void;
   lengthBytesUTF8(str: string): number;
@@ -70,9 +72,6 @@ export function freeHeapBytes(core: Pick<EmscriptenEngineExports, "_malloc" | "_
   return total;
 }
 
-const OPTIONS_BYTES = 56;
-const INFO_BYTES = 152;
-const STATS_BYTES = 104;
 const ERR_BYTES = 8192; // messages quote paths of up to 4 KiB
 
 /** Scratch in the instance: malloc'd for one call, freed after it. */
@@ -100,6 +99,74 @@ function withScratch<T>(core: EmscriptenEngineExports, use: (s: Scratch) => T): 
   }
 }
 
+/** kvl_field_desc in wasm32 (kvl_core.h; layout.c asserts it): name address, offset, bytes, kind. */
+const FIELD_DESC_BYTES = 16;
+
+/** The layouts read from each instance (the tables are static in it). */
+const layouts = new WeakMap<EmscriptenEngineExports, Map<StructId, StructLayout>>();
+
+/** kvl_struct_layout of this instance, with the JS names (jsFieldName). */
+export function wasmStructLayout(core: EmscriptenEngineExports, memory: WebAssembly.Memory, which: StructId): StructLayout {
+  let known = layouts.get(core);
+  if (known === undefined) layouts.set(core, (known = new Map()));
+  const cached = known.get(which);
+  if (cached !== undefined) return cached;
+  const layout = withScratch(core, (s) => {
+    const out = s.alloc(8);
+    const table = core._kvl_struct_layout(which, out, out + 4) >>> 0;
+    const head = new DataView(memory.buffer, out, 8);
+    const count = head.getInt32(0, true);
+    const bytes = head.getUint32(4, true);
+    if (table === 0) throw new RangeError(`the WebAssembly core describes no struct ${which}`);
+    const rows = new DataView(memory.buffer, table, count * FIELD_DESC_BYTES);
+    const fields: FieldLayout[] = [];
+    for (let i = 0; i < count; i++) {
+      const at = i * FIELD_DESC_BYTES;
+      const cName = core.UTF8ToString(rows.getUint32(at, true));
+      fields.push({
+        name: jsFieldName(cName), cName, offset: rows.getUint32(at + 4, true), bytes: rows.getUint32(at + 8, true),
+        kind: fieldKind(rows.getInt32(at + 12, true), cName),
+      });
+    }
+    return { bytes, fields };
+  });
+  known.set(which, layout);
+  return layout;
+}
+
+/** The struct at ptr as an object, one property per member of its layout. */
+function readStruct(core: EmscriptenEngineExports, memory: WebAssembly.Memory, ptr: number, layout: StructLayout): Record<string, number | boolean | string> {
+  const v = new DataView(memory.buffer, ptr, layout.bytes);
+  const out: Record<string, number | boolean | string> = {};
+  for (const f of layout.fields) {
+    switch (f.kind) {
+      case "i32": out[f.name] = v.getInt32(f.offset, true); break;
+      case "bool32": out[f.name] = v.getInt32(f.offset, true) !== 0; break;
+      case "i64": out[f.name] = Number(v.getBigInt64(f.offset, true)); break;
+      case "u64": out[f.name] = Number(v.getBigUint64(f.offset, true)); break;
+      case "chars": out[f.name] = core.UTF8ToString(ptr + f.offset, f.bytes); break;
+    }
+  }
+  return out;
+}
+
+/** values (numbers by JS name; absent = 0, the core's default) into the struct at ptr, zeroed
+ * first. Only numeric members: no struct the host writes has text. */
+function writeStruct(memory: WebAssembly.Memory, ptr: number, layout: StructLayout, values: Readonly<Record<string, number | undefined>>): void {
+  new Uint8Array(memory.buffer, ptr, layout.bytes).fill(0);
+  const v = new DataView(memory.buffer, ptr, layout.bytes);
+  for (const f of layout.fields) {
+    const x = values[f.name];
+    if (x === undefined) continue;
+    switch (f.kind) {
+      case "i32": case "bool32": v.setInt32(f.offset, x, true); break;
+      case "i64": v.setBigInt64(f.offset, BigInt(x), true); break;
+      case "u64": v.setBigUint64(f.offset, BigInt(x), true); break;
+      case "chars": throw new Error(`kvl: struct member ${f.cName} is text, which the host never writes`);
+    }
+  }
+}
+
 export class WasmEngine implements CoreEngine {
   #ptr: number;
   readonly #info: EngineInfo;
@@ -113,18 +180,9 @@ export class WasmEngine implements CoreEngine {
   static open(core: EmscriptenEngineExports, memory: WebAssembly.Memory, packDir: string, options: EngineOptions = {}): WasmEngine {
     const codes = engineOptionCodes(options);
     const ptr = withScratch(core, (s) => {
-      const opts = s.alloc(OPTIONS_BYTES);
-      const view = new DataView(memory.buffer, opts, OPTIONS_BYTES);
-      view.setInt32(0, codes.nThreads, true);
-      view.setBigUint64(8, BigInt(codes.expertCacheBytes), true);
-      view.setBigInt64(16, BigInt(codes.trunkCacheBytes), true);
-      view.setInt32(24, codes.ioMode, true);
-      view.setInt32(28, codes.kernels, true);
-      view.setInt32(32, codes.kvDtype, true);
-      view.setInt32(36, codes.loadVision, true);
-      view.setInt32(40, codes.actDtype, true);
-      view.setInt32(44, codes.layerBegin, true);
-      view.setInt32(48, codes.layerEnd, true);
+      const layout = wasmStructLayout(core, memory, KVL_STRUCTS.engineOptions);
+      const opts = s.alloc(layout.bytes);
+      writeStruct(memory, opts, layout, codes);
       const pathBytes = core.lengthBytesUTF8(packDir) + 1;
       const path = s.alloc(pathBytes);
       core.stringToUTF8(packDir, path, pathBytes);
@@ -149,24 +207,18 @@ export class WasmEngine implements CoreEngine {
     if (status !== 0) throw new CoreError(status, this.core.UTF8ToString(this.core._kvl_engine_last_error(this.#live)));
   }
 
-  #readInfo(): EngineInfo {
+  /** kvl_engine_get_info or kvl_engine_get_stats into scratch, read by the instance's layout table. */
+  #readStruct(which: StructId, get: (engine: number, out: number) => number): Record<string, number | boolean | string> {
+    const layout = wasmStructLayout(this.core, this.memory, which);
     return withScratch(this.core, (s) => {
-      const out = s.alloc(INFO_BYTES);
-      this.check(this.core._kvl_engine_get_info(this.#live, out));
-      const v = new DataView(this.memory.buffer, out, INFO_BYTES);
-      const i32 = (k: number): number => v.getInt32(4 * k, true);
-      const u64 = (at: number): number => Number(v.getBigUint64(at, true));
-      const text = (at: number, len: number): string => this.core.UTF8ToString(out + at, len);
-      return {
-        vocabSize: i32(0), hiddenSize: i32(1), nLayers: i32(2), nHeads: i32(3), kvLoraRank: i32(4), qkRopeHeadDim: i32(5),
-        nRoutedExperts: i32(6), numExpertsPerTok: i32(7), maxPositionEmbeddings: i32(8), visionHiddenSize: i32(9),
-        visionMergeH: i32(10), visionMergeW: i32(11), visionPatchSize: i32(12), mediaPlaceholderTokenId: i32(13),
-        nThreads: i32(14), trunkDirectIo: i32(15) === 1, expertDirectIo: i32(16) === 1, visionDirectIo: i32(17) === 1,
-        kernels: text(72, 16), kvDtype: text(88, 8),
-        globalBytes: u64(96), trunkCacheBytes: u64(104), expertCacheBytes: u64(112), engineWorkspaceBytes: u64(120),
-        expertExtentBytes: u64(128), actDtype: text(136, 8), layerBegin: v.getInt32(144, true), layerEnd: v.getInt32(148, true),
-      };
+      const out = s.alloc(layout.bytes);
+      this.check(get(this.#live, out));
+      return readStruct(this.core, this.memory, out, layout);
     });
+  }
+
+  #readInfo(): EngineInfo {
+    return this.#readStruct(KVL_STRUCTS.engineInfo, (e, out) => this.core._kvl_engine_get_info(e, out)) as unknown as EngineInfo;
   }
 
   info(): EngineInfo {
@@ -174,17 +226,7 @@ export class WasmEngine implements CoreEngine {
   }
 
   stats(): EngineStats {
-    return withScratch(this.core, (s) => {
-      const out = s.alloc(STATS_BYTES);
-      this.check(this.core._kvl_engine_get_stats(this.#live, out));
-      const v = new DataView(this.memory.buffer, out, STATS_BYTES);
-      const u = (k: number): number => Number(v.getBigUint64(8 * k, true));
-      return {
-        expertHits: u(0), expertMisses: u(1), expertBytesRead: u(2), expertStallNs: u(3), trunkHits: u(4), trunkMisses: u(5),
-        trunkBytesRead: u(6), trunkStallNs: u(7), visionBytesRead: u(8), tokensPrefilled: u(9), tokensDecoded: u(10),
-        verifyNs: u(11), verifyBytes: u(12),
-      };
-    });
+    return this.#readStruct(KVL_STRUCTS.stats, (e, out) => this.core._kvl_engine_get_stats(e, out)) as unknown as EngineStats;
   }
 
   resetStats(): void {

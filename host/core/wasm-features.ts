@@ -32,7 +32,7 @@ export interface WasmFeatures {
   readonly simd128: boolean;
   /** shared memories + SharedArrayBuffer (the core's thread pool). */
   readonly threads: boolean;
-  /** relaxed SIMD (not used by the kernels yet; reported for later). */
+  /** relaxed SIMD (the relaxed build's simd128-relaxed, where its self-test passes: wasm-relaxed.ts). */
   readonly relaxedSimd: boolean;
 }
 

@@ -8,22 +8,25 @@
  * opened with exactly the plan's options and, on WebAssembly, memory. Without one, the number of
  * instances comes from the caller (`--instances`, KVL_INSTANCES) or is 1. Either way only the
  * first range (layer 0 on) loads the vision tower, when loadVision asks for it: images are encoded
- * there, and a copy in every range would only waste memory. Does not own how big each memory
+ * there, and a copy in every range would only waste memory. Every WebAssembly instance of a model
+ * runs the same build, the one --kernels picks (wasm-relaxed.ts). Does not own how big each memory
  * must be (the planner) or the chaining of sessions (split-engine.ts).
  */
 import { readFileSync } from "node:fs";
 import { join } from "node:path";
 
 import type { BackendName, CoreBackend, CoreEngine, EngineOptions } from "../core/core-api.js";
+import { parseJson } from "../pack/json-file.js";
 import { textDims } from "../pack/model-spec.js";
 import { NativeBackend } from "../core/native-backend.js";
 import { SplitEngine } from "./split-engine.js";
 import { layerRanges, requestedInstances } from "../plan/instances.js";
 import { UserError } from "../system/user-error.js";
 import { MAX_INSTANCE_BYTES, WasmBackend } from "../core/wasm-backend.js";
+import { wasmBuildFor } from "../core/wasm-relaxed.js";
 
 /** One planned instance (planner.ts InstancePlan, as plain data so it can cross to the worker). */
-export interface PlannedInstance {
+interface PlannedInstance {
   engineOptions: EngineOptions & { layerBegin: number; layerEnd: number };
   memoryBytes: number;
 }
@@ -56,7 +59,7 @@ export interface HostedEngine {
 function packLayers(packDir: string): number {
   let config: unknown;
   try {
-    config = JSON.parse(readFileSync(join(packDir, "config.json"), "utf8"));
+    config = parseJson(readFileSync(join(packDir, "config.json")));
   } catch (err) {
     throw new UserError(`${join(packDir, "config.json")}: cannot read the pack's config (${(err as Error).message}); is ${packDir} a pack made by kvl pack?`);
   }
@@ -94,8 +97,9 @@ export async function openHostedEngine(backend: BackendName, packDir: string, op
       owners.push(native);
       for (const spec of specs) parts.push(native.openEngine(packDir, rangeOptions(engineOptions, spec)));
     } else {
+      const build = await wasmBuildFor(engineOptions.kernels);
       for (const spec of specs) {
-        const wasm = await WasmBackend.create({ memoryBytes: spec.memoryBytes, pthreads: WasmBackend.pthreadsForEngine(options.nThreads) });
+        const wasm = await WasmBackend.create({ build, memoryBytes: spec.memoryBytes, pthreads: WasmBackend.pthreadsForEngine(options.nThreads) });
         owners.push(wasm);
         parts.push(wasm.openEngine(packDir, rangeOptions(engineOptions, spec)));
       }

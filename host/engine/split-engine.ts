@@ -12,13 +12,10 @@
  * each gets (the planner).
  */
 import type { CoreEngine, CoreSession, EngineInfo, EngineStats, LogitsMode, SessionOptions } from "../core/core-api.js";
+import { DEFAULT_MAX_BATCH } from "../plan/defaults.js";
 import { UserError } from "../system/user-error.js";
 
 export const NO_VISION_MESSAGE = "this model was opened without vision; images are not accepted";
-
-
-/** Prefill chunk when the session options name none (kvl_session_options' default). */
-const DEFAULT_MAX_BATCH = 256;
 
 export class SplitEngine implements CoreEngine {
   readonly #parts: CoreEngine[];

@@ -41,7 +41,7 @@ export const DECODE_FIXED_BYTES = 32 * MIB;
  * per pixel (random pixels at zlib level 1: 1.6 RGB, 2.2 RGBA), a JPEG well under 1. A larger
  * file of the same size in pixels is admitted only while the total still fits (need <= budget).
  */
-export const PLANNED_FILE_BYTES_PER_PIXEL = 2;
+const PLANNED_FILE_BYTES_PER_PIXEL = 2;
 
 /** The auto pixel limit never exceeds the decoder's hard limit (image-decode.ts DEFAULT_DECODE_LIMITS). */
 export const IMAGE_PIXELS_MAX = 64_000_000;
@@ -60,14 +60,14 @@ export interface ResizeShape {
  * pixels) after the official downscale), the vertical pass's output and the padded RGB copy (each
  * < 2 x limit x p^2 pixels, 4 and 3 bytes). The normalised float pixels are the plan's vision line.
  */
-export function resizeBytes(pixels: number, shape: ResizeShape): number {
+function resizeBytes(pixels: number, shape: ResizeShape): number {
   const p = shape.patchSize;
   const limit = shape.inTokenLimit;
   return Math.ceil(4 * p * Math.sqrt(limit * Math.max(pixels, 0))) + 16 * limit * p * p + MIB;
 }
 
 /** Peak bytes of decoding and preprocessing one image whose encoded file is fileBytes long. */
-export function decodeNeedBytes(pixels: number, kind: DecodeKind, fileBytes: number, shape: ResizeShape): number {
+function decodeNeedBytes(pixels: number, kind: DecodeKind, fileBytes: number, shape: ResizeShape): number {
   return DECODE_FIXED_BYTES + DECODE_BYTES_PER_PIXEL[kind] * pixels + fileBytes + resizeBytes(pixels, shape);
 }
 
@@ -109,7 +109,7 @@ const KIND_GROUPS: ReadonlyArray<{ kinds: readonly DecodeKind[]; names: readonly
  * plan's image decode line, kvl serve's ready line, a refusal). Its encoded file is counted at
  * the planned bytes per pixel, so for JPEG and PNG this is exactly the pixels the plan reserved for.
  */
-export function imagePixelLimit(budget: DecodeBudget, kind: DecodeKind): number {
+function imagePixelLimit(budget: DecodeBudget, kind: DecodeKind): number {
   return admittedPixels(budget.bytes, kind, PLANNED_FILE_BYTES_PER_PIXEL, budget.shape);
 }
 
@@ -117,7 +117,7 @@ export function imagePixelLimit(budget: DecodeBudget, kind: DecodeKind): number 
  * Megapixels as every message shows them, with one decimal: a limit rounded down (what is shown
  * is admitted), an image's size rounded up (an image shown at the limit's figure is within it).
  */
-export function megapixels(pixels: number, round: "down" | "up" = "down"): string {
+function megapixels(pixels: number, round: "down" | "up" = "down"): string {
   const tenths = round === "down" ? Math.floor(pixels / 100_000) : Math.ceil(pixels / 100_000);
   return `${Math.floor(tenths / 10)}.${tenths % 10} MP`;
 }

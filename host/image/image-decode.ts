@@ -1,7 +1,6 @@
 /**
  * image-decode.ts — decoding a user's image (file path or bytes) into the pixels the official
- * Kimi-VL processor works on, with clear errors and hard limits (the TypeScript counterpart of
- * kvl/image.py load_image).
+ * Kimi-VL processor works on, with clear errors and hard limits.
  *
  * Owns: reading the source (size limit checked before the file is read), recognising the format
  * by its signature (JPEG, PNG, WebP, GIF only: every other decoder is attack surface), parsing the
@@ -74,7 +73,7 @@ export interface DecodeLimits {
   budget?: DecodeBudget;
 }
 
-/** As kvl/image.py: 64 megapixels (~256 MB as RGBA), files up to 256 MiB (compressed data). */
+/** 64 megapixels (~256 MB as RGBA), files up to 256 MiB (compressed data). */
 export const DEFAULT_DECODE_LIMITS: DecodeLimits = Object.freeze({ maxPixels: 64_000_000, maxFileBytes: 256 * 1024 * 1024 });
 
 /** An image as the official processor holds it before convert("RGB"): its Pillow mode family and pixels. */
@@ -96,7 +95,7 @@ export interface DecodedImage {
   i16?: Uint16Array;
 }
 
-export type ImageFormat = "JPEG" | "PNG" | "WebP" | "GIF";
+type ImageFormat = "JPEG" | "PNG" | "WebP" | "GIF";
 const SUPPORTED = "JPEG, PNG, WebP, GIF";
 
 /** The mode Pillow opens the file in ("1" and "I;16" are reported as "P" and "L" in DecodedImage). */
@@ -279,8 +278,8 @@ async function readSource(source: string | Uint8Array, limits: DecodeLimits, pre
 
 // -- header parsing ----------------------------------------------------------------------------
 
-/** The file's signature names a supported format (as kvl/image.py _sniff_format). */
-export function sniffFormat(data: Uint8Array): ImageFormat | null {
+/** The supported format the file's signature names, or null. */
+function sniffFormat(data: Uint8Array): ImageFormat | null {
   const at = (i: number, s: string): boolean => {
     for (let k = 0; k < s.length; k++) if (data[i + k] !== s.charCodeAt(k)) return false;
     return data.length >= i + s.length;

@@ -1,8 +1,7 @@
 /**
  * image-preprocess.ts — the official Kimi-VL image preprocessing (spec §6) of one decoded image,
  * bit-identical to the official processor (Pillow + torchvision + numpy), and the grid / media-token
- * arithmetic (the TypeScript counterpart of kvl/image.py preprocess, grid_for_size,
- * num_media_tokens).
+ * arithmetic.
  *
  * Owns: reading and validating preprocessor_config.json; the downscale rule (only past
  * in_token_limit patches, int truncation); the resize *in the image's own Pillow mode* —
@@ -28,14 +27,14 @@ import { readFileSync } from "node:fs";
 import { join } from "node:path";
 
 import type { DecodedImage } from "./image-decode.js";
-import { isIntMember, isJsonObject, JsonSyntaxError, loadsPy, pyRepr, pyReprMember, pyTruthy } from "../pack/py-json.js";
+import { JsonTextError, isJsonObject, jsonText, parseJson } from "../pack/json-file.js";
 import { UserError } from "../system/user-error.js";
 
 /**
  * The official processor rejects grids with >= 512 patches per side: MoonViT's 2D-RoPE table is
  * built for 512 x 512 positions in the modeling code (not serialised in config.json).
  */
-export const ROPE_GRID_LIMIT = 512;
+const ROPE_GRID_LIMIT = 512;
 
 export interface PreprocessorConfig {
   patchSize: number;
@@ -51,32 +50,33 @@ export interface PreprocessorConfig {
 /** Reads and validates the pack's preprocessor_config.json (UserError naming the file and key when damaged); merge kernel from the argument (config.json vision_config) when given. */
 export function loadPreprocessorConfig(packDir: string, mergeKernel?: [number, number]): PreprocessorConfig {
   const path = join(packDir, "preprocessor_config.json");
-  let text: string;
+  let bytes: Uint8Array;
   try {
-    text = readFileSync(path, "utf8");
+    bytes = readFileSync(path);
   } catch (err) {
     throw new UserError(`${path} is missing or unreadable (${(err as Error).message}); rerun kvl pack`);
   }
   let config: unknown;
   try {
-    config = loadsPy(text);
+    config = parseJson(bytes);
   } catch (err) {
-    if (err instanceof JsonSyntaxError) throw new UserError(`${path} is not valid JSON (${err.message}); rerun kvl pack`);
+    if (err instanceof JsonTextError) throw new UserError(`${path} is not valid JSON (${err.message}); rerun kvl pack`);
     throw err;
   }
   if (!isJsonObject(config)) throw new UserError(`${path} is not a JSON object; rerun kvl pack`);
   const damaged = "the pack's preprocessor_config.json looks damaged; rerun kvl pack";
+  const got = (key: string): string => (Object.hasOwn(config, key) ? jsonText(config[key]) : "nothing (it is missing)");
   const int = (key: string): number => {
     const value = config[key];
-    if (!isIntMember(config, key) || (value as number) <= 0) {
-      throw new UserError(`${path}: '${key}' must be a positive integer, got ${pyReprMember(config, key)}; ${damaged}`);
+    if (!(typeof value === "number" && Number.isInteger(value) && value > 0)) {
+      throw new UserError(`${path}: '${key}' must be a positive integer, got ${got(key)}; ${damaged}`);
     }
-    return value as number;
+    return value;
   };
   const triple = (key: string): [number, number, number] => {
     const value = config[key];
     if (!Array.isArray(value) || value.length !== 3 || !value.every((v) => typeof v === "number" && Number.isFinite(v))) {
-      throw new UserError(`${path}: '${key}' must be a list of 3 finite numbers, got ${pyReprMember(config, key)}; ${damaged}`);
+      throw new UserError(`${path}: '${key}' must be a list of 3 finite numbers, got ${got(key)}; ${damaged}`);
     }
     return [value[0] as number, value[1] as number, value[2] as number];
   };
@@ -85,17 +85,16 @@ export function loadPreprocessorConfig(packDir: string, mergeKernel?: [number, n
   const imageMean = triple("image_mean");
   const imageStd = triple("image_std");
   if (imageStd.some((s) => s === 0)) throw new UserError(`${path}: 'image_std' contains a zero; ${damaged}`);
-  const fromFile = mergeKernel === undefined;
   const merge: unknown = mergeKernel ?? config.merge_kernel_size;
-  if (!Array.isArray(merge) || merge.length !== 2 ||
-      !merge.every((m, i) => typeof m === "number" && Number.isInteger(m) && m > 0 && (!fromFile || isIntMember(merge, i)))) {
-    const where = fromFile ? `${path}: 'merge_kernel_size'` : "merge_kernel_size";
-    throw new UserError(`${where} must be two positive integers, got ${fromFile ? pyReprMember(config, "merge_kernel_size") : pyRepr(merge)}`);
+  if (!Array.isArray(merge) || merge.length !== 2 || !merge.every((m) => typeof m === "number" && Number.isInteger(m) && m > 0)) {
+    const [where, value] = mergeKernel === undefined ? [`${path}: 'merge_kernel_size'`, got("merge_kernel_size")] : ["merge_kernel_size", jsonText(merge)];
+    throw new UserError(`${where} must be two positive integers, got ${value}`);
   }
-  return {
-    patchSize, inTokenLimit, mergeKernel: [merge[0] as number, merge[1] as number],
-    padInput: pyTruthy(config.pad_input ?? false), imageMean, imageStd,
-  };
+  const padInput = config.pad_input ?? false;
+  if (typeof padInput !== "boolean") {
+    throw new UserError(`${path}: 'pad_input' must be true or false, got ${got("pad_input")}; ${damaged}`);
+  }
+  return { patchSize, inTokenLimit, mergeKernel: [merge[0] as number, merge[1] as number], padInput, imageMean, imageStd };
 }
 
 function checkConfig(config: PreprocessorConfig): void {
@@ -108,7 +107,7 @@ function checkConfig(config: PreprocessorConfig): void {
 // -- sizes, grids, tokens ----------------------------------------------------------------------
 
 /** Official downscale rule: only when the patch count exceeds in_token_limit; int truncation. */
-export function resizedSize(width: number, height: number, patch: number, limit: number): [number, number] {
+function resizedSize(width: number, height: number, patch: number, limit: number): [number, number] {
   const patches = Math.floor(width / patch) * Math.floor(height / patch);
   if (patches <= limit) return [width, height];
   const scale = Math.sqrt(limit / patches);
@@ -371,7 +370,7 @@ function roundClip16(ss: number): number {
 }
 
 /** Image.resize BICUBIC of an "I;16" image (Resample.c _ImagingResample{Horizontal,Vertical}_16bpc). */
-export function resampleBicubic16(src: Uint16Array, width: number, height: number, outW: number, outH: number): Uint16Array {
+function resampleBicubic16(src: Uint16Array, width: number, height: number, outW: number, outH: number): Uint16Array {
   const needH = outW !== width;
   const needV = outH !== height;
   const vert = precomputeCoeffs(height, outH);
@@ -424,7 +423,7 @@ export function resampleBicubic16(src: Uint16Array, width: number, height: numbe
  * double; pixels whose coordinate falls outside the source keep the fill, palette index 0
  * (`fill`, its colour here).
  */
-export function resampleNearest(src: Uint8Array, width: number, height: number, channels: number, outW: number, outH: number,
+function resampleNearest(src: Uint8Array, width: number, height: number, channels: number, outW: number, outH: number,
   fill: readonly number[]): Uint8Array {
   const out = new Uint8Array(outW * outH * channels);
   const a0 = width / outW;
@@ -505,7 +504,7 @@ export function resizePadRgb(image: DecodedImage, config: PreprocessorConfig): {
     outW = padded(newW, patch * mw);
     outH = padded(newH, patch * mh);
   } else {
-    // pad_input false (not the shipped config): torchvision center_crop to whole patches, as kvl/image.py
+    // pad_input false (not the shipped config): torchvision center_crop to whole patches
     outW = newW - (newW % patch);
     outH = newH - (newH % patch);
     top = roundHalfEven((newH - outH) / 2);

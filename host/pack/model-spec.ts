@@ -1,6 +1,6 @@
 /**
  * model-spec.ts — config.json -> typed model dimensions, the expected tensor inventory,
- * validation messages, and the pack's hparam table (port of kvl/modelspec.py; same messages).
+ * validation messages (values spelt as JSON spells them), and the pack's hparam table.
  *
  * Owns: reading the Kimi-VL config (text_config = DeepSeek-V3 decoder, vision_config =
  * MoonViT), deriving every tensor name/dtype/shape of the official checkpoint layout from those
@@ -10,40 +10,36 @@
  *
  * Nothing here is model-size specific: every dimension comes from the config. The only fixed
  * facts are the ones the official code hard-codes rather than stores in config.json.
- * Configs parsed by host/pack/py-json.ts keep Python's int/float distinction (`2048.0` is not an int);
- * for other objects an integral number counts as an int.
+ * config.json is parsed with JSON.parse (json-file.ts), which has one number type: an integer field
+ * takes any integral number (`2048.0` is 2048), a number field any number; a boolean is neither.
  */
-import {
-  type JsonObject, isFloatMember, isIntMember, isJsonObject, jsonRepr, jsonReprMember, pyTruthy,
-} from "./py-json.js";
+import { type JsonObject, isJsonObject, jsonText } from "./json-file.js";
 import { UserError } from "../system/user-error.js";
 
 // Fixed by the official modelling code, not present in config.json.
-export const KV_A_LAYERNORM_EPS = 1e-6; // DeepseekV3RMSNorm built without rms_norm_eps -> class default
-export const VISION_ROPE_THETA = 10000.0;
-export const VISION_LAYER_NORM_EPS = 1e-5;
+const KV_A_LAYERNORM_EPS = 1e-6; // DeepseekV3RMSNorm built without rms_norm_eps -> class default
+const VISION_ROPE_THETA = 10000.0;
+const VISION_LAYER_NORM_EPS = 1e-5;
 
-export const DTYPE = "BF16";
+const DTYPE = "BF16";
 export const ROUTER_BIAS_SUFFIX = "mlp.gate.e_score_correction_bias";
-export const ROUTER_BIAS_DTYPES: readonly string[] = ["BF16", "F32"];
+const ROUTER_BIAS_DTYPES: readonly string[] = ["BF16", "F32"];
 
-export const TEXT_PREFIX = "language_model.model.";
+const TEXT_PREFIX = "language_model.model.";
 export const LM_HEAD = "language_model.lm_head.weight";
 /** The trunk's Linear weights that `kvl pack --trunk-dtype q8` stores as row-wise Q8 (Q8_ROWS):
  * attention projections, the dense layer-0 MLP, the shared experts and lm_head. Not the
  * embedding (read row by row), the norms, nor the MoE router and its bias (the checkpoint's code
  * runs the router in FP32; it decides which experts run). */
-export const TRUNK_LINEAR_RE =
+const TRUNK_LINEAR_RE =
   /^language_model\.(?:lm_head\.weight|model\.layers\.\d+\.(?:self_attn\.(?:q_proj|kv_a_proj_with_mqa|kv_b_proj|o_proj)|mlp\.(?:shared_experts\.)?(?:gate_proj|up_proj|down_proj))\.weight)$/;
 
 export function isTrunkLinear(name: string): boolean {
   return TRUNK_LINEAR_RE.test(name);
 }
-export const VISION_PREFIX = "vision_tower.";
-export const PROJECTOR_PREFIX = "multi_modal_projector.";
 
 /** text_config, field names as in config.json (and the hparam keys). */
-export interface TextDims {
+interface TextDims {
   readonly vocab_size: number;
   readonly hidden_size: number;
   readonly intermediate_size: number;
@@ -72,7 +68,7 @@ export interface TextDims {
   readonly q_head_dim: number;
 }
 
-export interface VisionDims {
+interface VisionDims {
   readonly hidden_size: number;
   readonly num_hidden_layers: number;
   readonly num_attention_heads: number;
@@ -90,7 +86,7 @@ export interface VisionDims {
   readonly projector_width: number;
 }
 
-export interface ModelDims {
+interface ModelDims {
   readonly text: TextDims;
   readonly vision: VisionDims;
   readonly media_placeholder_token_id: number;
@@ -113,7 +109,7 @@ export interface InventoryView {
 }
 
 /** Same rule as the official DeepseekV3DecoderLayer. */
-export function isMoeLayer(t: TextDims, layer: number): boolean {
+function isMoeLayer(t: TextDims, layer: number): boolean {
   return t.n_routed_experts > 0 && layer >= t.first_k_dense_replace && layer % t.moe_layer_freq === 0;
 }
 
@@ -140,44 +136,58 @@ function get(sec: JsonObject, where: string, key: string, kind: Kind): unknown {
   const value = sec[key];
   const ok =
     kind === "float" ? typeof value === "number"
-      : kind === "int" ? isIntMember(sec, key)
+      : kind === "int" ? isInt(value)
         : kind === "bool" ? typeof value === "boolean"
           : Array.isArray(value);
   if (!ok) {
-    throw new UserError(`config.json: ${where}.${key} = ${jsonReprMember(sec, key)} is not ${KIND_WORDS[kind]}; ` +
+    throw new UserError(`config.json: ${where}.${key} = ${jsonText(value)} is not ${KIND_WORDS[kind]}; ` +
       "fix or re-download config.json");
   }
   return value;
 }
 
 function positive(where: string, key: string, value: number): number {
-  if (value <= 0) throw new UserError(`config.json: ${where}.${key} = ${jsonRepr(value)} must be positive`);
+  if (value <= 0) throw new UserError(`config.json: ${where}.${key} = ${value} must be positive`);
   return value;
 }
 
-/** Python's dict.get(key, default): a present key (even null) gives its value. */
-function pyGet(sec: JsonObject, key: string, fallback: unknown): unknown {
-  return Object.prototype.hasOwnProperty.call(sec, key) ? sec[key] : fallback;
+function isInt(value: unknown): value is number {
+  return typeof value === "number" && Number.isInteger(value);
+}
+
+/** The member's value when present (null too), else the fallback. */
+function valueOr(sec: JsonObject, key: string, fallback: unknown): unknown {
+  return Object.hasOwn(sec, key) ? sec[key] : fallback;
+}
+
+/** A member that is true or false where present (absent or null: false); anything else is a
+ * problem, added to `problems`. */
+function flag(sec: JsonObject, where: string, key: string, problems: string[]): boolean {
+  const value = valueOr(sec, key, null);
+  if (value === null || typeof value === "boolean") return value === true;
+  problems.push(`config.json: ${where}${key} = ${jsonText(value)} is not true or false; fix or re-download config.json`);
+  return false;
 }
 
 export function textDims(config: unknown): TextDims {
   const t = section(config, "text_config");
   const w = "text_config";
   const pos = (key: string): number => positive(w, key, get(t, w, key, "int"));
-  const qLora = pyGet(t, "q_lora_rank", null);
-  if (qLora !== null && !isIntMember(t, "q_lora_rank")) {
-    throw new UserError(`config.json: text_config.q_lora_rank = ${jsonReprMember(t, "q_lora_rank")} must be null or an integer`);
+  const qLora = valueOr(t, "q_lora_rank", null);
+  if (qLora !== null && !isInt(qLora)) {
+    throw new UserError(`config.json: text_config.q_lora_rank = ${jsonText(qLora)} must be null or an integer`);
   }
   const nRouted = get(t, w, "n_routed_experts", "int");
   if (nRouted < 0) throw new UserError(`config.json: text_config.n_routed_experts = ${nRouted} must not be negative`);
-  // Evaluated in the Python constructor's argument order, so the first problem reported is the same.
+  // Checked in one fixed order (TextDims's), so which problem is reported first does not depend on
+  // the order of config.json's members.
   const vocab_size = pos("vocab_size");
   const hidden_size = pos("hidden_size");
   const intermediate_size = pos("intermediate_size");
   const moe_intermediate_size = pos("moe_intermediate_size");
   const num_hidden_layers = pos("num_hidden_layers");
   const num_attention_heads = pos("num_attention_heads");
-  const n_shared_experts = pyGet(t, "n_shared_experts", null) !== null ? get(t, w, "n_shared_experts", "int") : 0;
+  const n_shared_experts = valueOr(t, "n_shared_experts", null) !== null ? get(t, w, "n_shared_experts", "int") : 0;
   const num_experts_per_tok = pos("num_experts_per_tok");
   const first_k_dense_replace = get(t, w, "first_k_dense_replace", "int");
   const moe_layer_freq = pos("moe_layer_freq");
@@ -201,13 +211,13 @@ export function textDims(config: unknown): TextDims {
   };
 }
 
-export function visionDims(config: unknown): VisionDims {
+function visionDims(config: unknown): VisionDims {
   const v = section(config, "vision_config");
   const w = "vision_config";
   const pos = (key: string): number => positive(w, key, get(v, w, key, "int"));
   const merge = get(v, w, "merge_kernel_size", "list");
-  if (merge.length !== 2 || !merge.every((m, i) => isIntMember(merge, i) && (m as number) > 0)) {
-    throw new UserError(`config.json: vision_config.merge_kernel_size = ${jsonRepr(merge)} must be two positive integers`);
+  if (merge.length !== 2 || !merge.every((m) => isInt(m) && m > 0)) {
+    throw new UserError(`config.json: vision_config.merge_kernel_size = ${jsonText(merge)} must be two positive integers`);
   }
   const hidden_size = pos("hidden_size");
   const num_hidden_layers = pos("num_hidden_layers");
@@ -380,27 +390,27 @@ export function checkSupported(config: unknown): string[] {
   const top = config as JsonObject;
   const tc = top.text_config as JsonObject;
   const vc = top.vision_config as JsonObject;
-  const tcRepr = (key: string, fallback: unknown): string =>
-    Object.prototype.hasOwnProperty.call(tc, key) ? jsonReprMember(tc, key) : jsonRepr(fallback);
+  const tcText = (key: string): string => jsonText(valueOr(tc, key, null));
   if (t.q_lora_rank !== null) {
     problems.push(`text_config.q_lora_rank = ${t.q_lora_rank}: low-rank query projection is not supported (Kimi-VL uses null)`);
   }
-  if (pyGet(tc, "rope_scaling", null) !== null) {
-    problems.push(`text_config.rope_scaling = ${tcRepr("rope_scaling", null)}: RoPE scaling (YaRN etc.) is not supported (Kimi-VL uses null)`);
+  if (valueOr(tc, "rope_scaling", null) !== null) {
+    problems.push(`text_config.rope_scaling = ${tcText("rope_scaling")}: RoPE scaling (YaRN etc.) is not supported (Kimi-VL uses null)`);
   }
-  if (pyGet(tc, "scoring_func", "sigmoid") !== "sigmoid") {
-    problems.push(`text_config.scoring_func = ${tcRepr("scoring_func", null)}: only 'sigmoid' router scoring is supported`);
+  if (valueOr(tc, "scoring_func", "sigmoid") !== "sigmoid") {
+    problems.push(`text_config.scoring_func = ${tcText("scoring_func")}: only 'sigmoid' router scoring is supported`);
   }
-  if (pyGet(tc, "topk_method", "noaux_tc") !== "noaux_tc") {
-    problems.push(`text_config.topk_method = ${tcRepr("topk_method", null)}: only 'noaux_tc' expert selection is supported`);
+  if (valueOr(tc, "topk_method", "noaux_tc") !== "noaux_tc") {
+    problems.push(`text_config.topk_method = ${tcText("topk_method")}: only 'noaux_tc' expert selection is supported`);
   }
-  if (pyGet(tc, "hidden_act", "silu") !== "silu") {
-    problems.push(`text_config.hidden_act = ${tcRepr("hidden_act", null)}: only 'silu' is supported`);
+  if (valueOr(tc, "hidden_act", "silu") !== "silu") {
+    problems.push(`text_config.hidden_act = ${tcText("hidden_act")}: only 'silu' is supported`);
   }
-  if (pyTruthy(pyGet(tc, "attention_bias", false))) {
+  if (flag(tc, "text_config.", "attention_bias", problems)) {
     problems.push("text_config.attention_bias = true: attention biases are not supported");
   }
-  if (pyTruthy(pyGet(tc, "tie_word_embeddings", false)) || pyTruthy(pyGet(top, "tie_word_embeddings", false))) {
+  // both are evaluated, so that each one that is not true or false is reported
+  if ([flag(tc, "text_config.", "tie_word_embeddings", problems), flag(top, "", "tie_word_embeddings", problems)].includes(true)) {
     problems.push("tie_word_embeddings = true: a tied lm_head is not supported (Kimi-VL has a separate lm_head)");
   }
   if (t.qk_rope_head_dim % 2) {
@@ -440,22 +450,20 @@ export function checkSupported(config: unknown): string[] {
   if (v.merge_kernel_h !== 2 || v.merge_kernel_w !== 2) {
     problems.push(`vision_config.merge_kernel_size = [${v.merge_kernel_h}, ${v.merge_kernel_w}]: only [2, 2] patch merging is supported`);
   }
-  // Python's isinstance(media, int) holds for booleans too.
-  const media = pyGet(top, "media_placeholder_token_id", null);
-  const mediaInt = typeof media === "boolean" ? Number(media) : isIntMember(top, "media_placeholder_token_id") ? (media as number) : null;
-  if (mediaInt === null || !(mediaInt >= 0 && mediaInt < t.vocab_size)) {
-    problems.push(Object.prototype.hasOwnProperty.call(top, "media_placeholder_token_id")
-      ? `media_placeholder_token_id = ${jsonRepr(media, isFloatMember(top, "media_placeholder_token_id"))} is not a token id below vocab_size ${t.vocab_size}`
+  const media = valueOr(top, "media_placeholder_token_id", null);
+  if (!(isInt(media) && media >= 0 && media < t.vocab_size)) {
+    problems.push(Object.hasOwn(top, "media_placeholder_token_id")
+      ? `media_placeholder_token_id = ${jsonText(media)} is not a token id below vocab_size ${t.vocab_size}`
       : `media_placeholder_token_id is missing; it must be a token id below vocab_size ${t.vocab_size}`);
   }
-  const visionAct = pyGet(vc, "hidden_act", "gelu_pytorch_tanh");
+  const visionAct = valueOr(vc, "hidden_act", "gelu_pytorch_tanh");
   if (visionAct !== "gelu_pytorch_tanh") {
-    problems.push(`vision_config.hidden_act = ${jsonRepr(visionAct, isFloatMember(vc, "hidden_act"))}: only the GELU-tanh vision MLP is supported`);
+    problems.push(`vision_config.hidden_act = ${jsonText(visionAct)}: only the GELU-tanh vision MLP is supported`);
   }
   return problems;
 }
 
-export const HPARAM_TEXT_KEYS = [
+const HPARAM_TEXT_KEYS = [
   "vocab_size", "hidden_size", "intermediate_size", "moe_intermediate_size",
   "num_hidden_layers", "num_attention_heads", "n_routed_experts", "n_shared_experts",
   "num_experts_per_tok", "first_k_dense_replace", "moe_layer_freq", "kv_lora_rank",
@@ -463,7 +471,7 @@ export const HPARAM_TEXT_KEYS = [
   "n_group", "topk_group", "norm_topk_prob", "rope_theta", "rms_norm_eps",
   "kv_a_layernorm_eps", "max_position_embeddings",
 ] as const satisfies ReadonlyArray<keyof TextDims>;
-export const HPARAM_VISION_KEYS = [
+const HPARAM_VISION_KEYS = [
   "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "patch_size",
   "init_pos_emb_height", "init_pos_emb_width", "merge_kernel_h", "merge_kernel_w",
   "rope_theta", "layer_norm_eps",

@@ -14,11 +14,11 @@ import { isDeepStrictEqual } from "node:util";
 import { isFile } from "./file-kind.js";
 import { expectedTensors, hparams, isTrunkLinear, textDims } from "./model-spec.js";
 import { COMPLETE_FILE, DTYPE_BF16, DTYPE_F32, DTYPE_NAMES, DTYPE_Q8_ROWS, PackReader } from "./pack-format.js";
-import { loadsPy } from "./py-json.js";
+import { parseJson } from "./json-file.js";
 import { UserError } from "../system/user-error.js";
 
 /** Files besides the stores that the runtime reads (tokenizer, template, vision preprocessing). */
-export const RUNTIME_FILES = ["config.json", "tokenizer_config.json", "tiktoken.model", "chat_template.jinja", "preprocessor_config.json"];
+const RUNTIME_FILES = ["config.json", "tokenizer_config.json", "tiktoken.model", "chat_template.jinja", "preprocessor_config.json"];
 
 /** If `model` is a source checkpoint (safetensors, no pack marker): what it is and what to run
  * instead; else null. */
@@ -46,13 +46,11 @@ export function missingRuntimeFiles(model: string): string[] {
  * `unusable` is set when config.json cannot be read as a Kimi-VL config at all. */
 export function configProblems(model: string, reader: PackReader): { problems: string[]; unusable: boolean } {
   let config: unknown;
-  let plain: unknown;
   try {
-    const text = readFileSync(join(model, "config.json"), "utf8");
-    config = loadsPy(text);
-    plain = JSON.parse(text);
+    config = parseJson(readFileSync(join(model, "config.json")));
   } catch (err) {
-    return { problems: [`config.json unreadable (${err instanceof Error ? err.message : String(err)})`], unusable: true };
+    const why = err instanceof Error ? err.message : String(err); // a JsonTextError's or the file system's
+    return { problems: [`config.json unreadable (${why})`], unusable: true };
   }
   const problems: string[] = [];
   let stored: unknown = null;
@@ -61,7 +59,7 @@ export function configProblems(model: string, reader: PackReader): { problems: s
   } catch {
     /* differs below */
   }
-  if (!isDeepStrictEqual(stored, plain)) problems.push("config.json differs from the config stored in the indexes");
+  if (!isDeepStrictEqual(stored, config)) problems.push("config.json differs from the config stored in the indexes");
   let expected;
   let expectedHp;
   let text;

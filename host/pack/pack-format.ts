@@ -1,7 +1,8 @@
 /**
  * pack-format.ts — the kvl runtime-directory ("pack") format of docs/FORMAT.md: constants, index
- * (.idx) encoding and fully validating decoding, the expert-extent layout, record sizes, CRC-32,
- * and a reader of whole packs with `verify` (port of kvl/packfmt.py; same checks, same messages).
+ * (.idx) encoding and fully validating decoding, the completion marker (PACK_COMPLETE.json) and
+ * its validation, the expert-extent layout, record sizes, CRC-32, and a reader of whole packs
+ * with `verify` (the structure always, every data CRC when asked: `kvl prepare`'s last step).
  *
  * Owns: the on-disk constants and byte layouts, and the rules a pack must follow to be read (the
  * same rules wasm-core/src/store.c enforces). Does not own: deciding what goes into a pack or in
@@ -15,36 +16,32 @@ import { open } from "node:fs/promises";
 import { join } from "node:path";
 import { crc32 as zlibCrc32 } from "node:zlib";
 
-import {
-  type JsonObject, decodeUtf8Strict, isJsonObject, jsonRepr, loadsPy, pyBytesRepr, pyEqualsNumber, pyFloatRepr, pyRepr,
-} from "./py-json.js";
+import { type JsonObject, decodeUtf8Strict, isJsonObject, jsonText, parseJson } from "./json-file.js";
 import { requireFolder } from "./file-kind.js";
 import { UserError } from "../system/user-error.js";
 
 /** The version a pack with a BF16 trunk is written with (every pack before Q8_ROWS existed). */
-export const FORMAT_VERSION = 1;
+const FORMAT_VERSION = 1;
 /** The version of a pack holding Q8_ROWS records (`kvl pack --trunk-dtype q8`): a reader that
  * predates the dtype stops at the version ("repack with this kvl version") instead of calling
  * the index corrupt. This reader reads both. */
-export const FORMAT_VERSION_Q8_ROWS = 2;
-export const FORMAT_VERSIONS: readonly number[] = [FORMAT_VERSION, FORMAT_VERSION_Q8_ROWS];
-export const IDX_MAGIC = "KVLIDX01";
-export const HEADER_BYTES = 128;
-export const HPARAM_RECORD_BYTES = 64;
-export const TENSOR_RECORD_BYTES = 192;
-export const HPARAM_KEY_BYTES = 56;
-export const TENSOR_NAME_BYTES = 128;
+const FORMAT_VERSION_Q8_ROWS = 2;
+const FORMAT_VERSIONS: readonly number[] = [FORMAT_VERSION, FORMAT_VERSION_Q8_ROWS];
+const IDX_MAGIC = "KVLIDX01";
+const HEADER_BYTES = 128;
+const HPARAM_RECORD_BYTES = 64;
+const TENSOR_RECORD_BYTES = 192;
+const HPARAM_KEY_BYTES = 56;
+const TENSOR_NAME_BYTES = 128;
 export const BIN_ALIGN = 4096;
-export const SUBBLOCK_ALIGN = 64;
-export const MAX_NDIM = 4;
+const MAX_NDIM = 4;
 /** Largest dimension of a Q8_ROWS record (as store.c's MAX_EXPERT_DIM for extents). */
-export const MAX_Q8_ROWS_DIM = 2n ** 24n;
+const MAX_Q8_ROWS_DIM = 2n ** 24n;
 
 export type StoreName = "trunk" | "experts" | "vision";
 export const STORE_TRUNK = 1;
-export const STORE_EXPERTS = 2;
 export const STORE_VISION = 3;
-export const STORE_NAMES: Readonly<Record<number, StoreName>> = { 1: "trunk", 2: "experts", 3: "vision" };
+const STORE_NAMES: Readonly<Record<number, StoreName>> = { 1: "trunk", 2: "experts", 3: "vision" };
 export const STORE_KINDS: Readonly<Record<StoreName, number>> = { trunk: 1, experts: 2, vision: 3 };
 /** Stores in kind order (the order PACK_COMPLETE.json lists them and readers check them). */
 export const STORES: readonly StoreName[] = ["trunk", "experts", "vision"];
@@ -58,7 +55,7 @@ export const DTYPE_NAMES: Readonly<Record<number, string>> = { 1: "BF16", 2: "F3
 /** What `kvl pack --trunk-dtype` stores the trunk's Linear weights as. */
 export type TrunkDtype = "bf16" | "q8";
 export const TRUNK_DTYPES: readonly TrunkDtype[] = ["bf16", "q8"];
-export const DTYPE_ITEMSIZE: Readonly<Record<number, number>> = { 1: 2, 2: 4 };
+const DTYPE_ITEMSIZE: Readonly<Record<number, number>> = { 1: 2, 2: 4 };
 
 /** Files copied verbatim from the source checkpoint (those that exist), in this order. */
 export const ASSET_FILES = [
@@ -68,7 +65,7 @@ export const ASSET_FILES = [
 export const SOURCE_REVISION_FILE = "SOURCE_REVISION.txt";
 export const COMPLETE_FILE = "PACK_COMPLETE.json";
 export const JOURNAL_DIR = ".pack-journal";
-export const INCOMPLETE_HINT = "the pack is incomplete; rerun kvl pack";
+const INCOMPLETE_HINT = "the pack is incomplete; rerun kvl pack";
 
 const CRC_FIELD_OFFSET = 36;
 
@@ -76,7 +73,7 @@ export function alignUp(value: number, alignment: number): number {
   return Math.ceil(value / alignment) * alignment;
 }
 
-/** zlib's CRC-32 (continuing from `previous`), as Python's zlib.crc32 & 0xFFFFFFFF. */
+/** zlib's CRC-32 (continuing from `previous`), unsigned, as the .idx crc32 fields hold it. */
 export function crc32(data: Uint8Array, previous = 0): number {
   return zlibCrc32(data, previous) >>> 0;
 }
@@ -89,7 +86,7 @@ function hex8(n: number): string {
 // Expert extents
 
 /** Byte offsets of the sub-blocks inside one (layer, expert) extent, relative to its start. */
-export interface ExpertLayout {
+interface ExpertLayout {
   readonly intermediate: number;
   readonly hidden: number;
   readonly gate_q: number;
@@ -113,14 +110,14 @@ function expertLayoutBig(i: bigint, h: bigint): { [K in keyof ExpertLayout]: big
 }
 
 /** docs/FORMAT.md "Expert extents" (the core's kvl_expert_extent_bytes gives the same nbytes). */
-export function expertLayout(intermediate: number, hidden: number): ExpertLayout {
+function expertLayout(intermediate: number, hidden: number): ExpertLayout {
   const big = expertLayoutBig(BigInt(intermediate), BigInt(hidden));
   return Object.fromEntries(Object.entries(big).map(([k, v]) => [k, Number(v)])) as unknown as ExpertLayout;
 }
 
 /** docs/FORMAT.md "Q8_ROWS": int8 q [rows, cols] at 0, f32 scale [rows] at align64(rows*cols) —
  * the sub-block rule of the expert extents, with the same row quantisation. */
-export function q8RowsLayoutBig(rows: bigint, cols: bigint): { scale: bigint; nbytes: bigint } {
+function q8RowsLayoutBig(rows: bigint, cols: bigint): { scale: bigint; nbytes: bigint } {
   const scale = ((rows * cols + 63n) / 64n) * 64n;
   return { scale, nbytes: scale + 4n * rows };
 }
@@ -144,19 +141,8 @@ export function bf16BitsToF32(bits: Uint16Array): Float32Array {
   return new Float32Array(out.buffer);
 }
 
-/** float32 -> raw BF16 bits, round to nearest even; NaNs stay (quiet) NaNs. */
-export function f32ToBf16Bits(values: Float32Array): Uint16Array {
-  const bits = new Uint32Array(values.buffer, values.byteOffset, values.length);
-  const out = new Uint16Array(values.length);
-  for (let i = 0; i < values.length; i++) {
-    const b = bits[i]!;
-    out[i] = Number.isNaN(values[i]!) ? (b >>> 16) | 0x0040 : ((b + 0x7fff + ((b >>> 16) & 1)) >>> 16) & 0xffff;
-  }
-  return out;
-}
-
 /** q * scale[row] in FP32, for a row-major [rows, cols] Q8 matrix. */
-export function dequantizeRowsQ8(q: Int8Array, scale: Float32Array, rows: number, cols: number): Float32Array {
+function dequantizeRowsQ8(q: Int8Array, scale: Float32Array, rows: number, cols: number): Float32Array {
   const out = new Float32Array(rows * cols);
   for (let r = 0; r < rows; r++) {
     const s = scale[r]!;
@@ -177,7 +163,7 @@ export interface TensorRecord {
   readonly crc32: number;
 }
 
-export interface StoreIndex {
+interface StoreIndex {
   readonly kind: number;
   /** format_version of the header (FORMAT_VERSIONS) */
   readonly version: number;
@@ -221,7 +207,7 @@ export function encodeIndex(kind: number, binSize: number, hparams: Iterable<rea
   records: readonly TensorRecord[], configText: string, revision: string | null, version = FORMAT_VERSION): Uint8Array {
   const config = Buffer.from(configText, "utf8");
   const rev = asciiBytes(revision ?? "", "source revision");
-  if (rev.length && rev.length !== 40) throw new Error(`source revision must be 40 hex characters, got ${pyRepr(revision)}`);
+  if (rev.length && rev.length !== 40) throw new Error(`source revision must be 40 hex characters, got ${jsonText(revision)}`);
   const hp = [...hparams];
   const data = new Uint8Array(HEADER_BYTES + HPARAM_RECORD_BYTES * hp.length + TENSOR_RECORD_BYTES * records.length + config.length);
   const view = new DataView(data.buffer);
@@ -286,7 +272,7 @@ export function decodeIndex(data: Uint8Array, where: string, expectedKind?: numb
   const revRaw = data.subarray(40, 80);
   const reserved = data.subarray(80, 128);
   if (Buffer.from(magic).toString("latin1") !== IDX_MAGIC) {
-    throw new UserError(`${where}: bad magic ${pyBytesRepr(magic)} (expected ${pyBytesRepr(Buffer.from(IDX_MAGIC))}) — ` +
+    throw new UserError(`${where}: bad magic ${jsonText(Buffer.from(magic).toString("latin1"))} (expected ${jsonText(IDX_MAGIC)}) — ` +
       "not a kvl index; rerun kvl pack");
   }
   if (!FORMAT_VERSIONS.includes(version)) {
@@ -326,10 +312,10 @@ export function decodeIndex(data: Uint8Array, where: string, expectedKind?: numb
     const value = view.getFloat64(pos + HPARAM_KEY_BYTES, true);
     pos += HPARAM_RECORD_BYTES;
     if (!key) throw new UserError(`${where}: hparam record ${i} has an empty key — ${corrupt}`);
-    if (hparams.has(key)) throw new UserError(`${where}: hparam ${pyRepr(key)} appears twice — ${corrupt}`);
+    if (hparams.has(key)) throw new UserError(`${where}: hparam '${key}' appears twice — ${corrupt}`);
     // the packer writes config numbers only; inf/NaN broke readers
     if (!Number.isFinite(value)) {
-      throw new UserError(`${where}: hparam ${pyRepr(key)} = ${pyFloatRepr(value)} is not a finite number — ${corrupt}`);
+      throw new UserError(`${where}: hparam '${key}' = ${value} is not a finite number — ${corrupt}`);
     }
     hparams.set(key, value);
   }
@@ -347,7 +333,8 @@ export function decodeIndex(data: Uint8Array, where: string, expectedKind?: numb
     const flags = view.getUint32(pos + 188, true);
     pos += TENSOR_RECORD_BYTES;
     if (!name) throw new UserError(`${where}: tensor record ${i} has an empty name — ${corrupt}`);
-    const label = `${where}: tensor ${pyRepr(name)}`;
+    // names quoted as the C reader's messages quote them (cstr: ASCII, no NUL)
+    const label = `${where}: tensor '${name}'`;
     if (byName.has(name)) throw new UserError(`${label} appears twice — ${corrupt}`);
     if (DTYPE_NAMES[dtype] === undefined) throw new UserError(`${label} has unknown dtype ${dtype} — ${corrupt}`);
     if (dtype === DTYPE_Q8_ROWS && version < FORMAT_VERSION_Q8_ROWS) {
@@ -401,9 +388,49 @@ export function checkPackFolder(dir: string): void {
   requireFolder(dir, "model directory", "create one with kvl pack or kvl prepare");
 }
 
-/** A JSON value in a message: strings bare, the rest as JSON spells them. */
-function shown(value: unknown): string {
-  return typeof value === "string" ? value : jsonRepr(value);
+/** PACK_COMPLETE.json as the packer writes it (docs/FORMAT.md "Completion marker"). */
+export interface CompleteMarker {
+  format_version: number;
+  source_revision: string | null;
+  /** `NAME.bin`: {size}; `NAME.idx`: {size, crc32}; for the three stores, trunk first */
+  files: Record<string, { size: number; crc32?: number }>;
+  /** only in a pack with a Q8_ROWS trunk ("q8") */
+  trunk_dtype?: TrunkDtype;
+}
+
+/** The marker's text: JSON.stringify with a one-space indent, then a line feed. */
+export function encodeCompleteMarker(marker: CompleteMarker): string {
+  return `${JSON.stringify(marker, null, 1)}\n`;
+}
+
+/** What a reader takes from PACK_COMPLETE.json: a format version this kvl reads and the file
+ * entries (objects; PackReader.open compares their sizes and CRCs with the files). The other
+ * members are not read: the indexes hold the revision, and their records the trunk dtype. */
+type CompleteMarkerRead = JsonObject & { format_version: number; files: Record<string, JsonObject> };
+
+/** Reads and validates PACK_COMPLETE.json; a one-line UserError naming the file says what is wrong. */
+function readCompleteMarker(path: string): CompleteMarkerRead {
+  let marker: unknown;
+  try {
+    marker = parseJson(readFileSync(path));
+  } catch (err) {
+    throw new UserError(`${path}: unreadable (${(err as Error).message}) — ${INCOMPLETE_HINT}`); // JsonTextError's, or the file system's
+  }
+  if (!isJsonObject(marker)) throw new UserError(`${path}: unreadable (the marker is not a JSON object) — ${INCOMPLETE_HINT}`);
+  for (const key of ["files", "format_version"]) {
+    if (!Object.hasOwn(marker, key)) throw new UserError(`${path}: unreadable (${jsonText(key)} is missing) — ${INCOMPLETE_HINT}`);
+  }
+  const files = marker.files;
+  // what PackReader.open reads must have its type: a mangled marker is a UserError, not a TypeError
+  if (!isJsonObject(files) || !Object.values(files).every(isJsonObject)) {
+    throw new UserError(`${path}: "files" is not a table of file entries — ${INCOMPLETE_HINT}`);
+  }
+  const version = marker.format_version;
+  if (typeof version !== "number" || !FORMAT_VERSIONS.includes(version)) {
+    throw new UserError(`${path}: format version ${jsonText(version)}, this kvl reads ` +
+      `versions ${FORMAT_VERSIONS.join(" and ")}; repack with this kvl version`);
+  }
+  return marker as CompleteMarkerRead;
 }
 
 function isFile(path: string): boolean {
@@ -446,7 +473,7 @@ async function readExact(path: string, offset: number, nbytes: number, where: st
   }
 }
 
-export interface ExpertQuantized {
+interface ExpertQuantized {
   readonly intermediate: number;
   readonly hidden: number;
   /** int8 [I, H] */
@@ -463,7 +490,7 @@ export interface ExpertQuantized {
   readonly down_s: Float32Array;
 }
 
-export interface PackTensor {
+interface PackTensor {
   readonly dtype: "BF16" | "F32";
   readonly shape: readonly number[];
   /** raw BF16 bits (Uint16Array) or float32 values */
@@ -473,13 +500,13 @@ export interface PackTensor {
 /** Opens and validates a pack directory (structure, sizes, index CRCs); reads tensors for tests,
  * `kvl doctor` and the engine's host side. */
 export class PackReader {
-  readonly complete: JsonObject;
+  readonly complete: CompleteMarkerRead;
   readonly stores: ReadonlyMap<StoreName, StoreIndex>;
   readonly hparams: ReadonlyMap<string, number>;
   readonly configText: string;
   readonly revision: string | null;
 
-  private constructor(readonly dir: string, complete: JsonObject, stores: Map<StoreName, StoreIndex>) {
+  private constructor(readonly dir: string, complete: CompleteMarkerRead, stores: Map<StoreName, StoreIndex>) {
     this.complete = complete;
     this.stores = stores;
     const first = stores.get("trunk")!;
@@ -494,32 +521,9 @@ export class PackReader {
     checkPackFolder(dir);
     const completePath = join(dir, COMPLETE_FILE);
     if (!isFile(completePath)) throw new UserError(`${dir}: ${COMPLETE_FILE} is missing — ${INCOMPLETE_HINT}`);
-    let complete: unknown;
-    try {
-      complete = loadsPy(decodeUtf8Strict(readFileSync(completePath)));
-    } catch (err) {
-      const why = err instanceof TypeError ? "'utf-8' codec can't decode it: invalid UTF-8" : (err as Error).message;
-      throw new UserError(`${completePath}: unreadable (${why}) — ${INCOMPLETE_HINT}`);
-    }
-    if (!isJsonObject(complete)) {
-      throw new UserError(`${completePath}: unreadable (the marker is not a JSON object) — ${INCOMPLETE_HINT}`);
-    }
-    for (const key of ["files", "format_version"]) {
-      if (!Object.prototype.hasOwnProperty.call(complete, key)) {
-        throw new UserError(`${completePath}: unreadable (${pyRepr(key)} is missing) — ${INCOMPLETE_HINT}`);
-      }
-    }
-    const files = complete.files;
-    // Type-check what the loop below reads: a mangled marker must be a UserError, not a TypeError.
-    if (!isJsonObject(files) || !Object.values(files).every(isJsonObject)) {
-      throw new UserError(`${completePath}: 'files' is not a table of file entries — ${INCOMPLETE_HINT}`);
-    }
-    const version = FORMAT_VERSIONS.find((v) => pyEqualsNumber(complete.format_version, v));
-    if (version === undefined) {
-      throw new UserError(`${completePath}: format version ${shown(complete.format_version)}, this kvl reads ` +
-        `versions ${FORMAT_VERSIONS.join(" and ")}; repack with this kvl version`);
-    }
-    const entry = (name: string): JsonObject => (files[name] as JsonObject | undefined) ?? {};
+    const complete = readCompleteMarker(completePath);
+    const { files, format_version: version } = complete;
+    const entry = (name: string): JsonObject => files[name] ?? {};
     const stores = new Map<StoreName, StoreIndex>();
     for (const name of STORES) {
       const idxName = `${name}.idx`;
@@ -528,7 +532,7 @@ export class PackReader {
       if (!isFile(idxPath)) throw new UserError(`${idxName}: missing from ${dir} — ${INCOMPLETE_HINT}`);
       const data = readFileSync(idxPath);
       const meta = entry(idxName);
-      if (!pyEqualsNumber(meta.size, data.length) || !pyEqualsNumber(meta.crc32, crc32(data))) {
+      if (meta.size !== data.length || meta.crc32 !== crc32(data)) {
         throw new UserError(`${idxName}: does not match ${COMPLETE_FILE} (size/CRC differ) — the pack was modified or is corrupt; rerun kvl pack`);
       }
       const index = decodeIndex(data, idxName, STORE_KINDS[name]);
@@ -540,7 +544,7 @@ export class PackReader {
       if (!isFile(binPath)) throw new UserError(`${binName}: missing from ${dir} — ${INCOMPLETE_HINT}`);
       const found = statSync(binPath).size;
       if (found !== index.binSize) throw new UserError(`${binName}: expected ${index.binSize} bytes, found ${found} — ${INCOMPLETE_HINT}`);
-      if (!pyEqualsNumber(entry(binName).size, found)) {
+      if (entry(binName).size !== found) {
         throw new UserError(`${binName}: size ${found} differs from ${COMPLETE_FILE} — ${INCOMPLETE_HINT}`);
       }
       stores.set(name, index);
@@ -565,7 +569,7 @@ export class PackReader {
 
   /** The embedded config.json, parsed. */
   get config(): unknown {
-    return loadsPy(this.configText);
+    return JSON.parse(this.configText);
   }
 
   #find(name: string): [StoreName, TensorRecord] {
@@ -674,7 +678,7 @@ export class PackReader {
         });
         if (crc !== rec.crc32) {
           out.push({ store, record: rec,
-            message: `${store}.bin: data of ${pyRepr(rec.name)} is corrupt (CRC ${hex8(crc)}, index says ${hex8(rec.crc32)})` });
+            message: `${store}.bin: data of '${rec.name}' is corrupt (CRC ${hex8(crc)}, index says ${hex8(rec.crc32)})` });
         }
       }
     }

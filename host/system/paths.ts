@@ -35,7 +35,7 @@ function findPackageRoot(start: string): string {
 
 /** Whether this process is kvl's single executable (node:sea exists from Node 20.12 and
  * process.getBuiltinModule from 20.16; older Nodes run kvl only from its package). */
-export const runningAsSea: boolean = process.getBuiltinModule?.("node:sea")?.isSea() ?? false;
+const runningAsSea: boolean = process.getBuiltinModule?.("node:sea")?.isSea() ?? false;
 
 export const packageRoot: string = runningAsSea
   ? extractSeaAssets(process.getBuiltinModule("node:sea"))

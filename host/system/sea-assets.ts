@@ -23,7 +23,7 @@ import { UserError } from "./user-error.js";
  * relative path with "/" separators. */
 export const SEA_MANIFEST_ASSET = "kvl-sea-manifest.json";
 
-export interface SeaManifest {
+interface SeaManifest {
   /** assetSetKey of the files: the folder is sea-KEY. */
   readonly key: string;
   /** relative path -> size in bytes: a folder with each of these at its size is complete. */

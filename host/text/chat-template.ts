@@ -18,7 +18,7 @@ import { join } from "node:path";
 
 import { Environment, Interpreter, Template } from "@huggingface/jinja";
 
-import { decodeUtf8Strict, isJsonObject, loadsPy } from "../pack/py-json.js";
+import { decodeUtf8Strict, isJsonObject, parseJson } from "../pack/json-file.js";
 import { UserError } from "../system/user-error.js";
 
 /** One item of a list content: {"type": "text", "text": ...}, {"type": "image"}, or any HF shape. */
@@ -49,10 +49,11 @@ function specialTokenVars(config: unknown): Record<string, string> {
   return out;
 }
 
-/** tokenizer_config.json for the template variables; anything unreadable counts as {} (as in the Python). */
+/** tokenizer_config.json for the template variables; a missing or unreadable file counts as {}
+ * (the template renders without them; the tokenizer, which needs the file, says what is wrong). */
 function readConfigOrEmpty(path: string): unknown {
   try {
-    return loadsPy(decodeUtf8Strict(readFileSync(path)));
+    return parseJson(readFileSync(path));
   } catch {
     return {};
   }
@@ -142,7 +143,7 @@ export class ChatTemplate {
 }
 
 /** How many media placeholders ids hold. */
-export function countMediaPlaceholders(ids: ArrayLike<number>, mediaPad: number): number {
+function countMediaPlaceholders(ids: ArrayLike<number>, mediaPad: number): number {
   let found = 0;
   for (let i = 0; i < ids.length; i++) if (ids[i] === mediaPad) found++;
   return found;

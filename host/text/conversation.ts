@@ -1,26 +1,25 @@
 /**
  * conversation.ts — messages (text + images) → prompt token ids + where each image's media
- * tokens are. Port of kvl/conversation.py.
+ * tokens are.
  *
  * Owns: the Message / ImageInput types (an image is opaque here: the number of media tokens it
  * takes, which the caller computes from its preprocessed patch grid, and an identity, the sha256
- * of its file bytes), the checks on messages (UserErrors as in the Python), turning messages into
- * the HF message shape the chat template expects, media expansion with each image's token count
- * and first position, and the per-position identity keys used for prefix reuse (a media position
- * is identified by its image's digest and row, so two different images with the same grid never
- * count as a shared prefix).
+ * of its file bytes), the checks on messages (UserErrors naming the message and what is wrong),
+ * turning messages into the HF message shape the chat template expects, media expansion with each
+ * image's token count and first position, and the per-position identity keys used for prefix
+ * reuse (a media position is identified by its image's digest and row, so two different images
+ * with the same grid never count as a shared prefix).
  * Does not own: pixels and grids (image preprocessing), the vision forward, the sampling loop,
  * rendering (chat-template.ts), tokenizing (tokenizer.ts).
  */
 import { createHash } from "node:crypto";
 
 import { type ChatTemplate, type TemplateContentItem, type TemplateMessage, expandMedia } from "./chat-template.js";
-import { pyRepr } from "../pack/py-json.js";
+import { jsonText } from "../pack/json-file.js";
 import type { Tokenizer } from "./tokenizer.js";
 import { UserError } from "../system/user-error.js";
 
-export const ROLES = ["system", "user", "assistant", "tool"] as const;
-export type Role = (typeof ROLES)[number];
+const ROLES = ["system", "user", "assistant", "tool"] as const;
 
 /**
  * An image as the prompt sees it. Subclass it (or keep a map by digest) to carry the pixels the
@@ -57,7 +56,7 @@ export interface Message<I extends ImageInput = ImageInput> {
   parts: Array<string | I>;
 }
 
-export interface PromptImage<I extends ImageInput = ImageInput> {
+interface PromptImage<I extends ImageInput = ImageInput> {
   image: I;
   digest: string;
   nTokens: number;
@@ -66,7 +65,7 @@ export interface PromptImage<I extends ImageInput = ImageInput> {
 }
 
 /** Identity of a media position: which image, which of its rows. */
-export interface MediaKey {
+interface MediaKey {
   readonly digest: string;
   readonly row: number;
 }
@@ -100,7 +99,7 @@ export function toTemplateMessages(messages: readonly Message[]): TemplateMessag
     }
     const { role, parts } = message as Message;
     if (!(ROLES as readonly unknown[]).includes(role)) {
-      throw new UserError(`message ${index} has role ${pyRepr(role)}; use one of ${ROLES.join(", ")}`);
+      throw new UserError(`message ${index} has role ${jsonText(role)}; use one of ${ROLES.join(", ")}`);
     }
     if (parts.length === 1 && typeof parts[0] === "string") {
       out.push({ role, content: parts[0] });
@@ -125,7 +124,7 @@ export function toTemplateMessages(messages: readonly Message[]): TemplateMessag
 }
 
 /** The images of messages, in prompt order. */
-export function messageImages<I extends ImageInput>(messages: ReadonlyArray<Message<I>>): I[] {
+function messageImages<I extends ImageInput>(messages: ReadonlyArray<Message<I>>): I[] {
   return messages.flatMap((m) => m.parts.filter((p): p is I => p instanceof ImageInput));
 }
 
@@ -157,7 +156,7 @@ export function buildPrompt<I extends ImageInput>(messages: ReadonlyArray<Messag
 }
 
 /** The two positions hold the same thing (same token, or the same row of the same image). */
-export function sameKey(a: PositionKey, b: PositionKey): boolean {
+function sameKey(a: PositionKey, b: PositionKey): boolean {
   if (typeof a === "number" || typeof b === "number") return a === b;
   return a.digest === b.digest && a.row === b.row;
 }

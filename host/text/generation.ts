@@ -33,7 +33,7 @@ export interface GenerationRequest {
   bannedIds: Int32Array;
 }
 
-export type FinishReason = "stop" | "length" | "stopped" | "cancelled";
+type FinishReason = "stop" | "length" | "stopped" | "cancelled";
 
 export interface GenerationResult {
   finishReason: FinishReason;

@@ -23,12 +23,12 @@ import { join } from "node:path";
 import type { Tiktoken } from "tiktoken";
 
 import { requireDependency } from "../system/paths.js";
-import { decodeUtf8Strict, isJsonObject, loadsPy, orderedKeys, pyRepr } from "../pack/py-json.js";
+import { isJsonObject, jsonText, parseJson } from "../pack/json-file.js";
 import { PATTERN } from "./tokenizer-pattern.js";
 import { UserError } from "../system/user-error.js";
 
 /** The official tokenizer reserves this many special ids after the base vocabulary (+2). */
-export const NUM_RESERVED_SPECIAL = 256;
+const NUM_RESERVED_SPECIAL = 256;
 /** Official pre-split limits (spec §8), in code points: tiktoken's matcher degrades (and its
  * backtracking limit can be hit) on very long inputs and runs. */
 export const MAX_CHUNK_CHARS = 400_000;
@@ -64,8 +64,8 @@ function longerThan(text: string, limit: number): boolean {
 
 /**
  * Cuts text into pieces with no run of more than MAX_RUN_CHARS space or non-space code points,
- * within chunks of MAX_CHUNK_CHARS code points (kvl/tokenizer.py `_split_runs`, which mirrors the
- * official tokenizer so huge inputs tokenize identically). Yields UTF-16 slices of text.
+ * within chunks of MAX_CHUNK_CHARS code points, as the official tokenizer (tokenization_moonshot.py)
+ * cuts them, so huge inputs tokenize identically. Yields UTF-16 slices of text.
  */
 export function* splitRuns(text: string): Generator<string> {
   const n = text.length;
@@ -140,12 +140,12 @@ function isFile(path: string): boolean {
 }
 
 /**
- * Parses `base64 rank` lines (kvl/tokenizer.py read_tiktoken_model) into the canonical base64 of
- * each token's bytes, by rank. Stricter than the Python in one way: the ranks must be exactly
- * 0..N-1 (a duplicate rank made the Python tiktoken panic; a gap would let a base id collide
+ * Parses `base64 rank` lines (tiktoken's model file) into the canonical base64 of each token's
+ * bytes, by rank. Stricter than tiktoken's own loader in one way: the ranks must be exactly
+ * 0..N-1 (a duplicate rank made Python's tiktoken panic; a gap would let a base id collide
  * with a special id).
  */
-export function readTiktokenModel(path: string): string[] {
+function readTiktokenModel(path: string): string[] {
   if (!isFile(path)) {
     throw new UserError(`${path} is missing; the model directory needs the tokenizer file tiktoken.model (rerun kvl pack)`);
   }
@@ -189,19 +189,14 @@ export function readTiktokenModel(path: string): string[] {
   return byRank;
 }
 
-/** tokenizer_config.json as Python's json.loads reads it; UserError when missing or invalid. */
+/** tokenizer_config.json parsed; UserError when missing or not JSON. */
 function readTokenizerConfig(path: string): unknown {
   if (!isFile(path)) throw new UserError(`${path} is missing; rerun kvl pack`);
   try {
-    return loadsPy(decodeUtf8Strict(readFileSync(path)));
+    return parseJson(readFileSync(path));
   } catch (err) {
     throw new UserError(`${path} is not valid JSON (${(err as Error).message}); rerun kvl pack`);
   }
-}
-
-/** str(value) as Python prints a JSON value (for a token named by a non-string). */
-function pyStr(value: unknown): string {
-  return typeof value === "string" ? value : pyRepr(value);
 }
 
 const utf8 = new TextEncoder();
@@ -236,12 +231,12 @@ export class Tokenizer {
       throw new UserError(`${configPath} has no added_tokens_decoder object, so the special token ids are unknown; rerun kvl pack`);
     }
     const named = new Map<number, string>();
-    for (const key of orderedKeys(decoder)) {
+    for (const key of Object.keys(decoder)) {
       const entry = decoder[key];
       const content = isJsonObject(entry) ? entry.content : undefined;
       // Python's key.isdigit() also takes non-ASCII digits; no tokenizer writes those
       if (typeof content !== "string" || !/^[0-9]+$/.test(key)) {
-        throw new UserError(`${configPath}: bad added_tokens_decoder entry ${pyRepr(key)}; rerun kvl pack`);
+        throw new UserError(`${configPath}: bad added_tokens_decoder entry ${jsonText(key)}; rerun kvl pack`);
       }
       named.set(Number(key), content);
     }
@@ -278,14 +273,15 @@ export class Tokenizer {
   private configTokenId(config: Record<string, unknown>, key: string, fallback: string): number {
     let value = key in config ? config[key] : fallback;
     if (isJsonObject(value)) value = "content" in value ? value.content : fallback; // HF AddedToken
-    return this.idOf(pyStr(value));
+    // a token named by a non-string is looked up as JSON spells it (and so not found)
+    return this.idOf(typeof value === "string" ? value : jsonText(value));
   }
 
   /** Id of a special token by name; a clear error when the tokenizer lacks it. */
   idOf(special: string): number {
     const id = this.specialTokens.get(special);
     if (id === undefined) {
-      throw new UserError(`tokenizer_config.json has no special token ${pyRepr(special)}; the model directory is not a Kimi-VL pack`);
+      throw new UserError(`tokenizer_config.json has no special token ${jsonText(special)}; the model directory is not a Kimi-VL pack`);
     }
     return id;
   }

@@ -33,13 +33,13 @@ interface GreedyRun {
 }
 const greedyRuns = new WeakMap<TextReference, GreedyRun>();
 
-/** The float64 reference with its integer products' inputs rounded as each one-term integer mode
- * rounds them (TextOptions.intInputs). */
+/** The float64 reference with its integer products' inputs rounded as each integer mode rounds
+ * them (TextOptions.intInputs). */
 export type RoundedReferences = Record<"i16x1" | "i8", TextReference>;
 
 /**
  * How far an activation mode's logits may be from the reference: TOLERANCE, as for every mode,
- * and for i16x1 and i8 (one integer term per Linear input, coarser by definition) TOLERANCE plus
+ * and for i16x1 and i8 (Linear inputs rounded to integers, coarser by definition) TOLERANCE plus
  * twice what the mode's input rounding alone moves the float64 reference's logits
  * (`roundedBy[act]` against `exact`). The engine rounds its own FP32 inputs, which differ from the
  * reference's in the last bits, so where a value sits near a rounding edge its draw differs: it

@@ -4,7 +4,7 @@
  * (test/support/pack-child.mjs over the compiled dist/, so a test can SIGKILL it).
  */
 import { type SpawnSyncReturns, spawn, spawnSync } from "node:child_process";
-import { cpSync, existsSync, mkdtempSync, readFileSync, readdirSync, rmSync, statSync } from "node:fs";
+import { cpSync, existsSync, mkdtempSync, readFileSync, readdirSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join, relative } from "node:path";
 
@@ -60,10 +60,6 @@ export function treeDiff(a: Map<string, Buffer>, b: Map<string, Buffer>): string
 export function copyDir(src: string, dst: string): string {
   cpSync(src, dst, { recursive: true });
   return dst;
-}
-
-export function fileSize(path: string): number {
-  return statSync(path).size;
 }
 
 function childEnv(env: Record<string, string>): NodeJS.ProcessEnv {

@@ -60,10 +60,10 @@ typedef struct kvl_session kvl_session;
 enum { KVL_IO_AUTO = 0, KVL_IO_DIRECT = 1, KVL_IO_BUFFERED = 2 };
 enum { KVL_KERNELS_AUTO = 0, KVL_KERNELS_SCALAR = 1, KVL_KERNELS_AVX2 = 2, KVL_KERNELS_AVX512 = 3,
        KVL_KERNELS_SIMD128 = 4 /* WebAssembly builds only */ };
-/* The KV cache's rows. I16 goes with act_dtype I16X1 (and only with it; DEFAULT picks it there):
- * each row [latent | roped key] quantised to int16 once, as it is stored, with one FP32 scale
- * per row, plus the latents transposed in tiles of 128 positions, so that attention's two
- * products run on integers for prefill and decode alike (model.c attn_i16). 2*(lat+r) + 4 +
+/* The KV cache's rows. I16 goes with act_dtype I16X1 and I8 (and only with them; DEFAULT picks
+ * it there): each row [latent | roped key] quantised to int16 once, as it is stored, with one
+ * FP32 scale per row, plus the latents transposed in tiles of 128 positions, so that attention's
+ * two products run on integers for prefill and decode alike (model.c attn_i16). 2*(lat+r) + 4 +
  * 2*lat bytes per position and layer (FP32: 4*(lat+r)). */
 enum { KVL_KV_DEFAULT = 0, KVL_KV_F32 = 1, KVL_KV_BF16 = 2, KVL_KV_I16 = 3 };
 /* Inputs of the text decoder's Linear layers (attention projections, MLPs, experts, lm_head;
@@ -72,86 +72,175 @@ enum { KVL_KV_DEFAULT = 0, KVL_KV_F32 = 1, KVL_KV_BF16 = 2, KVL_KV_I16 = 3 };
  * (products and sums stay FP32) and runs on BF16 dot products where the CPU has them
  * (AVX512_BF16; elsewhere it is slower than F32): about 2x the prefill rate. Its logits move by
  * BF16 rounding, not by 1e-3: an activation that lies near a rounding midpoint can round either
- * way under FP32 summation-order differences (tests/test_engine.py measures both).
- * I16 (opt-in; WebAssembly's fast mode, where SIMD128 widens weights to FP32 slowly but runs
- * integer dot products at native speed) quantises each input vector of those same Linear layers
- * once per product to two integer terms (kernels.h quantize_i16_act, then the same rule on what
- * the first term left: ~30 bits) and runs integer products on both: Q8 weights (the experts; the
- * trunk of a --trunk-dtype q8 pack) with 16-bit terms and an FP32 scale per 64 columns, resident
- * BF16 trunk weights (every one but kv_b_proj, which the attention uses in FP32) and lm_head
- * converted at open to int16 rows with one FP32 scale per row (kvl_quantize_rows_i16: the same
- * bytes plus 4 per row) with 15-bit terms and one scale per vector. Trunk tensors streamed per
- * token (a trunk cache smaller than the trunk) keep the exact FP32 product. The vision tower
- * stays FP32. Logits: within 7.4e-4 of the float64 reference on the test models
- * (test/engine.test.ts; the int16 rounding of the BF16 weights is most of it; 7e-6 with a Q8
- * trunk). I16X1 is the same with one term (half the integer multiply-adds), and keeps the KV
- * cache as KVL_KV_I16, so that attention's products run on integers too: logits move by
- * 1.4-4e-3 on the test models, which its own test bound allows for (test/engine.test.ts
- * intModeBound). I8 is I16X1 with the routed experts' inputs quantised to 8 bits (|x| <= 127)
- * per 64 columns, as llama.cpp quantises activations (a Q8 trunk keeps 16 bits: 8 moved the test
- * models' logits 35x as far, model.c mm_add_expert): decoding runs them on
- * 8-bit dot products (AVX2 VPMADDUBSW, AVX-512 VNNI VPDPBUSD; SIMD128 has none and runs the
- * int16 product on the same integers), at a coarser rounding that its test bound measures. */
-enum { KVL_ACT_DEFAULT = 0, KVL_ACT_F32 = 1, KVL_ACT_BF16 = 2, KVL_ACT_I16 = 3, KVL_ACT_I16X1 = 4, KVL_ACT_I8 = 5 };
+ * way under FP32 summation-order differences (test/engine-session.test.ts holds BF16 to that).
+ * I16X1 (opt-in; the fastest mode natively and on WebAssembly, where SIMD128 widens weights to
+ * FP32 slowly but runs integer dot products at native speed) quantises each input vector of those
+ * same Linear layers once per product to integers (kernels.h quantize_i16_act) and runs integer
+ * products: Q8 weights (the experts; the trunk of a --trunk-dtype q8 pack) with 16-bit inputs and
+ * an FP32 scale per 64 columns, resident BF16 trunk weights (every one but kv_b_proj, which the
+ * attention uses in FP32) and lm_head converted at open to int16 rows with one FP32 scale per row
+ * (kvl_quantize_rows_i16: the same bytes plus 4 per row) with 15-bit inputs and one scale per
+ * vector. Trunk tensors streamed per token (a trunk cache smaller than the trunk) keep the exact
+ * FP32 product. The vision tower stays FP32. It keeps the KV cache as KVL_KV_I16, so that
+ * attention's products run on integers too: logits move by 1.4-4e-3 on the test models, which
+ * its own test bound allows for (test/engine.test.ts intModeBound). I8 is I16X1 with the routed
+ * experts' inputs quantised to 8 bits (|x| <= 127) per 64 columns, as llama.cpp quantises
+ * activations (a Q8 trunk keeps 16 bits: 8 moved the test models' logits 35x as far, model.c
+ * mm_add_expert): decoding runs them on 8-bit dot products (AVX2 VPMADDUBSW, AVX-512 VNNI
+ * VPDPBUSD; SIMD128 has none and runs the int16 product on the same integers), at a coarser
+ * rounding that its test bound measures.
+ * 3 is reserved: it was I16, two integer terms per input, which was slower than I16X1 on every
+ * backend and kernel set and less exact than F32; kvl_engine_open refuses it with
+ * KVL_ERR_INVALID_ARG and a message naming I16X1 and F32. */
+enum { KVL_ACT_DEFAULT = 0, KVL_ACT_F32 = 1, KVL_ACT_BF16 = 2, KVL_ACT_I16_REMOVED = 3, KVL_ACT_I16X1 = 4, KVL_ACT_I8 = 5 };
+
+/* ---- The structs that cross into JavaScript, described once ----
+ * kvl_engine_options, kvl_engine_info and kvl_stats are each declared by one X-macro list below,
+ * which also generates the table kvl_struct_layout() returns. The native addon (native/addon.c)
+ * and the WebAssembly host (host/core/wasm-engine.ts) convert these structs to and from JS objects
+ * from that table alone; neither spells out a field. Each row is
+ *     X(kind, name, offset, bytes)
+ * kind: a kvl_field_kind without its KVL_FIELD_ prefix (it gives the C type); offset and bytes:
+ * where the member lies and its size, the same in every build (x86-64 Linux and Windows, wasm32).
+ * layout.c checks every row against the compiler's offsetof/sizeof, and the struct's size against
+ * the end of its last row, at compile time: a layout change is a deliberate edit of these numbers.
+ * The JS property of a field is its C name in camelCase (vocab_size -> vocabSize; no exceptions).
+ * To add a field: one row here (at the end of its struct, so that no offset moves) and its property
+ * in the TypeScript type (EngineOptions, EngineInfo or EngineStats, host/core/core-api.ts);
+ * test/boundary.test.ts fails until both are there. */
+typedef enum kvl_field_kind {
+    KVL_FIELD_I32 = 1,    /* int32_t (JS: a number) */
+    KVL_FIELD_BOOL32 = 2, /* int32_t, 0 = false, 1 = true (JS: a boolean; also a number on input) */
+    KVL_FIELD_I64 = 3,    /* int64_t (JS: a number, exact within +-2^53) */
+    KVL_FIELD_U64 = 4,    /* uint64_t (JS: a number, exact below 2^53) */
+    KVL_FIELD_CHARS = 5   /* char[bytes]: NUL-terminated UTF-8, NUL-padded (JS: a string) */
+} kvl_field_kind;
+
+/* The C type and array suffix of each kind: KVL_FIELD_MEMBER declares one row as a member. */
+#define KVL_FIELD_CTYPE_I32 int32_t
+#define KVL_FIELD_CTYPE_BOOL32 int32_t
+#define KVL_FIELD_CTYPE_I64 int64_t
+#define KVL_FIELD_CTYPE_U64 uint64_t
+#define KVL_FIELD_CTYPE_CHARS char
+#define KVL_FIELD_DIM_I32(bytes)
+#define KVL_FIELD_DIM_BOOL32(bytes)
+#define KVL_FIELD_DIM_I64(bytes)
+#define KVL_FIELD_DIM_U64(bytes)
+#define KVL_FIELD_DIM_CHARS(bytes) [bytes]
+#define KVL_FIELD_MEMBER(kind, name, offset, bytes) \
+    KVL_FIELD_CTYPE_##kind name KVL_FIELD_DIM_##kind(bytes);
+
+#define KVL_ENGINE_OPTIONS_FIELDS(X)                                                              \
+    X(I32, n_threads, 0, 4)           /* 0 = every core */                                        \
+    X(U64, expert_cache_bytes, 8, 8)  /* 0 = 512 MiB; rounded down to whole extents, minimum one  \
+                                         layer's top-k extents (error below that) */              \
+    X(I64, trunk_cache_bytes, 16, 8)  /* -1 = stream every non-global trunk tensor, 0 = keep them \
+                                         all resident, >0 = byte budget for resident non-global   \
+                                         trunk tensors (a prefix in forward order; the rest       \
+                                         stream). The host planner (host/plan/planner.ts) always  \
+                                         passes its planned figure. */                            \
+    X(I32, io_mode, 24, 4)            /* KVL_IO_*: AUTO tries direct I/O and falls back to        \
+                                         buffered, reporting which one it got in                  \
+                                         kvl_engine_info */                                       \
+    X(I32, kernels, 28, 4)            /* KVL_KERNELS_*: AUTO = best the CPU supports */           \
+    X(I32, kv_dtype, 32, 4)           /* KVL_KV_*; DEFAULT = F32, or I16 with act_dtype I16X1 or  \
+                                         I8 (BF16 moved tiny-model logits by 4e-2, over the 1e-3  \
+                                         correctness tolerance) */                                \
+    X(BOOL32, load_vision, 36, 4)     /* 1 = open vision.idx/vision.bin too */                    \
+    X(I32, act_dtype, 40, 4)          /* KVL_ACT_* */                                             \
+    /* Decoder layers this engine runs: [layer_begin, layer_end); 0 and 0 = every layer. The host \
+     * splits a model over several WebAssembly instances (each memory at most 4 GiB) this way:    \
+     * each engine holds the weights, caches and KV of its own layers only, and sessions pass     \
+     * hidden states along (kvl_session_forward). */                                              \
+    X(I32, layer_begin, 44, 4)                                                                    \
+    X(I32, layer_end, 48, 4)
 
 typedef struct kvl_engine_options {
-    int32_t n_threads;             /* 0 = every core */
-    uint64_t expert_cache_bytes;   /* 0 = 512 MiB; rounded down to whole extents, minimum one
-                                      layer's top-k extents (error below that) */
-    int64_t trunk_cache_bytes;     /* -1 = stream every non-global trunk tensor, 0 = keep them
-                                      all resident, >0 = byte budget for resident non-global
-                                      trunk tensors (a prefix in forward order; the rest stream).
-                                      The Python planner always passes its planned figure. */
-    int32_t io_mode;               /* KVL_IO_*: AUTO tries direct I/O and falls back to buffered,
-                                      reporting which one it got in kvl_engine_info */
-    int32_t kernels;               /* KVL_KERNELS_*: AUTO = best the CPU supports */
-    int32_t kv_dtype;              /* KVL_KV_*; DEFAULT = F32, or I16 with act_dtype I16X1 or I8 (BF16
-                                      moved tiny-model logits by 4e-2, over the 1e-3 correctness
-                                      tolerance) */
-    int32_t load_vision;           /* 1 = open vision.idx/vision.bin too */
-    int32_t act_dtype;             /* KVL_ACT_* */
-    /* Decoder layers this engine runs: [layer_begin, layer_end); 0 and 0 = every layer. The host
-     * splits a model over several WebAssembly instances (each memory at most 4 GiB) this way:
-     * each engine holds the weights, caches and KV of its own layers only, and sessions pass
-     * hidden states along (kvl_session_forward). */
-    int32_t layer_begin, layer_end;
+    KVL_ENGINE_OPTIONS_FIELDS(KVL_FIELD_MEMBER)
 } kvl_engine_options;
 
+#define KVL_ENGINE_INFO_FIELDS(X)                                                                 \
+    /* dimensions read from the pack */                                                           \
+    X(I32, vocab_size, 0, 4)                                                                      \
+    X(I32, hidden_size, 4, 4)                                                                     \
+    X(I32, n_layers, 8, 4)                                                                        \
+    X(I32, n_heads, 12, 4)                                                                        \
+    X(I32, kv_lora_rank, 16, 4)                                                                   \
+    X(I32, qk_rope_head_dim, 20, 4)                                                               \
+    X(I32, n_routed_experts, 24, 4)                                                               \
+    X(I32, num_experts_per_tok, 28, 4)                                                            \
+    X(I32, max_position_embeddings, 32, 4)                                                        \
+    X(I32, vision_hidden_size, 36, 4)                                                             \
+    X(I32, vision_merge_h, 40, 4)                                                                 \
+    X(I32, vision_merge_w, 44, 4)                                                                 \
+    X(I32, vision_patch_size, 48, 4)                                                              \
+    X(I32, media_placeholder_token_id, 52, 4)                                                     \
+    /* what the engine chose */                                                                   \
+    X(I32, n_threads, 56, 4)                                                                      \
+    X(BOOL32, trunk_direct_io, 60, 4)      /* 1 direct, 0 buffered */                             \
+    X(BOOL32, expert_direct_io, 64, 4)                                                            \
+    X(BOOL32, vision_direct_io, 68, 4)                                                            \
+    X(CHARS, kernels, 72, 16)              /* "scalar" | "simd128" | "avx2" | "avx512" |          \
+                                              "avx512-bf16" */                                    \
+    X(CHARS, kv_dtype, 88, 8)              /* "f32" | "bf16" | "i16" */                           \
+    /* resident bytes the engine allocated at open (for the RAM planner's check) */               \
+    X(U64, global_bytes, 96, 8)            /* lm_head, final norm, small tensors kept resident */ \
+    X(U64, trunk_cache_bytes, 104, 8)      /* resident non-global trunk tensors (with act_dtype   \
+                                              i16x1 or i8: their int16 rows and per-row scales,   \
+                                              engine.c load_text) */                              \
+    X(U64, expert_cache_bytes, 112, 8)     /* the expert cache slab */                            \
+    X(U64, engine_workspace_bytes, 120, 8)                                                        \
+    X(U64, expert_extent_bytes, 128, 8)    /* one (layer, expert) extent, padded to 4 KiB */      \
+    X(CHARS, act_dtype, 136, 8)            /* "f32" | "bf16" | "i16x1" | "i8": inputs of the      \
+                                              Linear layers */                                    \
+    X(I32, layer_begin, 144, 4)            /* the decoder layers this engine runs */              \
+    X(I32, layer_end, 148, 4)
+
 typedef struct kvl_engine_info {
-    /* dimensions read from the pack */
-    int32_t vocab_size, hidden_size, n_layers, n_heads, kv_lora_rank, qk_rope_head_dim;
-    int32_t n_routed_experts, num_experts_per_tok, max_position_embeddings;
-    int32_t vision_hidden_size, vision_merge_h, vision_merge_w, vision_patch_size;
-    int32_t media_placeholder_token_id;
-    /* what the engine chose */
-    int32_t n_threads;
-    int32_t trunk_direct_io, expert_direct_io, vision_direct_io; /* 1 direct, 0 buffered */
-    char kernels[16];              /* "scalar" | "simd128" | "avx2" | "avx512" | "avx512-bf16" */
-    char kv_dtype[8];              /* "f32" | "bf16" | "i16" */
-    /* resident bytes the engine allocated at open (for the RAM planner's check) */
-    uint64_t global_bytes;         /* lm_head, final norm, small tensors kept resident */
-    uint64_t trunk_cache_bytes;    /* resident non-global trunk tensors (with act_dtype i16:
-                                      their int16 rows and per-row scales, engine.c load_text) */
-    uint64_t expert_cache_bytes;   /* the expert cache slab */
-    uint64_t engine_workspace_bytes;
-    uint64_t expert_extent_bytes;  /* one (layer, expert) extent, padded to 4 KiB */
-    char act_dtype[8];             /* "f32" | "bf16" | "i16" | "i16x1": inputs of the Linear layers */
-    int32_t layer_begin, layer_end; /* the decoder layers this engine runs */
+    KVL_ENGINE_INFO_FIELDS(KVL_FIELD_MEMBER)
 } kvl_engine_info;
 
+#define KVL_STATS_FIELDS(X)                                                                       \
+    X(U64, expert_hits, 0, 8)                                                                     \
+    X(U64, expert_misses, 8, 8)                                                                   \
+    X(U64, expert_bytes_read, 16, 8)                                                              \
+    X(U64, expert_stall_ns, 24, 8)     /* time compute waited for expert reads */                 \
+    X(U64, trunk_hits, 32, 8)                                                                     \
+    X(U64, trunk_misses, 40, 8)                                                                   \
+    X(U64, trunk_bytes_read, 48, 8)                                                               \
+    X(U64, trunk_stall_ns, 56, 8)                                                                 \
+    X(U64, vision_bytes_read, 64, 8)                                                              \
+    X(U64, tokens_prefilled, 72, 8)                                                               \
+    X(U64, tokens_decoded, 80, 8)                                                                 \
+    /* CRC-32 checks of pack data as it is first read (docs/FORMAT.md "Checks at run time"):     \
+     * time spent computing them — summed over the expert readers and the trunk streamer that     \
+     * made them, plus the wall time of the pool runs that made those at open and for vision —    \
+     * and the bytes checked. */                                                                  \
+    X(U64, verify_ns, 88, 8)                                                                      \
+    X(U64, verify_bytes, 96, 8)
+
 typedef struct kvl_stats {
-    uint64_t expert_hits, expert_misses, expert_bytes_read;
-    uint64_t expert_stall_ns;      /* time compute waited for expert reads */
-    uint64_t trunk_hits, trunk_misses, trunk_bytes_read;
-    uint64_t trunk_stall_ns;
-    uint64_t vision_bytes_read;
-    uint64_t tokens_prefilled, tokens_decoded;
-    /* CRC-32 checks of pack data as it is first read (docs/FORMAT.md "Checks at run time"):
-     * time spent computing them — summed over the expert readers and the trunk streamer that
-     * made them, plus the wall time of the pool runs that made those at open and for vision —
-     * and the bytes checked. */
-    uint64_t verify_ns, verify_bytes;
+    KVL_STATS_FIELDS(KVL_FIELD_MEMBER)
 } kvl_stats;
+
+/* Which struct kvl_struct_layout describes. */
+enum { KVL_STRUCT_ENGINE_OPTIONS = 1, KVL_STRUCT_ENGINE_INFO = 2, KVL_STRUCT_STATS = 3 };
+
+/* One row of a layout table: a member of a KVL_STRUCT_* struct. In wasm32 (as
+ * host/core/wasm-engine.ts reads it): name at 0 (a 4-byte address), offset at 4, bytes at 8,
+ * kind at 12; 16 bytes in all (layout.c checks this). */
+typedef struct kvl_field_desc {
+    const char *name;              /* the C member name */
+    uint32_t offset;               /* bytes from the start of the struct */
+    uint32_t bytes;                /* sizeof the member */
+    int32_t kind;                  /* KVL_FIELD_* */
+} kvl_field_desc;
+
+/* The layout of one KVL_STRUCT_* struct: its members in declaration order, as a static table
+ * that lives as long as the process (never freed). *count = the number of members and
+ * *struct_bytes = sizeof the struct (either pointer may be NULL). An unknown `which` returns NULL
+ * with 0 in both. */
+KVL_API const kvl_field_desc *kvl_struct_layout(int which, int *count, size_t *struct_bytes);
 
 KVL_API kvl_status kvl_engine_open(const char *pack_dir, const kvl_engine_options *options,
                                    kvl_engine **out_engine, char *err, size_t err_len);

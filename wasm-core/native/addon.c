@@ -21,6 +21,10 @@
  *   sampleToken(logits, temperature, topK, topP, rng, workspace) -> token   kvl_sample; rng: a
  *                                                   BigUint64Array(1) state advanced in place
  *   samplerSeed(rng)                                rng[0] = kvl_sampler_seed's state of rng[0]
+ *   structLayout(which)                             kvl_struct_layout(which) -> { bytes, fields:
+ *                                                   [{ name, cName, offset, bytes, kind }] }: name
+ *                                                   the JS property, cName the C member, kind the
+ *                                                   KVL_FIELD_* number; which a KVL_STRUCT_* number
  *
  * The text engine (kvl_engine_* / kvl_session_*). Engines and sessions are opaque handles
  * (type-tagged napi_externals, see "engine and session handles" below). A failed kvl_status is
@@ -31,16 +35,16 @@
  * below 2^53).
  *   engineOpen(packDir, codes)        kvl_engine_open -> { status, error, engine }: error is the
  *                                     core's err buffer ("" on success), engine a handle or null.
- *                                     codes: { nThreads, expertCacheBytes, trunkCacheBytes, ioMode,
- *                                     kernels, kvDtype, loadVision, actDtype, layerBegin,
- *                                     layerEnd }, the kvl_engine_options fields (each optional,
- *                                     absent = 0; loadVision may be a boolean); codes may be null
+ *                                     codes: the kvl_engine_options members by their JS names
+ *                                     (see "the boundary structs": nThreads, expertCacheBytes,
+ *                                     ...), each optional (absent = 0; loadVision may be a
+ *                                     boolean); codes may be null
  *   engineFree(engine)                kvl_engine_free, after freeing the sessions of this engine
  *                                     still open (their handles then throw "session closed");
  *                                     a second free does nothing
- *   engineInfo(engine)                kvl_engine_get_info as an object with the C field names
- *                                     (vocab_size, ..., trunk_direct_io 0/1, kernels "avx2", ...)
- *   engineStats(engine)               kvl_engine_get_stats as an object with the C field names
+ *   engineInfo(engine)                kvl_engine_get_info as an object (vocabSize, ...,
+ *                                     trunkDirectIo a boolean, kernels "avx2", ...)
+ *   engineStats(engine)               kvl_engine_get_stats as an object (expertHits, ...)
  *   engineResetStats(engine)          kvl_engine_reset_stats
  *   engineLastError(engine)           kvl_engine_last_error: the detail of the last failed call
  *                                     on the engine or any of its sessions
@@ -92,6 +96,10 @@
  *                                     (FP32 text-space embeddings, not rounded), sharing no memory
  *                                     with the inputs. The core allocates its working memory for
  *                                     the call. Runs to completion on the calling thread.
+ *
+ * The three structs above (kvl_engine_options, kvl_engine_info, kvl_stats) are converted from the
+ * core's layout table (kvl_struct_layout), never field by field: a member's property is its C name
+ * in camelCase (vocab_size -> vocabSize), a BOOL32 member a boolean.
  *
  * To add a function: write a napi_callback below and add one row to kvl_functions[].
  * Every napi call goes through NAPI_CALL, which throws a JS Error naming the call and returns
@@ -689,89 +697,208 @@ static int overlaps(const void *a, size_t a_bytes, const void *b, size_t b_bytes
     return a_bytes && b_bytes && pa < pb + b_bytes && pb < pa + a_bytes;
 }
 
-/* A C struct as a plain object, one property per row of a field table. */
-typedef struct kvl_field {
-    const char *name;
-    size_t offset, size;
-    char kind; /* 'i' int32_t, 'u' uint64_t (as a Number), 's' NUL-padded char array */
-} kvl_field;
+/* ---------------------------------------------------------------- the boundary structs */
 
-/* The array-size trick fails to compile when a member's type no longer matches its kind. */
-#define KVL_FIELD(T, m, kind, bytes)                                                              \
-    {#m, offsetof(T, m), sizeof(((T *)0)->m) + 0 * sizeof(char[sizeof(((T *)0)->m) == (bytes) ? 1 : -1]), kind}
-#define FIELD_I32(T, m) KVL_FIELD(T, m, 'i', 4)
-#define FIELD_U64(T, m) KVL_FIELD(T, m, 'u', 8)
-#define FIELD_STR(T, m) {#m, offsetof(T, m), sizeof(((T *)0)->m), 's'}
-
-static const kvl_field ENGINE_INFO_FIELDS[] = {
-    FIELD_I32(kvl_engine_info, vocab_size),
-    FIELD_I32(kvl_engine_info, hidden_size),
-    FIELD_I32(kvl_engine_info, n_layers),
-    FIELD_I32(kvl_engine_info, n_heads),
-    FIELD_I32(kvl_engine_info, kv_lora_rank),
-    FIELD_I32(kvl_engine_info, qk_rope_head_dim),
-    FIELD_I32(kvl_engine_info, n_routed_experts),
-    FIELD_I32(kvl_engine_info, num_experts_per_tok),
-    FIELD_I32(kvl_engine_info, max_position_embeddings),
-    FIELD_I32(kvl_engine_info, vision_hidden_size),
-    FIELD_I32(kvl_engine_info, vision_merge_h),
-    FIELD_I32(kvl_engine_info, vision_merge_w),
-    FIELD_I32(kvl_engine_info, vision_patch_size),
-    FIELD_I32(kvl_engine_info, media_placeholder_token_id),
-    FIELD_I32(kvl_engine_info, n_threads),
-    FIELD_I32(kvl_engine_info, trunk_direct_io),
-    FIELD_I32(kvl_engine_info, expert_direct_io),
-    FIELD_I32(kvl_engine_info, vision_direct_io),
-    FIELD_STR(kvl_engine_info, kernels),
-    FIELD_STR(kvl_engine_info, kv_dtype),
-    FIELD_U64(kvl_engine_info, global_bytes),
-    FIELD_U64(kvl_engine_info, trunk_cache_bytes),
-    FIELD_U64(kvl_engine_info, expert_cache_bytes),
-    FIELD_U64(kvl_engine_info, engine_workspace_bytes),
-    FIELD_U64(kvl_engine_info, expert_extent_bytes),
-    FIELD_STR(kvl_engine_info, act_dtype),
-    FIELD_I32(kvl_engine_info, layer_begin),
-    FIELD_I32(kvl_engine_info, layer_end),
-};
-
-static const kvl_field STATS_FIELDS[] = {
-    FIELD_U64(kvl_stats, expert_hits),
-    FIELD_U64(kvl_stats, expert_misses),
-    FIELD_U64(kvl_stats, expert_bytes_read),
-    FIELD_U64(kvl_stats, expert_stall_ns),
-    FIELD_U64(kvl_stats, trunk_hits),
-    FIELD_U64(kvl_stats, trunk_misses),
-    FIELD_U64(kvl_stats, trunk_bytes_read),
-    FIELD_U64(kvl_stats, trunk_stall_ns),
-    FIELD_U64(kvl_stats, vision_bytes_read),
-    FIELD_U64(kvl_stats, tokens_prefilled),
-    FIELD_U64(kvl_stats, tokens_decoded),
-    FIELD_U64(kvl_stats, verify_ns),
-    FIELD_U64(kvl_stats, verify_bytes),
-};
-
-static napi_value struct_to_object(napi_env env, const void *base, const kvl_field *fields, size_t n)
+/* kvl_engine_options, kvl_engine_info and kvl_stats cross as plain objects, converted member by
+ * member from the core's own table (kvl_struct_layout, generated from the X-macro rows that
+ * declare them in kvl_core.h): nothing here names a member. A member's property is its C name in
+ * camelCase, each '_' dropped and the character after it upper-cased (vocab_size -> vocabSize);
+ * the WebAssembly host applies the same rule (host/core/wasm-engine.ts), and test/boundary.test.ts
+ * holds both to the TypeScript types. */
+static void js_field_name(const char *c_name, char *out, size_t out_len)
 {
+    size_t j = 0;
+    for (size_t i = 0; c_name[i] && j + 1 < out_len; i++) {
+        char c = c_name[i];
+        if (c == '_' && c_name[i + 1]) {
+            c = c_name[++i];
+            if (c >= 'a' && c <= 'z')
+                c = (char)(c - 'a' + 'A');
+        }
+        out[j++] = c;
+    }
+    out[j] = '\0';
+}
+
+#define KVL_JS_NAME_BYTES 64 /* the longest member name is 26 characters */
+
+/* kvl_struct_layout, or NULL with an Error thrown (the core describes every KVL_STRUCT_*). */
+static const kvl_field_desc *core_layout(napi_env env, int which, int *count, size_t *bytes)
+{
+    const kvl_field_desc *fields = kvl_struct_layout(which, count, bytes);
+    if (!fields) {
+        char msg[96];
+        snprintf(msg, sizeof msg, "kvl addon: the core has no layout for struct %d", which);
+        napi_throw_error(env, "ERR_KVL_INTERNAL", msg);
+    }
+    return fields;
+}
+
+/* The struct at base (a KVL_STRUCT_* `which`) as an object: int32 and 64-bit members as numbers
+ * (64-bit ones exact below 2^53), BOOL32 members as booleans, char arrays as strings (up to the
+ * first NUL). */
+static napi_value struct_to_object(napi_env env, int which, const void *base)
+{
+    int n = 0;
+    const kvl_field_desc *fields = core_layout(env, which, &n, NULL);
+    if (!fields)
+        return NULL;
     napi_value obj;
     NAPI_CALL(env, napi_create_object(env, &obj));
-    for (size_t i = 0; i < n; i++) {
-        const char *p = (const char *)base + fields[i].offset;
+    for (int i = 0; i < n; i++) {
+        const kvl_field_desc *f = &fields[i];
+        const char *p = (const char *)base + f->offset;
         napi_value v;
-        if (fields[i].kind == 'i') {
-            int32_t x;
-            memcpy(&x, p, sizeof x);
-            NAPI_CALL(env, napi_create_int32(env, x, &v));
-        } else if (fields[i].kind == 'u') {
-            uint64_t x;
-            memcpy(&x, p, sizeof x);
-            NAPI_CALL(env, napi_create_double(env, (double)x, &v));
-        } else {
-            const char *end = memchr(p, '\0', fields[i].size);
-            NAPI_CALL(env, napi_create_string_utf8(env, p, end ? (size_t)(end - p) : fields[i].size, &v));
+        int32_t i32;
+        int64_t i64;
+        uint64_t u64;
+        switch (f->kind) {
+        case KVL_FIELD_I32:
+            memcpy(&i32, p, sizeof i32);
+            NAPI_CALL(env, napi_create_int32(env, i32, &v));
+            break;
+        case KVL_FIELD_BOOL32:
+            memcpy(&i32, p, sizeof i32);
+            NAPI_CALL(env, napi_get_boolean(env, i32 != 0, &v));
+            break;
+        case KVL_FIELD_I64:
+            memcpy(&i64, p, sizeof i64);
+            NAPI_CALL(env, napi_create_double(env, (double)i64, &v));
+            break;
+        case KVL_FIELD_U64:
+            memcpy(&u64, p, sizeof u64);
+            NAPI_CALL(env, napi_create_double(env, (double)u64, &v));
+            break;
+        case KVL_FIELD_CHARS: {
+            const char *end = memchr(p, '\0', f->bytes);
+            NAPI_CALL(env, napi_create_string_utf8(env, p, end ? (size_t)(end - p) : f->bytes, &v));
+            break;
         }
-        NAPI_CALL(env, napi_set_named_property(env, obj, fields[i].name, v));
+        default: {
+            char msg[160];
+            snprintf(msg, sizeof msg, "kvl addon: member %.64s of struct %d has an unknown kind %d",
+                     f->name, which, (int)f->kind);
+            return throw_error(env, "ERR_KVL_INTERNAL", msg);
+        }
+        }
+        char name[KVL_JS_NAME_BYTES];
+        js_field_name(f->name, name, sizeof name);
+        NAPI_CALL(env, napi_set_named_property(env, obj, name, v));
     }
     return obj;
+}
+
+/* An object -> the struct at base (a KVL_STRUCT_* `which`), zeroed first: every property optional
+ * (absent = 0, the core's default), each an integer in its member's range (the core checks the
+ * values); a BOOL32 member also takes a boolean. Errors name `what` and the property. Throws and
+ * returns 0 on a bad value. Only numeric members can be written (no input struct has text). */
+static int object_to_struct(napi_env env, napi_value obj, int which, void *base, const char *fn,
+                            const char *what)
+{
+    const double max_safe = 9007199254740991.0;
+    int n = 0;
+    size_t bytes = 0;
+    const kvl_field_desc *fields = core_layout(env, which, &n, &bytes);
+    if (!fields)
+        return 0;
+    memset(base, 0, bytes);
+    for (int i = 0; i < n; i++) {
+        const kvl_field_desc *f = &fields[i];
+        char name[KVL_JS_NAME_BYTES], label[128];
+        js_field_name(f->name, name, sizeof name);
+        snprintf(label, sizeof label, "%.48s %s", what, name);
+        napi_value v;
+        napi_valuetype type = napi_undefined;
+        napi_status st = napi_get_named_property(env, obj, name, &v);
+        if (st != napi_ok) {
+            throw_napi_failure(env, st, "napi_get_named_property");
+            return 0;
+        }
+        if (napi_typeof(env, v, &type) != napi_ok || type == napi_undefined)
+            continue;
+        char *dst = (char *)base + f->offset;
+        int64_t x;
+        if (f->kind == KVL_FIELD_BOOL32 && type == napi_boolean) {
+            bool b = false;
+            st = napi_get_value_bool(env, v, &b);
+            if (st != napi_ok) {
+                throw_napi_failure(env, st, "napi_get_value_bool");
+                return 0;
+            }
+            x = b;
+        } else if (f->kind == KVL_FIELD_I32 || f->kind == KVL_FIELD_BOOL32) {
+            if (!get_integer(env, v, (double)INT32_MIN, (double)INT32_MAX, &x, fn, label))
+                return 0;
+        } else if (f->kind == KVL_FIELD_U64) {
+            if (!get_integer(env, v, 0, max_safe, &x, fn, label))
+                return 0;
+        } else if (f->kind == KVL_FIELD_I64) {
+            if (!get_integer(env, v, -max_safe, max_safe, &x, fn, label))
+                return 0;
+        } else {
+            char msg[256];
+            snprintf(msg, sizeof msg, "kvl addon: %.64s: %.128s cannot be set (member kind %d)", fn,
+                     label, (int)f->kind);
+            throw_error(env, "ERR_KVL_INTERNAL", msg);
+            return 0;
+        }
+        if (f->kind == KVL_FIELD_I32 || f->kind == KVL_FIELD_BOOL32) {
+            int32_t y = (int32_t)x;
+            memcpy(dst, &y, sizeof y);
+        } else if (f->kind == KVL_FIELD_U64) {
+            uint64_t y = (uint64_t)x;
+            memcpy(dst, &y, sizeof y);
+        } else {
+            memcpy(dst, &x, sizeof x);
+        }
+    }
+    return 1;
+}
+
+/* structLayout(which) -> { bytes, fields: [{ name, cName, offset, bytes, kind }] }:
+ * kvl_struct_layout with each member's JS property name (name) beside its C name; kind is the
+ * KVL_FIELD_* number. RangeError for a `which` the core does not describe. */
+static napi_value js_struct_layout(napi_env env, napi_callback_info info)
+{
+    const char *fn = "structLayout";
+    napi_value argv[1];
+    int32_t which;
+    if (!get_args(env, info, argv, 1, fn) || !get_int32(env, argv[0], &which, fn, "which"))
+        return NULL;
+    int n = 0;
+    size_t bytes = 0;
+    const kvl_field_desc *fields = kvl_struct_layout(which, &n, &bytes);
+    if (!fields) {
+        char msg[128];
+        snprintf(msg, sizeof msg, "kvl addon: structLayout: the core describes no struct %d",
+                 (int)which);
+        napi_throw_range_error(env, "ERR_OUT_OF_RANGE", msg);
+        return NULL;
+    }
+    napi_value result, list, v;
+    NAPI_CALL(env, napi_create_object(env, &result));
+    NAPI_CALL(env, napi_create_double(env, (double)bytes, &v));
+    NAPI_CALL(env, napi_set_named_property(env, result, "bytes", v));
+    NAPI_CALL(env, napi_create_array_with_length(env, (size_t)n, &list));
+    for (int i = 0; i < n; i++) {
+        napi_value row;
+        char name[KVL_JS_NAME_BYTES];
+        js_field_name(fields[i].name, name, sizeof name);
+        NAPI_CALL(env, napi_create_object(env, &row));
+        NAPI_CALL(env, napi_create_string_utf8(env, name, NAPI_AUTO_LENGTH, &v));
+        NAPI_CALL(env, napi_set_named_property(env, row, "name", v));
+        NAPI_CALL(env, napi_create_string_utf8(env, fields[i].name, NAPI_AUTO_LENGTH, &v));
+        NAPI_CALL(env, napi_set_named_property(env, row, "cName", v));
+        NAPI_CALL(env, napi_create_uint32(env, fields[i].offset, &v));
+        NAPI_CALL(env, napi_set_named_property(env, row, "offset", v));
+        NAPI_CALL(env, napi_create_uint32(env, fields[i].bytes, &v));
+        NAPI_CALL(env, napi_set_named_property(env, row, "bytes", v));
+        NAPI_CALL(env, napi_create_int32(env, fields[i].kind, &v));
+        NAPI_CALL(env, napi_set_named_property(env, row, "kind", v));
+        NAPI_CALL(env, napi_set_element(env, list, (uint32_t)i, row));
+    }
+    NAPI_CALL(env, napi_set_named_property(env, result, "fields", list));
+    return result;
 }
 
 /* { status, <name>: value } — the shape of the calls that return a status and a result. */
@@ -794,28 +921,10 @@ static napi_value make_status(napi_env env, kvl_status status)
 
 /* ---------------------------------------------------------------- engine functions */
 
-/* The engineOpen codes object -> kvl_engine_options: every property optional (absent = 0, the
- * core's default); integers in the field's range (the core checks the values), loadVision may
- * also be a boolean. */
+/* The engineOpen codes object -> kvl_engine_options (object_to_struct: every property optional,
+ * absent = 0, the core's default; loadVision may be a boolean). codes may be null. */
 static int read_engine_options(napi_env env, napi_value codes, kvl_engine_options *o, const char *fn)
 {
-    static const struct {
-        const char *name;
-        size_t offset;
-        char kind; /* 'i' int32_t, 'u' uint64_t, 'l' int64_t */
-    } rows[] = {
-        {"nThreads", offsetof(kvl_engine_options, n_threads), 'i'},
-        {"expertCacheBytes", offsetof(kvl_engine_options, expert_cache_bytes), 'u'},
-        {"trunkCacheBytes", offsetof(kvl_engine_options, trunk_cache_bytes), 'l'},
-        {"ioMode", offsetof(kvl_engine_options, io_mode), 'i'},
-        {"kernels", offsetof(kvl_engine_options, kernels), 'i'},
-        {"kvDtype", offsetof(kvl_engine_options, kv_dtype), 'i'},
-        {"loadVision", offsetof(kvl_engine_options, load_vision), 'i'},
-        {"actDtype", offsetof(kvl_engine_options, act_dtype), 'i'},
-        {"layerBegin", offsetof(kvl_engine_options, layer_begin), 'i'},
-        {"layerEnd", offsetof(kvl_engine_options, layer_end), 'i'},
-    };
-    const double max_safe = 9007199254740991.0;
     memset(o, 0, sizeof *o);
     if (!codes || is_nullish(env, codes))
         return 1;
@@ -826,47 +935,7 @@ static int read_engine_options(napi_env env, napi_value codes, kvl_engine_option
         napi_throw_type_error(env, "ERR_INVALID_ARG_TYPE", msg);
         return 0;
     }
-    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
-        napi_value v;
-        napi_status st = napi_get_named_property(env, codes, rows[i].name, &v);
-        if (st != napi_ok) {
-            throw_napi_failure(env, st, "napi_get_named_property");
-            return 0;
-        }
-        if (napi_typeof(env, v, &type) != napi_ok || type == napi_undefined)
-            continue;
-        char what[64];
-        snprintf(what, sizeof what, "option code %s", rows[i].name);
-        char *dst = (char *)o + rows[i].offset;
-        int64_t x;
-        if (type == napi_boolean && strcmp(rows[i].name, "loadVision") == 0) {
-            bool b = false;
-            st = napi_get_value_bool(env, v, &b);
-            if (st != napi_ok) {
-                throw_napi_failure(env, st, "napi_get_value_bool");
-                return 0;
-            }
-            x = b;
-        } else if (rows[i].kind == 'i') {
-            if (!get_integer(env, v, (double)INT32_MIN, (double)INT32_MAX, &x, fn, what))
-                return 0;
-        } else if (rows[i].kind == 'u') {
-            if (!get_integer(env, v, 0, max_safe, &x, fn, what))
-                return 0;
-        } else if (!get_integer(env, v, -max_safe, max_safe, &x, fn, what)) {
-            return 0;
-        }
-        if (rows[i].kind == 'i') {
-            int32_t y = (int32_t)x;
-            memcpy(dst, &y, sizeof y);
-        } else if (rows[i].kind == 'u') {
-            uint64_t y = (uint64_t)x;
-            memcpy(dst, &y, sizeof y);
-        } else {
-            memcpy(dst, &x, sizeof x);
-        }
-    }
-    return 1;
+    return object_to_struct(env, codes, KVL_STRUCT_ENGINE_OPTIONS, o, fn, "option code");
 }
 
 /* A fresh engine handle owning `engine` (freed here when the handle cannot be made). */
@@ -980,8 +1049,7 @@ static napi_value js_engine_info(napi_env env, napi_callback_info info)
     kvl_status st = kvl_engine_get_info(b->engine, &out);
     if (st != KVL_OK)
         return throw_error(env, "ERR_KVL_INTERNAL", "kvl addon: engineInfo: kvl_engine_get_info failed");
-    return struct_to_object(env, &out, ENGINE_INFO_FIELDS,
-                            sizeof ENGINE_INFO_FIELDS / sizeof ENGINE_INFO_FIELDS[0]);
+    return struct_to_object(env, KVL_STRUCT_ENGINE_INFO, &out);
 }
 
 static napi_value js_engine_stats(napi_env env, napi_callback_info info)
@@ -994,7 +1062,7 @@ static napi_value js_engine_stats(napi_env env, napi_callback_info info)
     kvl_status st = kvl_engine_get_stats(b->engine, &out);
     if (st != KVL_OK)
         return throw_error(env, "ERR_KVL_INTERNAL", "kvl addon: engineStats: kvl_engine_get_stats failed");
-    return struct_to_object(env, &out, STATS_FIELDS, sizeof STATS_FIELDS / sizeof STATS_FIELDS[0]);
+    return struct_to_object(env, KVL_STRUCT_STATS, &out);
 }
 
 static napi_value js_engine_reset_stats(napi_env env, napi_callback_info info)
@@ -1537,6 +1605,7 @@ static const kvl_function kvl_functions[] = {
     {"synthUniform", js_synth_uniform},
     {"sampleToken", js_sample_token},
     {"samplerSeed", js_sampler_seed},
+    {"structLayout", js_struct_layout},
     {"engineOpen", js_engine_open},
     {"engineFree", js_engine_free},
     {"engineInfo", js_engine_info},

@@ -22,6 +22,8 @@
 #include <intrin.h>
 #endif
 
+#include "platform.h" /* kvl_atomic_*: the once-flags below */
+
 #define CRC_POLY 0xEDB88320u
 
 #if (defined(__x86_64__) || defined(_M_X64)) && !defined(__EMSCRIPTEN__) && !defined(__wasm__)
@@ -29,36 +31,6 @@
 #else
 #define KVL_CRC_CLMUL 0
 #endif
-
-/* ------------------------------------------------------------------ atomics (once-flags) */
-
-static int load_int(volatile int *p)
-{
-#ifdef _MSC_VER
-    return (int)_InterlockedCompareExchange((volatile long *)p, 0, 0);
-#else
-    return __atomic_load_n(p, __ATOMIC_ACQUIRE);
-#endif
-}
-
-static void store_int(volatile int *p, int v)
-{
-#ifdef _MSC_VER
-    _InterlockedExchange((volatile long *)p, (long)v);
-#else
-    __atomic_store_n(p, v, __ATOMIC_RELEASE);
-#endif
-}
-
-/* 1 if *p was `expect` and is now `desired` */
-static int cas_int(volatile int *p, int expect, int desired)
-{
-#ifdef _MSC_VER
-    return _InterlockedCompareExchange((volatile long *)p, (long)desired, (long)expect) == expect;
-#else
-    return __atomic_compare_exchange_n(p, &expect, desired, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
-#endif
-}
 
 /* ------------------------------------------------------------------ slicing-by-16 */
 
@@ -84,12 +56,12 @@ static void build_tables(void)
 
 static const uint32_t (*tables(void))[256]
 {
-    if (load_int(&tables_state) != 2) {
-        if (cas_int(&tables_state, 0, 1)) {
+    if (kvl_atomic_load(&tables_state) != 2) {
+        if (kvl_atomic_cas(&tables_state, 0, 1)) {
             build_tables();
-            store_int(&tables_state, 2);
+            kvl_atomic_store(&tables_state, 2);
         } else {
-            while (load_int(&tables_state) != 2) {
+            while (kvl_atomic_load(&tables_state) != 2) {
             }
         }
     }
@@ -221,10 +193,10 @@ static int cpu_has_pclmul(void)
 int kvl_crc32_clmul_supported(void)
 {
     static volatile int known; /* 0 unknown, 1 no, 2 yes */
-    int k = load_int(&known);
+    int k = kvl_atomic_load(&known);
     if (k == 0) {
         k = cpu_has_pclmul() ? 2 : 1;
-        store_int(&known, k);
+        kvl_atomic_store(&known, k);
     }
     return k == 2;
 }
@@ -295,14 +267,14 @@ static volatile int fast_choice; /* 0 undecided */
 
 static int choice(void)
 {
-    int c = load_int(&fast_choice);
+    int c = kvl_atomic_load(&fast_choice);
     if (c == 0) {
         const char *env = getenv("KVL_CRC");
         c = env && strcmp(env, "portable") == 0 ? CHOICE_SLICE16
             : kvl_crc32_clmul_supported()       ? CHOICE_CLMUL
             : kvl_crc32_host_supported()        ? CHOICE_HOST
                                                 : CHOICE_SLICE16;
-        store_int(&fast_choice, c);
+        kvl_atomic_store(&fast_choice, c);
     }
     return c;
 }

@@ -6,7 +6,7 @@
  * kvl_crc32_combine (the CRC of A||B from the CRCs of A and B, so pieces read by different
  * threads are checked as one tensor).
  * Does not own: the reference kvl_crc32 (store.c, a half-byte table: the tests hold these
- * against it) or what is verified when (expert_cache.c, engine.c, vision.c).
+ * against it) or what is verified when (expert_cache.c, trunk.c, engine_errors.c).
  *
  * Every function has zlib's convention: start with crc = 0, chain by passing the previous
  * result. All are thread-safe and allocate nothing.

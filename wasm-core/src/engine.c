@@ -1,90 +1,29 @@
-/* engine.c — the kvl_engine_* and kvl_session_* API of kvl_core.h.
+/* engine.c — the kvl_engine_* and kvl_session_* API of kvl_core.h: the top layer of the core.
  *
  * Owns: opening a pack (stores, PACK_COMPLETE.json, hparams, validation of every tensor the
  * decoder needs, agreement between stores), the resident "global" tensors, the trunk cache
- * (resident non-global trunk tensors in layer order up to a budget) and the double-buffered
- * streamer with its I/O thread for the rest, the expert cache set-up, RAM figures, stats,
- * error messages, and session lifetime/argument checks (chunking of prefill). Also the CRC
- * check of trunk data on first read (docs/FORMAT.md "Checks at run time"): every tensor read at
- * open (lm_head, norms, routers, the resident trunk, and the embedding, read whole once for the
- * check because decoding reads it a row at a time) before it is used or converted, each streamed
- * tensor in the streamer's I/O thread the first time it arrives; kvl_engine_check (the pool's
- * threads) and kvl_engine_corrupt (the error) for vision.c too.
- * Does not own: the forward math (model.c), vision (vision.c), file format parsing (store.c),
- * expert caching policy (expert_cache.c), kernels.
+ * (resident non-global trunk tensors in layer order up to a budget; the rest streamed), the
+ * expert cache set-up, RAM figures, stats, and session lifetime/argument checks (chunking of
+ * prefill). Every trunk tensor read at open (lm_head, norms, routers, the resident trunk, and the
+ * embedding, read whole once for the check because decoding reads it a row at a time) is checked
+ * against its CRC before it is used or converted (kvl_engine_check).
+ * Does not own: the forward math (model.c), vision (vision.c), errors and the CRC checks
+ * (engine_errors.c), the trunk streamer (trunk.c), file format parsing (store.c), expert caching
+ * policy (expert_cache.c), kernels.
+ * Layer: public API, on top: it calls every layer below (model.h, vision.h, trunk.h,
+ * engine_errors.h, the caches, store, pool and kernels) and nothing calls it
+ * (scripts/c-layers.mjs checks).
  */
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine_internal.h"
-#include "crc32.h"
-
-#ifdef _WIN32
-#define WIN32_LEAN_AND_MEAN
-#include <windows.h>
-#include <process.h>
-#else
-#include <pthread.h>
-#endif
-
+#include "engine_errors.h"
+#include "model.h"
 #include "platform.h"
-
-/* ---- small portability helpers ------------------------------------------------------------- */
-
-int kvl_atomic_load(volatile int *p)
-{
-#ifdef _MSC_VER
-    return (int)InterlockedCompareExchange((volatile long *)p, 0, 0);
-#else
-    return __atomic_load_n(p, __ATOMIC_SEQ_CST);
-#endif
-}
-
-void kvl_atomic_store(volatile int *p, int v)
-{
-#ifdef _MSC_VER
-    InterlockedExchange((volatile long *)p, (long)v);
-#else
-    __atomic_store_n(p, v, __ATOMIC_SEQ_CST);
-#endif
-}
-
-int kvl_atomic_fetch_add(volatile int *p, int v)
-{
-#ifdef _MSC_VER
-    return (int)InterlockedExchangeAdd((volatile long *)p, (long)v);
-#else
-    return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST);
-#endif
-}
-
-#ifdef _WIN32
-typedef CRITICAL_SECTION kvl_mutex;
-typedef CONDITION_VARIABLE kvl_cond;
-typedef HANDLE kvl_thread;
-static void mutex_init(kvl_mutex *m) { InitializeCriticalSection(m); }
-static void mutex_destroy(kvl_mutex *m) { DeleteCriticalSection(m); }
-static void mutex_lock(kvl_mutex *m) { EnterCriticalSection(m); }
-static void mutex_unlock(kvl_mutex *m) { LeaveCriticalSection(m); }
-static void cond_init(kvl_cond *c) { InitializeConditionVariable(c); }
-static void cond_destroy(kvl_cond *c) { (void)c; }
-static void cond_wait(kvl_cond *c, kvl_mutex *m) { SleepConditionVariableCS(c, m, INFINITE); }
-static void cond_broadcast(kvl_cond *c) { WakeAllConditionVariable(c); }
-#else
-typedef pthread_mutex_t kvl_mutex;
-typedef pthread_cond_t kvl_cond;
-typedef pthread_t kvl_thread;
-static void mutex_init(kvl_mutex *m) { pthread_mutex_init(m, NULL); }
-static void mutex_destroy(kvl_mutex *m) { pthread_mutex_destroy(m); }
-static void mutex_lock(kvl_mutex *m) { pthread_mutex_lock(m); }
-static void mutex_unlock(kvl_mutex *m) { pthread_mutex_unlock(m); }
-static void cond_init(kvl_cond *c) { pthread_cond_init(c, NULL); }
-static void cond_destroy(kvl_cond *c) { pthread_cond_destroy(c); }
-static void cond_wait(kvl_cond *c, kvl_mutex *m) { pthread_cond_wait(c, m); }
-static void cond_broadcast(kvl_cond *c) { pthread_cond_broadcast(c); }
-#endif
+#include "trunk.h"
+#include "vision.h"
 
 static uint64_t align4096(uint64_t x) { return (x + 4095u) & ~(uint64_t)4095u; }
 static uint64_t align64(uint64_t x) { return (x + 63u) & ~(uint64_t)63u; }
@@ -126,318 +65,13 @@ static const float *i16_convert(kvl_engine *e, void *data, uint64_t nbytes, size
     return j.scale;
 }
 
-/* ---- status text and errors ------------------------------------------------------------------ */
-
-const char *kvl_strerror(kvl_status status)
-{
-    switch (status) {
-    case KVL_OK: return "ok";
-    case KVL_ERR_IO: return "I/O error";
-    case KVL_ERR_FORMAT: return "corrupt or unsupported pack file";
-    case KVL_ERR_CONFIG: return "pack configuration mismatch";
-    case KVL_ERR_NOMEM: return "out of memory";
-    case KVL_ERR_INVALID_ARG: return "invalid argument";
-    case KVL_ERR_CONTEXT_FULL: return "context full";
-    case KVL_ERR_CANCELLED: return "cancelled";
-    case KVL_ERR_UNSUPPORTED: return "unsupported";
-    case KVL_ERR_INTERNAL: return "internal error";
-    case KVL_ERR_CORRUPT: return "pack data does not match its CRC (corrupt file)";
-    }
-    return "unknown status";
-}
+/* ---- version and last error ------------------------------------------------------------------ */
 
 int kvl_abi_version(void) { return KVL_ABI_VERSION; }
-
-kvl_status kvl_engine_fail(kvl_engine *engine, kvl_status status, const char *fmt, ...)
-{
-    if (engine) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(engine->last_error, sizeof engine->last_error, fmt, ap);
-        va_end(ap);
-    }
-    return status;
-}
 
 const char *kvl_engine_last_error(const kvl_engine *engine)
 {
     return engine ? engine->last_error : "no engine";
-}
-
-/* ---- CRC checks of pack data on first read --------------------------------------------------- */
-
-kvl_status kvl_engine_corrupt(kvl_engine *e, const char *file, const char *tensor)
-{
-    /* where the tensor sits, from its FORMAT.md name */
-    char where[64] = "";
-    const char *layer = strstr(tensor, ".layers."), *expert = strstr(tensor, ".experts.");
-    const char *block = strstr(tensor, ".blocks.");
-    if (layer && expert)
-        snprintf(where, sizeof where, " (layer %d, expert %d)", atoi(layer + 8), atoi(expert + 9));
-    else if (layer)
-        snprintf(where, sizeof where, " (layer %d)", atoi(layer + 8));
-    else if (block)
-        snprintf(where, sizeof where, " (vision block %d)", atoi(block + 8));
-    return kvl_engine_fail(e, KVL_ERR_CORRUPT, "%s: tensor '%s'%s does not match its CRC-32 in "
-                           "the index: the pack is corrupt; run `kvl doctor %s` (it checks every "
-                           "tensor), then repack or copy the pack again", file, tensor, where,
-                           e->pack_dir ? e->pack_dir : "MODEL");
-}
-
-/* CRC-32 of one buffer over the pool: each thread takes a range, the CRCs are combined in order. */
-#define CRC_MAX_PARTS 256
-typedef struct crc_job {
-    const unsigned char *data;
-    size_t len;
-    int parts;
-    uint32_t crc[CRC_MAX_PARTS];
-} crc_job;
-
-static void crc_part(void *ctx, int ti, int nt)
-{
-    crc_job *j = (crc_job *)ctx;
-    size_t b, end;
-    (void)nt;
-    if (ti >= j->parts) return;
-    kvl_split_range(j->len, 64, ti, j->parts, &b, &end);
-    j->crc[ti] = kvl_crc32_fast(0, j->data + b, end - b);
-}
-
-static uint32_t pool_crc(kvl_engine *e, const void *data, size_t len)
-{
-    int nt = e->pool ? kvl_pool_size(e->pool) : 1;
-    /* below ~1 MiB a pool run's wake-ups (tens of microseconds in WebAssembly) are not worth it */
-    if (nt <= 1 || len < ((size_t)1 << 20)) return kvl_crc32_fast(0, data, len);
-    crc_job j;
-    j.data = (const unsigned char *)data;
-    j.len = len;
-    j.parts = nt < CRC_MAX_PARTS ? nt : CRC_MAX_PARTS;
-    kvl_pool_run(e->pool, crc_part, &j);
-    uint32_t crc = j.crc[0];
-    for (int i = 1; i < j.parts; i++) {
-        size_t b, end;
-        kvl_split_range(len, 64, i, j.parts, &b, &end);
-        crc = kvl_crc32_combine(crc, j.crc[i], end - b);
-    }
-    return crc;
-}
-
-kvl_status kvl_engine_check(kvl_engine *e, kvl_store *store, const char *file,
-                            const kvl_tensor_rec *rec, const void *data)
-{
-    if (kvl_store_verified(store, rec)) return KVL_OK;
-    uint64_t t0 = kvl_now_ns();
-    uint32_t crc = pool_crc(e, data, (size_t)rec->nbytes);
-    e->verify_ns += kvl_now_ns() - t0;
-    e->verify_bytes += rec->nbytes;
-    if (crc != rec->crc32) return kvl_engine_corrupt(e, file, rec->name);
-    kvl_store_set_verified(store, rec);
-    return KVL_OK;
-}
-
-/* A tensor the engine never holds whole (the embedding: decoding reads one row per token) is
- * checked at open by reading it through `bounce`, engine memory not filled yet (bounce_bytes, a
- * multiple of 4 KiB, 4 KiB-aligned), so a flipped bit in it is found before any turn uses it. */
-static kvl_status check_through(kvl_engine *e, kvl_store *store, const char *file,
-                                const kvl_tensor_rec *rec, void *bounce, uint64_t bounce_bytes)
-{
-    uint32_t crc = 0;
-    for (uint64_t at = 0; at < rec->nbytes; at += bounce_bytes) {
-        uint64_t n = rec->nbytes - at < bounce_bytes ? rec->nbytes - at : bounce_bytes;
-        kvl_status st = kvl_store_read(store, rec->offset + at, n, bounce);
-        if (st != KVL_OK)
-            return kvl_engine_fail(e, st, "%s: reading '%s' failed", file, rec->name);
-        uint64_t t0 = kvl_now_ns();
-        crc = kvl_crc32_combine(crc, pool_crc(e, bounce, (size_t)n), n);
-        e->verify_ns += kvl_now_ns() - t0;
-        e->verify_bytes += n;
-    }
-    if (crc != rec->crc32) return kvl_engine_corrupt(e, file, rec->name);
-    kvl_store_set_verified(store, rec);
-    return KVL_OK;
-}
-
-/* ---- trunk streamer: double buffer + one I/O thread ------------------------------------------ */
-
-enum { SLOT_EMPTY = 0, SLOT_LOADING = 1, SLOT_READY = 2 };
-
-typedef struct kvl_stream {
-    kvl_engine *engine;
-    kvl_mutex mu;
-    kvl_cond cv;
-    kvl_thread thread;
-    int quit;
-    void *buf[2];
-    uint64_t buf_bytes;
-    int tensor[2], state[2];
-    kvl_status status[2];
-    int pending;   /* slot queued for the I/O thread, or -1 */
-    int current;   /* slot compute is using, or -1 */
-} kvl_stream;
-
-static void stream_io_loop(kvl_stream *st)
-{
-    kvl_engine_text *t = st->engine->text;
-    mutex_lock(&st->mu);
-    for (;;) {
-        while (!st->quit && st->pending < 0) cond_wait(&st->cv, &st->mu);
-        if (st->quit) break;
-        int slot = st->pending;
-        st->pending = -1;
-        const kvl_tensor_rec *rec = t->tt[st->tensor[slot]].rec;
-        mutex_unlock(&st->mu);
-        kvl_status s = kvl_store_read(st->engine->trunk, rec->offset, rec->nbytes, st->buf[slot]);
-        /* first read of this tensor: its CRC, here where the bytes arrive (compute overlaps) */
-        uint64_t crc_ns = 0;
-        int checked = 0;
-        if (s == KVL_OK && !kvl_store_verified(st->engine->trunk, rec)) {
-            uint64_t t0 = kvl_now_ns();
-            uint32_t crc = kvl_crc32_fast(0, st->buf[slot], (size_t)rec->nbytes);
-            crc_ns = kvl_now_ns() - t0;
-            checked = 1;
-            if (crc == rec->crc32) kvl_store_set_verified(st->engine->trunk, rec);
-            else s = KVL_ERR_CORRUPT;
-        }
-        mutex_lock(&st->mu);
-        st->status[slot] = s;
-        st->state[slot] = SLOT_READY;
-        if (s == KVL_OK) t->trunk_bytes_read += rec->nbytes;
-        if (checked) {
-            t->stream_verify_ns += crc_ns;
-            t->stream_verify_bytes += rec->nbytes;
-        }
-        cond_broadcast(&st->cv);
-    }
-    mutex_unlock(&st->mu);
-}
-
-#ifdef _WIN32
-static unsigned __stdcall stream_thread_main(void *arg)
-{
-    stream_io_loop((kvl_stream *)arg);
-    return 0;
-}
-#else
-static void *stream_thread_main(void *arg)
-{
-    stream_io_loop((kvl_stream *)arg);
-    return NULL;
-}
-#endif
-
-/* queue `tensor` into `slot`; caller holds the lock and the slot is not loading */
-static void stream_queue(kvl_stream *st, int slot, int tensor)
-{
-    st->tensor[slot] = tensor;
-    st->state[slot] = SLOT_LOADING;
-    st->pending = slot;
-    cond_broadcast(&st->cv);
-}
-
-kvl_status kvl_trunk_get(kvl_engine *engine, int id, const uint16_t **out)
-{
-    kvl_engine_text *t = engine->text;
-    kvl_trunk_tensor *tt = &t->tt[id];
-    if (tt->resident) {
-        t->trunk_hits++;
-        *out = tt->resident;
-        return KVL_OK;
-    }
-    kvl_stream *st = t->stream;
-    t->trunk_misses++;
-    mutex_lock(&st->mu);
-    int slot = -1;
-    for (int i = 0; i < 2; i++)
-        if (st->state[i] != SLOT_EMPTY && st->tensor[i] == id) slot = i;
-    if (slot < 0) {
-        /* not prefetched (first use, or out of order): read now into the slot not in use */
-        slot = st->current == 0 ? 1 : 0;
-        while (st->state[slot] == SLOT_LOADING) cond_wait(&st->cv, &st->mu);
-        stream_queue(st, slot, id);
-    }
-    if (st->state[slot] != SLOT_READY) {
-        uint64_t t0 = kvl_now_ns();
-        while (st->state[slot] != SLOT_READY) cond_wait(&st->cv, &st->mu);
-        t->trunk_stall_ns += kvl_now_ns() - t0;
-    }
-    kvl_status s = st->status[slot];
-    if (s != KVL_OK) {
-        /* empty again: the next use reads (and checks) it afresh */
-        st->state[slot] = SLOT_EMPTY;
-        mutex_unlock(&st->mu);
-        if (s == KVL_ERR_CORRUPT) return kvl_engine_corrupt(engine, "trunk.bin", tt->rec->name);
-        return kvl_engine_fail(engine, s, "reading trunk tensor '%s' from trunk.bin failed",
-                               tt->rec->name);
-    }
-    st->current = slot;
-    /* the other slot held the previous tensor, which the caller no longer uses: fill it with
-     * the next streamed tensor so its read overlaps the compute on this one */
-    int other = 1 - slot;
-    int next = tt->next_streamed;
-    if (next != id && !(st->state[other] != SLOT_EMPTY && st->tensor[other] == next)) {
-        while (st->state[other] == SLOT_LOADING) cond_wait(&st->cv, &st->mu);
-        stream_queue(st, other, next);
-    }
-    *out = (const uint16_t *)st->buf[slot];
-    mutex_unlock(&st->mu);
-    return KVL_OK;
-}
-
-static void stream_free(kvl_stream *st)
-{
-    if (!st) return;
-    mutex_lock(&st->mu);
-    st->quit = 1;
-    cond_broadcast(&st->cv);
-    mutex_unlock(&st->mu);
-#ifdef _WIN32
-    WaitForSingleObject(st->thread, INFINITE);
-    CloseHandle(st->thread);
-#else
-    pthread_join(st->thread, NULL);
-#endif
-    mutex_destroy(&st->mu);
-    cond_destroy(&st->cv);
-    kvl_aligned_free(st->buf[0]);
-    kvl_aligned_free(st->buf[1]);
-    free(st);
-}
-
-static kvl_status stream_create(kvl_engine *e, uint64_t buf_bytes, kvl_stream **out)
-{
-    kvl_stream *st = (kvl_stream *)calloc(1, sizeof *st);
-    if (!st) return KVL_ERR_NOMEM;
-    st->engine = e;
-    st->buf_bytes = buf_bytes;
-    st->buf[0] = kvl_aligned_alloc(KVL_PAGE, (size_t)buf_bytes);
-    st->buf[1] = kvl_aligned_alloc(KVL_PAGE, (size_t)buf_bytes);
-    if (!st->buf[0] || !st->buf[1]) {
-        kvl_aligned_free(st->buf[0]);
-        kvl_aligned_free(st->buf[1]);
-        free(st);
-        return KVL_ERR_NOMEM;
-    }
-    st->tensor[0] = st->tensor[1] = -1;
-    st->pending = -1;
-    st->current = -1;
-    mutex_init(&st->mu);
-    cond_init(&st->cv);
-#ifdef _WIN32
-    uintptr_t h = _beginthreadex(NULL, 0, stream_thread_main, st, 0, NULL);
-    if (h == 0) goto fail;
-    st->thread = (HANDLE)h;
-#else
-    if (pthread_create(&st->thread, NULL, stream_thread_main, st) != 0) goto fail;
-#endif
-    *out = st;
-    return KVL_OK;
-fail:
-    mutex_destroy(&st->mu);
-    cond_destroy(&st->cv);
-    kvl_aligned_free(st->buf[0]);
-    kvl_aligned_free(st->buf[1]);
-    free(st);
-    return KVL_ERR_INTERNAL;
 }
 
 /* ---- open: hparams and validation -------------------------------------------------------------- */
@@ -544,7 +178,7 @@ static kvl_status read_hparams(open_ctx *c, kvl_text_hparams *hp)
                             TEXT_KEYS[i], f2 ? w : -1.0, v[i]);
         }
     }
-    /* Hostile packs (tests/test_pack_fuzz.py): converting a NaN, infinite or out-of-range double
+    /* Hostile packs (test/pack-fuzz.test.ts): converting a NaN, infinite or out-of-range double
      * to int is undefined behaviour, and sums such as nope + rope below are int, so every integer
      * hparam must be a whole number in 0..2^24 (far above any real model's; 16, 19..22 are the
      * real-valued ones). */
@@ -591,345 +225,455 @@ static int layer_is_moe(const kvl_text_hparams *hp, int l)
     return hp->n_routed > 0 && l >= hp->first_dense && l % hp->moe_freq == 0;
 }
 
-static kvl_status load_text(open_ctx *c, const kvl_engine_options *o)
+/* Is layer l one of this engine's (its range [layer_begin, layer_end))? */
+static int in_range(const kvl_engine_text *t, int l)
+{
+    return l >= t->layer_begin && l < t->layer_end;
+}
+
+/* The small per-layer trunk tensors that live in the global block (router ones on MoE layers). */
+enum { SMALL_INPUT_LN, SMALL_POST_LN, SMALL_KVA_LN, SMALL_ROUTER_W, SMALL_ROUTER_BIAS, SMALL_PER_LAYER };
+
+/* What validating the text decoder's tensors finds, for the loads after it. */
+typedef struct text_plan {
+    const kvl_tensor_rec *final_norm, *lm_head;
+    const kvl_tensor_rec **small;  /* [n_layers * SMALL_PER_LAYER]; router ones NULL on dense layers */
+    int n_moe;                     /* MoE layers in the engine's range */
+    int has_head;                  /* the last range: lm_head and the final norm are resident */
+    int head_i16;                  /* act_i16 and a BF16 lm_head: int16 rows, then V row scales */
+    uint64_t head_slot;            /* bytes lm_head takes in the global block */
+    uint64_t global_bytes;         /* the whole global block */
+} text_plan;
+
+/* ---- open: validation of every tensor the decoder needs, and the global block's size ---------- */
+
+/* The embedding, the final norm and lm_head; what this engine's layer range keeps resident is
+ * lm_head and the final norm on the last range (and, per layer, its own layers' norms and
+ * routers: expect_layer); every tensor is validated whatever the range. */
+static kvl_status expect_head(open_ctx *c, text_plan *pl)
 {
     kvl_engine *e = c->e;
     kvl_engine_text *t = e->text;
-    kvl_text_hparams *hp = &t->hp;
+    const kvl_text_hparams *hp = &t->hp;
+    const uint64_t H = (uint64_t)hp->hidden, V = (uint64_t)hp->vocab;
     kvl_status st;
-    const uint64_t H = (uint64_t)hp->hidden, V = (uint64_t)hp->vocab, nh = (uint64_t)hp->n_heads;
-    const uint64_t kvl = (uint64_t)hp->kv_lora, rope = (uint64_t)hp->rope;
-    const uint64_t E = (uint64_t)hp->n_routed;
-    char name[160];
-    const kvl_tensor_rec *r;
-
-    t->layers = (kvl_layer_globals *)calloc((size_t)hp->n_layers, sizeof *t->layers);
-    t->tt = (kvl_trunk_tensor *)calloc((size_t)hp->n_layers * KVL_TT_PER_LAYER, sizeof *t->tt);
-    if (!t->layers || !t->tt) return oerr(c, KVL_ERR_NOMEM, "out of memory opening the pack");
-
-    /* ---- validate every tensor the decoder needs and plan the global block ---- */
-    const kvl_tensor_rec *final_norm, *lm_head;
     if ((st = expect(c, e->trunk, "trunk.idx", "language_model.model.embed_tokens.weight",
                      KVL_DTYPE_BF16, 2, V, H, &t->embed)) != KVL_OK) return st;
     if ((st = expect(c, e->trunk, "trunk.idx", "language_model.model.norm.weight",
-                     KVL_DTYPE_BF16, 1, H, 0, &final_norm)) != KVL_OK) return st;
-    if ((st = expect_linear(c, "language_model.lm_head.weight", V, H, &lm_head)) != KVL_OK)
+                     KVL_DTYPE_BF16, 1, H, 0, &pl->final_norm)) != KVL_OK) return st;
+    if ((st = expect_linear(c, "language_model.lm_head.weight", V, H, &pl->lm_head)) != KVL_OK)
         return st;
-    /* what this engine's layer range keeps resident: lm_head and the final norm on the last
-     * range, the per-layer norms and routers of its own layers; every tensor is validated */
-    const int first = t->layer_begin, last = t->layer_end;
-    const int has_head = last == hp->n_layers;
-#define IN_RANGE(l) ((l) >= first && (l) < last)
+    pl->has_head = t->layer_end == hp->n_layers;
     /* act_i16: lm_head as int16 rows with its V row scales after them (i16_slot_bytes) */
-    const int head_i16 = t->act_i16 && lm_head->dtype == KVL_DTYPE_BF16;
-    const uint64_t head_slot = head_i16 ? i16_slot_bytes(lm_head->nbytes, V) : align4096(lm_head->nbytes);
-    uint64_t gbytes = has_head ? head_slot + align64(H * 4) : 0;
-    const kvl_tensor_rec **small = (const kvl_tensor_rec **)calloc((size_t)hp->n_layers * 5,
-                                                                   sizeof *small);
-    if (!small) return oerr(c, KVL_ERR_NOMEM, "out of memory opening the pack");
-    int n_moe = 0;
-    for (int l = 0; l < hp->n_layers; l++) {
-        kvl_layer_globals *lg = &t->layers[l];
-        kvl_trunk_tensor *tt = &t->tt[l * KVL_TT_PER_LAYER];
-        const char *pre = "language_model.model.layers";
-        lg->is_moe = layer_is_moe(hp, l);
-        n_moe += lg->is_moe && IN_RANGE(l);
+    pl->head_i16 = t->act_i16 && pl->lm_head->dtype == KVL_DTYPE_BF16;
+    pl->head_slot = pl->head_i16 ? i16_slot_bytes(pl->lm_head->nbytes, V) : align4096(pl->lm_head->nbytes);
+    pl->global_bytes = pl->has_head ? pl->head_slot + align64(H * 4) : 0;
+    return KVL_OK;
+}
+
+/* Layer l's trunk tensors: norms, attention, the router on MoE layers, the dense MLP or the
+ * shared experts; records them (t->tt, pl->small) and counts the global block bytes of the
+ * engine's own layers. */
+static kvl_status expect_layer(open_ctx *c, int l, text_plan *pl)
+{
+    kvl_engine *e = c->e;
+    kvl_engine_text *t = e->text;
+    const kvl_text_hparams *hp = &t->hp;
+    const uint64_t H = (uint64_t)hp->hidden, nh = (uint64_t)hp->n_heads;
+    const uint64_t kvl = (uint64_t)hp->kv_lora, rope = (uint64_t)hp->rope;
+    const uint64_t E = (uint64_t)hp->n_routed;
+    kvl_layer_globals *lg = &t->layers[l];
+    kvl_trunk_tensor *tt = &t->tt[l * KVL_TT_PER_LAYER];
+    const kvl_tensor_rec **small = &pl->small[l * SMALL_PER_LAYER];
+    const char *pre = "language_model.model.layers";
+    char name[160];
+    kvl_status st;
+    lg->is_moe = layer_is_moe(hp, l);
+    pl->n_moe += lg->is_moe && in_range(t, l);
 #define EXPECT(suffix, dt, nd, a, b, dst)                                                          \
-        do {                                                                                      \
-            snprintf(name, sizeof name, "%s.%d.%s", pre, l, suffix);                              \
-            if ((st = expect(c, e->trunk, "trunk.idx", name, dt, nd, a, b, dst)) != KVL_OK)       \
-                goto out;                                                                         \
-        } while (0)
+    do {                                                                                          \
+        snprintf(name, sizeof name, "%s.%d.%s", pre, l, suffix);                                  \
+        if ((st = expect(c, e->trunk, "trunk.idx", name, dt, nd, a, b, dst)) != KVL_OK) return st; \
+    } while (0)
 #define EXPECT_LINEAR(suffix, a, b, dst) /* BF16 or Q8_ROWS (expect_linear) */                     \
-        do {                                                                                      \
-            snprintf(name, sizeof name, "%s.%d.%s", pre, l, suffix);                              \
-            if ((st = expect_linear(c, name, a, b, dst)) != KVL_OK) goto out;                     \
-        } while (0)
-        EXPECT("input_layernorm.weight", KVL_DTYPE_BF16, 1, H, 0, &small[l * 5 + 0]);
-        EXPECT("post_attention_layernorm.weight", KVL_DTYPE_BF16, 1, H, 0, &small[l * 5 + 1]);
-        EXPECT("self_attn.kv_a_layernorm.weight", KVL_DTYPE_BF16, 1, kvl, 0, &small[l * 5 + 2]);
-        EXPECT_LINEAR("self_attn.q_proj.weight", nh * (uint64_t)(hp->nope + hp->rope), H,
-                      &tt[KVL_TT_Q].rec);
-        EXPECT_LINEAR("self_attn.kv_a_proj_with_mqa.weight", kvl + rope, H, &tt[KVL_TT_KVA].rec);
-        EXPECT_LINEAR("self_attn.kv_b_proj.weight", nh * (uint64_t)(hp->nope + hp->v_dim), kvl,
-                      &tt[KVL_TT_KVB].rec);
-        EXPECT_LINEAR("self_attn.o_proj.weight", H, nh * (uint64_t)hp->v_dim, &tt[KVL_TT_O].rec);
-        if (IN_RANGE(l)) gbytes += 2 * align64(H * 4) + align64(kvl * 4);
-        const char *mlp = lg->is_moe ? "mlp.shared_experts" : "mlp";
-        uint64_t rows = lg->is_moe ? (uint64_t)hp->n_shared * (uint64_t)hp->moe_intermediate
-                                   : (uint64_t)hp->intermediate;
-        /* a dense layer without MLP rows would leave its MLP tensors unvalidated and NULL (a
-         * crash at the first token; found by tests/test_pack_fuzz.py) */
-        if (!lg->is_moe && rows == 0) {
-            st = oerr(c, KVL_ERR_CONFIG, "trunk.idx: layer %d is dense but hparam "
-                      "text.intermediate_size is 0; rerun kvl pack", l);
-            goto out;
-        }
-        if (lg->is_moe) {
-            EXPECT("mlp.gate.weight", KVL_DTYPE_BF16, 2, E, H, &small[l * 5 + 3]);
-            EXPECT("mlp.gate.e_score_correction_bias", KVL_DTYPE_F32, 1, E, 0, &small[l * 5 + 4]);
-            if (IN_RANGE(l)) gbytes += align4096(small[l * 5 + 3]->nbytes) + align64(E * 4);
-        }
-        if (rows > 0) {
-            char sfx[96];
-            lg->mlp_rows = (int)rows;
-            snprintf(sfx, sizeof sfx, "%s.gate_proj.weight", mlp);
-            EXPECT_LINEAR(sfx, rows, H, &tt[KVL_TT_MLP_GATE].rec);
-            snprintf(sfx, sizeof sfx, "%s.up_proj.weight", mlp);
-            EXPECT_LINEAR(sfx, rows, H, &tt[KVL_TT_MLP_UP].rec);
-            snprintf(sfx, sizeof sfx, "%s.down_proj.weight", mlp);
-            EXPECT_LINEAR(sfx, H, rows, &tt[KVL_TT_MLP_DOWN].rec);
-        }
+    do {                                                                                          \
+        snprintf(name, sizeof name, "%s.%d.%s", pre, l, suffix);                                  \
+        if ((st = expect_linear(c, name, a, b, dst)) != KVL_OK) return st;                        \
+    } while (0)
+    EXPECT("input_layernorm.weight", KVL_DTYPE_BF16, 1, H, 0, &small[SMALL_INPUT_LN]);
+    EXPECT("post_attention_layernorm.weight", KVL_DTYPE_BF16, 1, H, 0, &small[SMALL_POST_LN]);
+    EXPECT("self_attn.kv_a_layernorm.weight", KVL_DTYPE_BF16, 1, kvl, 0, &small[SMALL_KVA_LN]);
+    EXPECT_LINEAR("self_attn.q_proj.weight", nh * (uint64_t)(hp->nope + hp->rope), H,
+                  &tt[KVL_TT_Q].rec);
+    EXPECT_LINEAR("self_attn.kv_a_proj_with_mqa.weight", kvl + rope, H, &tt[KVL_TT_KVA].rec);
+    EXPECT_LINEAR("self_attn.kv_b_proj.weight", nh * (uint64_t)(hp->nope + hp->v_dim), kvl,
+                  &tt[KVL_TT_KVB].rec);
+    EXPECT_LINEAR("self_attn.o_proj.weight", H, nh * (uint64_t)hp->v_dim, &tt[KVL_TT_O].rec);
+    if (in_range(t, l)) pl->global_bytes += 2 * align64(H * 4) + align64(kvl * 4);
+    const char *mlp = lg->is_moe ? "mlp.shared_experts" : "mlp";
+    uint64_t rows = lg->is_moe ? (uint64_t)hp->n_shared * (uint64_t)hp->moe_intermediate
+                               : (uint64_t)hp->intermediate;
+    /* a dense layer without MLP rows would leave its MLP tensors unvalidated and NULL (a
+     * crash at the first token; found by fuzzing packs, test/pack-fuzz.test.ts) */
+    if (!lg->is_moe && rows == 0)
+        return oerr(c, KVL_ERR_CONFIG, "trunk.idx: layer %d is dense but hparam "
+                    "text.intermediate_size is 0; rerun kvl pack", l);
+    if (lg->is_moe) {
+        EXPECT("mlp.gate.weight", KVL_DTYPE_BF16, 2, E, H, &small[SMALL_ROUTER_W]);
+        EXPECT("mlp.gate.e_score_correction_bias", KVL_DTYPE_F32, 1, E, 0, &small[SMALL_ROUTER_BIAS]);
+        if (in_range(t, l)) pl->global_bytes += align4096(small[SMALL_ROUTER_W]->nbytes) + align64(E * 4);
+    }
+    if (rows > 0) {
+        char sfx[96];
+        lg->mlp_rows = (int)rows;
+        snprintf(sfx, sizeof sfx, "%s.gate_proj.weight", mlp);
+        EXPECT_LINEAR(sfx, rows, H, &tt[KVL_TT_MLP_GATE].rec);
+        snprintf(sfx, sizeof sfx, "%s.up_proj.weight", mlp);
+        EXPECT_LINEAR(sfx, rows, H, &tt[KVL_TT_MLP_UP].rec);
+        snprintf(sfx, sizeof sfx, "%s.down_proj.weight", mlp);
+        EXPECT_LINEAR(sfx, H, rows, &tt[KVL_TT_MLP_DOWN].rec);
+    }
 #undef EXPECT
 #undef EXPECT_LINEAR
-    }
-    /* routed experts: one Q8 extent per (MoE layer, expert) of the size docs/FORMAT.md gives */
-    if (n_moe > 0) {
-        const uint64_t I = (uint64_t)hp->moe_intermediate;
-        uint64_t up_off = align64(I * H), down_off = align64(up_off + I * H);
-        uint64_t gs_off = align64(down_off + H * I), us_off = align64(gs_off + 4 * I);
-        uint64_t ds_off = align64(us_off + 4 * I), nbytes = ds_off + 4 * H;
-        t->extent_bytes = align4096(nbytes);
-        for (int l = 0; l < hp->n_layers; l++) {
-            if (!t->layers[l].is_moe) continue;
-            for (uint64_t x = 0; x < E; x++) {
-                snprintf(name, sizeof name, "language_model.model.layers.%d.mlp.experts.%llu", l,
-                         (unsigned long long)x);
-                r = kvl_store_find(e->experts, name);
-                if (!r) {
-                    st = oerr(c, KVL_ERR_CONFIG, "experts.idx: expert extent '%s' is missing; the "
-                              "pack does not match its config (rerun kvl pack)", name);
-                    goto out;
-                }
-                if (r->dtype != KVL_DTYPE_Q8_EXPERT || r->ndim != 4 || r->shape[0] != (uint64_t)l ||
-                    r->shape[1] != x || r->shape[2] != I ||
-                    r->shape[3] != H || r->nbytes != nbytes) {
-                    char want[96], got[96];
-                    uint64_t ws[4] = {(uint64_t)l, x, I, H};
-                    shape_text(want, sizeof want, 4, ws);
-                    shape_text(got, sizeof got, r->ndim, r->shape);
-                    st = oerr(c, KVL_ERR_CONFIG, "experts.idx: extent '%s' should be Q8_EXPERT "
-                              "%s with %llu bytes (from the config's hparams) but the pack has %s "
-                              "%s with %llu bytes; the pack and its config disagree (rerun kvl "
-                              "pack)", name, want, (unsigned long long)nbytes, dtype_name(r->dtype),
-                              got, (unsigned long long)r->nbytes);
-                    goto out;
-                }
+    return KVL_OK;
+}
+
+/* The routed experts: one Q8 extent per (MoE layer, expert) of the size docs/FORMAT.md gives;
+ * sets t->extent_bytes. Nothing to do without MoE layers in the range. */
+static kvl_status expect_experts(open_ctx *c, const text_plan *pl)
+{
+    kvl_engine *e = c->e;
+    kvl_engine_text *t = e->text;
+    const kvl_text_hparams *hp = &t->hp;
+    if (pl->n_moe == 0) return KVL_OK;
+    const uint64_t H = (uint64_t)hp->hidden, E = (uint64_t)hp->n_routed;
+    const uint64_t I = (uint64_t)hp->moe_intermediate;
+    uint64_t up_off = align64(I * H), down_off = align64(up_off + I * H);
+    uint64_t gs_off = align64(down_off + H * I), us_off = align64(gs_off + 4 * I);
+    uint64_t ds_off = align64(us_off + 4 * I), nbytes = ds_off + 4 * H;
+    char name[160];
+    t->extent_bytes = align4096(nbytes);
+    for (int l = 0; l < hp->n_layers; l++) {
+        if (!t->layers[l].is_moe) continue;
+        for (uint64_t x = 0; x < E; x++) {
+            snprintf(name, sizeof name, "language_model.model.layers.%d.mlp.experts.%llu", l,
+                     (unsigned long long)x);
+            const kvl_tensor_rec *r = kvl_store_find(e->experts, name);
+            if (!r)
+                return oerr(c, KVL_ERR_CONFIG, "experts.idx: expert extent '%s' is missing; the "
+                            "pack does not match its config (rerun kvl pack)", name);
+            if (r->dtype != KVL_DTYPE_Q8_EXPERT || r->ndim != 4 || r->shape[0] != (uint64_t)l ||
+                r->shape[1] != x || r->shape[2] != I ||
+                r->shape[3] != H || r->nbytes != nbytes) {
+                char want[96], got[96];
+                uint64_t ws[4] = {(uint64_t)l, x, I, H};
+                shape_text(want, sizeof want, 4, ws);
+                shape_text(got, sizeof got, r->ndim, r->shape);
+                return oerr(c, KVL_ERR_CONFIG, "experts.idx: extent '%s' should be Q8_EXPERT "
+                            "%s with %llu bytes (from the config's hparams) but the pack has %s "
+                            "%s with %llu bytes; the pack and its config disagree (rerun kvl "
+                            "pack)", name, want, (unsigned long long)nbytes, dtype_name(r->dtype),
+                            got, (unsigned long long)r->nbytes);
             }
         }
     }
+    return KVL_OK;
+}
 
-    /* ---- globals, for the planner: one block laid out as lm_head (BF16, align4096(nbytes);
-     * with act_i16 int16 rows then V f32 scales, align4096(align64(nbytes) + 4 V)),
-     * then every MoE layer's router weight (BF16, align4096(nbytes)), then per layer the
-     * input/post-attention/kv_a norms widened to f32 (align64 each) and, on MoE layers, the f32
-     * router bias (align64), then the final norm in f32 (align64). BF16 -> f32 is exact. ---- */
+/* Every tensor the decoder needs, validated against the hparams whatever the layer range. */
+static kvl_status expect_text(open_ctx *c, text_plan *pl)
+{
+    const int n_layers = c->e->text->hp.n_layers;
+    kvl_status st = expect_head(c, pl);
+    if (st != KVL_OK) return st;
+    pl->small = (const kvl_tensor_rec **)calloc((size_t)n_layers * SMALL_PER_LAYER, sizeof *pl->small);
+    if (!pl->small) return oerr(c, KVL_ERR_NOMEM, "out of memory opening the pack");
+    for (int l = 0; l < n_layers; l++)
+        if ((st = expect_layer(c, l, pl)) != KVL_OK) return st;
+    return expect_experts(c, pl);
+}
+
+/* ---- open: reads of resident trunk data -------------------------------------------------------- */
+
+/* Trunk tensor rec read into dst and checked against its CRC, before anything uses or converts
+ * it; small: dst need not be 4 KiB-aligned (kvl_store_read_small). */
+static kvl_status read_checked(open_ctx *c, const kvl_tensor_rec *rec, void *dst, int small)
+{
+    kvl_engine *e = c->e;
+    kvl_status st = small ? kvl_store_read_small(e->trunk, rec->offset, rec->nbytes, dst)
+                          : kvl_store_read(e->trunk, rec->offset, rec->nbytes, dst);
+    if (st != KVL_OK) return oerr(c, st, "trunk.bin: reading '%s' failed", rec->name);
+    if ((st = kvl_engine_check(e, e->trunk, "trunk.bin", rec, dst)) != KVL_OK)
+        return oerr(c, st, "%s", e->last_error);
+    return KVL_OK;
+}
+
+/* A BF16 tensor as is at *at (4 KiB-aligned), which then moves past align4096(nbytes). */
+static kvl_status read_paged(open_ctx *c, const kvl_tensor_rec *rec, char **at, const uint16_t **dst)
+{
+    kvl_status st = read_checked(c, rec, *at, 0);
+    if (st != KVL_OK) return st;
+    *dst = (const uint16_t *)(void *)*at;
+    *at += align4096(rec->nbytes);
+    return KVL_OK;
+}
+
+/* A BF16 vector of count values through tmp, widened to f32 at *at (exact), which then moves
+ * past align64(4 count). */
+static kvl_status read_widened(open_ctx *c, const kvl_tensor_rec *rec, uint16_t *tmp,
+                               uint64_t count, char **at, const float **dst)
+{
+    kvl_status st = read_checked(c, rec, tmp, 1);
+    if (st != KVL_OK) return st;
+    c->e->k->bf16_to_f32((float *)(void *)*at, tmp, (size_t)count);
+    *dst = (const float *)(void *)*at;
+    *at += align64(count * 4);
+    return KVL_OK;
+}
+
+/* The global block's contents, in the order load_globals gives; tmp holds one norm's BF16. */
+static kvl_status read_globals(open_ctx *c, const text_plan *pl, uint16_t *tmp)
+{
+    kvl_engine *e = c->e;
+    kvl_engine_text *t = e->text;
+    const kvl_text_hparams *hp = &t->hp;
+    const uint64_t H = (uint64_t)hp->hidden, V = (uint64_t)hp->vocab;
+    const uint64_t kvl = (uint64_t)hp->kv_lora, E = (uint64_t)hp->n_routed;
+    char *p = (char *)t->global_mem;
+    kvl_status st;
+    if (pl->has_head) {
+        char *head = p;
+        if ((st = read_paged(c, pl->lm_head, &p, &t->lm_head)) != KVL_OK) return st;
+        p = head + pl->head_slot;
+        if (pl->head_i16) /* in place: each row is read before it is overwritten (kernels.h) */
+            t->lm_head_scale = i16_convert(e, head, pl->lm_head->nbytes, (size_t)V, (size_t)H);
+        if (pl->lm_head->dtype == KVL_DTYPE_Q8_ROWS) { /* int8 rows, then their scales */
+            kvl_q8_rows_layout lay;
+            kvl_q8_rows_layout_of(V, H, &lay);
+            t->lm_head_q8_scale = (const float *)(void *)(head + lay.scale);
+        }
+    }
+    for (int l = t->layer_begin; l < t->layer_end; l++)
+        if (t->layers[l].is_moe &&
+            (st = read_paged(c, pl->small[l * SMALL_PER_LAYER + SMALL_ROUTER_W], &p,
+                             &t->layers[l].router_w)) != KVL_OK)
+            return st;
+    for (int l = t->layer_begin; l < t->layer_end; l++) {
+        kvl_layer_globals *lg = &t->layers[l];
+        const kvl_tensor_rec **small = &pl->small[l * SMALL_PER_LAYER];
+        if ((st = read_widened(c, small[SMALL_INPUT_LN], tmp, H, &p, &lg->input_ln)) != KVL_OK ||
+            (st = read_widened(c, small[SMALL_POST_LN], tmp, H, &p, &lg->post_ln)) != KVL_OK ||
+            (st = read_widened(c, small[SMALL_KVA_LN], tmp, kvl, &p, &lg->kva_ln)) != KVL_OK)
+            return st;
+        if (lg->is_moe) {
+            if ((st = read_checked(c, small[SMALL_ROUTER_BIAS], p, 1)) != KVL_OK) return st;
+            lg->router_bias = (const float *)(void *)p;
+            p += align64(E * 4);
+        }
+    }
+    if (pl->has_head) return read_widened(c, pl->final_norm, tmp, H, &p, &t->final_norm);
+    return KVL_OK;
+}
+
+/* The globals, for the planner: one block laid out as lm_head (BF16, align4096(nbytes); with
+ * act_i16 int16 rows then V f32 scales, align4096(align64(nbytes) + 4 V)), then every MoE
+ * layer's router weight (BF16, align4096(nbytes)), then per layer the input/post-attention/kv_a
+ * norms widened to f32 (align64 each) and, on MoE layers, the f32 router bias (align64), then
+ * the final norm in f32 (align64). BF16 -> f32 is exact. Every tensor is checked against its CRC
+ * as read, before it is used or converted. */
+static kvl_status load_globals(open_ctx *c, const text_plan *pl)
+{
+    kvl_engine_text *t = c->e->text;
+    const uint64_t gbytes = pl->global_bytes;
+    const uint64_t H = (uint64_t)t->hp.hidden, kvl = (uint64_t)t->hp.kv_lora;
     /* gbytes > SIZE_MAX (a wasm32 build) must fail, not wrap to a small block */
     t->global_mem = gbytes <= (uint64_t)SIZE_MAX ? kvl_large_alloc((size_t)gbytes) : NULL;
-    if (!t->global_mem) {
-        st = oerr(c, KVL_ERR_NOMEM, "cannot allocate %llu bytes for the resident lm_head and norms",
-                  (unsigned long long)gbytes);
-        goto out;
-    }
+    if (!t->global_mem)
+        return oerr(c, KVL_ERR_NOMEM, "cannot allocate %llu bytes for the resident lm_head and norms",
+                    (unsigned long long)gbytes);
     t->global_bytes = gbytes;
-    {
-        char *p = (char *)t->global_mem;
-        uint16_t *tmp = (uint16_t *)malloc((size_t)(H > kvl ? H : kvl) * 2 + 64);
-        if (!tmp) { st = oerr(c, KVL_ERR_NOMEM, "out of memory opening the pack"); goto out; }
-        /* every tensor is checked against its CRC as read, before it is used or converted */
-#define READ_PAGED(rec, dst)                                                                      \
-        do {                                                                                      \
-            if ((st = kvl_store_read(e->trunk, (rec)->offset, (rec)->nbytes, p)) != KVL_OK) {     \
-                st = oerr(c, st, "trunk.bin: reading '%s' failed", (rec)->name);                  \
-                goto globals_done;                                                                \
-            }                                                                                     \
-            if ((st = kvl_engine_check(e, e->trunk, "trunk.bin", (rec), p)) != KVL_OK) {          \
-                st = oerr(c, st, "%s", e->last_error);                                            \
-                goto globals_done;                                                                \
-            }                                                                                     \
-            (dst) = (const uint16_t *)(void *)p;                                                  \
-            p += align4096((rec)->nbytes);                                                        \
-        } while (0)
-#define READ_WIDENED(rec, dst, count)                                                             \
-        do {                                                                                      \
-            if ((st = kvl_store_read_small(e->trunk, (rec)->offset, (rec)->nbytes, tmp)) != KVL_OK) { \
-                st = oerr(c, st, "trunk.bin: reading '%s' failed", (rec)->name);                  \
-                goto globals_done;                                                                \
-            }                                                                                     \
-            if ((st = kvl_engine_check(e, e->trunk, "trunk.bin", (rec), tmp)) != KVL_OK) {        \
-                st = oerr(c, st, "%s", e->last_error);                                            \
-                goto globals_done;                                                                \
-            }                                                                                     \
-            e->k->bf16_to_f32((float *)(void *)p, tmp, (size_t)(count));                         \
-            (dst) = (const float *)(void *)p;                                                     \
-            p += align64((uint64_t)(count) * 4);                                                  \
-        } while (0)
-        if (has_head) {
-            char *head = p;
-            READ_PAGED(lm_head, t->lm_head);
-            p = head + head_slot;
-            if (head_i16) /* in place: each row is read before it is overwritten (kernels.h) */
-                t->lm_head_scale = i16_convert(e, head, lm_head->nbytes, (size_t)V, (size_t)H);
-            if (lm_head->dtype == KVL_DTYPE_Q8_ROWS) { /* int8 rows, then their scales */
-                kvl_q8_rows_layout lay;
-                kvl_q8_rows_layout_of(V, H, &lay);
-                t->lm_head_q8_scale = (const float *)(void *)(head + lay.scale);
-            }
-        }
-        for (int l = first; l < last; l++)
-            if (t->layers[l].is_moe) READ_PAGED(small[l * 5 + 3], t->layers[l].router_w);
-        for (int l = first; l < last; l++) {
-            kvl_layer_globals *lg = &t->layers[l];
-            READ_WIDENED(small[l * 5 + 0], lg->input_ln, H);
-            READ_WIDENED(small[l * 5 + 1], lg->post_ln, H);
-            READ_WIDENED(small[l * 5 + 2], lg->kva_ln, kvl);
-            if (lg->is_moe) {
-                const kvl_tensor_rec *rb = small[l * 5 + 4];
-                if ((st = kvl_store_read_small(e->trunk, rb->offset, rb->nbytes, p)) != KVL_OK) {
-                    st = oerr(c, st, "trunk.bin: reading '%s' failed", rb->name);
-                    goto globals_done;
-                }
-                if ((st = kvl_engine_check(e, e->trunk, "trunk.bin", rb, p)) != KVL_OK) {
-                    st = oerr(c, st, "%s", e->last_error);
-                    goto globals_done;
-                }
-                lg->router_bias = (const float *)(void *)p;
-                p += align64(E * 4);
-            }
-        }
-        if (has_head) READ_WIDENED(final_norm, t->final_norm, H);
-#undef READ_PAGED
-#undef READ_WIDENED
-    globals_done:
-        free(tmp);
-        if (st != KVL_OK) goto out;
-    }
+    uint16_t *tmp = (uint16_t *)malloc((size_t)(H > kvl ? H : kvl) * 2 + 64);
+    if (!tmp) return oerr(c, KVL_ERR_NOMEM, "out of memory opening the pack");
+    kvl_status st = read_globals(c, pl, tmp);
+    free(tmp);
+    return st;
+}
 
-    /* ---- trunk cache, for the planner: walk the non-global trunk tensors in forward order
-     * (layer 0..L-1; within a layer q_proj, kv_a_proj_with_mqa, kv_b_proj, o_proj, then the
-     * dense mlp or shared_experts gate_proj, up_proj, down_proj) and keep each resident while
-     * the running sum of align4096(nbytes) (act_i16: i16_slot_bytes for every tensor but
-     * kv_b_proj) stays <= budget; the first tensor that does not fit
-     * and everything after it are streamed (a prefix, so the layers used first stay hot).
-     * trunk_cache_bytes: -1 -> budget 0, 0 -> everything, >0 -> that budget. Streaming takes a
-     * double buffer of 2 x the largest streamed tensor's align4096(nbytes) (engine_workspace). */
-    {
-        const int n_tt = hp->n_layers * KVL_TT_PER_LAYER;
-        /* tensors of layers outside the range are not this engine's: forget their records */
-        for (int i = 0; i < n_tt; i++)
-            if (!IN_RANGE(i / KVL_TT_PER_LAYER)) t->tt[i].rec = NULL;
-        uint64_t all = 0;
-        for (int i = 0; i < n_tt; i++)
-            if (t->tt[i].rec) {
-                kvl_trunk_tensor *tt = &t->tt[i];
-                tt->padded = align4096(tt->rec->nbytes);
-                /* act_i16 converts every resident BF16 Linear weight but kv_b_proj, which the
-                 * attention uses in FP32 (absorbed into the queries, and W_uv) */
-                tt->slot = t->act_i16 && i % KVL_TT_PER_LAYER != KVL_TT_KVB &&
-                                   tt->rec->dtype == KVL_DTYPE_BF16
-                               ? i16_slot_bytes(tt->rec->nbytes, tt->rec->shape[0])
-                               : tt->padded;
-                all += tt->slot;
-            }
-        uint64_t budget = o->trunk_cache_bytes < 0 ? 0
-                          : o->trunk_cache_bytes == 0 ? all : (uint64_t)o->trunk_cache_bytes;
-        uint64_t used = 0;
-        int first_streamed = n_tt;
-        for (int i = 0; i < n_tt; i++) {
-            if (!t->tt[i].rec) continue;
-            if (used + t->tt[i].slot > budget) { first_streamed = i; break; }
-            used += t->tt[i].slot;
-        }
-        if (used > 0) {
-            t->trunk_mem = used <= (uint64_t)SIZE_MAX ? kvl_large_alloc((size_t)used) : NULL;
-            if (!t->trunk_mem) {
-                st = oerr(c, KVL_ERR_NOMEM, "cannot allocate the %llu-byte trunk cache; lower "
-                          "trunk_cache_bytes", (unsigned long long)used);
-                goto out;
-            }
-        }
-        t->trunk_bytes = used;
-        /* the first range reads embedding rows: the whole tensor is checked now, through the
-         * trunk cache before it is filled (else through a streaming buffer, below) */
-        const uint64_t bounce_max = (uint64_t)64 << 20;
-        if (t->layer_begin == 0 && used > 0 &&
-            (st = check_through(e, e->trunk, "trunk.bin", t->embed, t->trunk_mem,
-                                used < bounce_max ? used : bounce_max)) != KVL_OK) {
-            st = oerr(c, st, "%s", e->last_error);
-            goto out;
-        }
-        char *p = (char *)t->trunk_mem;
-        uint64_t max_streamed = 0;
-        int first = -1, prev = -1;
-        for (int i = 0; i < n_tt; i++) {
+/* ---- open: the trunk cache, for the planner ---------------------------------------------------
+ * Walk the non-global trunk tensors in forward order (layer 0..L-1; within a layer q_proj,
+ * kv_a_proj_with_mqa, kv_b_proj, o_proj, then the dense mlp or shared_experts gate_proj, up_proj,
+ * down_proj) and keep each resident while the running sum of align4096(nbytes) (act_i16:
+ * i16_slot_bytes for every tensor but kv_b_proj) stays <= budget; the first tensor that does not
+ * fit and everything after it are streamed (a prefix, so the layers used first stay hot).
+ * trunk_cache_bytes: -1 -> budget 0, 0 -> everything, >0 -> that budget. Streaming takes a
+ * double buffer of 2 x the largest streamed tensor's align4096(nbytes) (engine_workspace). */
+
+/* Each of the engine's trunk tensors' padded and slot sizes (tensors of layers outside the range
+ * are not this engine's: their records are forgotten); returns the sum of the slots. */
+static uint64_t size_trunk_slots(kvl_engine_text *t)
+{
+    const int n_tt = t->hp.n_layers * KVL_TT_PER_LAYER;
+    uint64_t all = 0;
+    for (int i = 0; i < n_tt; i++)
+        if (!in_range(t, i / KVL_TT_PER_LAYER)) t->tt[i].rec = NULL;
+    for (int i = 0; i < n_tt; i++)
+        if (t->tt[i].rec) {
             kvl_trunk_tensor *tt = &t->tt[i];
-            if (!tt->rec) continue;
-            if (i < first_streamed) {
-                if ((st = kvl_store_read(e->trunk, tt->rec->offset, tt->rec->nbytes, p)) != KVL_OK) {
-                    st = oerr(c, st, "trunk.bin: reading '%s' failed", tt->rec->name);
-                    goto out;
-                }
-                if ((st = kvl_engine_check(e, e->trunk, "trunk.bin", tt->rec, p)) != KVL_OK) {
-                    st = oerr(c, st, "%s", e->last_error);
-                    goto out;
-                }
-                tt->resident = (const uint16_t *)p;
-                if (tt->slot != tt->padded) /* int16 rows in place, scales after them */
-                    tt->scale_i16 = i16_convert(e, p, tt->rec->nbytes, (size_t)tt->rec->shape[0],
-                                                (size_t)tt->rec->shape[1]);
-                p += tt->slot;
-            } else {
-                if (tt->padded > max_streamed) max_streamed = tt->padded;
-                if (first < 0) first = i;
-                if (prev >= 0) t->tt[prev].next_streamed = i;
-                prev = i;
-            }
+            tt->padded = align4096(tt->rec->nbytes);
+            /* act_i16 converts every resident BF16 Linear weight but kv_b_proj, which the
+             * attention uses in FP32 (absorbed into the queries, and W_uv) */
+            tt->slot = t->act_i16 && i % KVL_TT_PER_LAYER != KVL_TT_KVB &&
+                               tt->rec->dtype == KVL_DTYPE_BF16
+                           ? i16_slot_bytes(tt->rec->nbytes, tt->rec->shape[0])
+                           : tt->padded;
+            all += tt->slot;
         }
-        if (prev >= 0) {
-            t->tt[prev].next_streamed = first;
-            if ((st = stream_create(e, max_streamed, &t->stream)) != KVL_OK) {
-                st = oerr(c, st, "cannot allocate the trunk streaming buffers (2 x %llu bytes)",
-                          (unsigned long long)max_streamed);
-                goto out;
-            }
-            t->workspace_bytes = 2 * max_streamed;
-        }
-        if (t->layer_begin == 0 && used == 0 && t->stream &&
-            (st = check_through(e, e->trunk, "trunk.bin", t->embed, t->stream->buf[0],
-                                max_streamed)) != KVL_OK) {
-            st = oerr(c, st, "%s", e->last_error);
-            goto out;
-        }
-    }
+    return all;
+}
 
-    /* ---- expert cache ---- */
-    if (n_moe > 0) {
-        uint64_t min_bytes = (uint64_t)hp->topk * t->extent_bytes;
-        uint64_t budget = o->expert_cache_bytes ? o->expert_cache_bytes : 512ull << 20;
-        if (budget < min_bytes) {
-            st = oerr(c, KVL_ERR_INVALID_ARG, "expert_cache_bytes = %llu is below one layer's "
-                      "top-%d expert extents (%d x %llu = %llu bytes); raise it",
-                      (unsigned long long)budget, hp->topk, hp->topk,
-                      (unsigned long long)t->extent_bytes, (unsigned long long)min_bytes);
-            goto out;
-        }
-        uint64_t all = (uint64_t)n_moe * E * t->extent_bytes;
-        if (budget > all) budget = all; /* never allocate more than every extent */
-        char cerr[256] = "";
-        /* readers share each extent's ~2 MiB pieces: 4 keeps a disk queue busy (measured: a
-         * virtio disk gave ~270 MB/s with one 8 MiB read in flight, ~1.6-2 GB/s with four 2 MiB
-         * reads); they sleep when idle and do no math, so they do not compete with the pool */
-        st = kvl_expert_cache_create(e->experts, hp->n_layers, hp->n_routed, budget, hp->topk, 4,
-                                     &t->ecache, cerr, sizeof cerr);
-        if (st != KVL_OK) {
-            st = oerr(c, st, "experts.bin: %s", cerr);
-            goto out;
-        }
+/* The first tensor streamed (n_layers * KVL_TT_PER_LAYER: none) when the resident prefix may
+ * take budget bytes; *used = the prefix's bytes. */
+static int trunk_resident_prefix(const kvl_engine_text *t, uint64_t budget, uint64_t *used)
+{
+    const int n_tt = t->hp.n_layers * KVL_TT_PER_LAYER;
+    *used = 0;
+    for (int i = 0; i < n_tt; i++) {
+        if (!t->tt[i].rec) continue;
+        if (*used + t->tt[i].slot > budget) return i;
+        *used += t->tt[i].slot;
     }
-    st = KVL_OK;
-out:
-#undef IN_RANGE
-    free(small);
+    return n_tt;
+}
+
+/* The first range reads embedding rows, so the whole tensor is checked at open, through bounce
+ * (memory not in use yet: the trunk cache before it is filled, else a streaming buffer). */
+static kvl_status check_embedding(open_ctx *c, void *bounce, uint64_t bounce_bytes)
+{
+    kvl_engine *e = c->e;
+    kvl_status st = kvl_engine_check_through(e, e->trunk, "trunk.bin", e->text->embed, bounce,
+                                             bounce_bytes);
+    return st != KVL_OK ? oerr(c, st, "%s", e->last_error) : KVL_OK;
+}
+
+/* The resident prefix read into the trunk cache (int16 rows in place where act_i16 says). */
+static kvl_status read_resident_trunk(open_ctx *c, int first_streamed)
+{
+    kvl_engine *e = c->e;
+    kvl_engine_text *t = e->text;
+    char *p = (char *)t->trunk_mem;
+    kvl_status st;
+    for (int i = 0; i < first_streamed; i++) {
+        kvl_trunk_tensor *tt = &t->tt[i];
+        if (!tt->rec) continue;
+        if ((st = read_checked(c, tt->rec, p, 0)) != KVL_OK) return st;
+        tt->resident = (const uint16_t *)p;
+        if (tt->slot != tt->padded) /* int16 rows in place, scales after them */
+            tt->scale_i16 = i16_convert(e, p, tt->rec->nbytes, (size_t)tt->rec->shape[0],
+                                        (size_t)tt->rec->shape[1]);
+        p += tt->slot;
+    }
+    return KVL_OK;
+}
+
+/* The streamed rest chained in forward order (next_streamed, wrapping) and the streamer for it,
+ * if any; *max_streamed = the largest streamed tensor's padded size (0: none). */
+static kvl_status start_streamer(open_ctx *c, int first_streamed, uint64_t *max_streamed)
+{
+    kvl_engine *e = c->e;
+    kvl_engine_text *t = e->text;
+    const int n_tt = t->hp.n_layers * KVL_TT_PER_LAYER;
+    int first = -1, prev = -1;
+    *max_streamed = 0;
+    for (int i = first_streamed; i < n_tt; i++) {
+        kvl_trunk_tensor *tt = &t->tt[i];
+        if (!tt->rec) continue;
+        if (tt->padded > *max_streamed) *max_streamed = tt->padded;
+        if (first < 0) first = i;
+        if (prev >= 0) t->tt[prev].next_streamed = i;
+        prev = i;
+    }
+    if (prev < 0) return KVL_OK;
+    t->tt[prev].next_streamed = first;
+    kvl_status st = kvl_trunk_stream_create(e, *max_streamed, &t->stream);
+    if (st != KVL_OK)
+        return oerr(c, st, "cannot allocate the trunk streaming buffers (2 x %llu bytes)",
+                    (unsigned long long)*max_streamed);
+    t->workspace_bytes = 2 * *max_streamed;
+    return KVL_OK;
+}
+
+static kvl_status load_trunk_cache(open_ctx *c, const kvl_engine_options *o)
+{
+    kvl_engine_text *t = c->e->text;
+    const uint64_t all = size_trunk_slots(t);
+    const uint64_t budget = o->trunk_cache_bytes < 0 ? 0
+                            : o->trunk_cache_bytes == 0 ? all : (uint64_t)o->trunk_cache_bytes;
+    uint64_t used, max_streamed;
+    const int first_streamed = trunk_resident_prefix(t, budget, &used);
+    kvl_status st;
+    if (used > 0) {
+        t->trunk_mem = used <= (uint64_t)SIZE_MAX ? kvl_large_alloc((size_t)used) : NULL;
+        if (!t->trunk_mem)
+            return oerr(c, KVL_ERR_NOMEM, "cannot allocate the %llu-byte trunk cache; lower "
+                        "trunk_cache_bytes", (unsigned long long)used);
+    }
+    t->trunk_bytes = used;
+    const uint64_t bounce_max = (uint64_t)64 << 20;
+    if (t->layer_begin == 0 && used > 0 &&
+        (st = check_embedding(c, t->trunk_mem, used < bounce_max ? used : bounce_max)) != KVL_OK)
+        return st;
+    if ((st = read_resident_trunk(c, first_streamed)) != KVL_OK) return st;
+    if ((st = start_streamer(c, first_streamed, &max_streamed)) != KVL_OK) return st;
+    if (t->layer_begin == 0 && used == 0 && t->stream)
+        return check_embedding(c, kvl_trunk_stream_scratch(t->stream), max_streamed);
+    return KVL_OK;
+}
+
+/* ---- open: the expert cache -------------------------------------------------------------------- */
+
+static kvl_status open_expert_cache(open_ctx *c, const kvl_engine_options *o, int n_moe)
+{
+    kvl_engine *e = c->e;
+    kvl_engine_text *t = e->text;
+    const kvl_text_hparams *hp = &t->hp;
+    if (n_moe == 0) return KVL_OK;
+    uint64_t min_bytes = (uint64_t)hp->topk * t->extent_bytes;
+    uint64_t budget = o->expert_cache_bytes ? o->expert_cache_bytes : 512ull << 20;
+    if (budget < min_bytes)
+        return oerr(c, KVL_ERR_INVALID_ARG, "expert_cache_bytes = %llu is below one layer's "
+                    "top-%d expert extents (%d x %llu = %llu bytes); raise it",
+                    (unsigned long long)budget, hp->topk, hp->topk,
+                    (unsigned long long)t->extent_bytes, (unsigned long long)min_bytes);
+    uint64_t all = (uint64_t)n_moe * (uint64_t)hp->n_routed * t->extent_bytes;
+    if (budget > all) budget = all; /* never allocate more than every extent */
+    char cerr[256] = "";
+    /* readers share each extent's ~2 MiB pieces: 4 keeps a disk queue busy (measured: a
+     * virtio disk gave ~270 MB/s with one 8 MiB read in flight, ~1.6-2 GB/s with four 2 MiB
+     * reads); they sleep when idle and do no math, so they do not compete with the pool */
+    kvl_status st = kvl_expert_cache_create(e->experts, hp->n_layers, hp->n_routed, budget, hp->topk,
+                                            4, &t->ecache, cerr, sizeof cerr);
+    if (st != KVL_OK) return oerr(c, st, "experts.bin: %s", cerr);
+    return KVL_OK;
+}
+
+/* ---- open: the text decoder -------------------------------------------------------------------- */
+
+/* Everything the text decoder of the engine's layer range needs, after read_hparams: every
+ * tensor validated, the global block and the trunk cache read (and checked), the streamer and
+ * the expert cache set up. */
+static kvl_status load_text(open_ctx *c, const kvl_engine_options *o)
+{
+    kvl_engine_text *t = c->e->text;
+    text_plan pl;
+    memset(&pl, 0, sizeof pl);
+    t->layers = (kvl_layer_globals *)calloc((size_t)t->hp.n_layers, sizeof *t->layers);
+    t->tt = (kvl_trunk_tensor *)calloc((size_t)t->hp.n_layers * KVL_TT_PER_LAYER, sizeof *t->tt);
+    if (!t->layers || !t->tt) return oerr(c, KVL_ERR_NOMEM, "out of memory opening the pack");
+    kvl_status st = expect_text(c, &pl);
+    if (st == KVL_OK) st = load_globals(c, &pl);
+    free(pl.small); /* only validation and the global block use these records */
+    if (st == KVL_OK) st = load_trunk_cache(c, o);
+    if (st == KVL_OK) st = open_expert_cache(c, o, pl.n_moe);
     return st;
 }
 
@@ -985,12 +729,53 @@ static int vparam(kvl_store *s, const char *key, double *v)
     return found;
 }
 
+/* The vision store (load_vision = 1): its config and hparams agreeing with the trunk's, the
+ * hparams valid, and every vision tensor validated (kvl_vision_check), so a bad vision pack is
+ * refused now rather than at the first image. After read_hparams (text_hidden). */
+static kvl_status load_vision(open_ctx *c, const char *pack_dir, int io_mode)
+{
+    kvl_engine *e = c->e;
+    kvl_status st;
+    if ((st = open_store(c, pack_dir, "vision", 3, io_mode, &e->vision)) != KVL_OK) return st;
+    if ((st = check_config_agrees(c, e->vision, "vision.idx")) != KVL_OK) return st;
+    static const char *VK[] = {"vision.hidden_size", "vision.num_hidden_layers",
+                               "vision.num_attention_heads", "vision.intermediate_size",
+                               "vision.patch_size", "vision.init_pos_emb_height",
+                               "vision.init_pos_emb_width", "vision.merge_kernel_h",
+                               "vision.merge_kernel_w", "vision.rope_theta",
+                               "vision.layer_norm_eps"};
+    double v[11];
+    for (int i = 0; i < 11; i++) {
+        double w;
+        if (!vparam(e->vision, VK[i], &v[i]) || !vparam(e->trunk, VK[i], &w) || w != v[i])
+            return oerr(c, KVL_ERR_CONFIG, "vision.idx: hparam '%s' is missing or disagrees with "
+                        "trunk.idx; rerun kvl pack", VK[i]);
+    }
+    /* as for the text hparams: no double-to-int conversion of NaN / out-of-range values */
+    for (int i = 0; i < 9; i++) {
+        if (!(v[i] >= 0.0 && v[i] <= 16777216.0))
+            return oerr(c, KVL_ERR_CONFIG, "vision.idx: hparam '%s' = %g is out of range; rerun "
+                        "kvl pack", VK[i], v[i]);
+    }
+    kvl_vision_hparams *vh = &e->vhp;
+    vh->hidden = (int)v[0]; vh->n_layers = (int)v[1]; vh->n_heads = (int)v[2];
+    vh->intermediate = (int)v[3]; vh->patch = (int)v[4]; vh->pos_h = (int)v[5];
+    vh->pos_w = (int)v[6]; vh->merge_h = (int)v[7]; vh->merge_w = (int)v[8];
+    vh->rope_theta = (float)v[9]; vh->ln_eps = (float)v[10];
+    vh->text_hidden = e->text->hp.hidden;
+    if (vh->hidden <= 0 || vh->n_layers <= 0 || vh->n_heads <= 0 || vh->hidden % vh->n_heads ||
+        vh->patch <= 0 || vh->merge_h <= 0 || vh->merge_w <= 0 || vh->pos_h <= 0 || vh->pos_w <= 0)
+        return oerr(c, KVL_ERR_CONFIG, "vision.idx: the vision hparams are invalid; rerun kvl pack");
+    if ((st = kvl_vision_check(e)) != KVL_OK) return oerr(c, st, "%s", e->last_error);
+    return KVL_OK;
+}
+
 void kvl_engine_free(kvl_engine *e)
 {
     if (!e) return;
     kvl_engine_text *t = e->text;
     if (t) {
-        stream_free(t->stream);
+        kvl_trunk_stream_free(t->stream);
         kvl_expert_cache_free(t->ecache);
         kvl_aligned_free(t->global_mem);
         kvl_aligned_free(t->trunk_mem);
@@ -1034,7 +819,10 @@ kvl_status kvl_engine_open(const char *pack_dir, const kvl_engine_options *optio
         return oerr(&c, KVL_ERR_INVALID_ARG, "kv_dtype = %d is invalid", (int)o.kv_dtype);
     if (o.act_dtype < KVL_ACT_DEFAULT || o.act_dtype > KVL_ACT_I8)
         return oerr(&c, KVL_ERR_INVALID_ARG, "act_dtype = %d is invalid", (int)o.act_dtype);
-    /* the one-term integer modes run attention on integers, over an int16 KV cache */
+    if (o.act_dtype == KVL_ACT_I16_REMOVED)
+        return oerr(&c, KVL_ERR_INVALID_ARG, "act_dtype = 3 (i16, two integer terms per input) was removed: "
+                    "use i16x1 (4), faster on every kernel set, or f32 (1), the exact mode");
+    /* the integer modes run attention on integers, over an int16 KV cache */
     const int int_kv = o.act_dtype == KVL_ACT_I16X1 || o.act_dtype == KVL_ACT_I8;
     if (o.kv_dtype == KVL_KV_DEFAULT)
         o.kv_dtype = int_kv ? KVL_KV_I16 : KVL_KV_F32;
@@ -1077,55 +865,12 @@ kvl_status kvl_engine_open(const char *pack_dir, const kvl_engine_options *optio
         e->text->layer_begin = begin;
         e->text->layer_end = end;
     }
-    if (o.load_vision) {
-        if ((st = open_store(&c, pack_dir, "vision", 3, o.io_mode, &e->vision)) != KVL_OK) goto fail;
-        if ((st = check_config_agrees(&c, e->vision, "vision.idx")) != KVL_OK) goto fail;
-        static const char *VK[] = {"vision.hidden_size", "vision.num_hidden_layers",
-                                   "vision.num_attention_heads", "vision.intermediate_size",
-                                   "vision.patch_size", "vision.init_pos_emb_height",
-                                   "vision.init_pos_emb_width", "vision.merge_kernel_h",
-                                   "vision.merge_kernel_w", "vision.rope_theta",
-                                   "vision.layer_norm_eps"};
-        double v[11];
-        for (int i = 0; i < 11; i++) {
-            double w;
-            if (!vparam(e->vision, VK[i], &v[i]) || !vparam(e->trunk, VK[i], &w) || w != v[i]) {
-                st = oerr(&c, KVL_ERR_CONFIG, "vision.idx: hparam '%s' is missing or disagrees with "
-                          "trunk.idx; rerun kvl pack", VK[i]);
-                goto fail;
-            }
-        }
-        /* as for the text hparams: no double-to-int conversion of NaN / out-of-range values */
-        for (int i = 0; i < 9; i++) {
-            if (!(v[i] >= 0.0 && v[i] <= 16777216.0)) {
-                st = oerr(&c, KVL_ERR_CONFIG, "vision.idx: hparam '%s' = %g is out of range; rerun "
-                          "kvl pack", VK[i], v[i]);
-                goto fail;
-            }
-        }
-        kvl_vision_hparams *vh = &e->vhp;
-        vh->hidden = (int)v[0]; vh->n_layers = (int)v[1]; vh->n_heads = (int)v[2];
-        vh->intermediate = (int)v[3]; vh->patch = (int)v[4]; vh->pos_h = (int)v[5];
-        vh->pos_w = (int)v[6]; vh->merge_h = (int)v[7]; vh->merge_w = (int)v[8];
-        vh->rope_theta = (float)v[9]; vh->ln_eps = (float)v[10];
-        vh->text_hidden = e->text->hp.hidden;
-        if (vh->hidden <= 0 || vh->n_layers <= 0 || vh->n_heads <= 0 || vh->hidden % vh->n_heads ||
-            vh->patch <= 0 || vh->merge_h <= 0 || vh->merge_w <= 0 || vh->pos_h <= 0 || vh->pos_w <= 0) {
-            st = oerr(&c, KVL_ERR_CONFIG, "vision.idx: the vision hparams are invalid; rerun kvl pack");
-            goto fail;
-        }
-        /* Refuse a bad vision pack now rather than at the first image. */
-        if ((st = kvl_vision_check(e)) != KVL_OK) {
-            st = oerr(&c, st, "%s", e->last_error);
-            goto fail;
-        }
-    }
+    if (o.load_vision && (st = load_vision(&c, pack_dir, o.io_mode)) != KVL_OK) goto fail;
     e->pool = kvl_pool_create(o.n_threads);
     if (!e->pool) { st = oerr(&c, KVL_ERR_NOMEM, "cannot create the thread pool"); goto fail; }
     e->text->kv_dtype = o.kv_dtype;
     e->text->act_bf16 = o.act_dtype == KVL_ACT_BF16;
-    e->text->act_i16 = o.act_dtype == KVL_ACT_I16 || o.act_dtype == KVL_ACT_I16X1 || o.act_dtype == KVL_ACT_I8;
-    e->text->act_i16_terms = o.act_dtype == KVL_ACT_I16 ? 2 : 1;
+    e->text->act_i16 = o.act_dtype == KVL_ACT_I16X1 || o.act_dtype == KVL_ACT_I8;
     e->text->act_i8 = o.act_dtype == KVL_ACT_I8;
     if ((st = load_text(&c, &o)) != KVL_OK) goto fail;
     *out_engine = e;
@@ -1164,7 +909,7 @@ kvl_status kvl_engine_get_info(const kvl_engine *e, kvl_engine_info *out)
     snprintf(out->kv_dtype, sizeof out->kv_dtype, "%s",
              t->kv_dtype == KVL_KV_I16 ? "i16" : t->kv_dtype == KVL_KV_BF16 ? "bf16" : "f32");
     snprintf(out->act_dtype, sizeof out->act_dtype, "%s",
-             t->act_i8 ? "i8" : t->act_i16 ? (t->act_i16_terms == 1 ? "i16x1" : "i16") : t->act_bf16 ? "bf16" : "f32");
+             t->act_i8 ? "i8" : t->act_i16 ? "i16x1" : t->act_bf16 ? "bf16" : "f32");
     out->global_bytes = t->global_bytes;
     out->trunk_cache_bytes = t->trunk_bytes;
     out->expert_cache_bytes = t->ecache ? kvl_expert_cache_bytes(t->ecache) : 0;
@@ -1192,11 +937,10 @@ kvl_status kvl_engine_get_stats(const kvl_engine *e, kvl_stats *out)
     }
     out->trunk_hits = t->trunk_hits;
     out->trunk_misses = t->trunk_misses;
-    if (t->stream) mutex_lock(&t->stream->mu); /* the I/O thread adds to these */
-    out->trunk_bytes_read = t->trunk_bytes_read;
-    out->verify_ns += t->stream_verify_ns;
-    out->verify_bytes += t->stream_verify_bytes;
-    if (t->stream) mutex_unlock(&t->stream->mu);
+    uint64_t stream_verify_ns, stream_verify_bytes;
+    kvl_trunk_counters_get(t, &out->trunk_bytes_read, &stream_verify_ns, &stream_verify_bytes);
+    out->verify_ns += stream_verify_ns;
+    out->verify_bytes += stream_verify_bytes;
     out->verify_ns += e->verify_ns;
     out->verify_bytes += e->verify_bytes;
     out->trunk_stall_ns = t->trunk_stall_ns;
@@ -1211,10 +955,7 @@ void kvl_engine_reset_stats(kvl_engine *e)
     if (!e) return;
     kvl_engine_text *t = e->text;
     if (t->ecache) kvl_expert_cache_reset_stats(t->ecache);
-    if (t->stream) mutex_lock(&t->stream->mu);
-    t->trunk_hits = t->trunk_misses = t->trunk_bytes_read = t->trunk_stall_ns = 0;
-    t->stream_verify_ns = t->stream_verify_bytes = 0;
-    if (t->stream) mutex_unlock(&t->stream->mu);
+    kvl_trunk_counters_reset(t);
     t->tokens_prefilled = t->tokens_decoded = 0;
     e->vision_bytes_read = 0;
     e->verify_ns = e->verify_bytes = 0;

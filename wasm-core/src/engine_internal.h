@@ -1,8 +1,10 @@
-/* engine_internal.h — the engine and session structs shared by engine.c, model.c and vision.c.
- * Not part of the public API. engine.c owns their lifetime; model.c owns the forward pass.
+/* engine_internal.h — the engine and session structs, shared by the files of the engine's layers
+ * (engine.c, model.c, vision.c, engine_errors.c, trunk.c). Types only: each layer's functions are
+ * declared in its own header (engine_errors.h, trunk.h, model.h, vision.h), so a file includes
+ * only what lies below it (scripts/c-layers.mjs checks the calls). Not part of the public API.
+ * engine.c owns their lifetime and fills them at open; model.c owns the forward pass.
  * The first block of struct kvl_engine (k, pool, trunk, experts, vision, vhp,
- * vision_bytes_read, last_error) is what vision.c relies on; keep it. vision.c also checks the
- * vision weights it reads with kvl_engine_check.
+ * vision_bytes_read, last_error) is what vision.c relies on; keep it.
  */
 #ifndef KVL_ENGINE_INTERNAL_H
 #define KVL_ENGINE_INTERNAL_H
@@ -33,24 +35,6 @@ struct kvl_engine {
     /* CRC checks made by the driver thread and its pool (at open, vision weights) */
     uint64_t verify_ns, verify_bytes;
 };
-
-/* vision.c: validate every vision/projector tensor against engine->vhp (no data read);
- * engine.c calls it at open when load_vision = 1. */
-kvl_status kvl_vision_check(kvl_engine *engine);
-
-/* vision.c / model.c: set engine->last_error and return status */
-kvl_status kvl_engine_fail(kvl_engine *engine, kvl_status status, const char *fmt, ...);
-
-/* Checks on first read (docs/FORMAT.md "Checks at run time"), engine.c.
- * kvl_engine_corrupt: the error of data that does not match its CRC-32 — last_error names the
- * file ("trunk.bin", "experts.bin", "vision.bin"), the tensor (with its layer, expert or vision
- * block) and says to run kvl doctor on the pack; returns KVL_ERR_CORRUPT.
- * kvl_engine_check: data just read for rec (its nbytes bytes) against rec->crc32, unless the
- * store has the record marked checked; on the pool's threads (the driver thread's work: open,
- * vision); a match marks the record, a mismatch is kvl_engine_corrupt. */
-kvl_status kvl_engine_corrupt(kvl_engine *engine, const char *file, const char *tensor);
-kvl_status kvl_engine_check(kvl_engine *engine, kvl_store *store, const char *file,
-                            const kvl_tensor_rec *rec, const void *data);
 
 /* ---- text decoder (engine.c fills at open, model.c reads) ---------------------------------- */
 
@@ -92,7 +76,7 @@ typedef struct kvl_layer_globals {
     int mlp_rows;                        /* intermediate (dense) or n_shared*moe_inter; 0 = none */
 } kvl_layer_globals;
 
-struct kvl_stream;  /* engine.c: the double-buffered trunk streamer */
+struct kvl_stream;  /* trunk.c: the double-buffered trunk streamer */
 
 typedef struct kvl_engine_text {
     kvl_text_hparams hp;
@@ -115,9 +99,8 @@ typedef struct kvl_engine_text {
     uint64_t extent_bytes;               /* padded */
     int kv_dtype;                        /* KVL_KV_F32, _BF16 or _I16 (never DEFAULT) */
     int act_bf16;                        /* Linear inputs rounded to BF16 (KVL_ACT_BF16) */
-    int act_i16;                         /* Linear inputs quantised to integers (KVL_ACT_I16, _I16X1, _I8) */
-    int act_i16_terms;                   /* act_i16: integer terms per input, 2 (I16) or 1 (I16X1, I8) */
-    int act_i8;                          /* KVL_ACT_I8: act_i16 with one term, the Q8 products' inputs
+    int act_i16;                         /* Linear inputs quantised to integers (KVL_ACT_I16X1, _I8) */
+    int act_i8;                          /* KVL_ACT_I8: act_i16 with the routed experts' inputs
                                             8-bit (matmul_q8_i8) */
     /* trunk counters (one driver thread at a time, plain integers; trunk_bytes_read and the
      * streamer's CRC checks under the streamer's lock) */
@@ -125,9 +108,6 @@ typedef struct kvl_engine_text {
     uint64_t stream_verify_ns, stream_verify_bytes;
     uint64_t tokens_prefilled, tokens_decoded;
 } kvl_engine_text;
-
-/* model.c: trunk tensor access (engine.c implements: resident pointer, or the streamed copy) */
-kvl_status kvl_trunk_get(kvl_engine *engine, int tensor_id, const uint16_t **out);
 
 /* Scratch layout of one session; sizes come from kvl_session_layout (model.c). */
 /* 64-bit on every target: on wasm32 a large context would wrap size_t (27 layers x 131072
@@ -161,25 +141,6 @@ struct kvl_session {
     /* act_i16: the quantised inputs of one pool run (model.c mm_run) and their scales */
     int16_t *xq;
     float *xs;
-    float *yq;
 };
-
-/* model.c */
-void kvl_session_layout_compute(const kvl_engine *engine, int max_context, int max_batch,
-                                kvl_session_layout *out);
-void kvl_session_bind(kvl_session *s, const kvl_session_layout *layout);
-/* Run n tokens (n <= max_batch) at the session position through the engine's layers: input
- * from tokens (embedding rows; placeholder tokens take the next media row, media +
- * *media_cursor * hidden, when media is not NULL) on the first range, else from hidden_in;
- * output logits for the requested tokens (mode LAST: the chunk's last token only) on the last
- * range, else the hidden states into hidden_out. Advances position on success. */
-kvl_status kvl_model_forward(kvl_session *s, const int32_t *tokens, const float *hidden_in, int n,
-                             const float *media, int *media_cursor, float *hidden_out,
-                             int logits_mode, float *logits);
-
-/* portable atomic int helpers (engine.c) */
-int kvl_atomic_load(volatile int *p);
-void kvl_atomic_store(volatile int *p, int v);
-int kvl_atomic_fetch_add(volatile int *p, int v);   /* returns the old value */
 
 #endif

@@ -5,7 +5,8 @@
  * range), files, memory management.
  *
  * Every table entry has a scalar reference (kernels_ref.c); the AVX2, AVX-512 and SIMD128 tables
- * (kernels_avx2.c, kernels_avx512.c, kernels_simd128.c) must agree with it within float rounding
+ * (kernels_avx2.c, kernels_avx512.c, kernels_simd128.c; its relaxed-SIMD variant takes one pass
+ * from kernels_relaxed.c) must agree with it within float rounding
  * (bit for bit where an entry says so) and each handles sizes that are not multiples of the
  * vector width (scalar tail or masked loads). Layouts:
  *   W row-major [rows, cols]; X row-major [n, ldx] (n activation vectors);
@@ -18,7 +19,8 @@
 #include <stdint.h>
 
 typedef struct kvl_kernels {
-    const char *name; /* "scalar", "simd128", "avx2", "avx512", "avx512-bf16" */
+    const char *name; /* "scalar", "simd128", "simd128-relaxed", "avx2", "avx512", "avx512-bf16"
+                         (at most 15 characters: kvl_engine_info.kernels) */
     int bf16_dot;     /* 1 if the *_xb entries run on BF16 dot-product instructions */
 
     /* BF16 weights (raw uint16 bits), FP32 activations, FP32 accumulate. */
@@ -63,8 +65,9 @@ typedef struct kvl_kernels {
      * lim, still stored as int16): bit-identical to matmul_q8_i16 on the same input, since every
      * block sum is exact either way. What the bound buys is an 8-bit dot product, where the ISA
      * has one: AVX2 VPMADDUBSW (|x| as u8 times w with x's sign; pairs <= 2*127*127, no
-     * saturation) and AVX-512 VNNI VPDPBUSD, four products per int32 lane, in decoding (n == 1);
-     * other n and SIMD128 (no 8-bit dot product before relaxed SIMD) run matmul_q8_i16. */
+     * saturation) and AVX-512 VNNI VPDPBUSD, four products per int32 lane, and relaxed SIMD's
+     * i16x8.relaxed_dot_i8x16_i7x16_s (simd128-relaxed), in decoding (n == 1); other n and plain
+     * SIMD128 (no 8-bit dot product) run matmul_q8_i16. */
     void (*matmul_q8_i8)(float *Y, size_t ldy, const int8_t *W, const float *scale, size_t rows,
                          size_t cols, const int16_t *Xq, const float *xs, size_t ldx, size_t n);
     /* Row-wise int16 weights (|W| <= 32767, kvl_quantize_rows_i16) x 15-bit activations: same
@@ -107,20 +110,35 @@ static inline size_t kvl_i16_nblocks(size_t cols, size_t block)
 }
 
 /* level: 0 = best supported, 1 scalar, 2 avx2, 3 avx512, 4 simd128 (WebAssembly builds only).
- * Returns NULL if the CPU (or the build) does not support the requested level. */
+ * Level 3 is avx512-bf16 on CPUs with AVX512_BF16; level 4 is simd128-relaxed in the relaxed
+ * WebAssembly build (built with -DKVL_WASM_RELAXED=1, kvl_core_relaxed.wasm: a module that
+ * instantiates at all has relaxed SIMD, and the host checks that its engine computes it right
+ * before it loads that build). Returns NULL if the CPU (or the build) does not support the
+ * requested level. */
 const kvl_kernels *kvl_kernels_select(int level);
 /* 1 if the running CPU supports the level (and it was compiled in). */
 int kvl_kernels_supported(int level);
-/* The table named name ("scalar", "simd128", "avx2", "avx512" = AVX-512 without BF16 dot products,
- * "avx512-bf16") if it is compiled into this build and the running CPU supports it, else NULL. */
+/* The table named name ("scalar", "simd128", "simd128-relaxed", "avx2", "avx512" = AVX-512
+ * without BF16 dot products, "avx512-bf16") if it is compiled into this build and the running CPU
+ * supports it, else NULL. */
 const kvl_kernels *kvl_kernels_by_name(const char *name);
 /* NULL-terminated names of the tables compiled into this build, in the order scalar,
- * simd128 | avx2, avx512, avx512-bf16 (some may be unsupported by the running CPU). */
+ * simd128 [, simd128-relaxed] | avx2, avx512, avx512-bf16 (some may be unsupported by the
+ * running CPU). */
 const char *const *kvl_kernels_compiled_names(void);
 
 /* AVX-512 without the BF16 dot products, the level-3 table on CPUs that lack AVX512_BF16
  * (exposed so the tests cover it on every AVX-512 machine). */
 extern const kvl_kernels kvl_kernels_avx512_table;
+/* Plain SIMD128, the level-4 table except in the relaxed build (exposed so the tests cover it
+ * there too). */
+extern const kvl_kernels kvl_kernels_simd128_table;
+
+/* kernels_relaxed.c (relaxed build only): matmul_q8_i8's decode (n == 1) on R = 8 or 4 rows
+ * `step` rows apart from row r, Y[row] for each, bit-identical to the reference; the rows'
+ * grouping and the rows left over are kernels_simd128.c's. */
+void kvl_relaxed_decode_pass_q8_i8(int R, size_t step, float *Y, const int8_t *W, const float *scale,
+                                   size_t r, size_t cols, const int16_t *x, const float *xs);
 
 /* Scalar helpers that are never hot enough to vectorise (still the one reference for each). */
 void kvl_rmsnorm(float *y, const float *x, const float *w, size_t n, float eps);

@@ -13,7 +13,9 @@
  * plus a few horizontal adds, so (cols/4 + 16)*u*S holds for every order they use, while one
  * dropped or doubled term (~S/cols) is far larger. Integer-mode quantisation and the Q8 x int16
  * product are defined bit-exactly (kernels.h) and compared for equality; so are the BF16
- * conversions.
+ * conversions. The Q8 x 8-bit product also runs on weights and activations of +-127 only, the
+ * edge of the 8-bit dot products' int16 pairs: an engine that computes relaxed SIMD wrongly is
+ * caught here, and the host runs this report before it picks simd128-relaxed.
  */
 #include "kernels.h"
 #include "kvl_core.h"
@@ -312,6 +314,41 @@ static int test_products(report *rep, const kvl_kernels *K, const kvl_kernels *r
     return 0;
 }
 
+/* matmul_q8_i8 at the edge of its 8-bit dot products: every weight and activation +-127, so every
+ * pair of products is +-2 * 127 * 127 (the largest an int16 lane of the relaxed-SIMD and AVX2
+ * dot products holds), in sign patterns that differ by row and column. 12 rows: a pass of eight
+ * and one of four in the SIMD decodes; 213 columns: three blocks, then 16 and a scalar tail of 5.
+ * Bit-identical to the reference, which sums in plain int32. */
+static int test_q8_i8_extremes(report *rep, const kvl_kernels *K, const kvl_kernels *ref)
+{
+    const size_t rows = 12, cols = 213, nb = kvl_i16_nblocks(cols, KVL_I16_BLOCK);
+    int8_t *w = malloc(rows * cols);
+    float *x = malloc(cols * sizeof *x), *scale = malloc(rows * sizeof *scale);
+    float *xs = malloc(nb * sizeof *xs), *y = malloc(rows * sizeof *y), *y_ref = malloc(rows * sizeof *y_ref);
+    int16_t *xq = malloc(cols * sizeof *xq);
+    if (!w || !x || !scale || !xs || !y || !y_ref || !xq) {
+        free(w), free(x), free(scale), free(xs), free(y), free(y_ref), free(xq);
+        return -1;
+    }
+    for (size_t r = 0; r < rows; r++) {
+        scale[r] = 0.01f + 0.001f * (float)r;
+        for (size_t c = 0; c < cols; c++) /* mostly one sign per row, so the sums are large */
+            w[r * cols + c] = (int8_t)(((c % 7 == 3) ^ (r & 1)) ? -127 : 127);
+    }
+    for (size_t c = 0; c < cols; c++)
+        x[c] = (c / 3) % 4 == 1 ? -1.0f : 1.0f; /* amax 1 in every block: quantised to exactly +-127 */
+    ref->quantize_i16_act(xq, xs, x, cols, 1, cols, cols, KVL_I16_BLOCK, KVL_I8_MAX);
+    K->matmul_q8_i8(y, rows, w, scale, rows, cols, xq, xs, cols, 1);
+    ref->matmul_q8_i8(y_ref, rows, w, scale, rows, cols, xq, xs, cols, 1);
+    double worst = 0.0;
+    for (size_t r = 0; r < rows; r++)
+        if (memcmp(&y[r], &y_ref[r], sizeof(float)) != 0)
+            worst = fmax(worst, fabs((double)y[r] - y_ref[r]) + 1e-30);
+    check(rep, "matmul_q8_i8", "rows=12 cols=213 n=1 |w|=|x|=127", worst, 0.0);
+    free(w), free(x), free(scale), free(xs), free(y), free(y_ref), free(xq);
+    return 0;
+}
+
 /* ---- vector ops ------------------------------------------------------------------------ */
 
 static int test_vectors(report *rep, const kvl_kernels *K, rng *g, size_t n)
@@ -476,6 +513,7 @@ KVL_API int kvl_kernels_conformance(const char *set_name, char *out, size_t out_
     int oom = 0;
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
         oom |= test_products(&rep, K, ref, &g, shapes[s][0], shapes[s][1], shapes[s][2]);
+    oom |= test_q8_i8_extremes(&rep, K, ref);
     static const size_t vec_sizes[] = {1, 3, 17, 64, 1027};
     for (size_t s = 0; s < sizeof vec_sizes / sizeof vec_sizes[0]; s++)
         oom |= test_vectors(&rep, K, &g, vec_sizes[s]);

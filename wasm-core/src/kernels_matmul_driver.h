@@ -77,7 +77,8 @@ KVL_INLINE void axpy_rows_generic(float *Y, size_t ldy, const float *A, size_t l
  * A tile that keeps columns in the vector lanes (tile_int) ends every 64-column block of every
  * (row, token) pair in a horizontal reduction before its FP32 scale: on AVX-512 (Zen 4) that ran
  * the batched product at half the rate of the BF16 one (96 against 180 GFLOP/s per thread, kernel
- * bench, session 14). Here the lanes are STRIP_ROWS rows: a strip is repacked, STRIP_CHUNK
+ * bench: bench/RESULTS.md "Idle workers, huge pages and prefill products", 2026-12-04).
+ * Here the lanes are STRIP_ROWS rows: a strip is repacked, STRIP_CHUNK
  * columns at a time, as int16 column pairs [pair][STRIP_ROWS][2] (the ISA's pack_q8_strip, a
  * transpose of int32 lanes), and each STRIP_DOT multiplies one pair of all the strip's rows by one
  * token's pair of activations broadcast to every lane. A block's int32 sums are exact in any
@@ -281,8 +282,8 @@ KVL_INLINE void matmul_int_generic(int kind, float *Y, size_t ldy, const void *W
         for (; t + TTI <= n; t += TTI)
             tile_int(kind, Y + t * ldy, ldy, W, scale, r, cols, Xq + t * ldx, xs + t * xstride, ldx, pf && t == 0, TRI, TTI);
 #if TTI > 2
-        /* two vectors left (the two terms of one decoded token: --act-dtype i16): one tile, so
-         * each weight is loaded once for both */
+        /* two or three vectors left (a prompt's tail, or a routed expert that few of a chunk's
+         * tokens chose): a tile of two, so each weight is loaded once for both */
         for (; t + 2 <= n; t += 2)
             tile_int(kind, Y + t * ldy, ldy, W, scale, r, cols, Xq + t * ldx, xs + t * xstride, ldx, pf && t < TTI, TRI, 2);
 #endif

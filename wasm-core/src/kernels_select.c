@@ -3,11 +3,14 @@
  * Owns: CPU feature detection (CPUID + XGETBV, for GCC/Clang and MSVC), the KVL_KERNELS
  * environment override, kvl_kernels_select / kvl_kernels_supported / kvl_kernels_by_name /
  * kvl_kernels_compiled_names.
- * Does not own: any kernel (kernels_ref.c, kernels_avx2.c, kernels_avx512.c, kernels_simd128.c).
+ * Does not own: any kernel (kernels_ref.c, kernels_avx2.c, kernels_avx512.c, kernels_simd128.c,
+ * kernels_relaxed.c).
  *
  * Levels: 1 scalar everywhere; 2 avx2 and 3 avx512 on x86; 4 simd128 in WebAssembly builds made
  * with -msimd128 (SIMD128 is a compile-time property of a wasm module: a module that uses it
- * does not validate without it, so there is nothing to detect at run time).
+ * does not validate without it, so there is nothing to detect at run time), and simd128-relaxed
+ * in the relaxed build (-DKVL_WASM_RELAXED=1: the same, for relaxed SIMD; whether the engine
+ * computes it right is the host's start-up self-test, before it loads that build).
  *
  * The ISA must be supported by both the CPU and the OS: an OS that does not save the YMM / ZMM
  * state on context switch (XCR0 bits) would corrupt registers, so XGETBV is checked too.
@@ -35,6 +38,12 @@ extern const kvl_kernels kvl_kernels_scalar_table;
 extern const kvl_kernels kvl_kernels_simd128_table;
 #else
 #define KVL_SIMD128 0
+#endif
+#if KVL_SIMD128 && defined(KVL_WASM_RELAXED)
+#define KVL_RELAXED 1
+extern const kvl_kernels kvl_kernels_simd128_relaxed_table;
+#else
+#define KVL_RELAXED 0
 #endif
 #if KVL_X86
 extern const kvl_kernels kvl_kernels_avx2_table;
@@ -133,8 +142,12 @@ static const kvl_kernels *table_for(int level)
         return has_avx512_bf16() ? &kvl_kernels_avx512_bf16_table : &kvl_kernels_avx512_table;
 #endif
 #if KVL_SIMD128
-    case 4:
+    case 4: /* the relaxed build's best: by name, "simd128" is still the plain table */
+#if KVL_RELAXED
+        return &kvl_kernels_simd128_relaxed_table;
+#else
         return &kvl_kernels_simd128_table;
+#endif
 #endif
     default:
         return NULL;
@@ -161,7 +174,8 @@ const kvl_kernels *kvl_kernels_select(int level)
         int best = detect_level();
         /* KVL_KERNELS=scalar|simd128|avx2|avx512 caps the choice (debugging, A/B numerics); it
          * can never raise it above what the CPU supports, and a name this build or CPU does not
-         * support is ignored. */
+         * support is ignored. (In emscripten builds getenv does not see Node's environment: the
+         * host picks the build and the level instead.) */
         const char *env = getenv("KVL_KERNELS");
         if (env) {
             int want = strcmp(env, "scalar") == 0    ? 1
@@ -189,6 +203,10 @@ const kvl_kernels *kvl_kernels_by_name(const char *name)
     if (strcmp(name, "simd128") == 0)
         return &kvl_kernels_simd128_table;
 #endif
+#if KVL_RELAXED
+    if (strcmp(name, "simd128-relaxed") == 0)
+        return &kvl_kernels_simd128_relaxed_table;
+#endif
 #if KVL_X86
     if (strcmp(name, "avx2") == 0)
         return detect_level() >= 2 ? &kvl_kernels_avx2_table : NULL;
@@ -206,6 +224,9 @@ const char *const *kvl_kernels_compiled_names(void)
         "scalar",
 #if KVL_SIMD128
         "simd128",
+#endif
+#if KVL_RELAXED
+        "simd128-relaxed",
 #endif
 #if KVL_X86
         "avx2", "avx512", "avx512-bf16",

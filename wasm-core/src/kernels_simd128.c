@@ -1,9 +1,12 @@
-/* kernels_simd128.c — the "simd128" kernel table (WebAssembly SIMD128), level 4.
+/* kernels_simd128.c — the "simd128" kernel table (WebAssembly SIMD128), level 4, and in the
+ * relaxed build (-DKVL_WASM_RELAXED=1) also "simd128-relaxed", level 4 there.
  *
- * Owns: SIMD128 versions of every kvl_kernels entry. Compiled only into WebAssembly builds made
- * with -msimd128 (emcc); everywhere else this file is empty. A wasm module that uses SIMD128 does
- * not validate on an engine without it, so there is no run-time check to make here: the host
- * probes SIMD128 with WebAssembly.validate before it loads this build.
+ * Owns: SIMD128 versions of every kvl_kernels entry; the simd128-relaxed table, which is this
+ * one with matmul_q8_i8's decode passes taken from kernels_relaxed.c. Compiled only into
+ * WebAssembly builds made with -msimd128 (emcc); everywhere else this file is empty. A wasm module
+ * that uses SIMD128 does not validate on an engine without it, so there is no run-time check to
+ * make here: the host probes SIMD128 with WebAssembly.validate before it loads this build (and
+ * relaxed SIMD, plus a self-test of its products, before it loads the relaxed one).
  * Does not own: the numeric definition of each kernel (kernels_ref.c is the reference; results
  * here differ from it only by FP32 summation order and, without FMA, by the rounding of each
  * product; quantize_i16_act and matmul_q8_i16 are bit-identical to it), threading.
@@ -666,6 +669,44 @@ static void simd128_matmul_q8_i16(float *Y, size_t ldy, const int8_t *W, const f
     matmul_int_generic(IKIND_Q8, Y, ldy, W, scale, rows, cols, Xq, xs, ldx, n);
 }
 
+#if defined(KVL_WASM_RELAXED)
+/* matmul_q8_i8's decode in the relaxed build: decode_q8_i16's grouping of the rows, its passes of
+ * eight and four rows on relaxed SIMD's 8-bit dot product (kernels_relaxed.c), the two and one
+ * rows left on the int16 product, which gives the same bits. */
+static void decode_q8_i8_relaxed(float *Y, const int8_t *W, const float *scale, size_t rows, size_t cols,
+                                 const int16_t *x, const float *xs)
+{
+    const size_t want = cols ? (KVL_DECODE_STREAM_GAP + cols - 1) / cols : 1;
+    size_t r = 0;
+    while (rows - r >= 8) {
+        const size_t step = (rows - r) / 8 < want ? (rows - r) / 8 : want;
+        for (size_t o = 0; o < step; o++)
+            kvl_relaxed_decode_pass_q8_i8(8, step, Y, W, scale, r + o, cols, x, xs);
+        r += 8 * step;
+    }
+    for (; r + 4 <= rows; r += 4)
+        kvl_relaxed_decode_pass_q8_i8(4, 1, Y, W, scale, r, cols, x, xs);
+    for (; r + 2 <= rows; r += 2)
+        decode_rows2_int(IKIND_Q8, Y, W, scale, r, 1, cols, x, xs);
+    for (; r < rows; r++)
+        decode_row_int(IKIND_Q8, Y, W, scale, r, cols, x, xs);
+}
+
+/* through a volatile pointer for the reason decode_q8_i16_call gives */
+static void (*volatile decode_q8_i8_relaxed_call)(float *, const int8_t *, const float *, size_t, size_t,
+                                                  const int16_t *, const float *) = decode_q8_i8_relaxed;
+
+static void simd128_relaxed_matmul_q8_i8(float *Y, size_t ldy, const int8_t *W, const float *scale,
+                                         size_t rows, size_t cols, const int16_t *Xq, const float *xs,
+                                         size_t ldx, size_t n)
+{
+    if (n == 1)
+        decode_q8_i8_relaxed_call(Y, W, scale, rows, cols, Xq, xs);
+    else
+        simd128_matmul_q8_i16(Y, ldy, W, scale, rows, cols, Xq, xs, ldx, n);
+}
+#endif
+
 static void simd128_matmul_i16_i16(float *Y, size_t ldy, const int16_t *W, const float *scale,
                                    size_t rows, size_t cols, const int16_t *Xq, const float *xs,
                                    size_t ldx, size_t n)
@@ -874,5 +915,31 @@ const kvl_kernels kvl_kernels_simd128_table = {
     simd128_softmax,
     simd128_gelu_tanh,
 };
+
+#if defined(KVL_WASM_RELAXED)
+/* "simd128-relaxed": the simd128 table with matmul_q8_i8's decode on relaxed SIMD, the one
+ * product it makes faster and keeps exact (kernels_relaxed.c: why only there, and by how much). */
+const kvl_kernels kvl_kernels_simd128_relaxed_table = {
+    "simd128-relaxed",
+    0,
+    simd128_matmul_bf16,
+    simd128_matmul_q8,
+    simd128_matmul_f32,
+    simd128_matmul_bf16_xb,
+    simd128_matmul_q8_xb,
+    simd128_quantize_i16_act,
+    simd128_matmul_q8_i16,
+    simd128_relaxed_matmul_q8_i8,
+    simd128_matmul_i16_i16,
+    simd128_dot_f32,
+    simd128_axpy_f32,
+    simd128_axpy_rows_f32,
+    simd128_bf16_to_f32,
+    simd128_q8_to_f32,
+    simd128_f32_to_bf16,
+    simd128_softmax,
+    simd128_gelu_tanh,
+};
+#endif
 
 #endif /* __wasm_simd128__ */

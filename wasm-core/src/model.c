@@ -5,9 +5,12 @@
  * group-limited noaux_tc selection, shared experts, routed experts from the expert cache, final
  * norm, lm_head), the Linear layers' input modes (FP32, BF16-rounded, or quantised to integers
  * for integer products: act_i16, mm_quantize), and the splitting of that work across the pool.
- * Does not own: opening/validating the pack or the trunk cache/streamer (engine.c), kernels
- * (kernels_*.c), expert reads (expert_cache.c). Every shape was validated at open, so this file
- * carries no shape checks; nothing here allocates.
+ * Does not own: opening/validating the pack or the trunk cache (engine.c), the trunk streamer
+ * (trunk.c: every non-global trunk tensor comes through kvl_trunk_get), errors (engine_errors.c),
+ * kernels (kernels_*.c), expert reads (expert_cache.c). Every shape was validated at open, so
+ * this file carries no shape checks; nothing here allocates.
+ * Layer: forward passes, below engine.c (model.h is what it calls here); calls only the files
+ * below it (scripts/c-layers.mjs checks).
  *
  * Parallel shape: decode streams every weight once per token, so the pool work is organised to
  * keep both memory streams busy: each pool run is a list of matmul "segments" (e.g. q_proj and
@@ -20,7 +23,10 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "engine_internal.h"
+#include "model.h"
+#include "engine_errors.h"
+#include "platform.h"
+#include "trunk.h"
 
 #define ARENA_ALIGN 64u
 #define ROW_ALIGN 16u
@@ -29,7 +35,7 @@
 enum {
     L_KV = 0, L_X, L_XN, L_Q, L_A, L_QABS, L_CHAT, L_O, L_GATE, L_UP, L_RLOG, L_SELW,
     L_MOE_OUT, L_XG, L_YG, L_THREAD, L_SELI, L_ECOUNT, L_ELIST, L_EORDER, L_EMBED, L_KVT, L_XQ,
-    L_XS, L_YQ, L_ONES, L_COUNT
+    L_XS, L_ONES, L_COUNT
 };
 
 static size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
@@ -49,7 +55,7 @@ static size_t max_mlp_width(const kvl_engine_text *t)
 
 /* the act_i16 workspace (int16 values, f32 scales) of chunks of B tokens; defined beside mm_run */
 static void act_workspace(const kvl_engine_text *t, uint64_t B, uint64_t *xq_elems,
-                          uint64_t *xs_elems, uint64_t *yq_elems);
+                          uint64_t *xs_elems);
 
 /* Prefill chunks of at least this many tokens compute attention in blocks of tokens per head
  * (attn_tiled); shorter ones (decode) token by token for all of a thread's heads at once
@@ -141,10 +147,9 @@ static size_t per_thread_floats(const kvl_engine_text *t, int max_context)
  *                       + ceil(lat*nope/2) + i) floats, i = 0 or with attn_i16
  *                       align4(ceil(nh*(lat+r)/2)) + 2*align4(nh) + nh*128/2
  *   ints    selected B*k, counts E+1, token list B*k, expert order E; embed row H uint16
- *   act_i16 (else 0, i.e. 64 bytes each) the quantised inputs of one pool run (two terms each
- *           with --act-dtype i16, one with i16x1): int16 2*B*w + 50*32 with w = max(2H, nh*v, W), their scales f32
- *           2B*(ceil(w/64) + 2) + 50; per thread f32 2B*64 (both terms' products of 64 rows;
- *           act_workspace)
+ *   act_i16 (else 0, i.e. 64 bytes each) the quantised inputs of one pool run: int16
+ *           B*w + 50*32 with w = max(2H, nh*v, W, lat), their scales f32
+ *           B*(ceil(w/64) + 2) + 50 (act_workspace)
  *   ones    (an i16 cache; else 0, i.e. 64 bytes) f32 lat
  */
 void kvl_session_layout_compute(const kvl_engine *engine, int max_context, int max_batch,
@@ -183,11 +188,10 @@ void kvl_session_layout_compute(const kvl_engine *engine, int max_context, int m
     const uint64_t C = (uint64_t)max_context, lat = (uint64_t)hp->kv_lora;
     sizes[L_KVT] = int_attn ? 0 : lat * C * 4;
     sizes[L_ONES] = int_attn ? lat * 4 : 0;
-    uint64_t xq_elems, xs_elems, yq_elems;
-    act_workspace(t, B, &xq_elems, &xs_elems, &yq_elems);
+    uint64_t xq_elems, xs_elems;
+    act_workspace(t, B, &xq_elems, &xs_elems);
     sizes[L_XQ] = xq_elems * sizeof(int16_t);
     sizes[L_XS] = xs_elems * 4;
-    sizes[L_YQ] = nthreads * yq_elems * 4;
     uint64_t off = 0;
     for (int i = 0; i < L_COUNT; i++) {
         uint64_t size = sizes[i] ? sizes[i] : 1;
@@ -226,7 +230,6 @@ void kvl_session_bind(kvl_session *s, const kvl_session_layout *ly)
     s->kvt = (float *)(base + ly->off[L_KVT]);
     s->xq = (int16_t *)(void *)(base + ly->off[L_XQ]);
     s->xs = (float *)(void *)(base + ly->off[L_XS]);
-    s->yq = (float *)(void *)(base + ly->off[L_YQ]);
     s->ones = (float *)(void *)(base + ly->off[L_ONES]);
     if (attn_i16(s->engine->text))
         for (int c = 0; c < hp->kv_lora; c++) s->ones[c] = 1.0f;
@@ -235,10 +238,10 @@ void kvl_session_bind(kvl_session *s, const kvl_session_layout *ly)
 /* ---- parallel matmuls: row blocks of one or more products handed out dynamically ---------- */
 
 /* MM_BF16, MM_Q8 and MM_I16 are the Linear layers: with the engine's BF16 activation mode they
- * take BF16-rounded inputs (the *_xb kernels); with its I16 mode, MM_Q8 and MM_I16 take inputs
- * quantised to int16 once per run (mm_quantize) and run integer products, while MM_BF16 (a
- * streamed trunk tensor, which stays BF16) keeps the FP32 product. MM_I16 is a resident trunk
- * weight converted to int16 rows at open (act_i16 only). MM_BF16_F32ACT always keeps FP32
+ * take BF16-rounded inputs (the *_xb kernels); with an integer mode (act_i16: I16X1 or I8), MM_Q8
+ * and MM_I16 take inputs quantised to int16 once per run (mm_quantize) and run integer products,
+ * while MM_BF16 (a streamed trunk tensor, which stays BF16) keeps the FP32 product. MM_I16 is a
+ * resident trunk weight converted to int16 rows at open (act_i16 only). MM_BF16_F32ACT always keeps FP32
  * inputs: the MoE router, which the checkpoint's own code runs in FP32. */
 enum { MM_BF16 = 0, MM_Q8 = 1, MM_BF16_F32ACT = 2, MM_I16 = 3 };
 
@@ -252,8 +255,6 @@ enum { MM_BF16 = 0, MM_Q8 = 1, MM_BF16_F32ACT = 2, MM_I16 = 3 };
 #define MM_MIN_ITEM_BYTES (64u << 10)
 /* act_i16: each quantised input starts on a 64-byte boundary of the workspace */
 #define XQ_ALIGN 32u
-/* act_i16: rows per kernel call, whose two terms' products are added in the thread's yq */
-#define I16_SUB 64u
 
 typedef struct mm_seg {
     int kind;
@@ -264,9 +265,8 @@ typedef struct mm_seg {
     size_t rows, cols;
     const float *X;
     size_t ldx, n;
-    const int16_t *Xq;  /* act_i16: X quantised, terms * n vectors [terms * n, ldq] (with two terms
-                           the first n, then their remainders); scales xs [terms * n, nb]: MM_Q8
-                           a scale per KVL_I16_BLOCK columns, MM_I16 one per vector (nb = 1) */
+    const int16_t *Xq;  /* act_i16: X quantised, n vectors [n, ldq]; scales xs [n, nb]: MM_Q8 a
+                           scale per KVL_I16_BLOCK columns, MM_I16 one per vector (nb = 1) */
     const float *xs;
     size_t ldq;
     int expert;         /* a routed expert's weight (mm_add_expert): act_i8 makes its input 8-bit */
@@ -277,13 +277,11 @@ typedef struct mm_seg {
 typedef struct mm_job {
     const kvl_kernels *k;
     int act_bf16;       /* the engine's activation mode (KVL_ACT_BF16) */
-    int act_i16;        /* KVL_ACT_I16, KVL_ACT_I16X1 or KVL_ACT_I8 */
-    int i16_terms;      /* act_i16: integer terms per input (2: I16, 1: I16X1 and I8) */
+    int act_i16;        /* KVL_ACT_I16X1 or KVL_ACT_I8: integer products */
     int act_i8;         /* KVL_ACT_I8: the routed experts' inputs 8-bit, matmul_q8_i8 */
     int16_t *xq;        /* act_i16: the session's workspace (act_workspace sizes it) */
     float *xs;
-    float *yq;          /* per thread yq_per floats */
-    size_t xq_cap, xs_cap, yq_per;
+    size_t xq_cap, xs_cap;
     int n_seg, n_items;
     int seg_begin, seg_end; /* the segments of the current pool run */
     uint64_t bytes, macs;
@@ -292,25 +290,26 @@ typedef struct mm_job {
 } mm_job;
 
 /* act_i16 workspace of a session with chunks of B tokens: int16 values and float scales (mm_quantize:
- * one or two terms per input vector, an MM_Q8 input with a scale per KVL_I16_BLOCK columns, an
+ * one int16 per input value, an MM_Q8 input with a scale per KVL_I16_BLOCK columns, an
  * MM_I16 input one per vector). One pool run quantises each distinct input once; the
  * largest run is the gate+up of a wave (the shared experts' n tokens of H plus every (token,
  * expert) pair's H: n + n*topk <= 2B vectors on "small" chunks, where n*topk <= B) or its down
  * products (n*R + n*topk*I <= B*W), else one input of B rows (o_proj: nh*v columns). Each input
  * may start XQ_ALIGN - 1 values late. A run that does not fit anyway is split into several pool
- * runs (mm_run), so this is a size for speed, not a bound that correctness relies on. yq: per
- * thread, the products of both terms for I16_SUB rows of one segment (n <= B vectors). */
+ * runs (mm_run), so this is a size for speed; what correctness relies on is that one input always
+ * fits (mm_quantize takes a run's first one whatever its size): n <= B vectors of at most w
+ * columns, w also covering attn_wuv_int's one head of kv_lora. */
 static void act_workspace(const kvl_engine_text *t, uint64_t B, uint64_t *xq_elems,
-                          uint64_t *xs_elems, uint64_t *yq_elems)
+                          uint64_t *xs_elems)
 {
     const kvl_text_hparams *hp = &t->hp;
     uint64_t w = 2u * (uint64_t)hp->hidden;
     uint64_t o = (uint64_t)hp->n_heads * (uint64_t)hp->v_dim, m = (uint64_t)max_mlp_width(t);
     if (o > w) w = o;
     if (m > w) w = m;
-    *xq_elems = t->act_i16 ? 2u * B * w + (uint64_t)MM_MAX_SEGS * XQ_ALIGN : 0;
-    *xs_elems = t->act_i16 ? 2u * B * (kvl_i16_nblocks(w, KVL_I16_BLOCK) + 2u) + MM_MAX_SEGS : 0;
-    *yq_elems = t->act_i16 ? 2u * B * I16_SUB : 0;
+    if ((uint64_t)hp->kv_lora > w) w = (uint64_t)hp->kv_lora;
+    *xq_elems = t->act_i16 ? B * w + (uint64_t)MM_MAX_SEGS * XQ_ALIGN : 0;
+    *xs_elems = t->act_i16 ? B * (kvl_i16_nblocks(w, KVL_I16_BLOCK) + 2u) + MM_MAX_SEGS : 0;
 }
 
 static void mm_init(mm_job *j, const kvl_session *s)
@@ -319,16 +318,13 @@ static void mm_init(mm_job *j, const kvl_session *s)
     j->k = e->k;
     j->act_bf16 = e->text->act_bf16;
     j->act_i16 = e->text->act_i16;
-    j->i16_terms = e->text->act_i16_terms;
     j->act_i8 = e->text->act_i8;
     j->xq = s->xq;
     j->xs = s->xs;
-    j->yq = s->yq;
-    uint64_t xq_cap, xs_cap, yq_per;
-    act_workspace(e->text, (uint64_t)s->max_batch, &xq_cap, &xs_cap, &yq_per);
+    uint64_t xq_cap, xs_cap;
+    act_workspace(e->text, (uint64_t)s->max_batch, &xq_cap, &xs_cap);
     j->xq_cap = (size_t)xq_cap;
     j->xs_cap = (size_t)xs_cap;
-    j->yq_per = (size_t)yq_per;
     j->n_seg = 0;
     j->n_items = 0;
     j->bytes = 0;
@@ -386,37 +382,6 @@ static int mm_wants_i16(const mm_job *j, const mm_seg *g)
     return j->act_i16 && (g->kind == MM_Q8 || g->kind == MM_I16);
 }
 
-/* act_i16 with two terms, the second: r = x - xs*q (what the first term left, each value with
- * its block's scale) quantised by the same rule (per block: amax, rint, clamp to +-lim) into q2 /
- * xs2. Scalar: the same on every table (the first term is bit-identical across tables too), and
- * cheap next to the products (n*cols against rows*cols*n). Why two terms: one term per input
- * moves the test models' logits by 1.4-4e-3 (a 16-bit term per 64 columns on Q8 weights, a
- * 15-bit one per vector on int16 weights), over the engine's 1e-3 tolerance; two give ~30 bits,
- * and the products' cost doubles only in compute, not in weight bytes. KVL_ACT_I16X1 keeps one. */
-static void quantize_remainder(int16_t *q2, float *xs2, const float *X, const int16_t *q,
-                               const float *xs, size_t cols, size_t n, size_t ldx, size_t block,
-                               int lim)
-{
-    const size_t nb = kvl_i16_nblocks(cols, block);
-    for (size_t t = 0; t < n; t++) {
-        const float *x = X + t * ldx;
-        const int16_t *qt = q + t * cols;
-        for (size_t b = 0; b < nb; b++) {
-            const size_t c0 = b * block, c1 = cols - c0 < block ? cols : c0 + block;
-            const float st = xs[t * nb + b];
-            float amax = 0.0f;
-            for (size_t c = c0; c < c1; c++) {
-                float r = fabsf(x[c] - st * (float)qt[c]);
-                if (r > amax) amax = r;
-            }
-            float inv = amax > 0.0f ? (float)lim / amax : 0.0f;
-            xs2[t * nb + b] = amax / (float)lim;
-            for (size_t c = c0; c < c1; c++)
-                q2[t * cols + c] = kvl_i16_round_clamp((x[c] - st * (float)qt[c]) * inv, (float)lim);
-        }
-    }
-}
-
 /* act_i16: quantise the inputs of segments [first, ...) into the workspace, each distinct input
  * (same X, ldx, cols, n) once, on the calling thread before the workers start; returns the end
  * of the segments that fit (at least first + 1: one segment's input always fits). */
@@ -446,57 +411,34 @@ static int mm_quantize(mm_job *j, int first)
          * exact groups) */
         const size_t block = q8 ? KVL_I16_BLOCK : g->cols;
         const int lim = !q8 ? KVL_I16_MAX : j->act_i8 && g->expert ? KVL_I8_MAX : KVL_I16_Q8_MAX;
-        const size_t terms = (size_t)j->i16_terms, per = g->n * kvl_i16_nblocks(g->cols, block);
-        if (i > first && (off + terms * len > j->xq_cap || used_s + terms * per > j->xs_cap)) break;
+        const size_t per = g->n * kvl_i16_nblocks(g->cols, block);
+        if (i > first && (off + len > j->xq_cap || used_s + per > j->xs_cap)) break;
         int16_t *q = j->xq + off;
         float *xs = j->xs + used_s;
         j->k->quantize_i16_act(q, xs, g->X, g->cols, g->n, g->ldx, g->cols, block, lim);
-        if (terms == 2)
-            quantize_remainder(q + len, xs + per, g->X, q, xs, g->cols, g->n, g->ldx, block, lim);
         g->Xq = q; g->xs = xs; g->ldq = g->cols;
-        used = off + terms * len;
-        used_s += terms * per;
+        used = off + len;
+        used_s += per;
     }
     return i;
 }
 
-/* act_i16: rows [b, e) of an integer product. One term: the kernel writes Y. Two: both terms of
- * every input vector in one kernel call per I16_SUB rows (the weight rows are read once for the
- * 2n vectors), added in the thread's yq: Y = (first term) + (remainder), in that order. */
-static void mm_int(const mm_job *j, const mm_seg *g, float *Y, size_t ldy, size_t r0, size_t m,
-                   size_t nv)
+/* act_i16: rows [b, e) of an integer product on the quantised inputs */
+static void mm_do_i16(const mm_job *j, const mm_seg *g, size_t b, size_t e)
 {
     if (g->kind == MM_I16)
-        j->k->matmul_i16_i16(Y, ldy, (const int16_t *)g->W + r0 * g->cols, g->scale + r0, m,
-                             g->cols, g->Xq, g->xs, g->ldq, nv);
+        j->k->matmul_i16_i16(g->Y + b, g->ldy, (const int16_t *)g->W + b * g->cols, g->scale + b, e - b,
+                             g->cols, g->Xq, g->xs, g->ldq, g->n);
     else
         (j->act_i8 && g->expert ? j->k->matmul_q8_i8 : j->k->matmul_q8_i16)(
-            Y, ldy, (const int8_t *)g->W + r0 * g->cols, g->scale + r0, m, g->cols, g->Xq, g->xs, g->ldq, nv);
+            g->Y + b, g->ldy, (const int8_t *)g->W + b * g->cols, g->scale + b, e - b, g->cols, g->Xq, g->xs,
+            g->ldq, g->n);
 }
 
-static void mm_do_i16(const mm_job *j, const mm_seg *g, size_t b, size_t e, int ti)
-{
-    const size_t n = g->n;
-    if (j->i16_terms == 1) {
-        mm_int(j, g, g->Y + b, g->ldy, b, e - b, n);
-        return;
-    }
-    float *yq = j->yq + (size_t)ti * j->yq_per;
-    for (size_t r0 = b; r0 < e; r0 += I16_SUB) {
-        const size_t m = e - r0 < I16_SUB ? e - r0 : I16_SUB;
-        mm_int(j, g, yq, I16_SUB, r0, m, 2 * n);
-        for (size_t t = 0; t < n; t++) {
-            float *y = g->Y + t * g->ldy + r0;
-            const float *y1 = yq + t * I16_SUB, *y2 = yq + (n + t) * I16_SUB;
-            for (size_t r = 0; r < m; r++) y[r] = y1[r] + y2[r];
-        }
-    }
-}
-
-static void mm_do(const mm_job *j, const mm_seg *g, size_t b, size_t e, int ti)
+static void mm_do(const mm_job *j, const mm_seg *g, size_t b, size_t e)
 {
     if (g->kind == MM_I16 || (g->kind == MM_Q8 && j->act_i16))
-        mm_do_i16(j, g, b, e, ti);
+        mm_do_i16(j, g, b, e);
     else if (g->kind == MM_Q8)
         (j->act_bf16 ? j->k->matmul_q8_xb : j->k->matmul_q8)(
             g->Y + b, g->ldy, (const int8_t *)g->W + b * g->cols, g->scale + b, e - b, g->cols, g->X,
@@ -511,6 +453,7 @@ static void mm_worker(void *ctx, int ti, int nt)
 {
     mm_job *j = (mm_job *)ctx;
     int s = j->seg_begin;
+    (void)ti;
     (void)nt;
     for (;;) {
         int item = kvl_atomic_fetch_add(&j->next, 1);
@@ -520,7 +463,7 @@ static void mm_worker(void *ctx, int ti, int nt)
         const mm_seg *g = &j->seg[s];
         size_t b = (size_t)(item - g->first_item) * g->block_rows;
         size_t e = b + g->block_rows < g->rows ? b + g->block_rows : g->rows;
-        mm_do(j, g, b, e, ti);
+        mm_do(j, g, b, e);
     }
 }
 
@@ -530,7 +473,7 @@ static void mm_run_segs(kvl_engine *e, mm_job *j)
 {
     int nt = kvl_pool_size(e->pool);
     if (j->macs < SMALL_MATMUL_MACS || nt <= 1) {
-        for (int i = j->seg_begin; i < j->seg_end; i++) mm_do(j, &j->seg[i], 0, j->seg[i].rows, 0);
+        for (int i = j->seg_begin; i < j->seg_end; i++) mm_do(j, &j->seg[i], 0, j->seg[i].rows);
         return;
     }
     uint64_t item_bytes = j->bytes / ((uint64_t)nt * MM_ITEMS_PER_THREAD);
@@ -891,7 +834,7 @@ static void store_kv(kvl_session *s, int layer, int n, int pos0)
 /* o = W_uv chat for every head, on a Q8 kv_b_proj with act_i16: as the trunk's other Q8 Linear
  * layers run (mm_run: the context quantised per KVL_I16_BLOCK columns, the integer product), not
  * the FP32 product attn_worker runs otherwise, which SIMD128 widens slowly (8 % of a WebAssembly
- * decode step, bench/RESULTS.md session 15). */
+ * decode step, bench/RESULTS.md "8-bit activations", 2026-12-04). */
 static void attn_wuv_int(kvl_session *s, const attn_job *j)
 {
     const kvl_text_hparams *hp = &s->engine->text->hp;

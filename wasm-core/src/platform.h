@@ -3,7 +3,10 @@
  * Owns: read-only file handles with positional reads (pread / ReadFile+OVERLAPPED), opening
  * with page-cache bypass (O_DIRECT, FILE_FLAG_NO_BUFFERING, F_NOCACHE) and the alignment such
  * reads need where the OS says (Windows: the volume's sector sizes), file sizes, aligned
- * allocation, a monotonic clock, and thin thread / mutex / condition-variable wrappers.
+ * allocation, a monotonic clock, and the core's one threading layer: thread / mutex /
+ * condition-variable wrappers and atomic ints (kvl_atomic_*), used by the thread pool, the trunk
+ * streamer, the expert cache, the session's cancel flags, model.c's work counters and crc32.c's
+ * once-flag.
  * Does not own: any policy (what to read, when to fall back) — callers decide that.
  *
  * Everything is static inline so any .c file can include it without link-time coupling.
@@ -293,6 +296,42 @@ static inline uint64_t kvl_os_now_ns(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+#endif
+}
+
+/* ------------------------------------------------------------------ atomics */
+
+/* Atomic ints, sequentially consistent: the thread pool's lock-free handshakes (a Dekker-style
+ * "sleepers" count) rely on the total order. C11 <stdatomic.h> needs a flag on MSVC, so these are
+ * the GCC/Clang builtins there and Interlocked* on MSVC (long is 32 bits on Windows, as int). */
+static inline int kvl_atomic_load(volatile int *p) {
+#if defined(_MSC_VER) && !defined(__clang__)
+    return (int)InterlockedCompareExchange((volatile long *)p, 0, 0);
+#else
+    return __atomic_load_n(p, __ATOMIC_SEQ_CST);
+#endif
+}
+static inline void kvl_atomic_store(volatile int *p, int v) {
+#if defined(_MSC_VER) && !defined(__clang__)
+    InterlockedExchange((volatile long *)p, (long)v);
+#else
+    __atomic_store_n(p, v, __ATOMIC_SEQ_CST);
+#endif
+}
+/* returns the value before the addition */
+static inline int kvl_atomic_fetch_add(volatile int *p, int v) {
+#if defined(_MSC_VER) && !defined(__clang__)
+    return (int)InterlockedExchangeAdd((volatile long *)p, (long)v);
+#else
+    return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST);
+#endif
+}
+/* 1 if *p was `expect` and is now `desired`, else 0 (*p unchanged) */
+static inline int kvl_atomic_cas(volatile int *p, int expect, int desired) {
+#if defined(_MSC_VER) && !defined(__clang__)
+    return (int)InterlockedCompareExchange((volatile long *)p, (long)desired, (long)expect) == expect;
+#else
+    return __atomic_compare_exchange_n(p, &expect, desired, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
 #endif
 }
 

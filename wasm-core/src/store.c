@@ -5,7 +5,7 @@
  * positional reads of the .bin with direct I/O or a buffered fallback, the reference CRC-32
  * (kvl_crc32; the fast ones are crc32.c's), each record's "data checked" flag, the Q8 extent
  * layout, aligned allocation and the monotonic clock.
- * Does not own: caching (expert_cache.c, engine.c), any math, or which stores a pack holds.
+ * Does not own: caching (expert_cache.c, engine.c, trunk.c), any math, or which stores a pack holds.
  */
 /* _GNU_SOURCE and _FILE_OFFSET_BITS=64 come from the build (wasm-core/CMakeLists.txt). */
 #include "store.h"
@@ -344,7 +344,7 @@ static kvl_status parse_index(kvl_store *s, const unsigned char *buf, uint64_t s
         memcpy(s->hparams[i].key, r, IDX_HPARAM_KEY_BYTES);
         s->hparams[i].value = rdf64(r + IDX_HPARAM_KEY_BYTES);
         /* v - v is 0 exactly for finite v (NaN for inf and NaN): the packer writes config numbers
-         * only, and kvl/packfmt.py refuses the same values */
+         * only, and host/pack/pack-format.ts refuses the same values */
         if (s->hparams[i].value - s->hparams[i].value != 0.0) {
             set_err(err, err_len, "%s: hparam '%s' is not a finite number; the index is corrupt, "
                     "rerun `kvl pack`", path, s->hparams[i].key);

@@ -4,7 +4,8 @@
  * overlaps, bin size), the hparam table, positional reads from the .bin file with direct
  * I/O (O_DIRECT / FILE_FLAG_NO_BUFFERING) or a buffered fallback, and each record's "data
  * checked against its CRC" flag (the checks themselves are the readers').
- * Does not own: caching (expert_cache.c; the trunk cache in engine.c) or any math.
+ * Does not own: caching (expert_cache.c; the trunk cache in engine.c, its streamer in trunk.c)
+ * or any math.
  */
 #ifndef KVL_STORE_H
 #define KVL_STORE_H
@@ -82,8 +83,8 @@ uint64_t kvl_store_bin_size(const kvl_store *store);
 const char *kvl_store_revision(const kvl_store *store);   /* 40 hex chars, or "" if unknown */
 const char *kvl_store_bin_path(const kvl_store *store);
 /* First-read checks (docs/FORMAT.md "Checks at run time"): one flag per record, set once its
- * data, read from the .bin, matched its CRC-32, so the readers (expert_cache.c, engine.c,
- * vision.c) check each record once per open store and not again when they re-read it after an
+ * data, read from the .bin, matched its CRC-32, so the readers (expert_cache.c, trunk.c,
+ * engine_errors.c) check each record once per open store and not again when they re-read it after an
  * eviction. Thread-safe; rec must come from this store (kvl_store_at / kvl_store_find). */
 int kvl_store_verified(kvl_store *store, const kvl_tensor_rec *rec);
 void kvl_store_set_verified(kvl_store *store, const kvl_tensor_rec *rec);

@@ -1,8 +1,9 @@
 /* threadpool.c — fixed pool of worker threads with a low-latency fork/join.
  *
- * Owns: worker threads (pthreads on POSIX, Win32 threads on Windows), the spin-then-block
- * fork/join barrier, kvl_split_range, kvl_cpu_count.
- * Does not own: what the workers compute (callers pass fn/ctx), kernel selection.
+ * Owns: worker threads, the spin-then-block fork/join barrier, kvl_split_range, kvl_cpu_count.
+ * Does not own: what the workers compute (callers pass fn/ctx), kernel selection, the threads,
+ * mutexes, condition variables and atomics themselves (platform.h's, pthreads on POSIX and
+ * Win32 on Windows).
  *
  * The decode loop calls kvl_pool_run hundreds of times per token, so a run must cost about a
  * microsecond: the caller publishes work by bumping a generation counter that idle workers spin
@@ -11,70 +12,22 @@
  * Dekker-style, decides that without a lock). Completion uses the same scheme in reverse.
  * Pool code runs with flush-to-zero/denormals-are-zero on x86-64 (see kvl_fast_float_enter in threadpool.h).
  */
-#if !defined(_WIN32) && !defined(_GNU_SOURCE) && !defined(_POSIX_C_SOURCE)
-#define _POSIX_C_SOURCE 200809L /* pthreads, sysconf, nanosleep under -std=c11 */
+/* _GNU_SOURCE comes from the build (wasm-core/CMakeLists.txt); platform.h needs it under -std=c11,
+ * and bench/kernels_bench.c's build commands compile this file without it. */
+#if !defined(_WIN32) && !defined(_GNU_SOURCE)
+#define _GNU_SOURCE
 #endif
 #include "threadpool.h"
 
 #include <stdlib.h>
 
-#ifdef _WIN32
-#ifndef WIN32_LEAN_AND_MEAN
-#define WIN32_LEAN_AND_MEAN
-#endif
-#include <windows.h>
-#else
-#include <pthread.h>
-#include <unistd.h>
-#endif
+#include "platform.h"
 
 #if defined(__x86_64__) || defined(_M_X64) || defined(__i386__) || defined(_M_IX86)
 #include <immintrin.h>
 #define cpu_relax() _mm_pause()
 #else
 #define cpu_relax() ((void)0)
-#endif
-
-
-/* ---- atomics: C11 where available, Interlocked* on MSVC (stdatomic needs a flag there) ---- */
-#if defined(_MSC_VER) && !defined(__clang__)
-typedef volatile long kvl_atomic;
-static long at_load(kvl_atomic *p) { return InterlockedOr(p, 0); }
-static void at_store(kvl_atomic *p, long v) { InterlockedExchange(p, v); }
-static long at_add(kvl_atomic *p, long v) { return InterlockedExchangeAdd(p, v); } /* old */
-#else
-#include <stdatomic.h>
-typedef atomic_long kvl_atomic;
-static long at_load(kvl_atomic *p) { return atomic_load(p); }
-static void at_store(kvl_atomic *p, long v) { atomic_store(p, v); }
-static long at_add(kvl_atomic *p, long v) { return atomic_fetch_add(p, v); } /* old */
-#endif
-
-/* ---- mutex / condition variable --------------------------------------------------------- */
-#ifdef _WIN32
-typedef SRWLOCK kvl_mutex;
-typedef CONDITION_VARIABLE kvl_cond;
-static int mutex_init(kvl_mutex *m) { InitializeSRWLock(m); return 0; }
-static void mutex_destroy(kvl_mutex *m) { (void)m; }
-static void mutex_lock(kvl_mutex *m) { AcquireSRWLockExclusive(m); }
-static void mutex_unlock(kvl_mutex *m) { ReleaseSRWLockExclusive(m); }
-static int cond_init(kvl_cond *c) { InitializeConditionVariable(c); return 0; }
-static void cond_destroy(kvl_cond *c) { (void)c; }
-static void cond_wait(kvl_cond *c, kvl_mutex *m) { SleepConditionVariableSRW(c, m, INFINITE, 0); }
-static void cond_broadcast(kvl_cond *c) { WakeAllConditionVariable(c); }
-static void cond_signal(kvl_cond *c) { WakeConditionVariable(c); }
-#else
-typedef pthread_mutex_t kvl_mutex;
-typedef pthread_cond_t kvl_cond;
-static int mutex_init(kvl_mutex *m) { return pthread_mutex_init(m, NULL); }
-static void mutex_destroy(kvl_mutex *m) { pthread_mutex_destroy(m); }
-static void mutex_lock(kvl_mutex *m) { pthread_mutex_lock(m); }
-static void mutex_unlock(kvl_mutex *m) { pthread_mutex_unlock(m); }
-static int cond_init(kvl_cond *c) { return pthread_cond_init(c, NULL); }
-static void cond_destroy(kvl_cond *c) { pthread_cond_destroy(c); }
-static void cond_wait(kvl_cond *c, kvl_mutex *m) { pthread_cond_wait(c, m); }
-static void cond_broadcast(kvl_cond *c) { pthread_cond_broadcast(c); }
-static void cond_signal(kvl_cond *c) { pthread_cond_signal(c); }
 #endif
 
 /* Spin iterations before blocking: some tens of microseconds, longer than the gap between two
@@ -84,7 +37,8 @@ static void cond_signal(kvl_cond *c) { pthread_cond_signal(c); }
  * them gave up after ~2 us: workers then slept between the runs of a decode step and every run
  * paid a wake through Atomics.wait/notify (tens of microseconds in V8). 32x the iterations spin
  * about as long as native does (kernel bench, 2 threads, q8 x int16 decode from DRAM: 15-18 GB/s
- * before, 20-28 after, session 14). */
+ * before, 20-28 after: bench/RESULTS.md "Idle workers, huge pages and prefill products",
+ * 2026-12-04). */
 #ifdef __wasm__
 #define KVL_SPIN_ITERS (4096 * 32)
 #else
@@ -94,11 +48,7 @@ static void cond_signal(kvl_cond *c) { pthread_cond_signal(c); }
 typedef struct kvl_worker {
     struct kvl_pool *pool;
     int index;
-#ifdef _WIN32
-    HANDLE handle;
-#else
-    pthread_t handle;
-#endif
+    kvl_os_thread handle;
     int started;
 } kvl_worker;
 
@@ -106,93 +56,81 @@ struct kvl_pool {
     int n_threads;
     kvl_worker *workers; /* n_threads - 1 entries; the caller is worker 0 */
 
-    kvl_atomic generation; /* bumped once per run; workers wait for it to change */
-    kvl_atomic remaining;  /* workers (excluding the caller) still running this generation */
-    kvl_atomic stop;
-    kvl_atomic sleepers;       /* workers blocked (or about to block) on wake */
-    kvl_atomic caller_waiting; /* caller blocked (or about to block) on done */
+    /* kvl_atomic_* only (sequentially consistent) */
+    volatile int generation; /* bumped once per run (wraps); workers wait for it to change */
+    volatile int remaining;  /* workers (excluding the caller) still running this generation */
+    volatile int stop;
+    volatile int sleepers;       /* workers blocked (or about to block) on wake */
+    volatile int caller_waiting; /* caller blocked (or about to block) on done */
 
     kvl_pool_fn fn;
     void *ctx;
 
-    kvl_mutex mutex;
-    kvl_cond wake;
-    kvl_cond done;
+    kvl_os_mutex mutex;
+    kvl_os_cond wake;
+    kvl_os_cond done;
 };
 
 static void worker_loop(kvl_worker *w)
 {
     kvl_pool *p = w->pool;
-    long seen = 0; /* generation at creation is 0 */
+    int seen = 0; /* generation at creation is 0 */
     (void)kvl_fast_float_enter();
     for (;;) {
-        long gen = at_load(&p->generation);
+        int gen = kvl_atomic_load(&p->generation);
         for (int i = 0; gen == seen && i < KVL_SPIN_ITERS; i++) {
             cpu_relax();
-            gen = at_load(&p->generation);
+            gen = kvl_atomic_load(&p->generation);
         }
         if (gen == seen) {
-            mutex_lock(&p->mutex);
-            at_add(&p->sleepers, 1);
-            while ((gen = at_load(&p->generation)) == seen)
-                cond_wait(&p->wake, &p->mutex);
-            at_add(&p->sleepers, -1);
-            mutex_unlock(&p->mutex);
+            kvl_os_mutex_lock(&p->mutex);
+            kvl_atomic_fetch_add(&p->sleepers, 1);
+            while ((gen = kvl_atomic_load(&p->generation)) == seen)
+                kvl_os_cond_wait(&p->wake, &p->mutex);
+            kvl_atomic_fetch_add(&p->sleepers, -1);
+            kvl_os_mutex_unlock(&p->mutex);
         }
         seen = gen;
-        if (at_load(&p->stop))
+        if (kvl_atomic_load(&p->stop))
             return;
         /* fn/ctx were written before the generation bump (seq_cst), so they are visible. */
         p->fn(p->ctx, w->index, p->n_threads);
-        if (at_add(&p->remaining, -1) == 1 && at_load(&p->caller_waiting)) {
-            mutex_lock(&p->mutex);
-            cond_signal(&p->done);
-            mutex_unlock(&p->mutex);
+        if (kvl_atomic_fetch_add(&p->remaining, -1) == 1 && kvl_atomic_load(&p->caller_waiting)) {
+            kvl_os_mutex_lock(&p->mutex);
+            kvl_os_cond_signal(&p->done);
+            kvl_os_mutex_unlock(&p->mutex);
         }
     }
 }
 
-#ifdef _WIN32
-static DWORD WINAPI worker_main(LPVOID arg)
+static KVL_THREAD_RET KVL_THREAD_CALL worker_main(void *arg)
 {
     worker_loop((kvl_worker *)arg);
-    return 0;
+    return KVL_THREAD_RETURN;
 }
-#else
-static void *worker_main(void *arg)
-{
-    worker_loop((kvl_worker *)arg);
-    return NULL;
-}
-#endif
 
 /* Wakes all workers for a new generation (run or stop). */
 static void publish(kvl_pool *p)
 {
-    at_add(&p->generation, 1);
-    if (at_load(&p->sleepers) > 0) {
+    kvl_atomic_fetch_add(&p->generation, 1);
+    if (kvl_atomic_load(&p->sleepers) > 0) {
         /* Taking the mutex orders us after any worker that is between incrementing sleepers
          * and cond_wait, so the broadcast cannot be lost. */
-        mutex_lock(&p->mutex);
-        cond_broadcast(&p->wake);
-        mutex_unlock(&p->mutex);
+        kvl_os_mutex_lock(&p->mutex);
+        kvl_os_cond_broadcast(&p->wake);
+        kvl_os_mutex_unlock(&p->mutex);
     }
 }
 
 static void join_workers(kvl_pool *p)
 {
-    at_store(&p->stop, 1);
+    kvl_atomic_store(&p->stop, 1);
     publish(p);
     for (int i = 0; i < p->n_threads - 1; i++) {
         kvl_worker *w = &p->workers[i];
         if (!w->started)
             continue;
-#ifdef _WIN32
-        WaitForSingleObject(w->handle, INFINITE);
-        CloseHandle(w->handle);
-#else
-        pthread_join(w->handle, NULL);
-#endif
+        kvl_os_thread_join(w->handle);
     }
 }
 
@@ -206,11 +144,11 @@ kvl_pool *kvl_pool_create(int n_threads)
     if (!p)
         return NULL;
     p->n_threads = n_threads;
-    at_store(&p->generation, 0);
-    at_store(&p->remaining, 0);
-    at_store(&p->stop, 0);
-    at_store(&p->sleepers, 0);
-    at_store(&p->caller_waiting, 0);
+    kvl_atomic_store(&p->generation, 0);
+    kvl_atomic_store(&p->remaining, 0);
+    kvl_atomic_store(&p->stop, 0);
+    kvl_atomic_store(&p->sleepers, 0);
+    kvl_atomic_store(&p->caller_waiting, 0);
     if (n_threads == 1)
         return p; /* no workers, no synchronisation objects */
 
@@ -219,20 +157,20 @@ kvl_pool *kvl_pool_create(int n_threads)
         free(p);
         return NULL;
     }
-    if (mutex_init(&p->mutex) != 0) {
+    if (kvl_os_mutex_init(&p->mutex) != 0) {
         free(p->workers);
         free(p);
         return NULL;
     }
-    if (cond_init(&p->wake) != 0) {
-        mutex_destroy(&p->mutex);
+    if (kvl_os_cond_init(&p->wake) != 0) {
+        kvl_os_mutex_destroy(&p->mutex);
         free(p->workers);
         free(p);
         return NULL;
     }
-    if (cond_init(&p->done) != 0) {
-        cond_destroy(&p->wake);
-        mutex_destroy(&p->mutex);
+    if (kvl_os_cond_init(&p->done) != 0) {
+        kvl_os_cond_destroy(&p->wake);
+        kvl_os_mutex_destroy(&p->mutex);
         free(p->workers);
         free(p);
         return NULL;
@@ -241,17 +179,12 @@ kvl_pool *kvl_pool_create(int n_threads)
         kvl_worker *w = &p->workers[i];
         w->pool = p;
         w->index = i + 1;
-#ifdef _WIN32
-        w->handle = CreateThread(NULL, 0, worker_main, w, 0, NULL);
-        w->started = w->handle != NULL;
-#else
-        w->started = pthread_create(&w->handle, NULL, worker_main, w) == 0;
-#endif
+        w->started = kvl_os_thread_start(&w->handle, worker_main, w) == 0;
         if (!w->started) {
             join_workers(p);
-            cond_destroy(&p->done);
-            cond_destroy(&p->wake);
-            mutex_destroy(&p->mutex);
+            kvl_os_cond_destroy(&p->done);
+            kvl_os_cond_destroy(&p->wake);
+            kvl_os_mutex_destroy(&p->mutex);
             free(p->workers);
             free(p);
             return NULL;
@@ -266,9 +199,9 @@ void kvl_pool_free(kvl_pool *pool)
         return;
     if (pool->n_threads > 1) {
         join_workers(pool);
-        cond_destroy(&pool->done);
-        cond_destroy(&pool->wake);
-        mutex_destroy(&pool->mutex);
+        kvl_os_cond_destroy(&pool->done);
+        kvl_os_cond_destroy(&pool->wake);
+        kvl_os_mutex_destroy(&pool->mutex);
         free(pool->workers);
     }
     free(pool);
@@ -289,23 +222,23 @@ void kvl_pool_run(kvl_pool *pool, kvl_pool_fn fn, void *ctx)
     }
     pool->fn = fn;
     pool->ctx = ctx;
-    at_store(&pool->remaining, pool->n_threads - 1);
+    kvl_atomic_store(&pool->remaining, pool->n_threads - 1);
     publish(pool);
 
     fn(ctx, 0, pool->n_threads);
     kvl_fast_float_leave(fp_mode);
 
-    for (int i = 0; i < KVL_SPIN_ITERS && at_load(&pool->remaining) != 0; i++)
+    for (int i = 0; i < KVL_SPIN_ITERS && kvl_atomic_load(&pool->remaining) != 0; i++)
         cpu_relax();
-    if (at_load(&pool->remaining) != 0) {
-        mutex_lock(&pool->mutex);
-        at_store(&pool->caller_waiting, 1);
+    if (kvl_atomic_load(&pool->remaining) != 0) {
+        kvl_os_mutex_lock(&pool->mutex);
+        kvl_atomic_store(&pool->caller_waiting, 1);
         /* A worker finishing after this store sees caller_waiting and signals under the
          * mutex, which it can only take once we are inside cond_wait. */
-        while (at_load(&pool->remaining) != 0)
-            cond_wait(&pool->done, &pool->mutex);
-        at_store(&pool->caller_waiting, 0);
-        mutex_unlock(&pool->mutex);
+        while (kvl_atomic_load(&pool->remaining) != 0)
+            kvl_os_cond_wait(&pool->done, &pool->mutex);
+        kvl_atomic_store(&pool->caller_waiting, 0);
+        kvl_os_mutex_unlock(&pool->mutex);
     }
 }
 

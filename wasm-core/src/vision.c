@@ -7,8 +7,11 @@
  * engine->vision one phase at a time (patch embedding, each block, projector halves) into one
  * working buffer, so the working set is one block's weights plus the activations of the call;
  * each tensor's CRC is checked the first time it is read (kvl_engine_check).
- * Does not own: opening the vision store or reading its hparams (engine.c), kernels (kernels*.c),
- * threads (threadpool.c), file I/O (store.c), preprocessing (host/image-preprocess.ts).
+ * Does not own: opening the vision store or reading its hparams (engine.c), errors and the CRC
+ * check (engine_errors.c), kernels (kernels*.c), threads (threadpool.c), file I/O (store.c),
+ * preprocessing (host/image/image-preprocess.ts).
+ * Layer: forward passes, below engine.c (vision.h and kvl_core.h's kvl_vision_* are what it calls
+ * here); calls only the files below it (scripts/c-layers.mjs checks).
  *
  * All arithmetic is FP32 with BF16 weights; every dimension comes from engine->vhp.
  */
@@ -17,7 +20,8 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "engine_internal.h"
+#include "vision.h"
+#include "engine_errors.h"
 
 /* MoonViT builds its 2D-RoPE table for 512 x 512 positions in the modeling code (the number is
  * not serialised in config.json); the official processor refuses grids with >= 512 per side. */

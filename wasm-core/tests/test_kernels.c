@@ -1,7 +1,8 @@
 /* test_kernels.c — every kernel table entry against independent references.
  *
  * Owns: the numeric tests of kernels.h (all levels the CPU and build support: scalar, avx2,
- * avx512 natively; scalar, simd128 when built with emcc -msimd128).
+ * avx512 natively; scalar, simd128 when built with emcc -msimd128, and simd128-relaxed too in the
+ * relaxed build, build-wasm.sh --tests OUT/relaxed).
  * Does not own: threading tests (test_threadpool.c), timing (bench/kernels_bench.c).
  *
  * Tolerances (u = 2^-24, the FP32 unit roundoff). A sum of k products computed in FP32 in any
@@ -1000,6 +1001,10 @@ int main(void)
 #if defined(__x86_64__) || defined(_M_X64) || defined(__i386__) || defined(_M_IX86)
         if (K && level == 3 && K != &kvl_kernels_avx512_table)
             tables[n_tables++] = &kvl_kernels_avx512_table;
+#endif
+#if defined(KVL_WASM_RELAXED) /* the relaxed build: level 4 is simd128-relaxed, test plain simd128 too */
+        if (K && level == 4 && K != &kvl_kernels_simd128_table)
+            tables[n_tables++] = &kvl_kernels_simd128_table;
 #endif
     }
     for (int ti = 0; ti < n_tables; ti++) {

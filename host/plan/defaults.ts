@@ -1,0 +1,23 @@
+/**
+ * defaults.ts — the model options' defaults, declared once: what kvl chat, serve, bench and
+ * doctor run with when an option is not given (cli/options.ts declares the options with them) and
+ * what the planner takes when a PlanOptions field is absent (settings.ts).
+ *
+ * Owns: these values. Does not own: the options (cli/options.ts), their checks (settings.ts), the
+ * auto act mode's table (act-mode.ts).
+ */
+import type { KernelChoice } from "../core/core-api.js";
+import type { ActDtypeChoice } from "./act-mode.js";
+
+/** --ram-mib: the RAM budget the plan holds every resident byte to. */
+export const DEFAULT_RAM_MIB = 4096;
+/** --max-context: tokens a session holds. */
+export const DEFAULT_MAX_CONTEXT = 4096;
+/** Prefill chunk in tokens, as kvl_session_options' default (split-engine.ts uses it where a session names none). */
+export const DEFAULT_MAX_BATCH = 256;
+/** --threads: compute threads per engine; 0 = every core. */
+export const DEFAULT_THREADS = 0;
+/** --kernels: the fastest set this CPU and backend have. */
+export const DEFAULT_KERNELS: KernelChoice = "auto";
+/** --act-dtype: the mode act-mode.ts's table gives for the backend and kernel set. */
+export const DEFAULT_ACT_DTYPE: ActDtypeChoice = "auto";
