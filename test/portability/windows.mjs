@@ -136,7 +136,7 @@ function quickstart(ctx, what, exe, args) {
   tally.check(out.includes(packed), `${what} --demo: the demo model packed into %LOCALAPPDATA%\\kvl\\demo-tiny`,
     `no "${packed}" line: ${errorLine(r.stderr)}`);
   const reply = r.stdout.slice(r.stdout.indexOf("== chat")).split("\n").slice(1).join("\n").trim();
-  tally.check(/^kvl chat: \w+, 1 engine, kernels [\w-]+; RAM plan \d+ MiB/m.test(r.stderr) && r.stdout.includes("== chat") && reply.length > 20,
+  tally.check(/^kvl chat: \w+, 1 engine, kernels [\w-]+, Linear inputs \w+ \([^)]*\); RAM plan \d+ MiB/m.test(r.stderr) && r.stdout.includes("== chat") && reply.length > 20,
     `${what} --demo: the chat opened on the demo model and answered "hello" (then /quit ended it)`,
     `banner ${/^kvl chat: .*$/m.exec(r.stderr)?.[0] ?? "missing"}; reply ${reply.length} characters`);
 }
