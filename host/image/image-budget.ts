@@ -154,3 +154,10 @@ export function imageRefusal(budget: DecodeBudget, what: string, width: number, 
     `decoding it needs about ${(need / MIB).toFixed(0)} MiB, over the ${(budget.bytes / MIB).toFixed(0)} MiB the RAM plan reserves; ` +
     `re-encode it more compactly (e.g. as JPEG) or downscale it${more}`;
 }
+
+/**
+ * The official processor rejects grids with >= 512 patches per side: MoonViT's 2D-RoPE table is
+ * built for 512 x 512 positions in the modeling code (not serialised in config.json). The
+ * preprocessor refuses such an image and the plan's largest image stays below it.
+ */
+export const ROPE_GRID_LIMIT = 512;

@@ -27,14 +27,10 @@ import { readFileSync } from "node:fs";
 import { join } from "node:path";
 
 import type { DecodedImage } from "./image-decode.js";
+import { ROPE_GRID_LIMIT } from "./image-budget.js";
 import { JsonTextError, isJsonObject, jsonText, parseJson } from "../pack/json-file.js";
 import { UserError } from "../system/user-error.js";
 
-/**
- * The official processor rejects grids with >= 512 patches per side: MoonViT's 2D-RoPE table is
- * built for 512 x 512 positions in the modeling code (not serialised in config.json).
- */
-const ROPE_GRID_LIMIT = 512;
 
 export interface PreprocessorConfig {
   patchSize: number;

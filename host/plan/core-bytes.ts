@@ -32,6 +32,7 @@ import { readFileSync, statSync } from "node:fs";
 import { join } from "node:path";
 
 import { type ActDtype, type BackendName, type KvDtype, isIntegerAct } from "../core/core-api.js";
+import { ROPE_GRID_LIMIT } from "../image/image-budget.js";
 import { DTYPE_BF16, PackReader } from "../pack/pack-format.js";
 import { UserError } from "../system/user-error.js";
 
@@ -71,8 +72,6 @@ function kvLayerBytes(kvDtype: KvDtype, C: number, lat: number, rope: number): n
   }
   return C * (lat + rope) * (kvDtype === "bf16" ? 2 : 4);
 }
-/** The official processor rejects grids of >= 512 patches per side (so does image-preprocess.ts). */
-const ROPE_GRID_LIMIT = 512;
 
 const LAYER = (l: number): string => `language_model.model.layers.${l}.`;
 const ATTENTION = ["self_attn.q_proj.weight", "self_attn.kv_a_proj_with_mqa.weight", "self_attn.kv_b_proj.weight", "self_attn.o_proj.weight"];
