@@ -12,7 +12,8 @@
  *     activations), bf16xb, q8xb (BF16-rounded activations), and the integer mode q8i16
  *     (matmul_q8_i16, int8 weights, 16-bit activations with a scale per 64 columns) and i16i16
  *     (matmul_i16_i16, int16 weights, 15-bit activations with one scale per vector), q8i8
- *     (matmul_q8_i8: 8-bit activations, --act-dtype i8; decode only), whose
+ *     (matmul_q8_i8: 8-bit activations, --act-dtype i8; decode only), and the Q4 expert products
+ *     q4, q4xb, q4i16, q4i8 (matmul_q4*: their GB/s count the q bytes and the BF16 scales), whose
  *     activations are quantised once per token outside the timing, as the engine does;
  *   - GFLOP/s for a 64-token batch against one [1408 x 2048] matrix.
  *
@@ -34,8 +35,10 @@
  *     simd128, avx2, avx512, avx512-bf16); "all": every table this build and CPU support.
  *     "decode": only the decode products, plus one "RESULT table kind shape threads GB/s" line
  *     each (wall clock) for scripts (bench/kernels_ab.sh).
- *   kernels_bench ab TABLE_A TABLE_B KIND: one decode product on two tables, interleaved
- *     (bench_ab; bench/kernels_ab.sh --relaxed runs simd128 against simd128-relaxed on q8i8).
+ *   kernels_bench ab TABLE_A TABLE_B KIND[,KIND_B]: one decode product on two tables (or two
+ *     products, KIND on TABLE_A and KIND_B on TABLE_B, e.g. "ab avx512 avx512 q8i8,q4i8": Q4
+ *     against Q8 experts), interleaved (bench_ab; bench/kernels_ab.sh --relaxed runs simd128
+ *     against simd128-relaxed on q8i8).
  * In WebAssembly the "cpu" figures are Node's process CPU time (process.cpuUsage()).
  */
 #if !defined(_WIN32) && !defined(_POSIX_C_SOURCE)
@@ -86,13 +89,23 @@ static double now_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static const char *const kind_names[] = {"bf16", "q8", "q8i16", "bf16xb", "q8xb", "i16i16", "q8i8"};
+static const char *const kind_names[] = {"bf16", "q8", "q8i16", "bf16xb", "q8xb", "i16i16", "q8i8",
+                                         "q4", "q4xb", "q4i16", "q4i8"};
+#define N_KINDS 11
+#define IS_Q4(kind) ((kind) >= 7) /* matmul_q4, _xb, _i16, _i8 */
 static int g_results; /* print RESULT lines */
 
-/* Weight bytes per element of each kind. */
+/* Weight bytes per element of each kind (Q4: the bytes of q, without the scales). */
 static size_t kind_esz(int kind)
 {
     return kind == 0 || kind == 3 || kind == 5 ? 2 : 1;
+}
+
+/* Bytes of one [rows x cols] matrix: Q4 is its q bytes [rows, cols/2] then its BF16 scales
+ * [rows, cols/32], as in an expert extent; the rates count both. */
+static size_t mat_bytes(int kind, size_t rows, size_t cols)
+{
+    return IS_Q4(kind) ? rows * cols / 2 + rows * (cols / 32) * 2 : rows * cols * kind_esz(kind);
 }
 
 /* ---- DRAM streaming sum ---- */
@@ -140,7 +153,18 @@ static void mm_fn(void *p, int i, int nt)
     kvl_split_range(c->rows, 16, i, nt, &b, &e);
     if (b >= e)
         return;
-    if (c->kind == 6)
+    if (IS_Q4(c->kind)) {
+        const uint8_t *q = (const uint8_t *)c->W + b * (c->cols / 2);
+        const uint16_t *S = (const uint16_t *)(const void *)((const uint8_t *)c->W + c->rows * c->cols / 2) + b * (c->cols / 32);
+        if (c->kind == 7)
+            c->K->matmul_q4(c->Y + b, c->rows, q, S, e - b, c->cols, c->X, c->cols, c->n);
+        else if (c->kind == 8)
+            c->K->matmul_q4_xb(c->Y + b, c->rows, q, S, e - b, c->cols, c->X, c->cols, c->n);
+        else if (c->kind == 9)
+            c->K->matmul_q4_i16(c->Y + b, c->rows, q, S, e - b, c->cols, c->Xq, c->xs, c->cols, c->n);
+        else
+            c->K->matmul_q4_i8(c->Y + b, c->rows, q, S, e - b, c->cols, c->Xq, c->xs, c->cols, c->n);
+    } else if (c->kind == 6)
         c->K->matmul_q8_i8(c->Y + b, c->rows, (const int8_t *)c->W + b * c->cols, c->scale + b,
                            e - b, c->cols, c->Xq, c->xs, c->cols, c->n);
     else if (c->kind == 2)
@@ -168,17 +192,29 @@ static void mm_fn(void *p, int i, int nt)
 static void quantize_for(const kvl_kernels *K, int kind, int16_t *Xq, float *xs, const float *X,
                          size_t cols, size_t n)
 {
-    if (kind == 2 || kind == 6)
-        K->quantize_i16_act(Xq, xs, X, cols, n, cols, cols, KVL_I16_BLOCK, kind == 6 ? KVL_I8_MAX : KVL_I16_Q8_MAX);
+    if (kind == 2 || kind == 6 || kind == 9 || kind == 10)
+        K->quantize_i16_act(Xq, xs, X, cols, n, cols, cols, KVL_I16_BLOCK,
+                            kind == 6 || kind == 10 ? KVL_I8_MAX : KVL_I16_Q8_MAX);
+    else if (IS_Q4(kind))
+        return; /* FP32 activations */
     else
         K->quantize_i16_act(Xq, xs, X, cols, n, cols, cols, cols, KVL_I16_MAX);
 }
 
 /* Normal (never denormal) values: denormal bf16 weights would hit FMA microcode assists and
  * measure those instead of the kernel. */
-static void fill_weights(unsigned char *W, int kind, size_t bytes)
+static void fill_weights(unsigned char *W, int kind, size_t bytes, size_t rows, size_t cols)
 {
-    if (kind == 0 || kind == 3) {
+    if (IS_Q4(kind)) { /* per matrix: any q bytes, then scales of both signs */
+        const size_t mb = mat_bytes(kind, rows, cols), qb = rows * cols / 2;
+        for (size_t m = 0; m + mb <= bytes; m += mb) {
+            for (size_t i = 0; i < qb; i++)
+                W[m + i] = (unsigned char)((i * 2654435761u) >> 13);
+            uint16_t *S = (uint16_t *)(void *)(W + m + qb);
+            for (size_t i = 0; i < rows * (cols / 32); i++)
+                S[i] = kvl_float_to_bf16(i % 3 ? 0.01f : -0.013f);
+        }
+    } else if (kind == 0 || kind == 3) {
         uint16_t *h = (uint16_t *)(void *)W;
         for (size_t i = 0; i < bytes / 2; i++)
             h[i] = kvl_float_to_bf16(0.01f * (float)((int)((i * 2654435761u) >> 20 & 0xff) - 128) + 0.001f);
@@ -198,8 +234,9 @@ static void fill_weights(unsigned char *W, int kind, size_t bytes)
 static void bench_decode(kvl_pool *pool, const kvl_kernels *K, int kind, size_t rows, size_t cols,
                          size_t nmat)
 {
-    size_t esz = kind_esz(kind);
-    size_t mbytes = rows * cols * esz;
+    size_t mbytes = mat_bytes(kind, rows, cols);
+    if (nmat == 0) /* ~1.1 GB of distinct matrices */
+        nmat = ((size_t)1100 << 20) / mbytes;
     unsigned char *W = (unsigned char *)malloc(mbytes * nmat);
     float *scale = (float *)malloc(rows * sizeof(float));
     float *X = (float *)malloc(cols * sizeof(float));
@@ -208,7 +245,7 @@ static void bench_decode(kvl_pool *pool, const kvl_kernels *K, int kind, size_t 
         printf("out of memory\n");
         exit(1);
     }
-    fill_weights(W, kind, mbytes * nmat);
+    fill_weights(W, kind, mbytes * nmat, rows, cols);
     for (size_t r = 0; r < rows; r++)
         scale[r] = 0.01f;
     for (size_t c = 0; c < cols; c++)
@@ -253,8 +290,8 @@ static void bench_decode(kvl_pool *pool, const kvl_kernels *K, int kind, size_t 
 static void bench_batch(kvl_pool *pool, const kvl_kernels *K, int kind, size_t rows, size_t cols,
                         size_t n)
 {
-    size_t esz = kind_esz(kind);
-    unsigned char *W = (unsigned char *)malloc(rows * cols * esz);
+    const size_t mbytes = mat_bytes(kind, rows, cols);
+    unsigned char *W = (unsigned char *)malloc(mbytes);
     float *scale = (float *)malloc(rows * sizeof(float));
     float *X = (float *)malloc(n * cols * sizeof(float));
     float *Y = (float *)malloc(n * rows * sizeof(float));
@@ -262,7 +299,7 @@ static void bench_batch(kvl_pool *pool, const kvl_kernels *K, int kind, size_t r
         printf("out of memory\n");
         exit(1);
     }
-    fill_weights(W, kind, rows * cols * esz);
+    fill_weights(W, kind, mbytes, rows, cols);
     for (size_t r = 0; r < rows; r++)
         scale[r] = 0.01f;
     for (size_t i = 0; i < n * cols; i++)
@@ -360,14 +397,14 @@ static void bench_table(const kvl_kernels *K, int decode_only)
             printf("  kvl_pool_run fork/join of an empty task after a 50 us gap, %d thr: %.2f us\n",
                    nt, in_runs / 2000 * 1e6);
             /* ~1.1 GB of distinct weights per product (more than any L3), then in cache */
-            static const int kinds[] = {0, 1, 3, 4, 2, 5, 6};
-            for (int k = 0; k < 7; k++)
-                bench_decode(pool, K, kinds[k], 1408, 2048, kind_esz(kinds[k]) == 2 ? 192 : 384);
+            static const int kinds[] = {0, 1, 3, 4, 2, 5, 6, 7, 8, 9, 10};
+            for (int k = 0; k < 11; k++)
+                bench_decode(pool, K, kinds[k], 1408, 2048, IS_Q4(kinds[k]) ? 0 : kind_esz(kinds[k]) == 2 ? 192 : 384);
             /* dense-size matrices: 8x the work per pool run */
             bench_decode(pool, K, 2, 11264, 2048, 48);
             bench_decode(pool, K, 5, 11264, 2048, 24);
             bench_decode(pool, K, 6, 11264, 2048, 48);
-            for (int k = 0; k < 7; k++)
+            for (int k = 0; k < 11; k++)
                 bench_decode(pool, K, kinds[k], 256, 2048, 1);
             kvl_pool_free(pool);
             continue;
@@ -385,6 +422,10 @@ static void bench_table(const kvl_kernels *K, int decode_only)
         bench_decode(pool, K, 2, 1408, 2048, 384);
         bench_decode(pool, K, 6, 1408, 2048, 384);
         bench_decode(pool, K, 5, 1408, 2048, 192);
+        for (int kind = 7; kind < N_KINDS; kind++) /* Q4 experts: ~1.1 GB of matrices, then in cache */
+            bench_decode(pool, K, kind, 1408, 2048, 0);
+        for (int kind = 7; kind < N_KINDS; kind++)
+            bench_decode(pool, K, kind, 256, 2048, 1);
         /* one matrix over and over: in-cache speed, i.e. what the kernel could do with
          * infinite bandwidth */
         bench_decode(pool, K, 0, 256, 2048, 1);
@@ -398,6 +439,8 @@ static void bench_table(const kvl_kernels *K, int decode_only)
         bench_decode(pool, K, 4, 256, 2048, 1);
         for (int kind = 0; kind <= 5; kind++)
             bench_batch(pool, K, kind, 1408, 2048, 64);
+        for (int kind = 7; kind < N_KINDS; kind++)
+            bench_batch(pool, K, kind, 1408, 2048, 8); /* a routed expert's share of a prompt chunk */
         bench_batch(pool, K, 0, 2048, 2048, 512);
         bench_batch(pool, K, 3, 2048, 2048, 512);
         bench_batch(pool, K, 1, 1408, 2048, 48);
@@ -415,41 +458,52 @@ static void bench_table(const kvl_kernels *K, int decode_only)
  * other processes had the cores). The activations have both signs. The two outputs are compared
  * bit for bit. RESULT lines as decode mode's (wall), then "RESULTCPU" lines (CPU time). */
 #define AB_ROUNDS 12
-static void bench_ab(const kvl_kernels *T[2], int kind)
+static void bench_ab(const kvl_kernels *T[2], const int kind[2])
 {
     static const size_t shapes[][3] = {{1408, 2048, 0}, {256, 2048, 1}}; /* 0: ~1.1 GB of matrices */
     for (size_t s = 0; s < 2; s++) {
         const size_t rows = shapes[s][0], cols = shapes[s][1];
-        const size_t mbytes = rows * cols * kind_esz(kind);
-        const size_t nmat = shapes[s][2] ? shapes[s][2] : ((size_t)1100 << 20) / mbytes;
-        const size_t runs = nmat == 1 ? 2000 : nmat;
-        unsigned char *W = (unsigned char *)malloc(mbytes * nmat);
+        size_t mbytes[2], nmat[2], runs[2];
+        unsigned char *W[2];
+        int16_t *Xq[2];
+        float *xs[2];
         float *scale = (float *)malloc(rows * sizeof(float)), *X = (float *)malloc(cols * sizeof(float));
         float *Y[2] = {(float *)malloc(rows * sizeof(float)), (float *)malloc(rows * sizeof(float))};
-        int16_t *Xq = (int16_t *)malloc(cols * sizeof(int16_t));
-        float *xs = (float *)malloc(cols * sizeof(float));
-        if (!W || !scale || !X || !Y[0] || !Y[1] || !Xq || !xs) {
+        if (!scale || !X || !Y[0] || !Y[1]) {
             printf("out of memory\n");
             exit(1);
         }
-        fill_weights(W, kind, mbytes * nmat);
         for (size_t r = 0; r < rows; r++)
             scale[r] = 0.01f;
         for (size_t c = 0; c < cols; c++)
             X[c] = 0.001f * (float)((int)(c % 17) - 8);
-        quantize_for(T[0], kind, Xq, xs, X, cols, 1);
+        for (int t = 0; t < 2; t++) { /* the same kind on both sides shares its matrices */
+            mbytes[t] = mat_bytes(kind[t], rows, cols);
+            nmat[t] = shapes[s][2] ? shapes[s][2] : ((size_t)1100 << 20) / mbytes[t];
+            runs[t] = nmat[t] == 1 ? 2000 : nmat[t];
+            W[t] = t == 1 && kind[1] == kind[0] ? W[0] : (unsigned char *)malloc(mbytes[t] * nmat[t]);
+            Xq[t] = (int16_t *)malloc(cols * sizeof(int16_t));
+            xs[t] = (float *)malloc(cols * sizeof(float));
+            if (!W[t] || !Xq[t] || !xs[t]) {
+                printf("out of memory\n");
+                exit(1);
+            }
+            if (t == 0 || W[1] != W[0])
+                fill_weights(W[t], kind[t], mbytes[t] * nmat[t], rows, cols);
+            quantize_for(T[0], kind[t], Xq[t], xs[t], X, cols, 1);
+        }
         for (int nt = 1; nt <= 2; nt++) {
             kvl_pool *pool = kvl_pool_create(nt);
             double best[2] = {1e30, 1e30}, bestc[2] = {1e30, 1e30};
             for (int round = 0; round < AB_ROUNDS; round++)
                 for (int t = 0; t < 2; t++) {
-                    mm_ctx ctx = {T[t], kind, Xq, xs, NULL, scale, rows, cols, 1, X, Y[t]};
+                    mm_ctx ctx = {T[t], kind[t], Xq[t], xs[t], NULL, scale, rows, cols, 1, X, Y[t]};
                     double t0 = now_s(), c0 = cpu_s();
-                    for (size_t m = 0; m < runs; m++) {
-                        ctx.W = W + (m % nmat) * mbytes;
+                    for (size_t m = 0; m < runs[t]; m++) {
+                        ctx.W = W[t] + (m % nmat[t]) * mbytes[t];
                         kvl_pool_run(pool, mm_fn, &ctx);
                     }
-                    double dt = (now_s() - t0) / (double)runs, dc = (cpu_s() - c0) / CPU_DIV(nt) / (double)runs;
+                    double dt = (now_s() - t0) / (double)runs[t], dc = (cpu_s() - c0) / CPU_DIV(nt) / (double)runs[t];
                     if (dt < best[t])
                         best[t] = dt;
                     if (dc < bestc[t])
@@ -457,15 +511,26 @@ static void bench_ab(const kvl_kernels *T[2], int kind)
                 }
             for (int t = 0; t < 2; t++)
                 printf("RESULT %s %s %zux%zux%zu %d %.2f\nRESULTCPU %s %s %zux%zux%zu %d %.2f\n", T[t]->name,
-                       kind_names[kind], rows, cols, nmat, nt, (double)mbytes / best[t] / 1e9, T[t]->name,
-                       kind_names[kind], rows, cols, nmat, nt, (double)mbytes / bestc[t] / 1e9);
-            printf("  %s / %s, %s [%zu x %zu] x %zu, %d thr: %.2f wall, %.2f cpu (outputs %s)\n", T[1]->name,
-                   T[0]->name, kind_names[kind], rows, cols, nmat, nt, best[0] / best[1], bestc[0] / bestc[1],
-                   memcmp(Y[0], Y[1], rows * sizeof(float)) == 0 ? "identical" : "DIFFER");
+                       kind_names[kind[t]], rows, cols, nmat[t], nt, (double)mbytes[t] / best[t] / 1e9, T[t]->name,
+                       kind_names[kind[t]], rows, cols, nmat[t], nt, (double)mbytes[t] / bestc[t] / 1e9);
+            if (kind[0] == kind[1])
+                printf("  %s / %s, %s [%zu x %zu] x %zu, %d thr: %.2f wall, %.2f cpu (outputs %s)\n", T[1]->name,
+                       T[0]->name, kind_names[kind[0]], rows, cols, nmat[0], nt, best[0] / best[1], bestc[0] / bestc[1],
+                       memcmp(Y[0], Y[1], rows * sizeof(float)) == 0 ? "identical" : "DIFFER");
+            else /* GB/s against GB/s, and matrices per second (one token's product each) */
+                printf("  %s %s / %s %s [%zu x %zu], %d thr: %.2f GB/s ratio wall, %.2f cpu; %.2f products/s ratio wall\n",
+                       T[1]->name, kind_names[kind[1]], T[0]->name, kind_names[kind[0]], rows, cols, nt,
+                       ((double)mbytes[1] / best[1]) / ((double)mbytes[0] / best[0]),
+                       ((double)mbytes[1] / bestc[1]) / ((double)mbytes[0] / bestc[0]), best[0] / best[1]);
             fflush(stdout);
             kvl_pool_free(pool);
         }
-        free(W), free(scale), free(X), free(Y[0]), free(Y[1]), free(Xq), free(xs);
+        for (int t = 0; t < 2; t++) {
+            if (t == 0 || W[1] != W[0])
+                free(W[t]);
+            free(Xq[t]), free(xs[t]);
+        }
+        free(scale), free(X), free(Y[0]), free(Y[1]);
     }
 }
 
@@ -475,12 +540,18 @@ int main(int argc, char **argv)
     if (strcmp(which, "ab") == 0) {
         const kvl_kernels *T[2] = {argc > 3 ? kvl_kernels_by_name(argv[2]) : NULL,
                                    argc > 3 ? kvl_kernels_by_name(argv[3]) : NULL};
-        int kind = -1;
-        for (int k = 0; argc > 4 && k < 7; k++)
-            if (strcmp(argv[4], kind_names[k]) == 0)
-                kind = k;
-        if (!T[0] || !T[1] || kind < 0) {
-            printf("usage: kernels_bench ab TABLE_A TABLE_B KIND (tables supported here, KIND one of bf16 q8 q8i16 bf16xb q8xb i16i16 q8i8)\n");
+        int kind[2] = {-1, -1}; /* KIND, or KIND_A,KIND_B: one kind per table */
+        const char *ks = argc > 4 ? argv[4] : "";
+        const char *comma = strchr(ks, ',');
+        for (int k = 0; k < N_KINDS; k++) {
+            const size_t len = strlen(kind_names[k]);
+            if (comma ? (size_t)(comma - ks) == len && strncmp(ks, kind_names[k], len) == 0 : strcmp(ks, kind_names[k]) == 0)
+                kind[0] = k;
+            if (strcmp(comma ? comma + 1 : ks, kind_names[k]) == 0)
+                kind[1] = k;
+        }
+        if (!T[0] || !T[1] || kind[0] < 0 || kind[1] < 0) {
+            printf("usage: kernels_bench ab TABLE_A TABLE_B KIND[,KIND_B] (tables supported here, KIND one of bf16 q8 q8i16 bf16xb q8xb i16i16 q8i8 q4 q4xb q4i16 q4i8)\n");
             return 1;
         }
         bench_ab(T, kind);

@@ -17,7 +17,7 @@ import { availableParallelism } from "node:os";
 import { type Command, InvalidArgumentError, Option } from "commander";
 
 import { BACKEND_REQUESTS, BackendError, type BackendRecord, chooseBackend } from "../host/core/backend.js";
-import type { BenchComparison, DecodeComparison, PromptComparison } from "../host/bench/bench-compare.js";
+import type { BenchComparison, DecodeComparison, PromptComparison, SideMode } from "../host/bench/bench-compare.js";
 import { type Limits, loadLimits, measureLimits } from "../host/bench/bench-limits.js";
 import { type DecodeRecord, type PromptRecord, packBytes } from "../host/bench/bench-model.js";
 import { type BenchResult, type RunRecord, runBench } from "../host/bench/bench-run.js";
@@ -97,6 +97,15 @@ function hitRateText(d: DecodeRecord): string {
   return d.expert_hit_rate === null ? "n/a" : `${(100 * d.expert_hit_rate).toFixed(1)}%`;
 }
 
+/** The decode's wait for expert reads as a share of the step, and what reading ahead did. */
+function lookaheadText(d: DecodeRecord): string {
+  const l = d.expert_lookahead;
+  const la = l.issued === 0 ? "none read ahead"
+    : `read ahead ${(l.issued / d.tokens).toFixed(1)} experts/token, used ${(100 * l.hit_rate!).toFixed(0)}% ` +
+      `(wasted ${(l.wasted / d.tokens).toFixed(1)}/token, cancelled before reading ${(l.cancelled / d.tokens).toFixed(1)}/token)`;
+  return `expert stall ${d.expert_stall_s_per_token.toFixed(3)} s/token = ${(100 * d.expert_stall_share).toFixed(1)}% of the step, ${la}`;
+}
+
 function units(run: RunRecord): string {
   const word = run.backend === "wasm" ? "instance" : "engine";
   return `${run.instances} ${word}${run.instances > 1 ? "s" : ""}`;
@@ -127,6 +136,7 @@ function formatRun(run: RunRecord): string {
       `bound ${d.bound_s!.toFixed(3)} s (SSD ${d.bound_ssd_s!.toFixed(3)} + RAM ${d.bound_ram_s!.toFixed(3)} = ${d.bound_sum_s!.toFixed(3)}) ` +
       `-> ratio ${d.ratio!.toFixed(2)} (to sum ${d.ratio_to_sum!.toFixed(2)}); CRC checks ${(1000 * d.verify_s_per_token).toFixed(2)} ms/token ` +
       `of ${g(d.verify_bytes_per_token)}/token = ${(100 * d.verify_share).toFixed(1)}% of the step`);
+    lines.push(`    ${lookaheadText(d)}`);
     if (d.adjacent) {
       const a = d.adjacent;
       lines.push(`    adjacent probes: DRAM ${g(a.dram_bytes_per_s)}/s, direct read ${g(a.ssd_bytes_per_s)}/s -> bound ` +
@@ -148,7 +158,8 @@ function table(rows: string[][]): string {
   return rows.map((r) => r.map((cell, c) => (c === 0 ? cell.padStart(widths[c]!) : cell.padEnd(widths[c]!))).join("  ").trimEnd()).join("\n");
 }
 
-/** The native/wasm table of a `--backend both` result: each figure with its ratio to the bound. */
+/** The native/wasm table of a `--backend both` result: what each side ran (mode and kernel set),
+ * then each figure with its ratio to the bound. */
 function formatComparison(result: BenchResult): string {
   const cmp = result.native_over_wasm as BenchComparison;
   const rows: string[][] = [["prompt", "measure", "native (ratio to bound)", "wasm (ratio to bound)", "native/wasm"]];
@@ -156,6 +167,8 @@ function formatComparison(result: BenchResult): string {
   for (const entry of cmp.prompts) {
     const nat = run("native", entry.prompt_tokens)!;
     const was = run("wasm", entry.prompt_tokens)!;
+    const side = (s: SideMode): string => `${s.act_dtype}${s.chosen_by === "auto" ? " (auto)" : ""}, ${s.kernels}`;
+    rows.push([String(entry.prompt_tokens), "Linear inputs, kernels", side(entry.sides.native), side(entry.sides.wasm), ""]);
     for (const [key, label] of [["cold_prompt", "first token, cold"], ["warm_prompt", "first token, warm"]] as const) {
       const c = entry[key] as PromptComparison | undefined;
       if (!c) continue;
@@ -167,6 +180,9 @@ function formatComparison(result: BenchResult): string {
       if (!c) continue;
       const cell = (d: DecodeRecord): string => `${d.tokens_per_s.toFixed(2)} tok/s (${d.ratio!.toFixed(2)})`;
       rows.push([String(entry.prompt_tokens), label, cell(nat[key]!), cell(was[key]!), (c.tokens_per_s ?? NaN).toFixed(2)]);
+      const stall = (d: DecodeRecord): string => `${(100 * d.expert_stall_share).toFixed(1)}%, read ahead ${(d.expert_lookahead.issued / d.tokens).toFixed(1)}/token` +
+        (d.expert_lookahead.hit_rate === null ? "" : ` (used ${(100 * d.expert_lookahead.hit_rate).toFixed(0)}%)`);
+      rows.push(["", "  expert stall, % of step", stall(nat[key]!), stall(was[key]!), ""]);
       if (c.adjacent_ratio !== undefined) {
         rows.push(["", "  ratio to adjacent probes", nat[key]!.adjacent!.ratio.toFixed(2), was[key]!.adjacent!.ratio.toFixed(2), c.adjacent_ratio.toFixed(2)]);
       }
@@ -206,9 +222,9 @@ export function markdownReport(results: ReadonlyArray<[string, BenchResult]>): s
     }
   }
   out.push("", "| setting | context (tokens) | decode s/token (mean / median) | SSD GB/token | RAM GB/token | expert hit rate " +
-    "| SSD bound s | RAM bound s | bound = max s | ratio | ratio to SSD+RAM sum | expert stall s/token " +
-    "| adjacent probes DRAM / direct read GB/s | adjacent bound s | adjacent ratio (median) | CRC checks % of step |",
-  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    "| SSD bound s | RAM bound s | bound = max s | ratio | ratio to SSD+RAM sum | expert stall s/token (% of step) " +
+    "| read ahead /token (used) | adjacent probes DRAM / direct read GB/s | adjacent bound s | adjacent ratio (median) | CRC checks % of step |",
+  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
   for (const [label, res] of results) {
     for (const r of res.runs) {
       for (const [key, state] of [["decode_after_cold", "after cold prompt"], ["decode_warm", "warm"]] as const) {
@@ -217,7 +233,9 @@ export function markdownReport(results: ReadonlyArray<[string, BenchResult]>): s
         out.push(`| ${labelOf(label, res, r)} (${state}) | ${d.context_start}+${d.tokens} | ${d.s_per_token_mean.toFixed(3)} / ` +
           `${d.s_per_token_median.toFixed(3)} | ${(d.ssd_bytes_per_token / GB).toFixed(3)} | ${(d.ram_bytes_per_token! / GB).toFixed(3)} | ` +
           `${hitRateText(d)} | ${d.bound_ssd_s!.toFixed(3)} | ${d.bound_ram_s!.toFixed(3)} | ${d.bound_s!.toFixed(3)} | ` +
-          `**${d.ratio!.toFixed(2)}** | ${d.ratio_to_sum!.toFixed(2)} | ${d.expert_stall_s_per_token.toFixed(3)} | ${adjacentCells(d)} | ` +
+          `**${d.ratio!.toFixed(2)}** | ${d.ratio_to_sum!.toFixed(2)} | ${d.expert_stall_s_per_token.toFixed(3)} ` +
+          `(${(100 * d.expert_stall_share).toFixed(1)}%) | ${(d.expert_lookahead.issued / d.tokens).toFixed(1)} ` +
+          `(${d.expert_lookahead.hit_rate === null ? "n/a" : `${(100 * d.expert_lookahead.hit_rate).toFixed(0)}%`}) | ${adjacentCells(d)} | ` +
           `${(100 * d.verify_share).toFixed(1)} |`);
       }
     }
@@ -251,6 +269,7 @@ async function runBenchCommand(model: string, opts: BenchCliOptions): Promise<vo
     model, backends, backendRequest: request, backendReason: reason, backendRecord: record, ramMib: opts.ramMib, cacheMib, trunkCacheMib,
     threads, promptLens, decodeTokens: opts.decodeTokens, warm: opts.warm === true, warmupTokens: opts.warmupTokens, maxBatch: opts.maxBatch,
     seed: opts.seed, actDtype: opts.actDtype, kernels: opts.kernels, dropCaches: opts.dropCaches === true, membw: opts.membw, instances: opts.instances,
+    expertLookahead: opts.expertLookahead,
   }, pb, limits, (run) => {
     if (!opts.json) process.stdout.write(`${formatRun(run)}\n`);
   });

@@ -71,6 +71,9 @@ const SNAKE_STATS: ReadonlyArray<[keyof EngineStats, string]> = [
   ["expertHits", "expert_hits"], ["expertMisses", "expert_misses"], ["expertBytesRead", "expert_bytes_read"], ["expertStallNs", "expert_stall_ns"],
   ["visionBytesRead", "vision_bytes_read"], ["tokensPrefilled", "tokens_prefilled"], ["tokensDecoded", "tokens_decoded"],
   ["verifyNs", "verify_ns"], ["verifyBytes", "verify_bytes"],
+  ["expertLookaheadIssued", "expert_lookahead_issued"], ["expertLookaheadUsed", "expert_lookahead_used"],
+  ["expertLookaheadWasted", "expert_lookahead_wasted"], ["expertLookaheadCancelled", "expert_lookahead_cancelled"],
+  ["expertLookaheadPending", "expert_lookahead_pending"],
 ];
 
 function snakeStats(stats: EngineStats, before?: EngineStats): Record<string, number> {

@@ -1,16 +1,17 @@
 /**
  * options.ts — options shared by several commands, defined once: the model options of chat,
  * serve, bench and doctor (addModelOptions, with their defaults from host/plan/defaults.ts, and
- * modelSettings, what they give the host), and the check of the KVL_* environment variables that
+ * modelSettings, what they give the host), --expert-dtype of pack and prepare, and the check of the KVL_* environment variables that
  * stand in for some of them (checkEnvironment, before any command).
  */
 import { type Command, InvalidArgumentError, Option } from "commander";
 
 import { BACKEND_REQUESTS } from "../host/core/backend.js";
-import { KERNEL_CHOICES, type KernelChoice } from "../host/core/core-api.js";
+import { type ExpertLookahead, KERNEL_CHOICES, type KernelChoice } from "../host/core/core-api.js";
+import { EXPERT_DTYPES } from "../host/pack/pack-format.js";
 import { ACT_DTYPE_CHOICES, type ActDtypeChoice } from "../host/plan/act-mode.js";
 import type { ModelOptions } from "../host/plan/settings.js";
-import { DEFAULT_ACT_DTYPE, DEFAULT_KERNELS, DEFAULT_MAX_CONTEXT, DEFAULT_RAM_MIB, DEFAULT_THREADS } from "../host/plan/defaults.js";
+import { DEFAULT_ACT_DTYPE, DEFAULT_EXPERT_LOOKAHEAD, DEFAULT_KERNELS, DEFAULT_MAX_CONTEXT, DEFAULT_RAM_MIB, DEFAULT_THREADS } from "../host/plan/defaults.js";
 import { envChoice, envPositiveInt } from "../host/system/env.js";
 import { UserError } from "../host/system/user-error.js";
 
@@ -24,6 +25,13 @@ export function checkEnvironment(env: NodeJS.ProcessEnv = process.env): void {
 }
 
 /** Option argument parsers: a clear commander error for anything but a whole number. */
+/** --expert-dtype of kvl pack and kvl prepare: what the routed experts are stored as. */
+export function expertDtypeOption(): Option {
+  return new Option("--expert-dtype <dtype>", "the routed experts: q8 row-wise, or q4 in groups of 32 with BF16 scales " +
+    "(about half the bytes a token reads from the experts; accuracy: README Numerics)")
+    .choices(EXPERT_DTYPES).default("q8");
+}
+
 export function nonNegativeInt(value: string): number {
   const n = Number(value);
   if (!/^\d+$/.test(value) || !Number.isSafeInteger(n)) throw new InvalidArgumentError("expected a non-negative integer");
@@ -82,6 +90,14 @@ function actDtypeOption(): Option {
     .choices([...ACT_DTYPE_CHOICES]).default(DEFAULT_ACT_DTYPE);
 }
 
+/** --expert-lookahead: whether the next layer's predicted experts are read ahead (README "Memory"). */
+function expertLookaheadOption(): Option {
+  return new Option("--expert-lookahead <mode>", "auto: while a layer computes, read the experts the next layer's router picks " +
+    "on the current hidden state, whenever the expert cache cannot hold every expert (costs disk reads, never changes a result); " +
+    "off: read each layer's experts only once it routes")
+    .choices(["auto", "off"]).default(DEFAULT_EXPERT_LOOKAHEAD);
+}
+
 /** --cache-mib, --trunk-cache-mib: auto or a whole number of MiB (a bad one is one line naming the option). */
 function cacheMibParser(flag: string): (text: string) => number | "auto" {
   return (text) => {
@@ -116,6 +132,7 @@ export interface ModelCliOptions {
   /** --no-vision sets it false; absent where the command takes no vision options. */
   vision?: boolean;
   maxImageMp?: number;
+  expertLookahead: ExpertLookahead;
 }
 
 /** The model options: what runs the model (backend, instances, threads, kernels, act dtype) and
@@ -131,7 +148,7 @@ export function addModelOptions(command: Command, set: ModelOptionSet = {}): Com
       cacheMibParser("--trunk-cache-mib"), "auto")
     .option("--threads <n>", "compute threads (0 = every core)", nonNegativeInt, DEFAULT_THREADS);
   if (set.context ?? true) command.option("--max-context <n>", "context length in tokens", positiveInt, DEFAULT_MAX_CONTEXT);
-  command.addOption(kernelsOption()).addOption(actDtypeOption());
+  command.addOption(kernelsOption()).addOption(actDtypeOption()).addOption(expertLookaheadOption());
   if (set.vision ?? true) command.option("--no-vision", "do not load the vision tower").addOption(maxImageMpOption());
   return command;
 }
@@ -141,6 +158,6 @@ export function modelSettings(o: ModelCliOptions): ModelOptions {
   return {
     ramMib: o.ramMib, cacheMib: o.cacheMib === "auto" ? undefined : o.cacheMib, trunkCacheMib: o.trunkCacheMib === "auto" ? null : o.trunkCacheMib,
     maxContext: o.maxContext ?? DEFAULT_MAX_CONTEXT, threads: o.threads, kernels: o.kernels, actDtype: o.actDtype, loadVision: o.vision ?? true,
-    instances: o.instances, imageMaxPixels: megapixelsToPixels(o.maxImageMp),
+    instances: o.instances, imageMaxPixels: megapixelsToPixels(o.maxImageMp), expertLookahead: o.expertLookahead,
   };
 }

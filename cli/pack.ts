@@ -2,20 +2,20 @@
  * pack.ts — `kvl pack SRC DST` (and `kvl pack --synth-preset P DST`): parses the options, opens
  * the chosen core, reports; the packing is packer/pack.ts's.
  *
- * The experts' Q8 quantisation runs in whichever core --backend (or KVL_BACKEND) chooses; both
+ * The experts' quantisation (Q8, or Q4 with --expert-dtype q4) runs in whichever core --backend (or KVL_BACKEND) chooses; both
  * give the same bytes. Status lines ("resuming ...", "packed into DST") and the progress bar go
  * to stderr (stdout stays free for what a script reads); --quiet silences both.
  */
 import { type Command, Option } from "commander";
 
 import { chooseBackend, openBackend } from "../host/core/backend.js";
-import { TRUNK_DTYPES, type TrunkDtype } from "../host/pack/pack-format.js";
+import { type ExpertDtype, TRUNK_DTYPES, type TrunkDtype } from "../host/pack/pack-format.js";
 import { UserError } from "../host/system/user-error.js";
 import { PINNED_REVISION } from "../packer/hub.js";
 import { packCheckpoint } from "../packer/pack.js";
 import { silentProgress, stderrProgress } from "../packer/progress.js";
 import { PRESETS, type Preset, SynthSource } from "../packer/synth.js";
-import { backendOption, nonNegativeInt } from "./options.js";
+import { backendOption, expertDtypeOption, nonNegativeInt } from "./options.js";
 
 interface PackCommandOptions {
   allowRevision?: boolean;
@@ -23,6 +23,7 @@ interface PackCommandOptions {
   synthPreset?: Preset;
   seed: number;
   trunkDtype: TrunkDtype;
+  expertDtype: ExpertDtype;
   quiet?: boolean;
   backend?: string;
 }
@@ -40,6 +41,7 @@ export function addPackCommand(program: Command): void {
     .addOption(new Option("--trunk-dtype <dtype>", "the trunk's Linear weights (attention, dense and shared MLPs, lm_head): " +
       "bf16 as the checkpoint, or q8 row-wise like the experts (half the bytes per token; accuracy: README Numerics)")
       .choices(TRUNK_DTYPES).default("bf16"))
+    .addOption(expertDtypeOption())
     .option("--quiet", "no progress bar and no status lines")
     .addOption(backendOption())
     .action(async (src: string | undefined, dst: string | undefined, opts: PackCommandOptions) => {
@@ -55,6 +57,7 @@ export function addPackCommand(program: Command): void {
       const common = {
         core,
         trunkDtype: opts.trunkDtype,
+        expertDtype: opts.expertDtype,
         deleteConsumedShards: opts.deleteConsumedShards === true,
         progress: opts.quiet ? silentProgress : stderrProgress(),
         ...(opts.quiet ? {} : { log: (line: string) => process.stderr.write(`${line}\n`) }),

@@ -2,17 +2,18 @@
  * prepare.ts — `kvl prepare DST`: parses the options and reports; downloading and packing are
  * packer/prepare.ts's.
  *
- * Owns: the command's options (--revision, --keep-download, --ram-budget, --quiet, --backend),
+ * Owns: the command's options (--revision, --keep-download, --ram-budget, --expert-dtype, --quiet, --backend),
  * the size syntax of --ram-budget, and printing a UserError as one `kvl prepare: error: ...` line
  * (exit status 1).
  */
 import { type Command, InvalidArgumentError, Option } from "commander";
 
 import { chooseBackend, openBackend } from "../host/core/backend.js";
+import type { ExpertDtype } from "../host/pack/pack-format.js";
 import { PINNED_REVISION } from "../packer/hub.js";
 import { prepare } from "../packer/prepare.js";
 import { silentProgress, stderrProgress } from "../packer/progress.js";
-import { backendOption } from "./options.js";
+import { backendOption, expertDtypeOption } from "./options.js";
 
 /** A size in MiB: a plain number is MiB; k/m/g/t with an optional i and b (6000, 6000MiB, 8GiB). */
 function parseSizeMib(text: string): number {
@@ -27,6 +28,7 @@ interface PrepareFlags {
   revision: string;
   keepDownload?: boolean;
   ramBudget?: number;
+  expertDtype: ExpertDtype;
   quiet?: boolean;
   backend?: string;
 }
@@ -39,6 +41,7 @@ export function addPrepareCommand(program: Command): void {
     .addOption(new Option("--revision <rev>", `hub revision (default: the pinned ${PINNED_REVISION}); another one is packed with a warning`).default(PINNED_REVISION))
     .option("--keep-download", "keep the downloaded files in DST/.download (needs ~33 GB more disk)")
     .option("--ram-budget <size>", "RAM budget for the final check (MiB, or with a unit: 8GiB)", parseSizeMib)
+    .addOption(expertDtypeOption())
     .option("--quiet", "no progress bar")
     .addOption(backendOption())
     .action(async (dst: string, opts: PrepareFlags) => {
@@ -50,6 +53,7 @@ export function addPrepareCommand(program: Command): void {
           revision: opts.revision,
           keepDownload: opts.keepDownload === true,
           ramBudgetMib: opts.ramBudget ?? null,
+          expertDtype: opts.expertDtype,
           planBackend: record.chosen,
           progress: opts.quiet ? silentProgress : stderrProgress(),
         });

@@ -132,7 +132,7 @@ export class ChatModel {
     await openRunnablePack(packDir);
     const backend = options.backend.chosen;
     // before the plan: the integer modes' trunk rows and workspace are bytes it counts
-    const actMode = actModeFor(options.actDtype, options.backend, backend, options.kernels);
+    const actMode = await actModeFor(options.actDtype, options.backend, backend, options.kernels);
     const ramPlan = await plan(packDir, {
       backend, ramMib: options.ramMib, cacheMib: options.cacheMib ?? null, trunkCacheMib: options.trunkCacheMib,
       maxContext: options.maxContext, loadVision: options.loadVision, threads: options.threads, actDtype: actMode.actDtype, check: true,
@@ -161,6 +161,7 @@ export class ChatModel {
       try {
         client = await EngineClient.open(backend, packDir, {
           nThreads: ramPlan.nThreads, planned: ramPlan.instances, kernels: options.kernels, actDtype: actMode.actDtype,
+          ...(options.expertLookahead !== undefined ? { expertLookahead: options.expertLookahead } : {}),
         });
       } finally {
         if (timer) clearInterval(timer);

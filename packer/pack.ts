@@ -9,7 +9,7 @@
  * index/asset/completion writes, and a rerun over a finished pack: nothing to do when it is this
  * source's, a refusal when it is another's (finishedPackRefusal).
  * Does not own: the byte format (host/pack/pack-format.ts), the expected inventory and hparams
- * (host/pack/model-spec.ts), Q8 quantisation (the core's packExpert and packQ8Rows, on either backend), reading
+ * (host/pack/model-spec.ts), quantisation (the core's packExpert, packExpertQ4 and packQ8Rows, on either backend), reading
  * checkpoints (tensor-source.ts, safetensors.ts), downloads (prepare.ts).
  *
  * Crash safety: the full layout (every record's offset) is computed from the source inventory
@@ -28,10 +28,10 @@ import { type FileHandle, open, rm, unlink } from "node:fs/promises";
 import { join } from "node:path";
 
 import type { PackingCore } from "../host/core/core-api.js";
-import { type TensorInfo, checkSource, checkSupported, formatShape, hparams as configHparams, isTrunkLinear } from "../host/pack/model-spec.js";
+import { type TensorInfo, checkSource, checkSupported, formatShape, hparams as configHparams, isTrunkLinear, textDims } from "../host/pack/model-spec.js";
 import {
-  ASSET_FILES, BIN_ALIGN, COMPLETE_FILE, DTYPE_BF16, DTYPE_F32, DTYPE_Q8_EXPERT, DTYPE_Q8_ROWS, JOURNAL_DIR,
-  SOURCE_REVISION_FILE, STORES, STORE_KINDS, type StoreName, type TensorRecord, type TrunkDtype, alignUp, bf16BitsToF32,
+  ASSET_FILES, BIN_ALIGN, COMPLETE_FILE, DTYPE_BF16, DTYPE_F32, DTYPE_Q4_EXPERT, DTYPE_Q8_EXPERT, DTYPE_Q8_ROWS, type ExpertDtype,
+  JOURNAL_DIR, Q4_GROUP, SOURCE_REVISION_FILE, STORES, STORE_KINDS, type StoreName, type TensorRecord, type TrunkDtype, alignUp, bf16BitsToF32,
   type CompleteMarker, PackReader, crc32, encodeCompleteMarker, encodeIndex, expertRecordName, formatVersionOf, q8RowsLayout,
   recordNbytes,
 } from "../host/pack/pack-format.js";
@@ -72,6 +72,10 @@ interface PackOptions {
    * default; byte-identical to packs made before the option existed) or "q8" (row-wise Q8 as the
    * experts, format version 2: half the bytes a token reads from the trunk). */
   trunkDtype?: TrunkDtype;
+  /** What the routed experts are stored as: "q8" (the default; Q8_EXPERT, byte-identical to packs
+   * made before the option existed) or "q4" (Q4_EXPERT, groups of 32 with BF16 scales, format
+   * version 3: about half the expert bytes; hidden_size and moe_intermediate_size multiples of 32). */
+  expertDtype?: ExpertDtype;
   /** Delete each source shard once everything taken from it is durably packed (directory sources only). */
   deleteConsumedShards?: boolean;
   /** Byte progress of the item loop. Default: none. */
@@ -111,6 +115,7 @@ interface Layout {
   /** format_version of every index and of PACK_COMPLETE.json (formatVersionOf the records) */
   readonly formatVersion: number;
   readonly trunkDtype: TrunkDtype;
+  readonly expertDtype: ExpertDtype;
   /** source tensor -> shard */
   readonly shards: ReadonlyMap<string, string | null>;
 }
@@ -154,7 +159,15 @@ interface Entry {
   inputs: readonly string[];
 }
 
-async function computeLayout(source: TensorSource, trunkDtype: TrunkDtype = "bf16"): Promise<Layout> {
+/** Why `--expert-dtype q4` cannot store this (validated) config's experts, in one line, or null. */
+function q4Refusal(config: unknown): string | null {
+  const { hidden_size: h, moe_intermediate_size: i } = textDims(config);
+  if (h % Q4_GROUP === 0 && i % Q4_GROUP === 0) return null;
+  return `--expert-dtype q4 needs hidden_size and moe_intermediate_size to be multiples of ${Q4_GROUP} ` +
+    `(this config: ${h} and ${i}); pack with --expert-dtype q8`;
+}
+
+async function computeLayout(source: TensorSource, trunkDtype: TrunkDtype = "bf16", expertDtype: ExpertDtype = "q8"): Promise<Layout> {
   const config = source.config();
   const assets = await source.assetFiles();
   const configText = decodeUtf8Strict(assets.get("config.json")!);
@@ -181,7 +194,8 @@ async function computeLayout(source: TensorSource, trunkDtype: TrunkDtype = "bf1
     const [gate, up, down] = ["gate_proj", "up_proj", "down_proj"].map((p) => parts.get(p)!) as [string, string, string];
     const [inter, hidden] = infos.get(gate)!.shape as [number, number];
     perStore.get("experts")!.push({
-      key: expertRecordName(layer, expert), dtype: DTYPE_Q8_EXPERT, shape: [layer, expert, inter, hidden], inputs: [gate, up, down],
+      key: expertRecordName(layer, expert), dtype: expertDtype === "q4" ? DTYPE_Q4_EXPERT : DTYPE_Q8_EXPERT,
+      shape: [layer, expert, inter, hidden], inputs: [gate, up, down],
     });
   }
   const records = new Map<StoreName, Item[]>();
@@ -207,7 +221,7 @@ async function computeLayout(source: TensorSource, trunkDtype: TrunkDtype = "bf1
   work.sort((a, b) => a.k[0] - b.k[0] || a.k[1] - b.k[1] || a.k[2] - b.k[2]);
   return {
     items: work.map((w) => w.it), binSizes, records, hparams: configHparams(config), configText,
-    revision: source.revision(), shards, formatVersion: formatVersionOf([...records.values()].flat()), trunkDtype,
+    revision: source.revision(), shards, formatVersion: formatVersionOf([...records.values()].flat()), trunkDtype, expertDtype,
   };
 }
 
@@ -217,6 +231,7 @@ function fingerprint(layout: Layout, inventory: ReadonlyMap<string, TensorInfo>)
     format_version: layout.formatVersion,
     // only when not the default, so a BF16 pack's journal is what it was before the option
     ...(layout.trunkDtype !== "bf16" ? { trunk_dtype: layout.trunkDtype } : {}),
+    ...(layout.expertDtype !== "q8" ? { expert_dtype: layout.expertDtype } : {}),
     revision: layout.revision,
     config_sha256: createHash("sha256").update(layout.configText, "utf8").digest("hex"),
     bin_sizes: Object.fromEntries(layout.binSizes),
@@ -252,10 +267,12 @@ async function readInputs(source: TensorSource, item: Item): Promise<Uint8Array[
 
 /** The item's exact output bytes from its source tensors' bytes. */
 function buildItem(source: TensorSource, item: Item, inputs: readonly Uint8Array[], core: PackingCore): Uint8Array {
-  if (item.dtype === DTYPE_Q8_EXPERT) {
+  if (item.dtype === DTYPE_Q8_EXPERT || item.dtype === DTYPE_Q4_EXPERT) {
     const [gate, up, down] = inputs.map(u16) as [Uint16Array, Uint16Array, Uint16Array];
     try {
-      return core.packExpert(gate, up, down, item.shape[2]!, item.shape[3]!);
+      return item.dtype === DTYPE_Q4_EXPERT
+        ? core.packExpertQ4(gate, up, down, item.shape[2]!, item.shape[3]!)
+        : core.packExpert(gate, up, down, item.shape[2]!, item.shape[3]!);
     } catch (err) {
       throw new UserError(`${item.inputs.join(", ")}: ${(err as Error).message}`);
     }
@@ -425,9 +442,9 @@ function shardsDeleted(src: string): boolean {
   }
 }
 
-/** The refusal to pack over a finished pack made with the other --trunk-dtype. */
-function finishedTrunkDtype(dst: string, was: string, now: string): string {
-  return `${dst} is a finished pack made with --trunk-dtype ${was}, not ${now}; choose another destination, or remove ${dst} to repack it`;
+/** The refusal to pack over a finished pack made with another --trunk-dtype or --expert-dtype. */
+function finishedDtype(dst: string, { flag, was, now }: DtypeChange): string {
+  return `${dst} is a finished pack made with ${flag} ${was}, not ${now}; choose another destination, or remove ${dst} to repack it`;
 }
 
 /** The refusal to pack over a finished pack of something else. */
@@ -450,7 +467,8 @@ async function finishedPackRefusal(source: TensorSource, dst: string, layout: La
     if (!(err instanceof UserError)) throw err;
     return `${dst} has ${COMPLETE_FILE} but does not read back as a pack (${err.message.split("\n")[0]}); remove ${dst} and pack again`;
   }
-  if (packed.trunkDtype !== layout.trunkDtype) return finishedTrunkDtype(dst, packed.trunkDtype, layout.trunkDtype);
+  if (packed.trunkDtype !== layout.trunkDtype) return finishedDtype(dst, { flag: "--trunk-dtype", was: packed.trunkDtype, now: layout.trunkDtype });
+  if (packed.expertDtype !== layout.expertDtype) return finishedDtype(dst, { flag: "--expert-dtype", was: packed.expertDtype, now: layout.expertDtype });
   if (packed.revision !== layout.revision) {
     return finishedElsewhere(dst, `source revision ${packed.revision ?? "unknown"}; this source's is ${layout.revision ?? "unknown"}`);
   }
@@ -477,12 +495,13 @@ async function finishedPackRefusal(source: TensorSource, dst: string, layout: La
   return null;
 }
 
-/** The --trunk-dtype a journal's fingerprint records ("?" when it does not parse). */
-function trunkDtypeOf(print: string): string {
+/** The --trunk-dtype and --expert-dtype a journal's fingerprint records (null when it does not parse). */
+function dtypesOf(print: string): { trunk: string; expert: string } | null {
   try {
-    return String((JSON.parse(print) as { trunk_dtype?: unknown }).trunk_dtype ?? "bf16");
+    const parsed = JSON.parse(print) as { trunk_dtype?: unknown; expert_dtype?: unknown };
+    return { trunk: String(parsed.trunk_dtype ?? "bf16"), expert: String(parsed.expert_dtype ?? "q8") };
   } catch {
-    return "?";
+    return null;
   }
 }
 
@@ -501,23 +520,35 @@ function journalDigests(path: string): Array<[string, string]> {
   return pairs as Array<[string, string]>;
 }
 
+/** A dtype option the journal's fingerprint records, with the value it was made with and the
+ * one asked for now. */
+interface DtypeChange {
+  readonly flag: "--trunk-dtype" | "--expert-dtype";
+  readonly was: string;
+  readonly now: string;
+}
+
 /**
  * Whether the journal in `journal` records this pack: null when its fingerprint is `print` and
  * every shard still present has the digest it had when the pack began; else what differs
- * (trunkDtype: the --trunk-dtype it was made with, when only that differs; null: the source).
+ * (option: the --trunk-dtype or --expert-dtype it was made with, when the two differ in it;
+ * null: the source).
  */
-function journalMismatch(journal: string, print: string, digests: ReadonlyMap<string, string>): { trunkDtype: string | null } | null {
+function journalMismatch(journal: string, print: string, digests: ReadonlyMap<string, string>): { option: DtypeChange | null } | null {
   const recordedLayout = readFileSync(join(journal, JOURNAL_LAYOUT), "utf8");
   if (recordedLayout !== print) {
-    const [was, now] = [trunkDtypeOf(recordedLayout), trunkDtypeOf(print)];
-    return { trunkDtype: was !== now && was !== "?" ? was : null };
+    const [was, now] = [dtypesOf(recordedLayout), dtypesOf(print)];
+    if (was === null || now === null) return { option: null };
+    if (was.trunk !== now.trunk) return { option: { flag: "--trunk-dtype", was: was.trunk, now: now.trunk } };
+    if (was.expert !== now.expert) return { option: { flag: "--expert-dtype", was: was.expert, now: now.expert } };
+    return { option: null };
   }
   // Same layout; the same data? Compare the shards still present with their digests at the start.
   const shardsPath = join(journal, JOURNAL_SHARDS);
   const recorded = isFile(shardsPath) ? journalDigests(shardsPath) : [];
   for (const [shard, digest] of recorded) {
     const now = digests.get(shard);
-    if (now !== undefined && now !== digest) return { trunkDtype: null };
+    if (now !== undefined && now !== digest) return { option: null };
   }
   return null;
 }
@@ -531,9 +562,10 @@ async function prepareDst(dst: string, print: string, digests: ReadonlyMap<strin
   makeOutputDir(dst, "DST");
   if (isFile(layoutPath)) {
     const mismatch = journalMismatch(journal, print, digests);
-    if (mismatch?.trunkDtype) {
-      throw new UserError(`${dst}: holds an unfinished pack made with --trunk-dtype ${mismatch.trunkDtype}, not ${trunkDtypeOf(print)}; ` +
-        `rerun with --trunk-dtype ${mismatch.trunkDtype} to finish it, or delete the directory`);
+    if (mismatch?.option) {
+      const { flag, was, now } = mismatch.option;
+      throw new UserError(`${dst}: holds an unfinished pack made with ${flag} ${was}, not ${now}; ` +
+        `rerun with ${flag} ${was} to finish it, or delete the directory`);
     }
     if (mismatch) {
       throw new UserError(`${dst}: holds an unfinished pack of a different source or kvl version; ` +
@@ -594,7 +626,10 @@ async function pack(source: TensorSource, dst: string, options: PackOptions, hoo
   if (problems.length > 0) {
     throw new UserError(`cannot pack this source (${problems.length} problem(s)):\n  - ${problems.join("\n  - ")}`);
   }
-  const layout = await computeLayout(source, options.trunkDtype ?? "bf16");
+  const expertDtype = options.expertDtype ?? "q8";
+  const q4 = expertDtype === "q4" ? q4Refusal(source.config()) : null;
+  if (q4 !== null) throw new UserError(q4);
+  const layout = await computeLayout(source, options.trunkDtype ?? "bf16", expertDtype);
   const inventory = new Map(source.tensorNames().map((n) => [n, source.tensorInfo(n)]));
   const print = fingerprint(layout, inventory);
   const digests = new Map<string, string>();
@@ -607,7 +642,7 @@ async function pack(source: TensorSource, dst: string, options: PackOptions, hoo
       // Killed after the completion marker was written but before the journal was removed: the
       // journal still says what was packed (the source's shards may be gone by now).
       const mismatch = journalMismatch(journal, print, digests);
-      if (mismatch?.trunkDtype) throw new UserError(finishedTrunkDtype(dst, mismatch.trunkDtype, layout.trunkDtype));
+      if (mismatch?.option) throw new UserError(finishedDtype(dst, mismatch.option));
       if (mismatch) throw new UserError(finishedElsewhere(dst, "its journal records another source"));
     } else {
       const refusal = await finishedPackRefusal(source, dst, layout, options.core);
@@ -672,8 +707,9 @@ async function pack(source: TensorSource, dst: string, options: PackOptions, hoo
   }
   const complete: CompleteMarker = {
     format_version: layout.formatVersion, source_revision: layout.revision, files,
-    // only a Q8 trunk says so: a BF16-trunk marker stays byte-identical to earlier packs
+    // only a Q8 trunk and Q4 experts say so: other markers stay byte-identical to earlier packs
     ...(layout.trunkDtype !== "bf16" ? { trunk_dtype: layout.trunkDtype } : {}),
+    ...(layout.expertDtype !== "q8" ? { expert_dtype: layout.expertDtype } : {}),
   };
   await writeAtomic(join(dst, COMPLETE_FILE), Buffer.from(encodeCompleteMarker(complete), "utf8"));
   testKillPoint("final:complete");

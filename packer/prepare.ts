@@ -19,9 +19,10 @@ import { join } from "node:path";
 import type { BackendName, PackingCore } from "../host/core/core-api.js";
 import { checkOutputDir, makeOutputDir } from "../host/system/output-path.js";
 import { testLoadNativeAddon } from "../host/core/backend.js";
-import { resolveActMode, WASM_AUTO_KERNEL_SET } from "../host/plan/act-mode.js";
+import { wasmBuildFor } from "../host/core/wasm-relaxed.js";
+import { resolveActMode } from "../host/plan/act-mode.js";
 import { plan } from "../host/plan/planner.js";
-import { COMPLETE_FILE, JOURNAL_DIR, verify } from "../host/pack/pack-format.js";
+import { COMPLETE_FILE, type ExpertDtype, JOURNAL_DIR, verify } from "../host/pack/pack-format.js";
 import { UserError } from "../host/system/user-error.js";
 import { Hub, PINNED_REPO, PINNED_REVISION, hubEndpoint } from "./hub.js";
 import { packCheckpoint } from "./pack.js";
@@ -39,6 +40,8 @@ export interface PrepareOptions {
   revision?: string;
   /** Keep DST/.download (every shard) instead of deleting each shard once it is packed. */
   keepDownload?: boolean;
+  /** What the routed experts are stored as (kvl pack --expert-dtype); default "q8". */
+  expertDtype?: ExpertDtype;
   /** RAM budget for the final check (MiB). */
   ramBudgetMib?: number | null;
   /** The backend whose RAM plan --ram-budget is checked against; default wasm (the larger plan). */
@@ -159,7 +162,7 @@ async function postPackCheck(dst: string, ramBudgetMib: number | null, backend: 
   await verify(dst);
   if (ramBudgetMib === null) return;
   // planned with the mode kvl chat would run there by default (--act-dtype auto)
-  const kernelSet = backend === "wasm" ? WASM_AUTO_KERNEL_SET : (testLoadNativeAddon().defaultKernelSet ?? "scalar");
+  const kernelSet = backend === "wasm" ? await wasmBuildFor("auto") : (testLoadNativeAddon().defaultKernelSet ?? "scalar");
   await plan(dst, { backend, ramMib: ramBudgetMib, actDtype: resolveActMode("auto", backend, kernelSet).actDtype });
 }
 
@@ -196,7 +199,7 @@ export async function prepare(dst: string, options: PrepareOptions): Promise<str
   const bars = new ProgressSwitch(options.progress ?? silentProgress);
   const source = await buildSource(hub, scratch, options.keepDownload === true, bars, log);
   try {
-    await packCheckpoint(source, dst, { core: options.core, allowRevision, progress: bars.packing, log });
+    await packCheckpoint(source, dst, { core: options.core, allowRevision, expertDtype: options.expertDtype ?? "q8", progress: bars.packing, log });
   } finally {
     await source.close();
   }

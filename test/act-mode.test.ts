@@ -3,11 +3,13 @@
  * out here as README "Numerics" and bench/RESULTS.md state it (vector kernels: i16x1; scalar:
  * f32, the exact mode), an explicit --act-dtype winning over it, the KV dtype following the
  * resolved mode, and the kernel set auto resolves for before an engine is opened (WebAssembly:
- * what an instance reports as its default, whatever KVL_KERNELS says).
+ * what an instance of the build wasm-relaxed.ts chooses reports as its default — simd128-relaxed
+ * where its self-test passed — whatever KVL_KERNELS says).
  */
 import { describe, expect, it } from "vitest";
 
 import { WasmBackend } from "../host/core/wasm-backend.js";
+import { wasmBuildFor } from "../host/core/wasm-relaxed.js";
 import { actModeFor, expectedKernelSet, resolveActMode } from "../host/plan/act-mode.js";
 
 const record = (defaultKernelSet: string | null) => ({ native: { defaultKernelSet } }) as Parameters<typeof expectedKernelSet>[0];
@@ -43,23 +45,30 @@ describe("--act-dtype auto", () => {
     expect(resolveActMode("i16x1", "wasm", "scalar")).toMatchObject({ actDtype: "i16x1", kvDtype: "i16", chosenBy: "option" });
   });
 
-  it("resolves for the kernel set the engine will run: --kernels when given, else the backend's default", () => {
-    expect(expectedKernelSet(record("avx512-bf16"), "native", "auto")).toBe("avx512-bf16");
-    expect(expectedKernelSet(record("avx512-bf16"), "native", "scalar")).toBe("scalar");
-    expect(expectedKernelSet(record("avx2"), "wasm", "auto")).toBe("simd128");
-    expect(expectedKernelSet(record("avx2"), "wasm", "scalar")).toBe("scalar");
-    expect(actModeFor("auto", record("avx2"), "native", "auto")).toMatchObject({ actDtype: "i16x1", kernels: "avx2" });
-    expect(actModeFor("auto", record("avx2"), "native", "scalar")).toMatchObject({ actDtype: "f32", kernels: "scalar" });
-    expect(actModeFor("auto", record(null), "wasm", "auto")).toMatchObject({ actDtype: "i16x1", kernels: "simd128" });
-    expect(actModeFor("auto", record(null), "wasm", "scalar")).toMatchObject({ actDtype: "f32", kernels: "scalar" });
+  it("resolves for the kernel set the engine will run: --kernels when given, else the backend's default", async () => {
+    expect(expectedKernelSet(record("avx512-bf16"), "native", "auto", "simd128")).toBe("avx512-bf16");
+    expect(expectedKernelSet(record("avx512-bf16"), "native", "scalar", "simd128")).toBe("scalar");
+    expect(expectedKernelSet(record("avx2"), "wasm", "auto", "simd128")).toBe("simd128");
+    expect(expectedKernelSet(record("avx2"), "wasm", "scalar", "simd128-relaxed")).toBe("scalar");
+    expect(await actModeFor("auto", record("avx2"), "native", "auto")).toMatchObject({ actDtype: "i16x1", kernels: "avx2" });
+    expect(await actModeFor("auto", record("avx2"), "native", "scalar")).toMatchObject({ actDtype: "f32", kernels: "scalar" });
+    expect(await actModeFor("auto", record(null), "wasm", "scalar")).toMatchObject({ actDtype: "f32", kernels: "scalar" });
+  });
+
+  it("names simd128-relaxed, not simd128, where the relaxed build is the one WebAssembly runs", async () => {
+    expect(expectedKernelSet(record(null), "wasm", "auto", "simd128-relaxed")).toBe("simd128-relaxed");
+    expect(resolveActMode("auto", "wasm", expectedKernelSet(record(null), "wasm", "auto", "simd128-relaxed")))
+      .toMatchObject({ actDtype: "i16x1", kernels: "simd128-relaxed" });
+    // in this Node: the build wasm-relaxed.ts chooses
+    expect(await actModeFor("auto", record(null), "wasm", "auto")).toMatchObject({ actDtype: "i16x1", kernels: await wasmBuildFor("auto") });
   });
 
   it("the WebAssembly default it assumes is what an instance reports, also under KVL_KERNELS=scalar", async () => {
     const saved = process.env.KVL_KERNELS;
     process.env.KVL_KERNELS = "scalar";
-    const wasm = await WasmBackend.create();
+    const wasm = await WasmBackend.create({ build: await wasmBuildFor("auto") });
     try {
-      expect(wasm.defaultKernelSet()).toBe(expectedKernelSet(record(null), "wasm", "auto"));
+      expect(wasm.defaultKernelSet()).toBe((await actModeFor("auto", record(null), "wasm", "auto")).kernels);
     } finally {
       wasm.close();
       if (saved === undefined) delete process.env.KVL_KERNELS;

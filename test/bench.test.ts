@@ -135,6 +135,12 @@ describe.each(BACKENDS)("on $backend, $instances instance(s)", ({ backend, insta
     expect(decode.bound_ssd_s).toBe(decode.ssd_bytes_per_token / 1e9);
     expect(decode.ratio).toBe(decode.s_per_token_mean / decode.bound_s);
     expect(decode).not.toHaveProperty("adjacent");
+    // the wait for expert reads as a share of the step; the lookahead's counters (none: the cache
+    // holds every extent, so the engines read nothing ahead)
+    expect(decode.expert_stall_share).toBe(decode.expert_stall_s_per_token / decode.s_per_token_mean);
+    expect(result.settings.expert_lookahead).toBe("auto");
+    expect(run.info.expert_lookahead).toBe(false);
+    expect(decode.expert_lookahead).toEqual({ issued: 0, used: 0, wasted: 0, cancelled: 0, pending: 0, hit_rate: null });
     expect(run.peak_rss_bytes).toBeGreaterThan(0);
     expect(run.peak_rss_over_plan).toBe(run.peak_rss_bytes / run.plan_total_bytes);
     expect(result.peak_rss_bytes).toBeGreaterThan(0);
@@ -191,11 +197,13 @@ describe.skipIf(!nativeBuilt)("--backend both", () => {
     expect(result.settings.backend).toBe("both");
     expect(result.runs.map((r: Json) => r.backend)).toEqual(["native", "wasm"]);
     const [n, w] = result.runs;
-    // no --act-dtype: auto, per backend, for the kernel set each runs (vector kernels: i16x1)
+    // no --act-dtype: auto, per backend, for the kernel set each runs (vector kernels: i16x1);
+    // act_mode names the set the engine reports (on WebAssembly simd128 or simd128-relaxed)
     expect(result.settings.act_dtype).toBe("auto");
+    expect(["simd128", "simd128-relaxed"]).toContain(w.info.kernels);
     expect(result.runs.map((r: Json) => [r.backend, r.act_mode.chosen_by, r.act_mode.kernels, r.act_mode.act_dtype, r.info.act_dtype])).toEqual([
       ["native", "auto", n.info.kernels, n.info.kernels === "scalar" ? "f32" : "i16x1", n.info.kernels === "scalar" ? "f32" : "i16x1"],
-      ["wasm", "auto", "simd128", "i16x1", "i16x1"],
+      ["wasm", "auto", w.info.kernels, "i16x1", "i16x1"],
     ]);
     expect(n.cold_prompt.tokens).toBe(w.cold_prompt.tokens);
     expect(n.decode_after_cold.bound_s).toBeGreaterThan(0);
@@ -203,6 +211,11 @@ describe.skipIf(!nativeBuilt)("--backend both", () => {
     expect(cmp.prompts).toHaveLength(1);
     const c = cmp.prompts[0];
     expect(c.prompt_tokens).toBe(8);
+    // what each side ran, beside the ratios
+    expect(c.sides).toEqual({
+      native: { act_dtype: n.act_mode.act_dtype, chosen_by: "auto", kernels: n.info.kernels },
+      wasm: { act_dtype: "i16x1", chosen_by: "auto", kernels: w.info.kernels },
+    });
     for (const phase of ["cold_prompt", "warm_prompt"]) {
       for (const f of ["first_token_s", "prefill_tokens_per_s", "ratio"]) expect(c[phase][f]).toBe(n[phase][f] / w[phase][f]);
     }
@@ -231,12 +244,15 @@ describe.skipIf(!nativeBuilt)("--backend both", () => {
     ]);
   });
 
-  it("prints each run and the side-by-side table", () => {
+  it("prints each run and the side-by-side table, with each side's mode and kernel set", () => {
     const r = bench([pack, ...args, limitsFile]);
     expect(r.status, r.stderr).toBe(0);
+    expect(r.stdout).toMatch(/^ +8 {2}Linear inputs, kernels +(i16x1|f32) \(auto\), [a-z0-9-]+ +i16x1 \(auto\), simd128(-relaxed)?$/m);
     expect(r.stdout).toMatch(/^== prompt 8 tokens \[native, 1 engine\]: engine open /m);
     expect(r.stdout).toMatch(/^== prompt 8 tokens \[wasm, \d+ instances?\]: engine open /m);
     expect(r.stdout).toMatch(/^ {2}decode: .* -> ratio \d/m);
+    expect(r.stdout).toMatch(/^ {4}expert stall \d+\.\d{3} s\/token = \d+\.\d% of the step, none read ahead$/m);
+    expect(r.stdout).toMatch(/^ +expert stall, % of step +\d+\.\d%, read ahead 0\.0\/token +\d+\.\d%, read ahead 0\.0\/token$/m);
     expect(r.stdout).toContain(`limits (${limitsFile}): DRAM 10.000 GB/s, direct read 1.000 GB/s`);
     expect(r.stdout).toMatch(/^native \/ WebAssembly, one run, the same limits/m);
     expect(r.stdout).toMatch(/^ +8 {2}first token, cold +\S+ s \(\S+\) +\S+ s \(\S+\) +\d+\.\d\d$/m);
@@ -250,6 +266,7 @@ describe("bad options", () => {
     [["--prompt-lens", "0,8"], /^kvl bench: error: --prompt-lens needs positive lengths and --decode-tokens >= 1/],
     [["--decode-tokens", "0"], /^kvl bench: error: --prompt-lens needs positive lengths and --decode-tokens >= 1/],
     [["--trunk-cache-mib", "lots"], /^kvl bench: error: --trunk-cache-mib "lots": use auto or a MiB number/],
+    [["--expert-lookahead", "on"], /^error: option '--expert-lookahead <mode>' argument 'on' is invalid\. Allowed choices are auto, off\./],
     [["--limits", "/nonexistent/limits.jsonl"], /^kvl bench: error: --limits \/nonexistent\/limits.jsonl: unreadable \(ENOENT/],
     [["--membw", "/nonexistent/membw", "--limits", "LIMITS"], /^kvl bench: error: --membw \/nonexistent\/membw: not an executable file/],
     [["--ram-mib", "64", "--limits", "LIMITS"], /^kvl bench: error: the RAM plan needs .* over --ram-mib 64/],

@@ -128,7 +128,7 @@ describe.each(BACKENDS)("the boundary structs on %s", (backend) => {
     const extents = 2 * base.numExpertsPerTok + 1;
     const options: Required<EngineOptions> = {
       nThreads: 1, expertCacheBytes: extents * base.expertExtentBytes, trunkCacheBytes: -1, ioMode: "buffered", kernels: "scalar",
-      kvDtype: "bf16", loadVision: true, actDtype: "bf16", layerBegin: 1, layerEnd: base.nLayers - 1,
+      kvDtype: "bf16", loadVision: true, actDtype: "bf16", layerBegin: 1, layerEnd: base.nLayers - 1, expertLookahead: "off",
     };
     const engine = core.openEngine(pack, options);
     try {
@@ -136,11 +136,19 @@ describe.each(BACKENDS)("the boundary structs on %s", (backend) => {
       expect(info).toMatchObject({
         nThreads: 1, expertCacheBytes: extents * base.expertExtentBytes, trunkCacheBytes: 0,
         trunkDirectIo: false, expertDirectIo: false, visionDirectIo: false, kernels: "scalar", kvDtype: "bf16", actDtype: "bf16",
-        layerBegin: 1, layerEnd: base.nLayers - 1,
+        layerBegin: 1, layerEnd: base.nLayers - 1, expertLookahead: false,
       });
       expect(engine.visionBytes(Int32Array.of(2, 2))).toBeGreaterThan(0);
     } finally {
       engine.close();
     }
+    // the same small cache with expertLookahead auto (the default) reads ahead: "off" turned it off
+    const auto = core.openEngine(pack, { ...options, expertLookahead: "auto" });
+    try {
+      expect(auto.info().expertLookahead).toBe(true);
+    } finally {
+      auto.close();
+    }
+    expect(base.expertLookahead).toBe(false); // the default cache holds every extent of the tiny model
   });
 });

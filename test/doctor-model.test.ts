@@ -1,6 +1,7 @@
 /**
  * `kvl doctor MODEL` as a user runs it (the compiled dist/cli/kvl.js in a child process) on a
- * tiny synthesized pack and damaged copies of it: PASS on both backends; FAIL naming the problem
+ * tiny synthesized pack and damaged copies of it: PASS on both backends (and on a pack with Q4
+ * experts, whose "pack" line names them, and whose data check reads the Q4 extents); FAIL naming the problem
  * for a flipped bit in a store's data, a corrupt index, a truncated store, a missing file, a
  * broken or disagreeing config.json, a source checkpoint given instead of a pack, a RAM budget
  * the plan cannot fit, and a backend that cannot load. (Ported from tests/test_doctor.py.)
@@ -29,6 +30,8 @@ const CHECKS = ["pack", "data", "tensor directory", "provenance", "backend", "RA
 let tmp: { dir: string; cleanup: () => void };
 let ckpt: string;
 let pack: string;
+/** The same checkpoint packed with --expert-dtype q4. */
+let q4Pack: string;
 let copies = 0;
 
 function doctor(args: string[], env: Record<string, string> = {}) {
@@ -75,6 +78,7 @@ beforeAll(async () => {
   try {
     ckpt = await tinyCheckpoint(join(tmp.dir, "ckpt"), core);
     pack = await packCheckpoint(ckpt, join(tmp.dir, "pack"), { core, allowRevision: true });
+    q4Pack = await packCheckpoint(ckpt, join(tmp.dir, "pack-q4"), { core, allowRevision: true, expertDtype: "q4" });
   } finally {
     core.close();
   }
@@ -113,6 +117,22 @@ describe("kvl doctor MODEL on a good tiny pack", () => {
     if (r.checks.get("generation")!.line.includes("(length)")) expect(r.checks.get("generation")!.line).toContain(": 8 greedy tokens");
     // the plan's table only with --verbose
     expect(r.stdout).not.toContain("component");
+  }, 120_000);
+
+  it.each(["wasm", "native"] as const)("passes a pack with Q4 experts on %s, naming them; a flipped bit in a Q4 extent is a FAIL naming it", async (backend) => {
+    if (backend === "native" && !nativeBuilt) return;
+    const r = doctor([q4Pack, "--backend", backend, "--quiet"]);
+    expect(r.status, r.stdout + r.stderr).toBe(0);
+    expect(r.last).toBe("PASS");
+    expect(r.checks.get("pack")!.line).toContain("format version 3, bf16 trunk Linear weights, q4 routed experts");
+    expect(r.checks.get("data")!.line).toMatch(/CRCs of all \d+ tensors match/);
+    expect(r.checks.get("generation")!.status).toBe("OK");
+    const dir = join(tmp.dir, `copy-q4-${backend}`);
+    cpSync(q4Pack, dir, { recursive: true });
+    const name = flipDataByte(dir, await PackReader.open(dir), "experts", 2);
+    const bad = doctor([dir, "--backend", backend, "--quiet"]);
+    expect(failLine(bad)).toContain("data: experts.bin is corrupt (1 tensor); rerun kvl pack");
+    expect(bad.checks.get("data")!.line).toContain(`experts.bin: data of '${name}' is corrupt`);
   }, 120_000);
 
   it("--verbose adds the RAM plan's table; progress of the data check goes to stderr", () => {

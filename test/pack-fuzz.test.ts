@@ -126,7 +126,7 @@ function mutateIdx(data: Buffer, r: Rng): [Buffer, string] {
       buf.writeUInt32LE(r.pick([0, 1, 2, 3, 4, 5, 2 ** 32 - 1]), rec + 132);
       break;
     case "dtype":
-      buf.writeUInt32LE(r.pick([0, 1, 2, 3, 4, 2 ** 32 - 1]), rec + 128);
+      buf.writeUInt32LE(r.pick([0, 1, 2, 3, 4, 5, 6, 2 ** 32 - 1]), rec + 128);
       break;
     case "name": {
       const choice = r.below(4);

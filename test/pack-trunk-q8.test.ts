@@ -226,17 +226,17 @@ describe("the index reader and Q8_ROWS", () => {
     expect(idx.records[0]!.nbytes).toBe(76);
   });
 
-  it("refuses Q8_ROWS in a version-1 index, a wrong size, a 3-D shape and version 3, naming the file and tensor", () => {
+  it("refuses Q8_ROWS in a version-1 index, a wrong size, a 3-D shape and version 4, naming the file and tensor", () => {
     expect(() => decodeIndex(encodeIndex(STORE_TRUNK, 4096, [], [rec], "{}", null, 1), "t.idx"))
       .toThrow(/t\.idx: tensor 'm\.weight' is Q8_ROWS, which needs format version 2/);
     expect(() => decodeIndex(encodeIndex(STORE_TRUNK, 4096, [], [{ ...rec, nbytes: 15 + 12 }], "{}", null, 2), "t.idx"))
       .toThrow(/t\.idx: tensor 'm\.weight' is 27 bytes but its dtype and shape need 76/);
     expect(() => decodeIndex(encodeIndex(STORE_TRUNK, 4096, [], [{ ...rec, shape: [3, 5, 1] }], "{}", null, 2), "t.idx"))
       .toThrow(/t\.idx: tensor 'm\.weight': Q8_ROWS records need shape \[rows, cols\]/);
-    expect(() => decodeIndex(encodeIndex(STORE_TRUNK, 4096, [], [], "{}", null, 3), "t.idx"))
+    expect(() => decodeIndex(encodeIndex(STORE_TRUNK, 4096, [], [], "{}", null, 4), "t.idx"))
       .toThrow(UserError);
-    expect(() => decodeIndex(encodeIndex(STORE_TRUNK, 4096, [], [], "{}", null, 3), "t.idx"))
-      .toThrow(/format version 3, this kvl reads versions 1 and 2; repack/);
+    expect(() => decodeIndex(encodeIndex(STORE_TRUNK, 4096, [], [], "{}", null, 4), "t.idx"))
+      .toThrow(/format version 4, this kvl reads versions 1, 2 and 3; repack/);
   });
 
   it("refuses a pack whose marker and indexes disagree on the version", async () => {

@@ -444,7 +444,7 @@ describe("damaged packs", () => {
     expect(await refusal(JSON.stringify({ format_version: 1 }))).toBe(`${path}: unreadable ("files" is missing) — ${hint}`);
     expect(await refusal(JSON.stringify({ ...marker, files: [1] }))).toBe(`${path}: "files" is not a table of file entries — ${hint}`);
     expect(await refusal(JSON.stringify({ ...marker, format_version: "1" }))).toBe(
-      `${path}: format version "1", this kvl reads versions 1 and 2; repack with this kvl version`);
+      `${path}: format version "1", this kvl reads versions 1, 2 and 3; repack with this kvl version`);
     const files = marker.files as Record<string, { size: number; crc32: number }>;
     expect(await refusal(JSON.stringify({ ...marker, files: { ...files, "trunk.idx": { ...files["trunk.idx"], size: String(files["trunk.idx"]!.size) } } })))
       .toBe("trunk.idx: does not match PACK_COMPLETE.json (size/CRC differ) — the pack was modified or is corrupt; rerun kvl pack");

@@ -5,7 +5,8 @@
  *     expert cache, each range's engine reports exactly the planned global, trunk, expert and
  *     workspace bytes and session size; reconcile() then finds nothing to change;
  *   - the same on a pack with a Q8 trunk (--trunk-dtype q8: Q8_ROWS records resident as packed
- *     with every activation mode);
+ *     with every activation mode) and on one with Q4 experts (--expert-dtype q4: the expert
+ *     cache's slots are the Q4 extents' pages);
  *   - the planned WebAssembly memories are enough: every instance is created with exactly its
  *     planned memory and runs a full prefill chunk, a sample and a step (and the memory left is
  *     small: the plan is not padded by more than its stated allowances);
@@ -44,6 +45,9 @@ let facts: PackFacts;
 /** The same checkpoint packed with --trunk-dtype q8 (Q8_ROWS trunk Linear weights). */
 let q8Pack: string;
 let q8Facts: PackFacts;
+/** The same checkpoint packed with --expert-dtype q4 (Q4_EXPERT extents). */
+let q4Pack: string;
+let q4Facts: PackFacts;
 
 beforeAll(async () => {
   tmp = tempDir("planner");
@@ -53,6 +57,8 @@ beforeAll(async () => {
   facts = await readPackFacts(pack);
   q8Pack = await packCheckpoint(ckpt, join(tmp.dir, "pack-q8"), { core: native, allowRevision: true, trunkDtype: "q8" });
   q8Facts = await readPackFacts(q8Pack);
+  q4Pack = await packCheckpoint(ckpt, join(tmp.dir, "pack-q4"), { core: native, allowRevision: true, expertDtype: "q4" });
+  q4Facts = await readPackFacts(q4Pack);
 }, 300_000);
 
 afterAll(() => {
@@ -162,6 +168,38 @@ describe.each(BACKENDS)("the plan of a Q8-trunk pack (kvl pack --trunk-dtype q8)
     expect(p.trunkCacheable).toBe(all);
     if (trunk === "part") expect(p.components.engineWorkspace).toBeGreaterThan(0);
     const opened = await openPlanned(backend, p, q8Pack);
+    try {
+      const reported = opened.parts.map((e, k) => {
+        const checked = engineMatchesPlan(e, p.instances[k]!);
+        expect(checked.info.actDtype).toBe(actDtype);
+        return checked;
+      });
+      expect(p.reconcile(reported)).toEqual([]);
+    } finally {
+      opened.close();
+    }
+  });
+});
+
+describe.each(BACKENDS)("the plan of a Q4-experts pack (kvl pack --expert-dtype q4) on %s", (backend) => {
+  it.each([
+    { instances: 1, trunk: "auto", actDtype: "f32" }, { instances: 2, trunk: "part", actDtype: "i16x1" },
+    { instances: 3, trunk: "auto", actDtype: "i8" }, { instances: 2, trunk: "auto", actDtype: "bf16" },
+  ] as const)("equals what each range's engine reports ($instances instance(s), trunk $trunk, Linear inputs $actDtype)", async ({ instances, trunk, actDtype }) => {
+    const order = trunkTensorBytes(q4Facts, actDtype);
+    const part = order.slice(0, Math.ceil(order.length / 2) + 1).reduce((a, b) => a + b, 0) + 4095;
+    // the extents as packed: the Q4 record's pages, fewer than the Q8 pack's
+    const extent = Math.ceil(q4Facts.expertNbytes / 4096) * 4096;
+    expect(extent).toBeLessThan(Math.ceil(facts.expertNbytes / 4096) * 4096);
+    // a cache of 12 Q4 extents: every range with MoE layers gets a share, none all 24
+    const options: PlanOptions = {
+      backend, instances, ramMib: 4096, cacheMib: (12 * extent) / MIB, trunkCacheMib: trunk === "auto" ? null : part / MIB,
+      maxContext: 200, maxBatch: 48, loadVision: false, actDtype,
+    };
+    const p = planFromFacts(q4Facts, { threads: THREADS, ...options });
+    expect(p.components.expertCache).toBe(12 * extent);
+    expect(p.instances.filter((i) => i.expertExtent > 0).every((i) => i.expertExtent === extent)).toBe(true);
+    const opened = await openPlanned(backend, p, q4Pack);
     try {
       const reported = opened.parts.map((e, k) => {
         const checked = engineMatchesPlan(e, p.instances[k]!);

@@ -11,7 +11,8 @@ import { fileURLToPath, pathToFileURL } from "node:url";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 
 const ENTRIES = ["matmul_bf16", "matmul_q8", "matmul_f32", "matmul_bf16_xb", "matmul_q8_xb",
-  "quantize_i16_act", "matmul_q8_i16", "matmul_q8_i8", "matmul_i16_i16", "dot_f32", "axpy_f32", "axpy_rows_f32", "bf16_to_f32", "q8_to_f32",
+  "quantize_i16_act", "matmul_q8_i16", "matmul_q8_i8", "matmul_i16_i16",
+  "matmul_q4", "matmul_q4_xb", "matmul_q4_i16", "matmul_q4_i8", "dot_f32", "axpy_f32", "axpy_rows_f32", "bf16_to_f32", "q8_to_f32",
   "f32_to_bf16", "softmax", "gelu_tanh"];
 
 /** The exports of kernels.wit as jco transpiles them (result<string, string>: err throws). */
@@ -76,7 +77,8 @@ describe("kernels as a WASI component (jco)", () => {
     expect(new Set(report.checks.map((c) => c.kernel))).toEqual(new Set(ENTRIES));
     expect(report.checks.filter((c) => !c.ok)).toEqual([]);
     expect(report.failed).toBe(0);
-    for (const c of report.checks.filter((c) => ["quantize_i16_act", "matmul_q8_i16", "matmul_q8_i8", "f32_to_bf16", "bf16_to_f32", "q8_to_f32"].includes(c.kernel))) {
+    for (const c of report.checks.filter((c) => ["quantize_i16_act", "matmul_q8_i16", "matmul_q8_i8", "matmul_q4_i16", "matmul_q4_i8", "f32_to_bf16",
+      "bf16_to_f32", "q8_to_f32"].includes(c.kernel))) {
       expect(c.max_err).toBe(0);
     }
   });

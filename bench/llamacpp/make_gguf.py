@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Write a random-weight GGUF with the exact shapes of Kimi-VL-A3B-Instruct's text decoder.
 
-Owns: the llama.cpp baseline model file for bench/llamacpp/run.sh (arch `deepseek2`, Q8_0).
+Owns: the llama.cpp baseline model files for bench/llamacpp/run.sh (arch `deepseek2`): Q8_0
+throughout, or (`--expert-type q4_0`) the routed experts Q4_0 and everything else as in the Q8_0
+file -- the same split as `kvl pack --expert-dtype q4 --trunk-dtype q8`.
 Does not own: anything kvl loads (kvl uses its own pack format; see docs/FORMAT.md), nor any
 claim about output quality -- the weights are random, only speed/memory are meaningful.
 
@@ -19,6 +21,11 @@ Layout follows the vendored llama.cpp (llama-cpp-python 0.3.36 -> llama.cpp 0c1e
     e_score_correction_bias;
   * tensor types as `llama-quantize ... Q8_0` leaves them: every matrix Q8_0 (trunk included),
     norms / router (ffn_gate_inp) / exp_probs_b F32.
+
+Q4_0 routed experts (`--expert-type q4_0`): each block of 32 weights is an fp16 scale and 16
+bytes of 4-bit codes (value = (code - 8) * scale; byte j holds code j low, code j + 16 high), written
+directly as uniform random codes with the scale chosen for the same standard deviation, or with
+`--via-float` quantised by gguf.quants (bit-exact ggml Q4_0).
 
 Q8_0 data: by default each block is written directly as a valid Q8_0 block (fp16 scale + 32
 uniform int8 codes in [-127, 127]) with the scale chosen so the dequantised weights have standard
@@ -51,6 +58,10 @@ except ImportError:  # a clear message instead of a traceback
 Q8_BLOCK = 32          # weights per Q8_0 block
 Q8_BYTES = 2 + Q8_BLOCK  # fp16 scale + 32 int8 codes
 UNIFORM_CODE_STD = 127 / np.sqrt(3.0)  # std of integers uniform on [-127, 127] (approximately)
+Q4_BYTES = 2 + Q8_BLOCK // 2  # fp16 scale + 32 4-bit codes (Q4_0 also has 32 weights a block)
+Q4_CODE_STD = np.sqrt((16**2 - 1) / 12.0)  # std of integers uniform on [-8, 7]
+BLOCK_BYTES = {"q8": Q8_BYTES, "q4": Q4_BYTES}
+QTYPE = {"q8": QT.Q8_0, "q4": QT.Q4_0}
 
 
 @dataclass(frozen=True)
@@ -101,12 +112,13 @@ def hparams_from_config(path: Path) -> Hparams:
 class TensorSpec:
     name: str
     shape: tuple[int, ...]   # numpy order (outermost first); last axis is ggml ne[0] = fan-in
-    kind: str                # "q8" (random Q8_0), "f32" (random normal), "ones" (norm weights)
+    kind: str                # "q8" / "q4" (random Q8_0 / Q4_0), "f32" (random normal), "ones" (norm weights)
     std: float
 
 
-def tensor_plan(hp: Hparams) -> list[TensorSpec]:
-    """Every tensor in file order, with the shapes llama.cpp's deepseek2 loader checks."""
+def tensor_plan(hp: Hparams, expert_kind: str = "q8") -> list[TensorSpec]:
+    """Every tensor in file order, with the shapes llama.cpp's deepseek2 loader checks; the routed
+    experts (ffn_*_exps) of kind expert_kind, every other matrix Q8_0."""
     T = gguf.TENSOR_NAMES
     M = gguf.MODEL_TENSOR
 
@@ -116,6 +128,9 @@ def tensor_plan(hp: Hparams) -> list[TensorSpec]:
 
     def mat(name: str, *shape: int) -> TensorSpec:
         return TensorSpec(name, tuple(shape), "q8", 1.0 / np.sqrt(shape[-1]))
+
+    def experts(name: str, *shape: int) -> TensorSpec:
+        return TensorSpec(name, tuple(shape), expert_kind, 1.0 / np.sqrt(shape[-1]))
 
     def norm(name: str, size: int) -> TensorSpec:
         return TensorSpec(name, (size,), "ones", 0.0)
@@ -146,9 +161,9 @@ def tensor_plan(hp: Hparams) -> list[TensorSpec]:
                 # correction bias keeps the sigmoid top-k routing data-dependent.
                 TensorSpec(n(M.FFN_GATE_INP, i), (hp.experts, hp.hidden), "f32", 1.0 / np.sqrt(hp.hidden)),
                 TensorSpec(n(M.FFN_EXP_PROBS_B, i, "bias"), (hp.experts,), "f32", 0.01),
-                mat(n(M.FFN_GATE_EXP, i), hp.experts, hp.moe_ff, hp.hidden),
-                mat(n(M.FFN_DOWN_EXP, i), hp.experts, hp.hidden, hp.moe_ff),
-                mat(n(M.FFN_UP_EXP, i), hp.experts, hp.moe_ff, hp.hidden),
+                experts(n(M.FFN_GATE_EXP, i), hp.experts, hp.moe_ff, hp.hidden),
+                experts(n(M.FFN_DOWN_EXP, i), hp.experts, hp.hidden, hp.moe_ff),
+                experts(n(M.FFN_UP_EXP, i), hp.experts, hp.moe_ff, hp.hidden),
                 mat(n(M.FFN_GATE_SHEXP, i), shared_ff, hp.hidden),
                 mat(n(M.FFN_DOWN_SHEXP, i), hp.hidden, shared_ff),
                 mat(n(M.FFN_UP_SHEXP, i), shared_ff, hp.hidden),
@@ -159,16 +174,16 @@ def tensor_plan(hp: Hparams) -> list[TensorSpec]:
 
 def stored_bytes(spec: TensorSpec) -> int:
     count = int(np.prod(spec.shape))
-    if spec.kind == "q8":
+    if spec.kind in BLOCK_BYTES:
         if spec.shape[-1] % Q8_BLOCK:
             raise ValueError(f"{spec.name}: row length {spec.shape[-1]} is not a multiple of {Q8_BLOCK}")
-        return count // Q8_BLOCK * Q8_BYTES
+        return count // Q8_BLOCK * BLOCK_BYTES[spec.kind]
     return count * 4
 
 
 def byte_shape(spec: TensorSpec) -> tuple[int, ...]:
-    if spec.kind == "q8":
-        return (*spec.shape[:-1], spec.shape[-1] // Q8_BLOCK * Q8_BYTES)
+    if spec.kind in BLOCK_BYTES:
+        return (*spec.shape[:-1], spec.shape[-1] // Q8_BLOCK * BLOCK_BYTES[spec.kind])
     return spec.shape
 
 
@@ -199,10 +214,11 @@ def build_vocab(hp: Hparams) -> tuple[list[str], list[int]]:
     return tokens, types
 
 
-def write_metadata(w: gguf.GGUFWriter, hp: Hparams) -> None:
+def write_metadata(w: gguf.GGUFWriter, hp: Hparams, expert_kind: str) -> None:
     w.add_name("kimi-vl-a3b-text-random")
     w.add_description("Random weights with Kimi-VL-A3B-Instruct text decoder shapes (kvl bench)")
-    w.add_file_type(int(gguf.LlamaFileType.MOSTLY_Q8_0))
+    # the type most of the bytes have (llama.cpp only prints it)
+    w.add_file_type(int(gguf.LlamaFileType.MOSTLY_Q4_0 if expert_kind == "q4" else gguf.LlamaFileType.MOSTLY_Q8_0))
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
     w.add_block_count(hp.layers)
     w.add_context_length(hp.ctx)
@@ -251,10 +267,17 @@ def q8_direct_chunk(rng: np.random.Generator, n_blocks: int, scale_bytes: np.nda
     return blocks
 
 
-def q8_float_chunk(rng: np.random.Generator, rows: int, row_len: int, std: float) -> np.ndarray:
+def q4_direct_chunk(rng: np.random.Generator, n_blocks: int, scale_bytes: np.ndarray) -> np.ndarray:
+    # every byte value is two valid codes in [0, 15]
+    blocks = np.frombuffer(bytearray(rng.bytes(n_blocks * Q4_BYTES)), dtype=np.uint8).reshape(n_blocks, Q4_BYTES)
+    blocks[:, :2] = scale_bytes
+    return blocks
+
+
+def float_chunk(rng: np.random.Generator, rows: int, row_len: int, std: float, kind: str) -> np.ndarray:
     x = rng.standard_normal((rows, row_len), dtype=np.float32)
     x *= np.float32(std)
-    return gguf.quants.quantize(x, QT.Q8_0)
+    return gguf.quants.quantize(x, QTYPE[kind])
 
 
 def write_tensor(fout, spec: TensorSpec, seed: int, index: int, via_float: bool, chunk_bytes: int) -> None:
@@ -267,15 +290,17 @@ def write_tensor(fout, spec: TensorSpec, seed: int, index: int, via_float: bool,
         return
     row_len = spec.shape[-1]
     rows = int(np.prod(spec.shape[:-1]))
-    row_bytes = row_len // Q8_BLOCK * Q8_BYTES
+    row_bytes = row_len // Q8_BLOCK * BLOCK_BYTES[spec.kind]
     rows_per_chunk = max(1, chunk_bytes // row_bytes)
-    scale = np.array([spec.std / UNIFORM_CODE_STD], dtype=np.float16).view(np.uint8)
+    code_std = Q4_CODE_STD if spec.kind == "q4" else UNIFORM_CODE_STD
+    scale = np.array([spec.std / code_std], dtype=np.float16).view(np.uint8)
+    direct = q4_direct_chunk if spec.kind == "q4" else q8_direct_chunk
     for start in range(0, rows, rows_per_chunk):
         r = min(rows_per_chunk, rows - start)
         if via_float:
-            data = q8_float_chunk(rng, r, row_len, spec.std)
+            data = float_chunk(rng, r, row_len, spec.std, spec.kind)
         else:
-            data = q8_direct_chunk(rng, r * row_len // Q8_BLOCK, scale)
+            data = direct(rng, r * row_len // Q8_BLOCK, scale)
         data.tofile(fout)
 
 
@@ -288,7 +313,11 @@ def pad_to(fout, alignment: int) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=Path, default=Path("/tmp/kvl-llamacpp/kimi-vl-text-q8_0.gguf"))
+    ap.add_argument("--out", type=Path, default=None,
+                    help="default: /tmp/kvl-llamacpp/kimi-vl-text-q8_0.gguf, or "
+                         "kimi-vl-text-q4_0-experts.gguf with --expert-type q4_0")
+    ap.add_argument("--expert-type", choices=["q8_0", "q4_0"], default="q8_0",
+                    help="the routed experts' type (everything else is Q8_0)")
     ap.add_argument("--config", type=Path, default=None,
                     help="take the dimensions from this config.json (e.g. the full pack's); "
                          "default: the Hparams defaults (Kimi-VL-A3B-Instruct's text_config)")
@@ -301,13 +330,17 @@ def main() -> int:
     ap.add_argument("--min-free-gib", type=float, default=25.0,
                     help="refuse to start if the output filesystem has less free space than this")
     args = ap.parse_args()
+    expert_kind = "q4" if args.expert_type == "q4_0" else "q8"
+    if args.out is None:
+        name = "kimi-vl-text-q4_0-experts.gguf" if expert_kind == "q4" else "kimi-vl-text-q8_0.gguf"
+        args.out = Path("/tmp/kvl-llamacpp") / name
 
     hp = hparams_from_config(args.config) if args.config else Hparams()
     if args.layers is not None:
         hp = dataclasses.replace(hp, layers=args.layers)
     if hp.layers <= hp.first_dense:
         sys.exit(f"--layers must be > {hp.first_dense} (layer 0 is dense, the rest are MoE)")
-    plan = tensor_plan(hp)
+    plan = tensor_plan(hp, expert_kind)
     total = sum(stored_bytes(s) for s in plan)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     free = os.statvfs(args.out.parent)
@@ -319,11 +352,12 @@ def main() -> int:
 
     tmp_path = args.out.with_suffix(args.out.suffix + ".partial")
     w = gguf.GGUFWriter(tmp_path, gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH.DEEPSEEK2], use_temp_file=False)
-    write_metadata(w, hp)
+    write_metadata(w, hp, expert_kind)
     for s in plan:
+        quantised = s.kind in QTYPE
         w.add_tensor_info(s.name, byte_shape(s),
-                          np.dtype(np.uint8) if s.kind == "q8" else np.dtype(np.float32),
-                          stored_bytes(s), raw_dtype=QT.Q8_0 if s.kind == "q8" else None)
+                          np.dtype(np.uint8) if quantised else np.dtype(np.float32),
+                          stored_bytes(s), raw_dtype=QTYPE[s.kind] if quantised else None)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()

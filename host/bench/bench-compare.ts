@@ -5,7 +5,8 @@
  * Owns: which figures are compared and how (the --json native_over_wasm object): each is the
  * native run's figure divided by the WebAssembly run's for the same prompt length and phase —
  * times (< 1: native is faster), rates (> 1: native is faster), and ratios to the same bound
- * (measured / bound; their quotient shows how much nearer the physical limit native runs).
+ * (measured / bound; their quotient shows how much nearer the physical limit native runs) —
+ * and, beside them, what each side ran: its Linear inputs' mode and its kernel set.
  * Does not own: the measurements (bench-run.ts) or their rendering (cli/bench.ts).
  */
 import type { BackendName } from "../core/core-api.js";
@@ -20,6 +21,17 @@ interface ComparableRun {
   warm_prompt?: PromptRecord;
   decode_warm?: DecodeRecord;
   peak_rss_bytes?: number | null;
+  /** the engine's report: the kernel set that ran */
+  info: { kernels?: unknown };
+  /** the act mode the run opened with (act-mode.ts actModeJson) */
+  act_mode: { act_dtype: string; chosen_by: string };
+}
+
+/** What one side ran: its Linear inputs' mode (and whether auto chose it) and its kernel set. */
+export interface SideMode {
+  act_dtype: string;
+  chosen_by: string;
+  kernels: string;
 }
 
 const PROMPT_FIGURES = ["first_token_s", "prefill_tokens_per_s", "ratio"] as const;
@@ -30,6 +42,7 @@ export type DecodeComparison = Partial<Record<(typeof DECODE_FIGURES)[number] | 
 
 interface PromptLengthComparison {
   prompt_tokens: number;
+  sides: { native: SideMode; wasm: SideMode };
   cold_prompt?: PromptComparison;
   decode_after_cold?: DecodeComparison;
   warm_prompt?: PromptComparison;
@@ -67,13 +80,17 @@ function compareDecodes(n: DecodeRecord | undefined, w: DecodeRecord | undefined
   return out;
 }
 
+function sideMode(run: ComparableRun): SideMode {
+  return { act_dtype: run.act_mode.act_dtype, chosen_by: run.act_mode.chosen_by, kernels: String(run.info.kernels) };
+}
+
 /** native / wasm for every prompt length both backends ran (in the order of the native runs). */
 export function nativeOverWasm(runs: readonly ComparableRun[]): BenchComparison {
   const prompts: PromptLengthComparison[] = [];
   for (const n of runs.filter((r) => r.backend === "native")) {
     const w = runs.find((r) => r.backend === "wasm" && r.prompt_tokens === n.prompt_tokens);
     if (!w) continue;
-    const entry: PromptLengthComparison = { prompt_tokens: n.prompt_tokens };
+    const entry: PromptLengthComparison = { prompt_tokens: n.prompt_tokens, sides: { native: sideMode(n), wasm: sideMode(w) } };
     const phases = {
       cold_prompt: comparePrompts(n.cold_prompt, w.cold_prompt),
       decode_after_cold: compareDecodes(n.decode_after_cold, w.decode_after_cold),

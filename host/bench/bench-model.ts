@@ -170,6 +170,15 @@ interface AdjacentRecord {
 }
 
 /** A timed greedy decode (bench-run.ts), filled in by decodeBounds / adjacentBounds. */
+export interface LookaheadRecord {
+  issued: number;
+  used: number;
+  wasted: number;
+  cancelled: number;
+  pending: number;
+  hit_rate: number | null;
+}
+
 export interface DecodeRecord {
   tokens: number;
   context_start: number;
@@ -181,6 +190,12 @@ export interface DecodeRecord {
   ssd_bytes_per_token: number;
   expert_hit_rate: number | null;
   expert_stall_s_per_token: number;
+  /** expert_stall_s_per_token / s_per_token_mean: the share of the step spent waiting for expert reads */
+  expert_stall_share: number;
+  /** the next layer's predicted experts read ahead during the decode (engine stats deltas,
+   * kvl_stats expert_lookahead_*: issued = used + wasted + cancelled + the change in pending),
+   * and hit_rate = used / issued (null when none was issued) */
+  expert_lookahead: LookaheadRecord;
   trunk_stall_s_per_token: number;
   expert_bytes_read: number;
   trunk_bytes_read: number;

@@ -20,10 +20,10 @@ import { runInNewContext } from "node:vm";
 
 import { type BenchComparison, nativeOverWasm } from "./bench-compare.js";
 import { type Limits, dropPageCache, probeLimits } from "./bench-limits.js";
-import { type DecodeRecord, kvRowBytes, type PackBytes, type PromptRecord, adjacentBounds, decodeBounds, promptBounds } from "./bench-model.js";
+import { type DecodeRecord, type LookaheadRecord, kvRowBytes, type PackBytes, type PromptRecord, adjacentBounds, decodeBounds, promptBounds } from "./bench-model.js";
 import { randomPrompt } from "./bench-prompt.js";
 import type { BackendRecord } from "../core/backend.js";
-import { type BackendName, CoreError, type CoreSession, type EngineStats, type KernelChoice } from "../core/core-api.js";
+import { type BackendName, CoreError, type CoreSession, type EngineStats, type ExpertLookahead, type KernelChoice } from "../core/core-api.js";
 import { type HostedEngine, openHostedEngine } from "../engine/engine-host.js";
 import { type ThpMode, readThpMode } from "../core/huge-pages.js";
 import { type ActDtypeChoice, actModeFor, actModeJson } from "../plan/act-mode.js";
@@ -61,6 +61,8 @@ interface BenchOptions {
   dropCaches: boolean;
   membw?: string | undefined;
   instances?: number | undefined;
+  /** the engine option expertLookahead (--expert-lookahead; absent: auto) */
+  expertLookahead?: ExpertLookahead | undefined;
 }
 
 export interface RunRecord {
@@ -159,6 +161,12 @@ function hitRate(d: Delta): number | null {
   return n ? d.expertHits / n : null;
 }
 
+function lookaheadOf(d: Delta): LookaheadRecord {
+  const issued = d.expertLookaheadIssued;
+  return { issued, used: d.expertLookaheadUsed, wasted: d.expertLookaheadWasted, cancelled: d.expertLookaheadCancelled,
+    pending: d.expertLookaheadPending, hit_rate: issued ? d.expertLookaheadUsed / issued : null };
+}
+
 function timePrompt(hosted: HostedEngine, tokens: Int32Array, maxContext: number, maxBatch: number): { session: CoreSession; record: PromptRecord } {
   const engine = hosted.engine;
   const session = engine.newSession({ maxContext, maxBatch });
@@ -207,7 +215,8 @@ function timeDecode(hosted: HostedEngine, session: CoreSession, first: number, n
   return {
     tokens: n, context_start: start, s_per_token_mean: mean, s_per_token_median: median(sorted), s_per_token_min: sorted[0]!,
     tokens_per_s: 1 / mean, ssd_bytes_per_token: ssdBytes(d) / n, expert_hit_rate: hitRate(d),
-    expert_stall_s_per_token: d.expertStallNs / 1e9 / n, trunk_stall_s_per_token: d.trunkStallNs / 1e9 / n,
+    expert_stall_s_per_token: d.expertStallNs / 1e9 / n, expert_stall_share: d.expertStallNs / 1e9 / (mean * n),
+    expert_lookahead: lookaheadOf(d), trunk_stall_s_per_token: d.trunkStallNs / 1e9 / n,
     expert_bytes_read: d.expertBytesRead, trunk_bytes_read: d.trunkBytesRead,
     verify_s_per_token: d.verifyNs / 1e9 / n, verify_share: d.verifyNs / 1e9 / (mean * n), verify_bytes_per_token: d.verifyBytes / n,
   };
@@ -239,7 +248,7 @@ async function benchOne(o: BenchOptions, backend: BackendName, n: number, pb: Pa
   rssReset: boolean): Promise<RunRecord> {
   const { maxBatch, maxContext } = sizes;
   if (o.dropCaches) dropPageCache();
-  const mode = actModeFor(o.actDtype, o.backendRecord, backend, o.kernels ?? "auto");
+  const mode = await actModeFor(o.actDtype, o.backendRecord, backend, o.kernels ?? "auto");
   const ramPlan = await plan(o.model, {
     backend, ramMib: o.ramMib, cacheMib: o.cacheMib === "auto" ? null : Number(o.cacheMib), trunkCacheMib: o.trunkCacheMib === "auto" ? null : Number(o.trunkCacheMib),
     maxContext, maxBatch, loadVision: false, threads: o.threads, actDtype: mode.actDtype, check: true, ...(o.instances !== undefined ? { instances: o.instances } : {}),
@@ -251,6 +260,7 @@ async function benchOne(o: BenchOptions, backend: BackendName, n: number, pb: Pa
   try {
     hosted = await openHostedEngine(backend, o.model, {
       nThreads: ramPlan.nThreads, planned: ramPlan.instances, actDtype: mode.actDtype, ...(o.kernels !== undefined ? { kernels: o.kernels } : {}),
+      ...(o.expertLookahead !== undefined ? { expertLookahead: o.expertLookahead } : {}),
     });
   } catch (err) {
     if (err instanceof CoreError) throw new UserError(`the ${backend} engine refused ${o.model}: ${err.message}`);
@@ -273,6 +283,7 @@ async function benchOne(o: BenchOptions, backend: BackendName, n: number, pb: Pa
         n_threads: info.nThreads, kernels: info.kernels, kv_dtype: info.kvDtype, act_dtype: info.actDtype, trunk_direct_io: info.trunkDirectIo,
         expert_direct_io: info.expertDirectIo, global_bytes: info.globalBytes, trunk_cache_bytes: info.trunkCacheBytes,
         expert_cache_bytes: info.expertCacheBytes, engine_workspace_bytes: info.engineWorkspaceBytes, expert_extent_bytes: info.expertExtentBytes,
+        expert_lookahead: info.expertLookahead,
       },
       act_mode: actModeJson(mode),
       streamed_trunk_bytes: streamedTrunk,
@@ -330,6 +341,7 @@ export async function runBench(o: BenchOptions, pb: PackBytes, limits: Limits, o
       ram_mib: o.ramMib, cache_mib: o.cacheMib === "auto" ? o.cacheMib : Number(o.cacheMib), trunk_cache_mib: o.trunkCacheMib, threads: o.threads, prompt_lens: lens,
       decode_tokens: o.decodeTokens, warm: o.warm, max_batch: sizes.maxBatch, max_context: sizes.maxContext, seed: o.seed,
       drop_caches: o.dropCaches, act_dtype: o.actDtype, kernels: o.kernels ?? "auto", backend: o.backendRequest, instances: o.instances ?? null,
+      expert_lookahead: o.expertLookahead ?? "auto",
     },
     limits, pack_bytes: pb, runs: [], peak_rss_bytes: null, peak_rss_reset: rssReset, ru_maxrss_bytes: 0,
     transparent_huge_pages: readThpMode(),

@@ -64,6 +64,13 @@ export interface PackingCore {
    * bits of a [rows, cols] matrix, quantised as the experts are; throws when a weight is NaN or
    * infinite. */
   packQ8Rows(w: Uint16Array, rows: number, cols: number): Uint8Array;
+  /** Bytes of one Q4_EXPERT extent (docs/FORMAT.md); throws unless I and H are positive
+   * multiples of 32. */
+  expertQ4ExtentBytes(intermediate: number, hidden: number): number;
+  /** One Q4_EXPERT extent (groups of 32 with a BF16 scale) from the BF16 bits of gate [I, H],
+   * up [I, H], down [H, I]; throws unless I and H are positive multiples of 32, and when a
+   * weight is NaN or infinite. */
+  packExpertQ4(gate: Uint16Array, up: Uint16Array, down: Uint16Array, intermediate: number, hidden: number): Uint8Array;
   /** A generator state from the 4 seed words numpy's SeedSequence gives. */
   pcg64Seed(seedWords: BigUint64Array): Pcg64State;
   /** Fills out[0, count) with uniform values (kvl_synth_uniform), advancing state: BF16 bits
@@ -121,11 +128,19 @@ export function parseConformanceReport(json: string, set: string): ConformanceRe
   return r as ConformanceReport;
 }
 
-/** Validates packExpert's arguments the same way on both backends. */
-export function checkPackExpertArgs(gate: Uint16Array, up: Uint16Array, down: Uint16Array, intermediate: number, hidden: number): void {
+/** Validates packExpert's (or packExpertQ4's: fn) arguments the same way on both backends. */
+export function checkPackExpertArgs(gate: Uint16Array, up: Uint16Array, down: Uint16Array, intermediate: number, hidden: number, fn = "packExpert"): void {
   const n = intermediate * hidden;
   if (!Number.isInteger(n) || n <= 0 || gate.length !== n || up.length !== n || down.length !== n) {
-    throw new RangeError(`packExpert: gate, up and down must each hold I x H = ${intermediate} x ${hidden} BF16 values`);
+    throw new RangeError(`${fn}: gate, up and down must each hold I x H = ${intermediate} x ${hidden} BF16 values`);
+  }
+}
+
+/** Q4 experts need I and H to be whole groups of 32 columns (docs/FORMAT.md Q4_EXPERT). */
+export function checkQ4ExpertDims(intermediate: number, hidden: number, fn: string): void {
+  const ok = (v: number): boolean => Number.isSafeInteger(v) && v > 0 && v % 32 === 0;
+  if (!ok(intermediate) || !ok(hidden)) {
+    throw new RangeError(`${fn}: Q4 experts need moe_intermediate_size (${intermediate}) and hidden_size (${hidden}) to be positive multiples of 32; use Q8 experts for this model`);
   }
 }
 
@@ -143,16 +158,19 @@ export function packQ8RowsStatus(status: number): void {
   if (status !== 0) throw new Error(`kvl_pack_q8_rows failed: ${KVL_STATUS_NAMES[status] ?? `status ${status}`}`);
 }
 
-/** Throws for a failed kvl_pack_expert. */
-export function packExpertStatus(status: number): void {
+/** Throws for a failed kvl_pack_expert (or kvl_pack_expert_q4: fn). */
+export function packExpertStatus(status: number, fn = "kvl_pack_expert"): void {
   if (status === KVL_ERR_FORMAT) {
     throw new Error("an expert weight is NaN or infinite: the checkpoint is corrupt; re-download it");
   }
-  if (status !== 0) throw new Error(`kvl_pack_expert failed: ${KVL_STATUS_NAMES[status] ?? `status ${status}`}`);
+  if (status !== 0) throw new Error(`${fn} failed: ${KVL_STATUS_NAMES[status] ?? `status ${status}`}`);
 }
 
 
 type IoMode = "auto" | "direct" | "buffered";
+/** kvl_core.h KVL_LOOKAHEAD_*: auto reads the next layer's predicted experts ahead whenever the
+ * expert cache cannot hold every extent; off never does (results are the same either way). */
+export type ExpertLookahead = "auto" | "off";
 /** --kernels: simd128 and simd128-relaxed also pick the WebAssembly build (wasm-relaxed.ts). */
 export type KernelChoice = "auto" | "scalar" | "avx2" | "avx512" | "simd128" | "simd128-relaxed";
 export const KERNEL_CHOICES: readonly KernelChoice[] = ["auto", "scalar", "avx2", "avx512", "simd128", "simd128-relaxed"];
@@ -239,6 +257,8 @@ export interface EngineOptions {
   /** Decoder layers this engine runs, [layerBegin, layerEnd); absent = every layer. */
   layerBegin?: number;
   layerEnd?: number;
+  /** Absent = auto. */
+  expertLookahead?: ExpertLookahead;
 }
 
 /** kvl_engine_info, camel-cased; byte counts as numbers (exact below 2^53). */
@@ -272,6 +292,9 @@ export interface EngineInfo {
   /** The decoder layers this engine runs: [layerBegin, layerEnd). */
   layerBegin: number;
   layerEnd: number;
+  /** Whether the next layer's predicted experts are read ahead (expertLookahead auto and a cache
+   * smaller than every extent of the engine's layers). */
+  expertLookahead: boolean;
 }
 
 /** kvl_stats, camel-cased. */
@@ -292,6 +315,15 @@ export interface EngineStats {
    * open and for vision), and the bytes they covered (docs/FORMAT.md "Checks at run time"). */
   verifyNs: number;
   verifyBytes: number;
+  /** The next layer's predicted experts read ahead: reads queued; of them, acquired before being
+   * evicted (counted as misses too), read and evicted (or failed) unused, cancelled before any
+   * byte was read, and resident or in flight and not yet used at the time of the call:
+   * issued = used + wasted + cancelled + pending. */
+  expertLookaheadIssued: number;
+  expertLookaheadUsed: number;
+  expertLookaheadWasted: number;
+  expertLookaheadCancelled: number;
+  expertLookaheadPending: number;
 }
 
 export interface SessionOptions {
@@ -392,6 +424,7 @@ const KERNELS: Record<KernelChoice, number> = { auto: 0, scalar: 1, avx2: 2, avx
 const KV_DTYPES: Record<KvDtype, number> = { f32: 1, bf16: 2, i16: 3 };
 /** 3 was i16 (two integer terms per input), which the core refuses now. */
 const ACT_DTYPES: Record<ActDtype, number> = { f32: 1, bf16: 2, i16x1: 4, i8: 5 };
+const LOOKAHEADS: Record<ExpertLookahead, number> = { auto: 0, off: 1 };
 
 function nonNegativeInteger(name: string, value: number | undefined, min = 0): number {
   const v = value ?? 0;
@@ -418,6 +451,7 @@ export function engineOptionCodes(options: EngineOptions = {}): EngineOptionCode
     actDtype: pick("actDtype", ACT_DTYPES, options.actDtype, 0),
     layerBegin: nonNegativeInteger("layerBegin", options.layerBegin),
     layerEnd: nonNegativeInteger("layerEnd", options.layerEnd),
+    expertLookahead: pick("expertLookahead", LOOKAHEADS, options.expertLookahead, 0),
   };
 }
 

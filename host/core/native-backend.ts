@@ -7,7 +7,7 @@
  * NativeSession: CoreEngine / CoreSession of core-api.ts: the text engine and the vision
  * encoder). Does not own: building it (scripts/build-addon.mjs).
  */
-import { type ConformanceReport, type CoreBackend, type KernelSet, type Pcg64State, type SamplerParams, checkPackExpertArgs, checkPackQ8RowsArgs, packExpertStatus, packQ8RowsStatus, parseConformanceReport, type CoreEngine, CoreError, type CoreSession, type EngineInfo, type EngineOptionCodes, type EngineOptions, type EngineStats, type FieldLayout, fieldKind, type StructId, type StructLayout, logitsModeCode, wholeRows, type LogitsMode, type SessionOptions, engineOptionCodes, sessionOptionCodes, checkGridsLength, visionShape } from "./core-api.js";
+import { type ConformanceReport, type CoreBackend, type KernelSet, type Pcg64State, type SamplerParams, checkPackExpertArgs, checkPackQ8RowsArgs, checkQ4ExpertDims, packExpertStatus, packQ8RowsStatus, parseConformanceReport, type CoreEngine, CoreError, type CoreSession, type EngineInfo, type EngineOptionCodes, type EngineOptions, type EngineStats, type FieldLayout, fieldKind, type StructId, type StructLayout, logitsModeCode, wholeRows, type LogitsMode, type SessionOptions, engineOptionCodes, sessionOptionCodes, checkGridsLength, visionShape } from "./core-api.js";
 import { q8RowsLayout } from "../pack/pack-format.js";
 import { nativeAddonPath, requireFile } from "../system/paths.js";
 
@@ -32,6 +32,8 @@ interface NativeAddon {
   expertExtentBytes(intermediate: number, hidden: number): number;
   packExpert(gate: Uint16Array, up: Uint16Array, down: Uint16Array, intermediate: number, hidden: number, out: Uint8Array): number;
   packQ8Rows(w: Uint16Array, rows: number, cols: number, out: Uint8Array): number;
+  expertQ4ExtentBytes(intermediate: number, hidden: number): number;
+  packExpertQ4(gate: Uint16Array, up: Uint16Array, down: Uint16Array, intermediate: number, hidden: number, out: Uint8Array): number;
   pcg64Seed(words: BigUint64Array, state: BigUint64Array): void;
   synthUniform(state: BigUint64Array, count: number, center: number, halfWidth: number, out: Uint16Array | Float32Array): void;
   sampleToken(logits: Float32Array, temperature: number, topK: number, topP: number, rng: BigUint64Array, workspace: Int32Array): number;
@@ -118,6 +120,19 @@ export class NativeBackend implements CoreBackend {
     checkPackQ8RowsArgs(w, rows, cols);
     const out = new Uint8Array(q8RowsLayout(rows, cols).nbytes);
     packQ8RowsStatus(this.#addon.packQ8Rows(w, rows, cols, out));
+    return out;
+  }
+
+  expertQ4ExtentBytes(intermediate: number, hidden: number): number {
+    checkQ4ExpertDims(intermediate, hidden, "expertQ4ExtentBytes");
+    return this.#addon.expertQ4ExtentBytes(intermediate, hidden);
+  }
+
+  packExpertQ4(gate: Uint16Array, up: Uint16Array, down: Uint16Array, intermediate: number, hidden: number): Uint8Array {
+    checkQ4ExpertDims(intermediate, hidden, "packExpertQ4");
+    checkPackExpertArgs(gate, up, down, intermediate, hidden, "packExpertQ4");
+    const out = new Uint8Array(this.expertQ4ExtentBytes(intermediate, hidden));
+    packExpertStatus(this.#addon.packExpertQ4(gate, up, down, intermediate, hidden, out), "kvl_pack_expert_q4");
     return out;
   }
 

@@ -10,7 +10,7 @@
 import { readFileSync } from "node:fs";
 import { join } from "node:path";
 
-import { type ConformanceReport, type CoreBackend, type KernelSet, type Pcg64State, type SamplerParams, checkPackExpertArgs, checkPackQ8RowsArgs, packExpertStatus, packQ8RowsStatus, parseConformanceReport, type CoreEngine, type EngineOptions, type StructId, type StructLayout } from "./core-api.js";
+import { type ConformanceReport, type CoreBackend, type KernelSet, type Pcg64State, type SamplerParams, checkPackExpertArgs, checkPackQ8RowsArgs, checkQ4ExpertDims, packExpertStatus, packQ8RowsStatus, parseConformanceReport, type CoreEngine, type EngineOptions, type StructId, type StructLayout } from "./core-api.js";
 import { q8RowsLayout } from "../pack/pack-format.js";
 import { requireFile, wasmDistDir } from "../system/paths.js";
 import { type EmscriptenEngineExports, WasmEngine, wasmStructLayout } from "./wasm-engine.js";
@@ -28,6 +28,8 @@ interface EmscriptenCore extends EmscriptenEngineExports {
   _kvl_expert_extent_bytes(intermediate: number, hidden: number): number;
   _kvl_pack_expert(gate: number, up: number, down: number, intermediate: number, hidden: number, out: number, outBytes: number): number;
   _kvl_pack_q8_rows(w: number, rows: number, cols: number, out: number, outBytes: number): number;
+  _kvl_expert_q4_extent_bytes(intermediate: number, hidden: number): number;
+  _kvl_pack_expert_q4(gate: number, up: number, down: number, intermediate: number, hidden: number, out: number, outBytes: number): number;
   _kvl_pcg64_seed(rng: number, words: number): void;
   _kvl_synth_uniform(rng: number, count: number, center: number, halfWidth: number, bf16: number, out: number): void;
   _kvl_sample(sampler: number, logits: number, vocab: number, workspace: number): number;
@@ -216,6 +218,27 @@ export class WasmBackend implements CoreBackend {
       this.#copyIn(base + 2 * matrix, down);
       const out = base + outOffset;
       packExpertStatus(this.#live._kvl_pack_expert(base, base + matrix, base + 2 * matrix, intermediate, hidden, out, extent));
+      return this.#bytes(out, extent).slice();
+    });
+  }
+
+  expertQ4ExtentBytes(intermediate: number, hidden: number): number {
+    checkQ4ExpertDims(intermediate, hidden, "expertQ4ExtentBytes");
+    return this.#live._kvl_expert_q4_extent_bytes(intermediate, hidden) >>> 0;
+  }
+
+  packExpertQ4(gate: Uint16Array, up: Uint16Array, down: Uint16Array, intermediate: number, hidden: number): Uint8Array {
+    checkQ4ExpertDims(intermediate, hidden, "packExpertQ4");
+    checkPackExpertArgs(gate, up, down, intermediate, hidden, "packExpertQ4");
+    const matrix = gate.byteLength;
+    const extent = this.expertQ4ExtentBytes(intermediate, hidden);
+    const outOffset = Math.ceil((3 * matrix) / 8) * 8;
+    return this.#withBuffer(outOffset + extent, (base) => {
+      this.#copyIn(base, gate);
+      this.#copyIn(base + matrix, up);
+      this.#copyIn(base + 2 * matrix, down);
+      const out = base + outOffset;
+      packExpertStatus(this.#live._kvl_pack_expert_q4(base, base + matrix, base + 2 * matrix, intermediate, hidden, out, extent), "kvl_pack_expert_q4");
       return this.#bytes(out, extent).slice();
     });
   }

@@ -105,8 +105,10 @@ async function checkPack(model: string): Promise<{ check: Check; reader: PackRea
     return { check: { status: "FAIL", name: "pack", detail, fix: detail }, reader: null };
   }
   const stores = [...reader.stores].map(([name, index]) => `${name} ${index.records.length} tensors`).join(", ");
-  // which trunk `kvl pack --trunk-dtype` made (README "Numerics"): q8 halves its bytes per token
-  const trunk = `format version ${reader.stores.get("trunk")!.version}, ${reader.trunkDtype} trunk Linear weights`;
+  // which trunk and experts `kvl pack --trunk-dtype / --expert-dtype` made (README "Numerics"):
+  // q8 halves the trunk's bytes per token, q4 about halves the experts'
+  const trunk = `format version ${reader.stores.get("trunk")!.version}, ${reader.trunkDtype} trunk Linear weights, ` +
+    `${reader.expertDtype} routed experts`;
   return { check: { status: "OK", name: "pack", detail: `${stores}; ${trunk}; structure and index CRCs checked` }, reader };
 }
 
@@ -241,7 +243,8 @@ async function checkRam(model: string, record: BackendRecord, o: ModelDoctorOpti
 async function checkEngine(model: string, record: BackendRecord, ramPlan: RamPlan, o: ModelDoctorOptions, mode: ActMode): Promise<Check[]> {
   let client: EngineClient;
   try {
-    client = await EngineClient.open(record.chosen, model, { nThreads: ramPlan.nThreads, planned: ramPlan.instances, kernels: o.kernels, actDtype: mode.actDtype });
+    client = await EngineClient.open(record.chosen, model, { nThreads: ramPlan.nThreads, planned: ramPlan.instances, kernels: o.kernels, actDtype: mode.actDtype,
+      ...(o.expertLookahead !== undefined ? { expertLookahead: o.expertLookahead } : {}) });
   } catch (err) {
     return [{ status: "FAIL", name: "engine", detail: `the ${record.chosen} engine refused the pack (${message(err)})`, fix: `fix the pack (${message(err)})` }];
   }
@@ -320,7 +323,7 @@ export async function runModelDoctor(modelArg: string, options: ModelDoctorOptio
   const backend = checkBackend(options.backend);
   checks.push(backend.check);
   // resolved before the plan, which counts the integer modes' bytes
-  const actMode = backend.record ? actModeFor(options.actDtype, backend.record, backend.record.chosen, options.kernels) : null;
+  const actMode = backend.record ? await actModeFor(options.actDtype, backend.record, backend.record.chosen, options.kernels) : null;
   if (packOk && backend.record && actMode) {
     const ram = await checkRam(model, backend.record, options, actMode);
     checks.push(ram.check);

@@ -47,6 +47,8 @@ export class SplitEngine implements CoreEngine {
       layerBegin: 0,
       trunkDirectIo: infos.every((i) => i.trunkDirectIo),
       expertDirectIo: infos.every((i) => i.expertDirectIo),
+      // each range decides for its own cache: the model reads ahead where any range does
+      expertLookahead: infos.some((i) => i.expertLookahead),
       globalBytes: sum("globalBytes"),
       trunkCacheBytes: sum("trunkCacheBytes"),
       expertCacheBytes: sum("expertCacheBytes"),

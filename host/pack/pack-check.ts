@@ -13,7 +13,7 @@ import { isDeepStrictEqual } from "node:util";
 
 import { isFile } from "./file-kind.js";
 import { expectedTensors, hparams, isTrunkLinear, textDims } from "./model-spec.js";
-import { COMPLETE_FILE, DTYPE_BF16, DTYPE_F32, DTYPE_NAMES, DTYPE_Q8_ROWS, PackReader } from "./pack-format.js";
+import { COMPLETE_FILE, DTYPE_BF16, DTYPE_F32, DTYPE_NAMES, DTYPE_Q4_EXPERT, DTYPE_Q8_EXPERT, DTYPE_Q8_ROWS, PackReader } from "./pack-format.js";
 import { parseJson } from "./json-file.js";
 import { UserError } from "../system/user-error.js";
 
@@ -99,6 +99,13 @@ export function configProblems(model: string, reader: PackReader): { problems: s
   }
   const badExtent = experts.find((r) => r.shape[2] !== text.moe_intermediate_size || r.shape[3] !== text.hidden_size);
   if (badExtent) problems.push(`${badExtent.name}: shape [${badExtent.shape.join(", ")}] does not match config`);
+  // the routed experts are all Q8_EXPERT or all Q4_EXPERT (kvl pack --expert-dtype): one dtype per pack
+  const expertDtype = experts[0]?.dtype ?? DTYPE_Q8_EXPERT;
+  const badDtype = experts.find((r) => r.dtype !== expertDtype || (r.dtype !== DTYPE_Q8_EXPERT && r.dtype !== DTYPE_Q4_EXPERT));
+  if (badDtype) {
+    problems.push(`${badDtype.name}: dtype ${DTYPE_NAMES[badDtype.dtype]}, ${experts[0]!.name} ${DTYPE_NAMES[expertDtype]}; ` +
+      "the extents must all be Q8_EXPERT or all Q4_EXPERT");
+  }
   return { problems, unusable: false };
 }
 

@@ -1,12 +1,13 @@
 /**
  * pack-format.ts — the kvl runtime-directory ("pack") format of docs/FORMAT.md: constants, index
  * (.idx) encoding and fully validating decoding, the completion marker (PACK_COMPLETE.json) and
- * its validation, the expert-extent layout, record sizes, CRC-32, and a reader of whole packs
+ * its validation, the expert-extent layouts (Q8 and Q4), record sizes, CRC-32, and a reader of whole packs
  * with `verify` (the structure always, every data CRC when asked: `kvl prepare`'s last step).
  *
  * Owns: the on-disk constants and byte layouts, and the rules a pack must follow to be read (the
  * same rules wasm-core/src/store.c enforces). Does not own: deciding what goes into a pack or in
- * which order (packer/pack.ts), quantising experts (the core's kvl_pack_expert), the C reader.
+ * which order (packer/pack.ts), quantising (the core's kvl_pack_expert,
+ * kvl_pack_expert_q4 and kvl_pack_q8_rows), the C reader.
  *
  * u64 fields are validated as bigint (hostile values must not wrap or round); the decoded index
  * carries them as numbers, exact for every size a real file can have.
@@ -26,7 +27,12 @@ const FORMAT_VERSION = 1;
  * predates the dtype stops at the version ("repack with this kvl version") instead of calling
  * the index corrupt. This reader reads both. */
 const FORMAT_VERSION_Q8_ROWS = 2;
-const FORMAT_VERSIONS: readonly number[] = [FORMAT_VERSION, FORMAT_VERSION_Q8_ROWS];
+/** The version of a pack holding Q4_EXPERT records (`kvl pack --expert-dtype q4`), whatever its
+ * trunk: the same stop for readers that predate dtype 5. */
+const FORMAT_VERSION_Q4_EXPERT = 3;
+const FORMAT_VERSIONS: readonly number[] = [FORMAT_VERSION, FORMAT_VERSION_Q8_ROWS, FORMAT_VERSION_Q4_EXPERT];
+/** "1, 2 and 3": the versions this reader reads, as its refusals list them. */
+const VERSIONS_TEXT = `${FORMAT_VERSIONS.slice(0, -1).join(", ")} and ${FORMAT_VERSIONS.at(-1)}`;
 const IDX_MAGIC = "KVLIDX01";
 const HEADER_BYTES = 128;
 const HPARAM_RECORD_BYTES = 64;
@@ -35,8 +41,8 @@ const HPARAM_KEY_BYTES = 56;
 const TENSOR_NAME_BYTES = 128;
 export const BIN_ALIGN = 4096;
 const MAX_NDIM = 4;
-/** Largest dimension of a Q8_ROWS record (as store.c's MAX_EXPERT_DIM for extents). */
-const MAX_Q8_ROWS_DIM = 2n ** 24n;
+/** Largest matrix dimension of a Q8_ROWS record and of a Q4_EXPERT extent (store.c's MAX_EXPERT_DIM). */
+const MAX_QUANT_DIM = 2n ** 24n;
 
 export type StoreName = "trunk" | "experts" | "vision";
 export const STORE_TRUNK = 1;
@@ -51,10 +57,17 @@ export const DTYPE_F32 = 2;
 export const DTYPE_Q8_EXPERT = 3;
 /** One row-wise Q8 matrix [rows, cols] (a trunk Linear weight; format version 2): see q8RowsLayout. */
 export const DTYPE_Q8_ROWS = 4;
-export const DTYPE_NAMES: Readonly<Record<number, string>> = { 1: "BF16", 2: "F32", 3: "Q8_EXPERT", 4: "Q8_ROWS" };
+/** One routed expert's extent in 4 bits, groups of 32 with BF16 scales (format version 3): see q4ExpertLayout. */
+export const DTYPE_Q4_EXPERT = 5;
+export const DTYPE_NAMES: Readonly<Record<number, string>> = { 1: "BF16", 2: "F32", 3: "Q8_EXPERT", 4: "Q8_ROWS", 5: "Q4_EXPERT" };
 /** What `kvl pack --trunk-dtype` stores the trunk's Linear weights as. */
 export type TrunkDtype = "bf16" | "q8";
 export const TRUNK_DTYPES: readonly TrunkDtype[] = ["bf16", "q8"];
+/** What `kvl pack --expert-dtype` stores the routed experts as: row-wise Q8 (Q8_EXPERT) or 4-bit groups (Q4_EXPERT). */
+export type ExpertDtype = "q8" | "q4";
+export const EXPERT_DTYPES: readonly ExpertDtype[] = ["q8", "q4"];
+/** Q4_EXPERT: columns per scale group; I and H must be multiples of it. */
+export const Q4_GROUP = 32;
 const DTYPE_ITEMSIZE: Readonly<Record<number, number>> = { 1: 2, 2: 4 };
 
 /** Files copied verbatim from the source checkpoint (those that exist), in this order. */
@@ -112,6 +125,27 @@ function expertLayoutBig(i: bigint, h: bigint): { [K in keyof ExpertLayout]: big
 /** docs/FORMAT.md "Expert extents" (the core's kvl_expert_extent_bytes gives the same nbytes). */
 function expertLayout(intermediate: number, hidden: number): ExpertLayout {
   const big = expertLayoutBig(BigInt(intermediate), BigInt(hidden));
+  return Object.fromEntries(Object.entries(big).map(([k, v]) => [k, Number(v)])) as unknown as ExpertLayout;
+}
+
+/** docs/FORMAT.md "Q4_EXPERT extents": nibbles [rows, cols/2] per matrix, then BF16 scales
+ * [rows, cols/32] per matrix, each sub-block 64-byte aligned (the same field names as the Q8
+ * layout; the core's kvl_expert_q4_extent_bytes gives the same nbytes). I, H multiples of 32
+ * (decodeIndex refuses others before asking). */
+function q4ExpertLayoutBig(i: bigint, h: bigint): { [K in keyof ExpertLayout]: bigint } {
+  const a64 = (x: bigint): bigint => ((x + 63n) / 64n) * 64n;
+  const g = BigInt(Q4_GROUP);
+  const gate_q = 0n;
+  const up_q = a64(gate_q + (i * h) / 2n);
+  const down_q = a64(up_q + (i * h) / 2n);
+  const gate_s = a64(down_q + (h * i) / 2n);
+  const up_s = a64(gate_s + 2n * ((i * h) / g));
+  const down_s = a64(up_s + 2n * ((i * h) / g));
+  return { intermediate: i, hidden: h, gate_q, up_q, down_q, gate_s, up_s, down_s, nbytes: down_s + 2n * ((h * i) / g) };
+}
+
+export function q4ExpertLayout(intermediate: number, hidden: number): ExpertLayout {
+  const big = q4ExpertLayoutBig(BigInt(intermediate), BigInt(hidden));
   return Object.fromEntries(Object.entries(big).map(([k, v]) => [k, Number(v)])) as unknown as ExpertLayout;
 }
 
@@ -180,6 +214,7 @@ interface StoreIndex {
 
 function recordNbytesBig(dtype: number, shape: readonly bigint[]): bigint {
   if (dtype === DTYPE_Q8_EXPERT) return expertLayoutBig(shape[2]!, shape[3]!).nbytes;
+  if (dtype === DTYPE_Q4_EXPERT) return q4ExpertLayoutBig(shape[2]!, shape[3]!).nbytes;
   if (dtype === DTYPE_Q8_ROWS) return q8RowsLayoutBig(shape[0]!, shape[1]!).nbytes;
   return BigInt(DTYPE_ITEMSIZE[dtype]!) * shape.reduce((a, d) => a * d, 1n);
 }
@@ -194,12 +229,16 @@ function asciiBytes(text: string, what: string): Uint8Array {
   return Buffer.from(text, "latin1");
 }
 
-/** The complete .idx file bytes, CRC included. */
-/** The format version of a pack holding these records: 2 as soon as one is Q8_ROWS, else 1 (so
- * a BF16-trunk pack stays byte-identical to one written before Q8_ROWS existed). */
+/** The format version of a pack holding these records: 3 as soon as one is Q4_EXPERT, else 2 as
+ * soon as one is Q8_ROWS, else 1 (so a pack without them stays byte-identical to one written
+ * before they existed). */
 export function formatVersionOf(records: Iterable<{ readonly dtype: number }>): number {
-  for (const rec of records) if (rec.dtype === DTYPE_Q8_ROWS) return FORMAT_VERSION_Q8_ROWS;
-  return FORMAT_VERSION;
+  let version = FORMAT_VERSION;
+  for (const rec of records) {
+    if (rec.dtype === DTYPE_Q4_EXPERT) return FORMAT_VERSION_Q4_EXPERT;
+    if (rec.dtype === DTYPE_Q8_ROWS) version = FORMAT_VERSION_Q8_ROWS;
+  }
+  return version;
 }
 
 /** The complete .idx file bytes, CRC included (format_version as given: the pack's, formatVersionOf). */
@@ -276,7 +315,7 @@ export function decodeIndex(data: Uint8Array, where: string, expectedKind?: numb
       "not a kvl index; rerun kvl pack");
   }
   if (!FORMAT_VERSIONS.includes(version)) {
-    throw new UserError(`${where}: format version ${version}, this kvl reads versions ${FORMAT_VERSIONS.join(" and ")}; repack with this kvl version`);
+    throw new UserError(`${where}: format version ${version}, this kvl reads versions ${VERSIONS_TEXT}; repack with this kvl version`);
   }
   const kindName = STORE_NAMES[kind];
   if (kindName === undefined) throw new UserError(`${where}: unknown store kind ${kind} — ${corrupt}`);
@@ -340,19 +379,28 @@ export function decodeIndex(data: Uint8Array, where: string, expectedKind?: numb
     if (dtype === DTYPE_Q8_ROWS && version < FORMAT_VERSION_Q8_ROWS) {
       throw new UserError(`${label} is Q8_ROWS, which needs format version ${FORMAT_VERSION_Q8_ROWS} (the index says ${version}) — ${corrupt}`);
     }
+    if (dtype === DTYPE_Q4_EXPERT && version < FORMAT_VERSION_Q4_EXPERT) {
+      throw new UserError(`${label} is Q4_EXPERT, which needs format version ${FORMAT_VERSION_Q4_EXPERT} (the index says ${version}) — ${corrupt}`);
+    }
     if (!(ndim >= 1 && ndim <= MAX_NDIM) || dims.slice(ndim).some((d) => d !== 0n)) {
       throw new UserError(`${label} has an invalid shape (ndim ${ndim}, dims [${dims.join(", ")}]) — ${corrupt}`);
     }
     const shape = dims.slice(0, ndim);
-    if (dtype !== DTYPE_Q8_EXPERT && shape.some((d) => d === 0n)) {
+    if (dtype !== DTYPE_Q8_EXPERT && dtype !== DTYPE_Q4_EXPERT && shape.some((d) => d === 0n)) {
       throw new UserError(`${label} has a zero dimension in shape [${shape.join(", ")}] — ${corrupt}`);
     }
     if (dtype === DTYPE_Q8_EXPERT && (ndim !== 4 || shape[2] === 0n || shape[3] === 0n)) {
       throw new UserError(`${label}: Q8 expert records need shape [layer, expert, I, H] with I, H > 0, found [${shape.join(", ")}] — ${corrupt}`);
     }
+    // store.c's bounds: whole groups of 32, I and H at most MAX_EXPERT_DIM
+    if (dtype === DTYPE_Q4_EXPERT && (ndim !== 4 || shape[2] === 0n || shape[3] === 0n || shape[2]! % BigInt(Q4_GROUP) !== 0n ||
+        shape[3]! % BigInt(Q4_GROUP) !== 0n || shape[2]! > MAX_QUANT_DIM || shape[3]! > MAX_QUANT_DIM)) {
+      throw new UserError(`${label}: Q4 expert records need shape [layer, expert, I, H] with I, H positive multiples of ${Q4_GROUP} ` +
+        `up to ${MAX_QUANT_DIM}, found [${shape.join(", ")}] — ${corrupt}`);
+    }
     // store.c's bound: keeps rows * cols far from u64 overflow in both readers
-    if (dtype === DTYPE_Q8_ROWS && (ndim !== 2 || shape[0]! > MAX_Q8_ROWS_DIM || shape[1]! > MAX_Q8_ROWS_DIM)) {
-      throw new UserError(`${label}: Q8_ROWS records need shape [rows, cols] with 1 <= rows, cols <= ${MAX_Q8_ROWS_DIM}, found [${shape.join(", ")}] — ${corrupt}`);
+    if (dtype === DTYPE_Q8_ROWS && (ndim !== 2 || shape[0]! > MAX_QUANT_DIM || shape[1]! > MAX_QUANT_DIM)) {
+      throw new UserError(`${label}: Q8_ROWS records need shape [rows, cols] with 1 <= rows, cols <= ${MAX_QUANT_DIM}, found [${shape.join(", ")}] — ${corrupt}`);
     }
     if (flags !== 0) throw new UserError(`${label} has nonzero flags ${flags} — ${corrupt}`);
     if (offset % BigInt(BIN_ALIGN)) throw new UserError(`${label} offset ${offset} is not a multiple of ${BIN_ALIGN} — ${corrupt}`);
@@ -396,6 +444,8 @@ export interface CompleteMarker {
   files: Record<string, { size: number; crc32?: number }>;
   /** only in a pack with a Q8_ROWS trunk ("q8") */
   trunk_dtype?: TrunkDtype;
+  /** only in a pack with Q4_EXPERT experts ("q4"; format version 3), after trunk_dtype */
+  expert_dtype?: ExpertDtype;
 }
 
 /** The marker's text: JSON.stringify with a one-space indent, then a line feed. */
@@ -405,7 +455,7 @@ export function encodeCompleteMarker(marker: CompleteMarker): string {
 
 /** What a reader takes from PACK_COMPLETE.json: a format version this kvl reads and the file
  * entries (objects; PackReader.open compares their sizes and CRCs with the files). The other
- * members are not read: the indexes hold the revision, and their records the trunk dtype. */
+ * members are not read: the indexes hold the revision, and their records the trunk and expert dtypes. */
 type CompleteMarkerRead = JsonObject & { format_version: number; files: Record<string, JsonObject> };
 
 /** Reads and validates PACK_COMPLETE.json; a one-line UserError naming the file says what is wrong. */
@@ -428,7 +478,7 @@ function readCompleteMarker(path: string): CompleteMarkerRead {
   const version = marker.format_version;
   if (typeof version !== "number" || !FORMAT_VERSIONS.includes(version)) {
     throw new UserError(`${path}: format version ${jsonText(version)}, this kvl reads ` +
-      `versions ${FORMAT_VERSIONS.join(" and ")}; repack with this kvl version`);
+      `versions ${VERSIONS_TEXT}; repack with this kvl version`);
   }
   return marker as CompleteMarkerRead;
 }
@@ -488,6 +538,41 @@ interface ExpertQuantized {
   readonly up_s: Float32Array;
   /** f32 [H] */
   readonly down_s: Float32Array;
+}
+
+/** One Q4_EXPERT extent's parts (docs/FORMAT.md "Q4_EXPERT extents"), as stored. */
+interface ExpertQ4 {
+  readonly intermediate: number;
+  readonly hidden: number;
+  /** nibbles [I, H/2]: byte j of group g of a row holds columns 32g+j (low) and 32g+16+j (high), each q + 8 */
+  readonly gate_q: Uint8Array;
+  readonly up_q: Uint8Array;
+  /** nibbles [H, I/2] */
+  readonly down_q: Uint8Array;
+  /** BF16 scale bits [I, H/32] */
+  readonly gate_s: Uint16Array;
+  readonly up_s: Uint16Array;
+  /** BF16 scale bits [H, I/32] */
+  readonly down_s: Uint16Array;
+}
+
+/** (nibble - 8) * bf16(scale of its group of 32) in FP32 (exact), for a row-major Q4 matrix [rows, cols]. */
+function dequantizeQ4(q: Uint8Array, s: Uint16Array, rows: number, cols: number): Float32Array {
+  const scale = bf16BitsToF32(s);
+  const out = new Float32Array(rows * cols);
+  const groups = cols / Q4_GROUP;
+  for (let r = 0; r < rows; r++) {
+    for (let g = 0; g < groups; g++) {
+      const ds = scale[r * groups + g]!;
+      const at = r * cols + g * Q4_GROUP;
+      for (let j = 0; j < Q4_GROUP / 2; j++) {
+        const byte = q[r * (cols / 2) + g * (Q4_GROUP / 2) + j]!;
+        out[at + j] = Math.fround(((byte & 15) - 8) * ds);
+        out[at + Q4_GROUP / 2 + j] = Math.fround(((byte >> 4) - 8) * ds);
+      }
+    }
+  }
+  return out;
 }
 
 interface PackTensor {
@@ -567,6 +652,12 @@ export class PackReader {
     return this.stores.get("trunk")!.records.some((r) => r.dtype === DTYPE_Q8_ROWS) ? "q8" : "bf16";
   }
 
+  /** What the routed experts are stored as: "q4" when the extents are Q4_EXPERT (`kvl pack
+   * --expert-dtype q4`), else "q8". */
+  get expertDtype(): ExpertDtype {
+    return this.stores.get("experts")!.records.some((r) => r.dtype === DTYPE_Q4_EXPERT) ? "q4" : "q8";
+  }
+
   /** The embedded config.json, parsed. */
   get config(): unknown {
     return JSON.parse(this.configText);
@@ -596,7 +687,7 @@ export class PackReader {
   /** A trunk/vision tensor: raw BF16 bits or float32 values, in the checkpoint's shape. */
   async tensor(name: string): Promise<PackTensor> {
     const [store, rec] = this.#find(name);
-    if (rec.dtype === DTYPE_Q8_EXPERT) throw new Error(`${name} is an expert extent; use expert()`);
+    if (rec.dtype === DTYPE_Q8_EXPERT || rec.dtype === DTYPE_Q4_EXPERT) throw new Error(`${name} is an expert extent; use expert()`);
     if (rec.dtype === DTYPE_Q8_ROWS) throw new Error(`${name} is a Q8_ROWS matrix; use q8Rows() or tensorF32()`);
     const bytes = await this.raw(store, rec);
     return rec.dtype === DTYPE_BF16
@@ -627,11 +718,16 @@ export class PackReader {
     };
   }
 
-  /** The int8 matrices and float32 row scales of one routed expert's extent. */
-  async expertQuantized(layer: number, expert: number): Promise<ExpertQuantized> {
-    const experts = this.stores.get("experts")!;
-    const rec = experts.byName.get(expertRecordName(layer, expert));
+  #expertRecord(layer: number, expert: number): TensorRecord {
+    const rec = this.stores.get("experts")!.byName.get(expertRecordName(layer, expert));
     if (rec === undefined) throw new Error(`no expert ${layer}.${expert} in the pack at ${this.dir}`);
+    return rec;
+  }
+
+  /** The int8 matrices and float32 row scales of one routed expert's Q8_EXPERT extent. */
+  async expertQuantized(layer: number, expert: number): Promise<ExpertQuantized> {
+    const rec = this.#expertRecord(layer, expert);
+    if (rec.dtype !== DTYPE_Q8_EXPERT) throw new Error(`${rec.name} is ${DTYPE_NAMES[rec.dtype]}, not Q8_EXPERT; use expertQ4()`);
     const [inter, hidden] = [rec.shape[2]!, rec.shape[3]!];
     const lay = expertLayout(inter, hidden);
     const buf = await this.raw("experts", rec);
@@ -644,8 +740,35 @@ export class PackReader {
     };
   }
 
-  /** Dequantized float32 gate_proj [I, H], up_proj [I, H], down_proj [H, I] of one routed expert. */
+  /** The nibbles and BF16 scale bits of one routed expert's Q4_EXPERT extent. */
+  async expertQ4(layer: number, expert: number): Promise<ExpertQ4> {
+    const rec = this.#expertRecord(layer, expert);
+    if (rec.dtype !== DTYPE_Q4_EXPERT) throw new Error(`${rec.name} is ${DTYPE_NAMES[rec.dtype]}, not Q4_EXPERT; use expertQuantized()`);
+    const [inter, hidden] = [rec.shape[2]!, rec.shape[3]!];
+    const lay = q4ExpertLayout(inter, hidden);
+    const buf = await this.raw("experts", rec); // a fresh buffer: its offsets are the extent's (all even)
+    const q = (off: number, n: number): Uint8Array => buf.subarray(off, off + n);
+    const s = (off: number, n: number): Uint16Array => new Uint16Array(buf.buffer, buf.byteOffset + off, n);
+    const [nq, ns] = [(inter * hidden) / 2, (inter * hidden) / Q4_GROUP];
+    return {
+      intermediate: inter, hidden,
+      gate_q: q(lay.gate_q, nq), up_q: q(lay.up_q, nq), down_q: q(lay.down_q, nq),
+      gate_s: s(lay.gate_s, ns), up_s: s(lay.up_s, ns), down_s: s(lay.down_s, ns),
+    };
+  }
+
+  /** Dequantized float32 gate_proj [I, H], up_proj [I, H], down_proj [H, I] of one routed expert
+   * (either expert dtype). */
   async expert(layer: number, expert: number): Promise<{ gate_proj: Float32Array; up_proj: Float32Array; down_proj: Float32Array }> {
+    if (this.#expertRecord(layer, expert).dtype === DTYPE_Q4_EXPERT) {
+      const p = await this.expertQ4(layer, expert);
+      const [i, h] = [p.intermediate, p.hidden];
+      return {
+        gate_proj: dequantizeQ4(p.gate_q, p.gate_s, i, h),
+        up_proj: dequantizeQ4(p.up_q, p.up_s, i, h),
+        down_proj: dequantizeQ4(p.down_q, p.down_s, h, i),
+      };
+    }
     const p = await this.expertQuantized(layer, expert);
     const [i, h] = [p.intermediate, p.hidden];
     return {

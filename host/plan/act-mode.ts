@@ -20,6 +20,8 @@
  */
 import type { BackendRecord } from "../core/backend.js";
 import { ACT_DTYPE_NAMES, type ActDtype, type BackendName, type KernelChoice, type KvDtype, defaultKvDtype } from "../core/core-api.js";
+import type { WasmBuild } from "../core/wasm-backend.js";
+import { wasmBuildFor } from "../core/wasm-relaxed.js";
 
 /** What --act-dtype takes: a mode, or auto (the table's mode for the backend and kernel set). */
 export type ActDtypeChoice = ActDtype | "auto";
@@ -41,13 +43,6 @@ const AUTO_ACT_DTYPE: readonly AutoActRow[] = [
   { backend: "wasm", kernels: ["scalar"], actDtype: "f32", why: "the exact mode where there are no vector kernels" },
 ];
 
-/**
- * The WebAssembly build's kernel set under --kernels auto: simd128, the only vector set it has
- * and one it needs to be usable at all (backend.ts wasmStatus); the core's KVL_KERNELS cap does
- * not reach an instance (emscripten's getenv has its own environment).
- */
-export const WASM_AUTO_KERNEL_SET = "simd128";
-
 /** The mode an engine runs, and why. */
 export interface ActMode {
   readonly actDtype: ActDtype;
@@ -62,10 +57,13 @@ export interface ActMode {
 }
 
 /** The kernel set the engine will run: the one --kernels names (the engine refuses one it cannot
- * run), else the backend's default here (native: what the addon's test load reported). */
-export function expectedKernelSet(record: Pick<BackendRecord, "native">, backend: BackendName, kernels: KernelChoice): string {
+ * run), else the backend's default here: natively what the addon's test load reported; on
+ * WebAssembly the default set of the build an instance loads (wasmAuto: wasm-relaxed.ts's choice,
+ * simd128-relaxed where its self-test passed, else simd128; the core's KVL_KERNELS cap does not
+ * reach an instance, whose getenv has emscripten's own environment). */
+export function expectedKernelSet(record: Pick<BackendRecord, "native">, backend: BackendName, kernels: KernelChoice, wasmAuto: WasmBuild): string {
   if (kernels !== "auto") return kernels;
-  return backend === "wasm" ? WASM_AUTO_KERNEL_SET : (record.native.defaultKernelSet ?? "scalar");
+  return backend === "wasm" ? wasmAuto : (record.native.defaultKernelSet ?? "scalar");
 }
 
 /** The mode for an --act-dtype choice on this backend and kernel set: the named one, or the table's. */
@@ -81,9 +79,12 @@ export function resolveActMode(choice: ActDtypeChoice, backend: BackendName, ker
   };
 }
 
-/** resolveActMode for the kernel set this backend will run (expectedKernelSet). */
-export function actModeFor(choice: ActDtypeChoice, record: Pick<BackendRecord, "native">, backend: BackendName, kernels: KernelChoice): ActMode {
-  return resolveActMode(choice, backend, expectedKernelSet(record, backend, kernels));
+/** resolveActMode for the kernel set this backend will run (expectedKernelSet; on WebAssembly
+ * after the relaxed build's verdict, judged once per thread: wasm-relaxed.ts). */
+export async function actModeFor(choice: ActDtypeChoice, record: Pick<BackendRecord, "native">, backend: BackendName,
+  kernels: KernelChoice): Promise<ActMode> {
+  const wasmAuto = backend === "wasm" ? await wasmBuildFor(kernels) : "simd128"; // unused natively
+  return resolveActMode(choice, backend, expectedKernelSet(record, backend, kernels, wasmAuto));
 }
 
 /** "i16x1 (auto: the fastest mode on WebAssembly)", "f32 (--act-dtype)". The kernel set is named

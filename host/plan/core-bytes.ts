@@ -107,7 +107,9 @@ export interface PackFacts {
   /** Trunk records by name (nbytes; for the integer --act-dtype modes the dtype and rows shape[0] too). */
   readonly trunk: ReadonlyMap<string, { readonly nbytes: number; readonly shape: readonly number[]; readonly dtype: number }>;
   readonly expertRecords: number;
-  /** nbytes of the first expert record (all have one size; the engine checks). */
+  /** nbytes of the first expert record (all have one size and dtype; the engine checks): the
+   * expert cache's slot is its pages, a Q8_EXPERT or Q4_EXPERT extent as packed (engine.c reads
+   * extents unconverted whatever the activation mode). */
   readonly expertNbytes: number;
   readonly tokenizerFileBytes: number;
   /** .idx file sizes: the engines parse them into their own memory. */

@@ -6,7 +6,7 @@
  * Owns: these values. Does not own: the options (cli/options.ts), their checks (settings.ts), the
  * auto act mode's table (act-mode.ts).
  */
-import type { KernelChoice } from "../core/core-api.js";
+import type { ExpertLookahead, KernelChoice } from "../core/core-api.js";
 import type { ActDtypeChoice } from "./act-mode.js";
 
 /** --ram-mib: the RAM budget the plan holds every resident byte to. */
@@ -21,3 +21,6 @@ export const DEFAULT_THREADS = 0;
 export const DEFAULT_KERNELS: KernelChoice = "auto";
 /** --act-dtype: the mode act-mode.ts's table gives for the backend and kernel set. */
 export const DEFAULT_ACT_DTYPE: ActDtypeChoice = "auto";
+/** --expert-lookahead: read the next layer's predicted experts ahead whenever the expert cache
+ * cannot hold them all (kvl_core.h KVL_LOOKAHEAD_AUTO). */
+export const DEFAULT_EXPERT_LOOKAHEAD: ExpertLookahead = "auto";

@@ -11,7 +11,7 @@
  */
 import { availableParallelism } from "node:os";
 
-import { type BackendName, ACT_DTYPE_NAMES, KV_DTYPE_NAMES, defaultKvDtype, isIntegerAct, type ActDtype, type KernelChoice, type KvDtype } from "../core/core-api.js";
+import { type BackendName, ACT_DTYPE_NAMES, KV_DTYPE_NAMES, defaultKvDtype, isIntegerAct, type ActDtype, type ExpertLookahead, type KernelChoice, type KvDtype } from "../core/core-api.js";
 import { MAX_INSTANCE_BYTES } from "../core/wasm-backend.js";
 import { UserError } from "../system/user-error.js";
 import type { ActDtypeChoice } from "./act-mode.js";
@@ -38,6 +38,9 @@ export interface ModelOptions {
   instances?: number | undefined;
   /** The largest image (pixels) the plan reserves decode memory for; absent: the most that fits. */
   imageMaxPixels?: number | undefined;
+  /** Reading the next layer's predicted experts ahead (engine option expertLookahead); absent:
+   * DEFAULT_EXPERT_LOOKAHEAD. Not a plan figure: it changes which extents are read, no byte count. */
+  expertLookahead?: ExpertLookahead | undefined;
 }
 
 export interface PlanOptions {

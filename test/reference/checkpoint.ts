@@ -2,7 +2,9 @@
  * checkpoint.ts — a checkpoint directory (config.json + sharded safetensors) as float64 tensors,
  * read by the reference's own small safetensors parser, and the row-wise Q8 round trip of routed
  * expert weights and, optionally, the trunk's Linear weights (docs/FORMAT.md) for comparisons
- * with a runtime that stores them as Q8.
+ * with a runtime that stores them as Q8; and the 4-bit routed experts of `kvl pack --expert-dtype
+ * q4` (docs/FORMAT.md "Q4_EXPERT extents", written out here from that page): the extent's bytes
+ * (q4ExpertExtent, which the packer's must equal) and the dequantised weights (q4RoundtripGroups).
  *
  * Owns: the safetensors layout (u64-LE header length, JSON header of name -> dtype, shape,
  * data_offsets relative to the end of the header, then little-endian data; spec §11) and
@@ -156,12 +158,117 @@ function roundHalfEven(x: number): number {
   return f % 2 === 0 ? f : f + 1;
 }
 
-/** Every tensor whose name starts with `prefix`, from all shards, as float64. */
-export function loadTensors(dir: string, prefix = "", options: { q8Experts?: boolean; q8Trunk?: boolean } = {}): Map<string, Tensor> {
+// ---------------------------------------------------------------------------------------------
+// Q4_EXPERT (docs/FORMAT.md "Q4_EXPERT extents")
+
+/** Columns per scale group. */
+const Q4_GROUP = 32;
+const f32Bits = new DataView(new ArrayBuffer(4));
+
+/** The BF16 nearest an FP32 value (ties to even), as its 16 bits. */
+function bf16Bits(x: number): number {
+  f32Bits.setFloat32(0, x);
+  const b = f32Bits.getUint32(0);
+  return Math.floor((b + 0x7fff + (Math.floor(b / 65536) & 1)) / 65536) & 0xffff;
+}
+
+function bf16Value(bits: number): number {
+  f32Bits.setUint32(0, bits * 65536);
+  return f32Bits.getFloat32(0);
+}
+
+/**
+ * One matrix W [rows, cols] (FP32 values; cols a multiple of 32) by the page's group rule: per
+ * row and group of 32 columns, m = the value of largest |w| (first on a tie), d = BF16(fl(m / -8)),
+ * ds = its value; q = 0 when ds is 0, else clamp(rint(fl(w / ds)), -8, 7). Returns the integers q
+ * [rows, cols] and the scale bits [rows, cols / 32].
+ */
+function quantizeQ4(w: ArrayLike<number>, rows: number, cols: number, what: string): { q: Int8Array; bits: Uint16Array } {
+  if (cols % Q4_GROUP !== 0) throw new Error(`${what}: ${cols} columns is not a multiple of ${Q4_GROUP}`);
+  const f = Math.fround;
+  const groups = cols / Q4_GROUP;
+  const q = new Int8Array(rows * cols);
+  const bits = new Uint16Array(rows * groups);
+  for (let r = 0; r < rows; r++) {
+    for (let g = 0; g < groups; g++) {
+      const at = r * cols + g * Q4_GROUP;
+      let m = f(w[at]!); // the first of the largest |w| (an all-zero group: its first zero, with its sign)
+      for (let j = 0; j < Q4_GROUP; j++) {
+        const v = f(w[at + j]!);
+        if (!Number.isFinite(v)) throw new Error(`${what}: a NaN or infinite weight`);
+        if (Math.abs(v) > Math.abs(m)) m = v;
+      }
+      const d = bf16Bits(f(m / -8));
+      bits[r * groups + g] = d;
+      const ds = bf16Value(d);
+      if (ds === 0) continue;
+      for (let j = 0; j < Q4_GROUP; j++) q[at + j] = Math.min(7, Math.max(-8, roundHalfEven(f(f(w[at + j]!) / ds))));
+    }
+  }
+  return { q, bits };
+}
+
+/** A matrix's quantised values back in float64 (q * ds, exact in FP32). */
+export function q4RoundtripGroups(w: Tensor): Tensor {
+  if (w.shape.length !== 2) throw new Error("q4RoundtripGroups: expects a 2-D weight");
+  const [rows, cols] = w.shape as [number, number];
+  const { q, bits } = quantizeQ4(w.data, rows, cols, "q4RoundtripGroups");
+  const out = new Float64Array(rows * cols);
+  const groups = cols / Q4_GROUP;
+  for (let r = 0; r < rows; r++) {
+    for (let c = 0; c < cols; c++) out[r * cols + c] = q[r * cols + c]! * bf16Value(bits[r * groups + Math.floor(c / Q4_GROUP)]!);
+  }
+  return { shape: [rows, cols], data: out };
+}
+
+/**
+ * One Q4_EXPERT extent's bytes from the BF16 bits of gate_proj [I, H], up_proj [I, H] and
+ * down_proj [H, I]: the nibbles of each matrix (byte 16g + j of a row holds q[32g+j] + 8 low and
+ * q[32g+16+j] + 8 high), then the scale bits of each, every sub-block at a 64-byte-aligned offset,
+ * zero between them.
+ */
+export function q4ExpertExtent(gate: Uint16Array, up: Uint16Array, down: Uint16Array, inter: number, hidden: number): Uint8Array {
+  const a64 = (x: number): number => Math.ceil(x / 64) * 64;
+  const half = (inter * hidden) / 2;
+  const nScales = (inter * hidden) / Q4_GROUP;
+  const qOff = [0, a64(half), 0];
+  qOff[2] = a64(qOff[1]! + half);
+  const sOff = [a64(qOff[2] + half), 0, 0];
+  sOff[1] = a64(sOff[0]! + 2 * nScales);
+  sOff[2] = a64(sOff[1] + 2 * nScales);
+  const out = new Uint8Array(sOff[2] + 2 * nScales);
+  const view = new DataView(out.buffer);
+  const mats: Array<[Uint16Array, number, number, string]> = [[gate, inter, hidden, "gate_proj"], [up, inter, hidden, "up_proj"], [down, hidden, inter, "down_proj"]];
+  mats.forEach(([m, rows, cols, what], k) => {
+    const values = Array.from(m, bf16Value);
+    const { q, bits } = quantizeQ4(values, rows, cols, what);
+    for (let r = 0; r < rows; r++) {
+      for (let g = 0; g < cols / Q4_GROUP; g++) {
+        for (let j = 0; j < Q4_GROUP / 2; j++) {
+          const c = r * cols + g * Q4_GROUP + j;
+          out[qOff[k]! + r * (cols / 2) + g * (Q4_GROUP / 2) + j] = (q[c]! + 8) | ((q[c + Q4_GROUP / 2]! + 8) << 4);
+        }
+      }
+    }
+    bits.forEach((b, i) => view.setUint16(sOff[k]! + 2 * i, b, true));
+  });
+  return out;
+}
+
+/** Every tensor whose name starts with `prefix`, from all shards, as float64; the routed experts
+ * (and with q8Trunk the trunk's Linear weights) replaced by what a pack stores: their Q8 round
+ * trip (q8Experts) or 4-bit one (q4Experts). */
+export function loadTensors(dir: string, prefix = "", options: { q8Experts?: boolean; q4Experts?: boolean; q8Trunk?: boolean } = {}): Map<string, Tensor> {
+  if (options.q8Experts && options.q4Experts) throw new Error("loadTensors: q8Experts or q4Experts, not both");
   const out = new Map<string, Tensor>();
   for (const shard of shardFiles(dir)) {
     for (const [name, t] of readSafetensors(shard, (n) => n.startsWith(prefix))) {
-      const q8 = (options.q8Experts && ROUTED_EXPERT_WEIGHT.test(name)) || (options.q8Trunk && isQ8TrunkWeight(name));
+      const expert = ROUTED_EXPERT_WEIGHT.test(name);
+      if (options.q4Experts && expert) {
+        out.set(name, q4RoundtripGroups(t));
+        continue;
+      }
+      const q8 = (options.q8Experts && expert) || (options.q8Trunk && isQ8TrunkWeight(name));
       out.set(name, q8 ? q8RoundtripRows(t) : t);
     }
   }

@@ -7,7 +7,7 @@
  * dense SwiGLU, the sigmoid noaux_tc router (correction bias for selection only, group-limited
  * selection, norm_topk_prob, routed_scaling_factor), shared experts, final norm, lm_head; a
  * full-prefix forward returning logits for every position and a greedy loop that recomputes the
- * whole prefix each step. Optionally the routed experts' Q8 round trip (the runtime's storage).
+ * whole prefix each step. Optionally the routed experts' Q8 or Q4 round trip (the runtime's storage).
  * Does not own: caching, batching, or anything of the runtime — it imports nothing from host/,
  * packer/ or wasm-core/, so a bug there cannot leak into the oracle.
  */
@@ -44,6 +44,10 @@ export interface TextConfig {
 export interface TextOptions {
   /** Replace every routed expert matrix by its row-wise Q8 round trip (docs/FORMAT.md). */
   q8Experts?: boolean;
+  /** Replace every routed expert matrix by its 4-bit group round trip, q * ds (docs/FORMAT.md
+   * "Q4_EXPERT extents"), as `kvl pack --expert-dtype q4` stores them. Not with q8Experts. The
+   * integer modes round their inputs as for Q8 experts (intInputs). */
+  q4Experts?: boolean;
   /** Replace every trunk Linear weight (attention projections, dense and shared MLPs, lm_head;
    * not the embedding, norms or router) by its row-wise Q8 round trip, as `kvl pack
    * --trunk-dtype q8` stores them (docs/FORMAT.md "Q8_ROWS"). */
@@ -58,7 +62,7 @@ export interface TextOptions {
   /**
    * The inputs of every Linear the runtime runs as an integer product quantised by `--act-dtype
    * i16x1`'s or `i8`'s rule (README "Numerics", the core's kernels.h quantize_i16_act): where the
-   * weight is Q8 (the routed experts; with q8Trunk the trunk's too) one 16-bit term per I16_BLOCK
+   * weight is Q8 or Q4 (the routed experts; with q8Trunk the trunk's too) one 16-bit term per I16_BLOCK
    * columns (i8: the routed experts' inputs one 8-bit term, I8_MAX);
    * where it is a BF16 trunk weight (converted to int16 rows, all resident) one 15-bit term per
    * vector. Not kv_b_proj (attention applies it to FP32 values; with q8Trunk W_uv takes the
@@ -222,12 +226,14 @@ export class TextReference {
   }
 
   static load(dir: string, options: TextOptions = {}): TextReference {
-    return TextReference.fromTensors(loadConfig(dir), loadTensors(dir, PREFIX, { q8Experts: options.q8Experts === true, q8Trunk: options.q8Trunk === true }), options);
+    return TextReference.fromTensors(loadConfig(dir), loadTensors(dir, PREFIX, {
+      q8Experts: options.q8Experts === true, q4Experts: options.q4Experts === true, q8Trunk: options.q8Trunk === true,
+    }), options);
   }
 
   /**
    * From a parsed config.json and checkpoint-named tensors (`language_model.` prefix; others are
-   * ignored) — for hand-built cases. q8Experts and q8Trunk are applied by load() only.
+   * ignored) — for hand-built cases. q8Experts, q4Experts and q8Trunk are applied by load() only.
    */
   static fromTensors(config: Record<string, unknown>, tensors: Map<string, Tensor>, options: TextOptions = {}): TextReference {
     const cfg = parseTextConfig(config);

@@ -76,8 +76,8 @@ enum { KVL_KV_DEFAULT = 0, KVL_KV_F32 = 1, KVL_KV_BF16 = 2, KVL_KV_I16 = 3 };
  * I16X1 (opt-in; the fastest mode natively and on WebAssembly, where SIMD128 widens weights to
  * FP32 slowly but runs integer dot products at native speed) quantises each input vector of those
  * same Linear layers once per product to integers (kernels.h quantize_i16_act) and runs integer
- * products: Q8 weights (the experts; the trunk of a --trunk-dtype q8 pack) with 16-bit inputs and
- * an FP32 scale per 64 columns, resident BF16 trunk weights (every one but kv_b_proj, which the
+ * products: Q8 and Q4 weights (the experts, Q4 in a --expert-dtype q4 pack; the trunk of a
+ * --trunk-dtype q8 pack) with 16-bit inputs and an FP32 scale per 64 columns, resident BF16 trunk weights (every one but kv_b_proj, which the
  * attention uses in FP32) and lm_head converted at open to int16 rows with one FP32 scale per row
  * (kvl_quantize_rows_i16: the same bytes plus 4 per row) with 15-bit inputs and one scale per
  * vector. Trunk tensors streamed per token (a trunk cache smaller than the trunk) keep the exact
@@ -93,6 +93,9 @@ enum { KVL_KV_DEFAULT = 0, KVL_KV_F32 = 1, KVL_KV_BF16 = 2, KVL_KV_I16 = 3 };
  * backend and kernel set and less exact than F32; kvl_engine_open refuses it with
  * KVL_ERR_INVALID_ARG and a message naming I16X1 and F32. */
 enum { KVL_ACT_DEFAULT = 0, KVL_ACT_F32 = 1, KVL_ACT_BF16 = 2, KVL_ACT_I16_REMOVED = 3, KVL_ACT_I16X1 = 4, KVL_ACT_I8 = 5 };
+/* kvl_engine_options.expert_lookahead: reading the next layer's predicted experts ahead while a
+ * layer computes (model.c predict_next). */
+enum { KVL_LOOKAHEAD_AUTO = 0, KVL_LOOKAHEAD_OFF = 1 };
 
 /* ---- The structs that cross into JavaScript, described once ----
  * kvl_engine_options, kvl_engine_info and kvl_stats are each declared by one X-macro list below,
@@ -153,7 +156,12 @@ typedef enum kvl_field_kind {
      * each engine holds the weights, caches and KV of its own layers only, and sessions pass     \
      * hidden states along (kvl_session_forward). */                                              \
     X(I32, layer_begin, 44, 4)                                                                    \
-    X(I32, layer_end, 48, 4)
+    X(I32, layer_end, 48, 4)                                                                      \
+    /* KVL_LOOKAHEAD_*: AUTO reads the next layer's predicted experts while a layer computes     \
+     * (its router applied to the current hidden state) whenever the expert cache cannot hold     \
+     * every extent of the engine's layers; OFF never does (for A/B runs). Reads only: logits     \
+     * and tokens are the same either way. */                                                    \
+    X(I32, expert_lookahead, 52, 4)
 
 typedef struct kvl_engine_options {
     KVL_ENGINE_OPTIONS_FIELDS(KVL_FIELD_MEMBER)
@@ -194,7 +202,10 @@ typedef struct kvl_engine_options {
     X(CHARS, act_dtype, 136, 8)            /* "f32" | "bf16" | "i16x1" | "i8": inputs of the      \
                                               Linear layers */                                    \
     X(I32, layer_begin, 144, 4)            /* the decoder layers this engine runs */              \
-    X(I32, layer_end, 148, 4)
+    X(I32, layer_end, 148, 4)                                                                     \
+    X(BOOL32, expert_lookahead, 152, 4)    /* 1: the next layer's predicted experts are read      \
+                                              ahead (expert_lookahead AUTO and a cache smaller    \
+                                              than every extent of the engine's layers) */
 
 typedef struct kvl_engine_info {
     KVL_ENGINE_INFO_FIELDS(KVL_FIELD_MEMBER)
@@ -217,7 +228,16 @@ typedef struct kvl_engine_info {
      * made them, plus the wall time of the pool runs that made those at open and for vision —    \
      * and the bytes checked. */                                                                  \
     X(U64, verify_ns, 88, 8)                                                                      \
-    X(U64, verify_bytes, 96, 8)
+    X(U64, verify_bytes, 96, 8)                                                                   \
+    /* The next layer's predicted experts read ahead (expert_lookahead): reads queued; of them,   \
+     * acquired before being evicted (these count as misses too), read and evicted or failed     \
+     * unused, cancelled before any byte was read, and resident or in flight, not yet used, at   \
+     * the time of the call: issued == used + wasted + cancelled + pending. */                   \
+    X(U64, expert_lookahead_issued, 104, 8)                                                       \
+    X(U64, expert_lookahead_used, 112, 8)                                                         \
+    X(U64, expert_lookahead_wasted, 120, 8)                                                       \
+    X(U64, expert_lookahead_cancelled, 128, 8)                                                    \
+    X(U64, expert_lookahead_pending, 136, 8)
 
 typedef struct kvl_stats {
     KVL_STATS_FIELDS(KVL_FIELD_MEMBER)
@@ -337,6 +357,18 @@ KVL_API kvl_status kvl_pack_expert(const uint16_t *gate, const uint16_t *up, con
  * align64(rows * cols) + 4 * rows. A NaN or infinite weight is KVL_ERR_FORMAT. */
 KVL_API kvl_status kvl_pack_q8_rows(const uint16_t *w, size_t rows, size_t cols, uint8_t *out,
                                     size_t out_bytes);
+
+/* kvl_pack_expert_q4 writes one Q4_EXPERT extent (docs/FORMAT.md, `kvl pack --expert-dtype q4`)
+ * from the same BF16 inputs: per row and group of 32 columns, m = the weight of largest |w| (the
+ * first in column order on a tie), scale d = BF16(m / -8) (FP32 division, nearest-even), q =
+ * clamp(rint(w / d), -8, 7) (0 when d is 0), stored as q + 8 in nibbles; BF16 scale bits per
+ * group; zero padding between sub-blocks. I and H must be nonzero multiples of 32 and out_bytes
+ * must equal kvl_expert_q4_extent_bytes(I, H), else KVL_ERR_INVALID_ARG; a NaN or infinite
+ * weight is KVL_ERR_FORMAT. kvl_expert_q4_extent_bytes is 0 when I or H is not such a multiple. */
+KVL_API size_t kvl_expert_q4_extent_bytes(size_t intermediate, size_t hidden);
+KVL_API kvl_status kvl_pack_expert_q4(const uint16_t *gate, const uint16_t *up, const uint16_t *down,
+                                      size_t intermediate, size_t hidden, uint8_t *out,
+                                      size_t out_bytes);
 
 /* Synthetic weights: numpy's PCG64 generator (128-bit LCG, XSL-RR output), seeded from the four
  * 64-bit words numpy's SeedSequence gives (the host derives them), so a synthesized checkpoint

@@ -15,6 +15,9 @@
  *                                                   kvl_status as a number (0 = ok)
  *   packQ8Rows(w, rows, cols, out)                  kvl_pack_q8_rows into out (Uint8Array); the
  *                                                   kvl_status as a number (0 = ok)
+ *   expertQ4ExtentBytes(I, H)                       kvl_expert_q4_extent_bytes
+ *   packExpertQ4(gate, up, down, I, H, out)         kvl_pack_expert_q4 into out (Uint8Array); the
+ *                                                   kvl_status as a number (0 = ok)
  *   pcg64Seed(words, state)                         kvl_pcg64_seed: BigUint64Array(4) each
  *   synthUniform(state, count, center, half, out)   kvl_synth_uniform into out (Uint16Array:
  *                                                   BF16 bits, Float32Array: FP32); advances state
@@ -389,9 +392,22 @@ static napi_value js_expert_extent_bytes(napi_env env, napi_callback_info info)
     return v;
 }
 
-static napi_value js_pack_expert(napi_env env, napi_callback_info info)
+static napi_value js_expert_q4_extent_bytes(napi_env env, napi_callback_info info)
 {
-    const char *fn = "packExpert";
+    napi_value argv[2], v;
+    size_t inter, hidden;
+    if (!get_args(env, info, argv, 2, "expertQ4ExtentBytes") ||
+        !get_size_arg(env, argv[0], &inter, "expertQ4ExtentBytes", 0) ||
+        !get_size_arg(env, argv[1], &hidden, "expertQ4ExtentBytes", 1))
+        return NULL;
+    NAPI_CALL(env, napi_create_double(env, (double)kvl_expert_q4_extent_bytes(inter, hidden), &v));
+    return v;
+}
+
+/* packExpert (q4 = 0) and packExpertQ4 (q4 = 1): the same arguments, the same checks */
+static napi_value pack_expert_any(napi_env env, napi_callback_info info, int q4)
+{
+    const char *fn = q4 ? "packExpertQ4" : "packExpert";
     napi_value argv[6], v;
     void *gate, *up, *down, *out;
     size_t n_gate, n_up, n_down, n_out, inter, hidden;
@@ -402,11 +418,25 @@ static napi_value js_pack_expert(napi_env env, napi_callback_info info)
         !get_size_arg(env, argv[3], &inter, fn, 3) || !get_size_arg(env, argv[4], &hidden, fn, 4) ||
         !get_typed_arg(env, argv[5], napi_uint8_array, &out, &n_out, fn, 5))
         return NULL;
-    if (n_gate != inter * hidden || n_up != inter * hidden || n_down != inter * hidden)
-        return throw_error(env, "ERR_INVALID_ARG_VALUE", "kvl addon: packExpert: matrix sizes differ from I x H");
-    kvl_status st = kvl_pack_expert(gate, up, down, inter, hidden, out, n_out);
+    if (n_gate != inter * hidden || n_up != inter * hidden || n_down != inter * hidden) {
+        char msg[128];
+        snprintf(msg, sizeof msg, "kvl addon: %s: matrix sizes differ from I x H", fn);
+        return throw_error(env, "ERR_INVALID_ARG_VALUE", msg);
+    }
+    kvl_status st = q4 ? kvl_pack_expert_q4(gate, up, down, inter, hidden, out, n_out)
+                       : kvl_pack_expert(gate, up, down, inter, hidden, out, n_out);
     NAPI_CALL(env, napi_create_int32(env, (int32_t)st, &v));
     return v;
+}
+
+static napi_value js_pack_expert(napi_env env, napi_callback_info info)
+{
+    return pack_expert_any(env, info, 0);
+}
+
+static napi_value js_pack_expert_q4(napi_env env, napi_callback_info info)
+{
+    return pack_expert_any(env, info, 1);
 }
 
 static napi_value js_pack_q8_rows(napi_env env, napi_callback_info info)
@@ -1601,6 +1631,8 @@ static const kvl_function kvl_functions[] = {
     {"expertExtentBytes", js_expert_extent_bytes},
     {"packExpert", js_pack_expert},
     {"packQ8Rows", js_pack_q8_rows},
+    {"expertQ4ExtentBytes", js_expert_q4_extent_bytes},
+    {"packExpertQ4", js_pack_expert_q4},
     {"pcg64Seed", js_pcg64_seed},
     {"synthUniform", js_synth_uniform},
     {"sampleToken", js_sample_token},

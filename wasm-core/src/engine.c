@@ -94,7 +94,7 @@ static kvl_status oerr(open_ctx *c, kvl_status st, const char *fmt, ...)
 static const char *dtype_name(uint32_t d)
 {
     return d == KVL_DTYPE_BF16 ? "BF16" : d == KVL_DTYPE_F32 ? "F32" : d == KVL_DTYPE_Q8_EXPERT ? "Q8_EXPERT"
-           : d == KVL_DTYPE_Q8_ROWS ? "Q8_ROWS" : "?";
+           : d == KVL_DTYPE_Q8_ROWS ? "Q8_ROWS" : d == KVL_DTYPE_Q4_EXPERT ? "Q4_EXPERT" : "?";
 }
 
 static void shape_text(char *buf, size_t len, uint32_t ndim, const uint64_t *shape)
@@ -338,8 +338,10 @@ static kvl_status expect_layer(open_ctx *c, int l, text_plan *pl)
     return KVL_OK;
 }
 
-/* The routed experts: one Q8 extent per (MoE layer, expert) of the size docs/FORMAT.md gives;
- * sets t->extent_bytes. Nothing to do without MoE layers in the range. */
+/* The routed experts: one extent per (MoE layer, expert), all Q8_EXPERT or all Q4_EXPERT (`kvl
+ * pack --expert-dtype`), of the size docs/FORMAT.md gives for that dtype; sets t->extent_bytes.
+ * The first MoE layer's expert 0 says which dtype the pack holds. Nothing to do without MoE layers
+ * in the range. */
 static kvl_status expect_experts(open_ctx *c, const text_plan *pl)
 {
     kvl_engine *e = c->e;
@@ -348,11 +350,13 @@ static kvl_status expect_experts(open_ctx *c, const text_plan *pl)
     if (pl->n_moe == 0) return KVL_OK;
     const uint64_t H = (uint64_t)hp->hidden, E = (uint64_t)hp->n_routed;
     const uint64_t I = (uint64_t)hp->moe_intermediate;
-    uint64_t up_off = align64(I * H), down_off = align64(up_off + I * H);
-    uint64_t gs_off = align64(down_off + H * I), us_off = align64(gs_off + 4 * I);
-    uint64_t ds_off = align64(us_off + 4 * I), nbytes = ds_off + 4 * H;
-    char name[160];
-    t->extent_bytes = align4096(nbytes);
+    kvl_q8_layout l8;
+    kvl_q4_layout l4;
+    kvl_q8_layout_of(I, H, &l8);
+    kvl_q4_layout_of(I, H, &l4); /* nbytes 0 unless I and H are multiples of 32 */
+    uint32_t dtype = 0;
+    uint64_t nbytes = 0;
+    char name[160], first[160] = "";
     for (int l = 0; l < hp->n_layers; l++) {
         if (!t->layers[l].is_moe) continue;
         for (uint64_t x = 0; x < E; x++) {
@@ -362,21 +366,38 @@ static kvl_status expect_experts(open_ctx *c, const text_plan *pl)
             if (!r)
                 return oerr(c, KVL_ERR_CONFIG, "experts.idx: expert extent '%s' is missing; the "
                             "pack does not match its config (rerun kvl pack)", name);
-            if (r->dtype != KVL_DTYPE_Q8_EXPERT || r->ndim != 4 || r->shape[0] != (uint64_t)l ||
+            if (dtype == 0) {
+                dtype = r->dtype == KVL_DTYPE_Q4_EXPERT ? KVL_DTYPE_Q4_EXPERT : KVL_DTYPE_Q8_EXPERT;
+                nbytes = dtype == KVL_DTYPE_Q4_EXPERT ? l4.nbytes : l8.nbytes;
+                snprintf(first, sizeof first, "%s", name);
+                if (dtype == KVL_DTYPE_Q4_EXPERT && nbytes == 0) /* the store checked the record's
+                                                                   own shape; these are the hparams */
+                    return oerr(c, KVL_ERR_CONFIG, "experts.idx: Q4 experts need hidden_size (%llu) "
+                                "and moe_intermediate_size (%llu) to be multiples of 32, but the "
+                                "pack's hparams say otherwise; the pack and its config disagree "
+                                "(rerun kvl pack)", (unsigned long long)H, (unsigned long long)I);
+            } else if ((r->dtype == KVL_DTYPE_Q8_EXPERT || r->dtype == KVL_DTYPE_Q4_EXPERT) &&
+                       r->dtype != dtype) {
+                return oerr(c, KVL_ERR_CONFIG, "experts.idx: extent '%s' is %s but '%s' is %s; a "
+                            "pack's routed experts are all Q8 or all Q4 (rerun kvl pack)", name,
+                            dtype_name(r->dtype), first, dtype_name(dtype));
+            }
+            if (r->dtype != dtype || r->ndim != 4 || r->shape[0] != (uint64_t)l ||
                 r->shape[1] != x || r->shape[2] != I ||
                 r->shape[3] != H || r->nbytes != nbytes) {
                 char want[96], got[96];
                 uint64_t ws[4] = {(uint64_t)l, x, I, H};
                 shape_text(want, sizeof want, 4, ws);
                 shape_text(got, sizeof got, r->ndim, r->shape);
-                return oerr(c, KVL_ERR_CONFIG, "experts.idx: extent '%s' should be Q8_EXPERT "
+                return oerr(c, KVL_ERR_CONFIG, "experts.idx: extent '%s' should be %s "
                             "%s with %llu bytes (from the config's hparams) but the pack has %s "
                             "%s with %llu bytes; the pack and its config disagree (rerun kvl "
-                            "pack)", name, want, (unsigned long long)nbytes, dtype_name(r->dtype),
-                            got, (unsigned long long)r->nbytes);
+                            "pack)", name, dtype_name(dtype), want, (unsigned long long)nbytes,
+                            dtype_name(r->dtype), got, (unsigned long long)r->nbytes);
             }
         }
     }
+    t->extent_bytes = align4096(nbytes);
     return KVL_OK;
 }
 
@@ -646,6 +667,10 @@ static kvl_status open_expert_cache(open_ctx *c, const kvl_engine_options *o, in
                     (unsigned long long)t->extent_bytes, (unsigned long long)min_bytes);
     uint64_t all = (uint64_t)n_moe * (uint64_t)hp->n_routed * t->extent_bytes;
     if (budget > all) budget = all; /* never allocate more than every extent */
+    /* with every extent of the range resident after its first read, predicting is pointless;
+     * the prediction's top-k weights go to the session's yg scratch (hidden floats per token) */
+    t->lookahead = o->expert_lookahead == KVL_LOOKAHEAD_AUTO && budget / t->extent_bytes <
+                   (uint64_t)n_moe * (uint64_t)hp->n_routed && hp->topk <= hp->hidden;
     char cerr[256] = "";
     /* readers share each extent's ~2 MiB pieces: 4 keeps a disk queue busy (measured: a
      * virtio disk gave ~270 MB/s with one 8 MiB read in flight, ~1.6-2 GB/s with four 2 MiB
@@ -819,6 +844,9 @@ kvl_status kvl_engine_open(const char *pack_dir, const kvl_engine_options *optio
         return oerr(&c, KVL_ERR_INVALID_ARG, "kv_dtype = %d is invalid", (int)o.kv_dtype);
     if (o.act_dtype < KVL_ACT_DEFAULT || o.act_dtype > KVL_ACT_I8)
         return oerr(&c, KVL_ERR_INVALID_ARG, "act_dtype = %d is invalid", (int)o.act_dtype);
+    if (o.expert_lookahead != KVL_LOOKAHEAD_AUTO && o.expert_lookahead != KVL_LOOKAHEAD_OFF)
+        return oerr(&c, KVL_ERR_INVALID_ARG, "expert_lookahead = %d is invalid (0 auto, 1 off)",
+                    (int)o.expert_lookahead);
     if (o.act_dtype == KVL_ACT_I16_REMOVED)
         return oerr(&c, KVL_ERR_INVALID_ARG, "act_dtype = 3 (i16, two integer terms per input) was removed: "
                     "use i16x1 (4), faster on every kernel set, or f32 (1), the exact mode");
@@ -917,6 +945,7 @@ kvl_status kvl_engine_get_info(const kvl_engine *e, kvl_engine_info *out)
     out->expert_extent_bytes = t->extent_bytes;
     out->layer_begin = t->layer_begin;
     out->layer_end = t->layer_end;
+    out->expert_lookahead = t->lookahead;
     return KVL_OK;
 }
 
@@ -934,6 +963,11 @@ kvl_status kvl_engine_get_stats(const kvl_engine *e, kvl_stats *out)
         out->expert_stall_ns = k.stall_ns;
         out->verify_ns = k.verify_ns;
         out->verify_bytes = k.verify_bytes;
+        out->expert_lookahead_issued = k.lookahead_issued;
+        out->expert_lookahead_used = k.lookahead_used;
+        out->expert_lookahead_wasted = k.lookahead_wasted + k.lookahead_dropped;
+        out->expert_lookahead_cancelled = k.lookahead_cancelled;
+        out->expert_lookahead_pending = k.lookahead_unclaimed;
     }
     out->trunk_hits = t->trunk_hits;
     out->trunk_misses = t->trunk_misses;

@@ -96,12 +96,16 @@ typedef struct kvl_engine_text {
     uint64_t global_bytes, trunk_bytes, workspace_bytes;
     struct kvl_stream *stream;
     kvl_expert_cache *ecache;
-    uint64_t extent_bytes;               /* padded */
+    int lookahead;                       /* read the next layer's predicted experts ahead
+                                            (model.c predict_next): expert_lookahead AUTO and
+                                            a cache smaller than every extent of the range */
+    uint64_t extent_bytes;               /* one routed expert's extent (Q8_EXPERT or Q4_EXPERT),
+                                            padded */
     int kv_dtype;                        /* KVL_KV_F32, _BF16 or _I16 (never DEFAULT) */
     int act_bf16;                        /* Linear inputs rounded to BF16 (KVL_ACT_BF16) */
     int act_i16;                         /* Linear inputs quantised to integers (KVL_ACT_I16X1, _I8) */
     int act_i8;                          /* KVL_ACT_I8: act_i16 with the routed experts' inputs
-                                            8-bit (matmul_q8_i8) */
+                                            8-bit (matmul_q8_i8, or matmul_q4_i8 for Q4 experts) */
     /* trunk counters (one driver thread at a time, plain integers; trunk_bytes_read and the
      * streamer's CRC checks under the streamer's lock) */
     uint64_t trunk_hits, trunk_misses, trunk_bytes_read, trunk_stall_ns;

@@ -29,6 +29,13 @@
  * already resident are marked wanted; the others are claimed while a slot is free or holds an
  * unpinned extent this batch does not want; what does not fit stays pending and is issued as
  * releases free slots. The next prefetch call replaces the batch.
+ *
+ * Lookahead: predicted extents of the next layer (kvl_expert_cache_lookahead) are claimed only
+ * when the batch has nothing pending, from FREE slots, unused predictions or the coldest extent
+ * that nobody wants (pick_victim's FOR_LOOKAHEAD), and queued behind the batch's reads. Such a
+ * slot is `predicted` until an acquire uses it. The next prefetch call resolves the predictions
+ * it does not want: a read no reader has started is cancelled (its pieces removed from the ring,
+ * the slot freed), one already read or reading becomes `stale`, the first victim of any claim.
  */
 /* _GNU_SOURCE and _FILE_OFFSET_BITS=64 come from the build (wasm-core/CMakeLists.txt). */
 #include "expert_cache.h"
@@ -64,6 +71,10 @@ typedef struct cache_slot {
     int32_t wanted;       /* 1: named by the latest prefetch call and not yet acquired */
     int32_t chunks_left;  /* LOADING by the readers: pieces not yet finished */
     int32_t verify;       /* LOADING: 1 if this read checks the extent's CRC (first read) */
+    int32_t predicted;    /* 1: read by a lookahead and not yet acquired */
+    int32_t stale;        /* predicted, and the batch of its layer did not want it (or, during
+                             resolve_predictions, 2: to be cancelled) */
+    int32_t started;      /* LOADING: a reader has taken one of its pieces */
     kvl_status chunk_error; /* first failure among this read's pieces */
     kvl_status error;     /* FAILED: what the read returned */
     uint64_t last_use;    /* LRU clock value of the last prefetch/acquire/release touching it */
@@ -82,7 +93,9 @@ struct kvl_expert_cache {
     unsigned char **blocks;
     int n_blocks, slots_per_block;
     uint64_t extent_bytes;         /* slot stride: align4096(nbytes) */
-    kvl_q8_layout layout;
+    uint32_t dtype;                /* the extents' dtype, KVL_DTYPE_Q8_EXPERT or _Q4_EXPERT */
+    /* sub-block offsets of an extent: kvl_q8_layout or kvl_q4_layout, by dtype */
+    uint64_t gate_q, up_q, down_q, gate_s, up_s, down_s;
 
     int32_t *ring;                 /* [n_slots * n_chunks] queued slot * n_chunks + chunk */
     int ring_head, ring_count, ring_cap;
@@ -131,6 +144,9 @@ static void count_use(kvl_expert_cache *c, int key) {
     }
 }
 
+/* What a victim is chosen for (pick_victim). */
+enum { FOR_ACQUIRE = 0, FOR_PREFETCH = 1, FOR_LOOKAHEAD = 2 };
+
 /* 1 if slot a is a better victim than slot b: fewer recent uses of its key, then older. */
 static int colder(const kvl_expert_cache *c, const cache_slot *a, const cache_slot *b) {
     if (c->by_frequency && c->uses[a->key] != c->uses[b->key])
@@ -145,17 +161,26 @@ static int colder(const kvl_expert_cache *c, const cache_slot *a, const cache_sl
  * before its next use (0 % hits with --cache-mib 512 on the full-size model) while frequency
  * keeps the popular ones (14.8 % hits, 0.43-0.45 s per token against 0.50-0.51 s; bench/RESULTS.md).
  * KVL_EXPERT_CACHE_POLICY=lru restores plain LRU for such comparisons. For a prefetch, slots the current prefetch batch still wants are excluded
- * too, so a batch never evicts its own members. LOADING slots are never victims. Returns -1 if
- * none. Called with the lock held; O(n_slots), which is small next to one multi-MB read. */
-static int pick_victim(const kvl_expert_cache *c, int for_prefetch) {
-    int i, best = -1;
+ * too, so a batch never evicts its own members. LOADING slots are never victims. An unused
+ * prediction (stale) goes before any other READY extent, the oldest first: it was read for a
+ * layer that did not route to it. A lookahead (purpose FOR_LOOKAHEAD, for layer la_layer) also
+ * leaves alone the other predictions and every extent of la_layer, which its routing may want.
+ * Returns -1 if none. Called with the lock held; O(n_slots), which is small next to one
+ * multi-MB read. */
+static int pick_victim(const kvl_expert_cache *c, int purpose, int la_layer) {
+    int i, best = -1, stale = -1;
     for (i = 0; i < c->n_slots; i++) {
         const cache_slot *s = &c->slots[i];
         if (s->state == SLOT_FREE) return i;
-        if (s->state != SLOT_READY || s->pins != 0 || (for_prefetch && s->wanted)) continue;
+        if (s->state != SLOT_READY || s->pins != 0 || (purpose != FOR_ACQUIRE && s->wanted)) continue;
+        if (s->predicted && s->stale) {
+            if (stale < 0 || s->last_use < c->slots[stale].last_use) stale = i;
+            continue;
+        }
+        if (purpose == FOR_LOOKAHEAD && (s->predicted || s->key / c->n_experts == la_layer)) continue;
         if (best < 0 || colder(c, s, &c->slots[best])) best = i;
     }
-    return best;
+    return stale >= 0 ? stale : best;
 }
 
 /* Unmaps slot i (lock held). */
@@ -166,6 +191,7 @@ static void drop_slot(kvl_expert_cache *c, int i, int count_eviction) {
         if (count_eviction) {
             c->ctr.evictions++;
             if (s->unclaimed) c->ctr.prefetch_wasted++;
+            if (s->predicted) c->ctr.lookahead_wasted++;
         }
     }
     s->key = -1;
@@ -173,6 +199,9 @@ static void drop_slot(kvl_expert_cache *c, int i, int count_eviction) {
     s->state = SLOT_FREE;
     s->unclaimed = 0;
     s->wanted = 0;
+    s->predicted = 0;
+    s->stale = 0;
+    s->started = 0;
     s->error = KVL_OK;
 }
 
@@ -185,6 +214,9 @@ static void claim_slot(kvl_expert_cache *c, int i, int32_t key, int pins, int un
     s->state = SLOT_LOADING;
     s->unclaimed = unclaimed;
     s->wanted = unclaimed;
+    s->predicted = 0;
+    s->stale = 0;
+    s->started = 0;
     s->error = KVL_OK;
     s->verify = !kvl_store_verified(c->store, c->rec_of[key]);
     s->last_use = ++c->clock;
@@ -202,6 +234,7 @@ static void finish_read(kvl_expert_cache *c, int i, kvl_status st) {
         if (s->pins == 0) {
             /* nobody waits: forget it, so the next acquire retries with a fresh read */
             if (s->unclaimed) c->ctr.prefetch_dropped++;
+            if (s->predicted) c->ctr.lookahead_dropped++;
             drop_slot(c, i, 0);
         } else {
             s->state = SLOT_FAILED;
@@ -280,7 +313,9 @@ static KVL_THREAD_RET KVL_THREAD_CALL reader_main(void *arg) {
         chunk = c->ring[c->ring_head] % c->n_chunks;
         c->ring_head = (c->ring_head + 1) % c->ring_cap;
         c->ring_count--;
-        /* a LOADING slot cannot be re-targeted, so key, rec and verify stay valid during the read */
+        /* a LOADING slot cannot be re-targeted, so key, rec and verify stay valid during the read
+         * (a started read is never cancelled: resolve_predictions cancels unstarted ones only) */
+        c->slots[i].started = 1;
         rec = c->rec_of[c->slots[i].key];
         verify = c->slots[i].verify;
         kvl_os_mutex_unlock(&c->lock);
@@ -316,7 +351,7 @@ kvl_status kvl_expert_cache_create(kvl_store *experts, int n_layers_total, int n
     kvl_expert_cache *c;
     const char *path;
     uint64_t n_fit, nbytes = 0, inter = 0, hidden = 0;
-    uint32_t n_found = 0;
+    uint32_t n_found = 0, dtype = 0;
     int l, e, i;
     char name[160];
 
@@ -361,7 +396,7 @@ kvl_status kvl_expert_cache_create(kvl_store *experts, int n_layers_total, int n
         kvl_expert_cache_free(c);
         return KVL_ERR_NOMEM;
     }
-    /* Map every (layer, expert) by its FORMAT.md name; all extents must share one size. */
+    /* Map every (layer, expert) by its FORMAT.md name; all extents must share one dtype and size. */
     for (l = 0; l < n_layers_total; l++) {
         for (e = 0; e < n_experts; e++) {
             const kvl_tensor_rec *r;
@@ -369,8 +404,9 @@ kvl_status kvl_expert_cache_create(kvl_store *experts, int n_layers_total, int n
             snprintf(name, sizeof name, "language_model.model.layers.%d.mlp.experts.%d", l, e);
             r = kvl_store_find(experts, name);
             if (!r) continue;
-            if (r->dtype != KVL_DTYPE_Q8_EXPERT) {
-                set_err(err, err_len, "%s: '%s' is not a Q8 expert extent (dtype %u)", path, name, r->dtype);
+            if (r->dtype != KVL_DTYPE_Q8_EXPERT && r->dtype != KVL_DTYPE_Q4_EXPERT) {
+                set_err(err, err_len, "%s: '%s' is not a Q8 or Q4 expert extent (dtype %u)", path, name,
+                        r->dtype);
                 kvl_expert_cache_free(c);
                 return KVL_ERR_FORMAT;
             }
@@ -378,6 +414,14 @@ kvl_status kvl_expert_cache_create(kvl_store *experts, int n_layers_total, int n
                 nbytes = r->nbytes;
                 inter = r->shape[2];
                 hidden = r->shape[3];
+                dtype = r->dtype;
+            } else if (r->dtype != dtype) {
+                set_err(err, err_len, "%s: extent '%s' is %s but the others are %s; a pack's routed "
+                        "experts are all Q8 or all Q4", path, name,
+                        r->dtype == KVL_DTYPE_Q4_EXPERT ? "Q4_EXPERT" : "Q8_EXPERT",
+                        dtype == KVL_DTYPE_Q4_EXPERT ? "Q4_EXPERT" : "Q8_EXPERT");
+                kvl_expert_cache_free(c);
+                return KVL_ERR_FORMAT;
             } else if (r->nbytes != nbytes || r->shape[2] != inter || r->shape[3] != hidden) {
                 set_err(err, err_len, "%s: extent '%s' has shape [.., .., %llu, %llu], others have "
                         "[.., .., %llu, %llu]; all experts must have one size", path, name,
@@ -397,7 +441,18 @@ kvl_status kvl_expert_cache_create(kvl_store *experts, int n_layers_total, int n
         kvl_expert_cache_free(c);
         return KVL_ERR_CONFIG;
     }
-    kvl_q8_layout_of(inter, hidden, &c->layout);
+    c->dtype = dtype;
+    if (dtype == KVL_DTYPE_Q4_EXPERT) {
+        kvl_q4_layout l4;
+        kvl_q4_layout_of(inter, hidden, &l4);
+        c->gate_q = l4.gate_q; c->up_q = l4.up_q; c->down_q = l4.down_q;
+        c->gate_s = l4.gate_s; c->up_s = l4.up_s; c->down_s = l4.down_s;
+    } else {
+        kvl_q8_layout l8;
+        kvl_q8_layout_of(inter, hidden, &l8);
+        c->gate_q = l8.gate_q; c->up_q = l8.up_q; c->down_q = l8.down_q;
+        c->gate_s = l8.gate_s; c->up_s = l8.up_s; c->down_s = l8.down_s;
+    }
     c->extent_bytes = (nbytes + KVL_PAGE - 1) / KVL_PAGE * KVL_PAGE;
     n_fit = budget_bytes / c->extent_bytes;
     if (n_fit > n_found) n_fit = n_found; /* more slots than extents would never be used */
@@ -513,7 +568,7 @@ static void issue_pending(kvl_expert_cache *c) {
             c->pending_pos++;
             continue;
         }
-        slot = pick_victim(c, 1);
+        slot = pick_victim(c, FOR_PREFETCH, -1);
         if (slot < 0) break; /* every slot pinned, loading or wanted: wait for a release */
         claim_slot(c, slot, key, 0, 1);
         queue_slot(c, slot);
@@ -523,6 +578,44 @@ static void issue_pending(kvl_expert_cache *c) {
     }
     if (queued == 1) kvl_os_cond_signal(&c->work_cv);
     else if (queued > 1) kvl_os_cond_broadcast(&c->work_cv);
+}
+
+/* Predictions the new batch (marked wanted) does not want (lock held): a read no reader has
+ * started is cancelled — its pieces leave the ring and its slot is freed — and any other is
+ * marked stale, the first victim of the next claim. */
+static void resolve_predictions(kvl_expert_cache *c) {
+    int i, cancel = 0;
+    for (i = 0; i < c->n_slots; i++) {
+        cache_slot *s = &c->slots[i];
+        if (!s->predicted || s->key < 0) continue;
+        if (s->wanted) { /* this batch does want it, even if an earlier one did not */
+            s->stale = 0;
+            continue;
+        }
+        if (s->state == SLOT_LOADING && !s->started && s->pins == 0) {
+            s->stale = 2;
+            cancel++;
+        } else {
+            s->stale = 1;
+        }
+    }
+    if (cancel == 0) return;
+    {
+        /* keep the other queued pieces in their order */
+        int kept = 0, k;
+        for (k = 0; k < c->ring_count; k++) {
+            int32_t entry = c->ring[(c->ring_head + k) % c->ring_cap];
+            if (c->slots[entry / c->n_chunks].stale == 2) continue;
+            c->ring[(c->ring_head + kept) % c->ring_cap] = entry;
+            kept++;
+        }
+        c->ring_count = kept;
+    }
+    for (i = 0; i < c->n_slots; i++) {
+        if (c->slots[i].stale != 2) continue;
+        c->ctr.lookahead_cancelled++;
+        drop_slot(c, i, 0);
+    }
 }
 
 void kvl_expert_cache_prefetch(kvl_expert_cache *c, int layer, const int *experts, int n) {
@@ -543,7 +636,29 @@ void kvl_expert_cache_prefetch(kvl_expert_cache *c, int layer, const int *expert
             c->pending[c->pending_n++] = key;
         }
     }
+    resolve_predictions(c);
     issue_pending(c);
+    kvl_os_mutex_unlock(&c->lock);
+}
+
+void kvl_expert_cache_lookahead(kvl_expert_cache *c, int layer, const int *experts, int n) {
+    int j, queued = 0;
+    if (!c || !experts || n <= 0 || c->n_threads == 0) return;
+    kvl_os_mutex_lock(&c->lock);
+    /* the current batch's own misses first: while any waits for a slot, predict nothing */
+    for (j = 0; j < n && c->pending_pos >= c->pending_n; j++) {
+        int key = key_of(c, layer, experts[j]), slot;
+        if (key < 0 || c->slot_of[key] >= 0) continue;
+        slot = pick_victim(c, FOR_LOOKAHEAD, layer);
+        if (slot < 0) break;
+        claim_slot(c, slot, key, 0, 0);
+        c->slots[slot].predicted = 1;
+        queue_slot(c, slot);
+        c->ctr.lookahead_issued++;
+        queued += c->n_chunks;
+    }
+    if (queued == 1) kvl_os_cond_signal(&c->work_cv);
+    else if (queued > 1) kvl_os_cond_broadcast(&c->work_cv);
     kvl_os_mutex_unlock(&c->lock);
 }
 
@@ -556,21 +671,27 @@ static int has_unpinned_loading(const kvl_expert_cache *c) {
 
 static void fill_view(const kvl_expert_cache *c, int slot, kvl_expert_view *v) {
     const unsigned char *base = slot_base(c, slot);
-    v->gate_q = (const int8_t *)(base + c->layout.gate_q);
-    v->up_q = (const int8_t *)(base + c->layout.up_q);
-    v->down_q = (const int8_t *)(base + c->layout.down_q);
-    v->gate_s = (const float *)(const void *)(base + c->layout.gate_s);
-    v->up_s = (const float *)(const void *)(base + c->layout.up_s);
-    v->down_s = (const float *)(const void *)(base + c->layout.down_s);
+    v->dtype = c->dtype;
+    v->gate_q = base + c->gate_q;
+    v->up_q = base + c->up_q;
+    v->down_q = base + c->down_q;
+    v->gate_s = base + c->gate_s;
+    v->up_s = base + c->up_s;
+    v->down_s = base + c->down_s;
 }
 
-/* Pins a slot that holds the wanted extent (lock held). An extent a prefetch brought in counts
- * as a miss served by the prefetch the first time, a hit after that. */
+/* Pins a slot that holds the wanted extent (lock held). An extent a prefetch or a lookahead
+ * brought in counts as a miss served by it the first time, a hit after that. */
 static void pin_resident(kvl_expert_cache *c, cache_slot *s) {
     s->pins++;
     s->last_use = ++c->clock;
     s->wanted = 0;
-    if (s->unclaimed) {
+    if (s->predicted) {
+        s->predicted = 0;
+        s->stale = 0;
+        c->ctr.misses++;
+        c->ctr.lookahead_used++;
+    } else if (s->unclaimed) {
         s->unclaimed = 0;
         c->ctr.misses++;
         c->ctr.prefetch_served++;
@@ -609,7 +730,7 @@ kvl_status kvl_expert_cache_acquire(kvl_expert_cache *c, int layer, int expert, 
             fill_view(c, slot, out);
             return KVL_OK;
         }
-        slot = pick_victim(c, 0);
+        slot = pick_victim(c, FOR_ACQUIRE, -1);
         if (slot >= 0) break;
         /* No victim now. Unpinned prefetch reads in flight will free up a slot when they land,
          * so wait for one instead of failing; only a cache whose every slot is pinned says NOMEM. */
@@ -703,15 +824,17 @@ void kvl_expert_cache_counters_get(const kvl_expert_cache *cache, kvl_expert_cac
     /* the lock is logically mutable: reading counters does not change the cache */
     kvl_expert_cache *c = (kvl_expert_cache *)cache;
     int i;
-    uint64_t unclaimed = 0, loading = 0;
+    uint64_t unclaimed = 0, loading = 0, predicted = 0;
     kvl_os_mutex_lock(&c->lock);
     *out = c->ctr;
     for (i = 0; i < c->n_slots; i++) {
         unclaimed += (uint64_t)(c->slots[i].key >= 0 && c->slots[i].unclaimed);
+        predicted += (uint64_t)(c->slots[i].key >= 0 && c->slots[i].predicted);
         loading += (uint64_t)(c->slots[i].state == SLOT_LOADING);
     }
     kvl_os_mutex_unlock(&c->lock);
     out->prefetch_unclaimed = unclaimed;
+    out->lookahead_unclaimed = predicted;
     out->reads_in_flight = loading;
     out->extent_bytes = c->extent_bytes;
 }

@@ -8,7 +8,9 @@
  * Does not own: the store (store.c) or any math.
  *
  * Protocol: kvl_expert_cache_prefetch() as soon as routing is known (starts reads, no wait);
- * kvl_expert_cache_acquire() pins an extent, waiting for its read if needed; release unpins.
+ * kvl_expert_cache_lookahead() right after it for the next layer's predicted experts (lower
+ * priority reads); kvl_expert_cache_acquire() pins an extent, waiting for its read if needed;
+ * release unpins.
  * An acquire whose read failed returns the read's status: an I/O error, or KVL_ERR_CORRUPT when
  * the extent's data did not match its CRC-32 on its first read.
  * A pinned extent is never evicted. Acquire fails with KVL_ERR_NOMEM only if every slot is
@@ -21,16 +23,20 @@
 #include "kvl_core.h"
 #include "store.h"
 
+/* One pinned extent's sub-blocks (docs/FORMAT.md), as its dtype lays them out. */
 typedef struct kvl_expert_view {
-    const int8_t *gate_q, *up_q; /* [I, H] */
-    const int8_t *down_q;        /* [H, I] */
-    const float *gate_s, *up_s;  /* [I] */
-    const float *down_s;         /* [H] */
+    uint32_t dtype;              /* KVL_DTYPE_Q8_EXPERT or KVL_DTYPE_Q4_EXPERT (every extent of a
+                                    cache has the same) */
+    const void *gate_q, *up_q;   /* Q8: int8 [I, H]; Q4: q bytes [I, H/2] */
+    const void *down_q;          /* Q8: int8 [H, I]; Q4: q bytes [H, I/2] */
+    const void *gate_s, *up_s;   /* Q8: f32 [I]; Q4: BF16 bits [I, H/32] */
+    const void *down_s;          /* Q8: f32 [H]; Q4: BF16 bits [H, I/32] */
 } kvl_expert_view;
 
 typedef struct kvl_expert_cache kvl_expert_cache;
 
-/* budget_bytes is rounded down to whole extents; at least min_slots slots are required. */
+/* budget_bytes is rounded down to whole extents; at least min_slots slots are required. The
+ * store's extents must all be Q8_EXPERT or all Q4_EXPERT, of one shape (KVL_ERR_FORMAT otherwise). */
 kvl_status kvl_expert_cache_create(kvl_store *experts, int n_layers_total, int n_experts,
                                    uint64_t budget_bytes, int min_slots, int n_io_threads,
                                    kvl_expert_cache **out, char *err, size_t err_len);
@@ -50,10 +56,14 @@ void kvl_expert_cache_reset_stats(kvl_expert_cache *cache);
 /* Every counter the cache keeps. Accounting (see expert_cache.c):
  *   hits + misses == successful acquires (an acquire refused with KVL_ERR_NOMEM counts in neither);
  *   a hit found the extent resident; a miss had to read it, either synchronously in acquire
- *   (sync_reads) or through a prefetch issued for it that this acquire was first to use
- *   (prefetch_served, which also counts in misses);
- *   bytes_read == (sync_reads + prefetch_issued - read_failures - reads_in_flight) * extent_bytes;
- *   prefetch_issued == prefetch_served + prefetch_wasted + prefetch_dropped + prefetch_unclaimed.
+ *   (sync_reads), through a prefetch issued for it that this acquire was first to use
+ *   (prefetch_served), or through a lookahead read (lookahead_used; both also count in misses):
+ *   misses == sync_reads + prefetch_served + lookahead_used;
+ *   bytes_read == (sync_reads + prefetch_issued + lookahead_issued - lookahead_cancelled
+ *                  - read_failures - reads_in_flight) * extent_bytes;
+ *   prefetch_issued == prefetch_served + prefetch_wasted + prefetch_dropped + prefetch_unclaimed;
+ *   lookahead_issued == lookahead_used + lookahead_wasted + lookahead_cancelled
+ *                       + lookahead_dropped + lookahead_unclaimed.
  * stall_ns sums, over acquires, the time each spent waiting for its extent's read. */
 typedef struct kvl_expert_cache_counters {
     uint64_t hits, misses, bytes_read, stall_ns;
@@ -70,6 +80,14 @@ typedef struct kvl_expert_cache_counters {
     uint64_t verify_ns;          /* time the CRC checks of first reads took, summed over threads */
     uint64_t verify_bytes;       /* bytes those checks covered */
     uint64_t corrupt_reads;      /* reads whose data did not match its CRC (also read_failures) */
+    /* kvl_expert_cache_lookahead's reads of the next layer's predicted experts */
+    uint64_t lookahead_issued;    /* reads queued */
+    uint64_t lookahead_used;      /* acquired before being evicted (counted as misses) */
+    uint64_t lookahead_wasted;    /* read, then evicted (or failed) before any acquire */
+    uint64_t lookahead_cancelled; /* dropped before any piece was read: the next batch did not
+                                     want them (no bytes read) */
+    uint64_t lookahead_dropped;   /* reads that failed before any acquire claimed them */
+    uint64_t lookahead_unclaimed; /* resident or loading now, not yet acquired */
 } kvl_expert_cache_counters;
 void kvl_expert_cache_counters_get(const kvl_expert_cache *cache, kvl_expert_cache_counters *out);
 
@@ -79,5 +97,20 @@ void kvl_expert_cache_counters_get(const kvl_expert_cache *cache, kvl_expert_cac
  * nothing; a later kvl_expert_cache_acquire waits for it or reports the failure. */
 int kvl_expert_cache_try_acquire(kvl_expert_cache *cache, int layer, int expert,
                                  kvl_expert_view *out);
+
+/* Lookahead (issue 31, added for reads overlapped across layers): queues reads of the extents a
+ * prediction names for `layer` (the next layer, while the current one computes), behind every
+ * read already queued and at a lower priority than the current prefetch batch:
+ *   - nothing is issued while the current batch still has misses waiting for a slot;
+ *   - a prediction takes a FREE slot, else an unused earlier prediction, else the coldest READY
+ *     extent that is unpinned, not wanted by the current batch, not itself a prediction and not
+ *     of `layer` (which may be wanted when it routes); never a pinned, loading or wanted one;
+ *   - at the next prefetch call, predictions that batch does not want and whose read has not
+ *     started are cancelled (their slots freed, their queued pieces removed); those read already
+ *     are marked unused, and every victim choice takes an unused prediction before any other
+ *     READY extent.
+ * The first acquire of a predicted extent counts as a miss (lookahead_used). Reads only: a
+ * prediction changes which extents are resident, never what an acquire returns. */
+void kvl_expert_cache_lookahead(kvl_expert_cache *cache, int layer, const int *experts, int n);
 
 #endif

@@ -79,6 +79,36 @@ typedef struct kvl_kernels {
                            size_t rows, size_t cols, const int16_t *Xq, const float *xs,
                            size_t ldx, size_t n);
 
+    /* Q4 weights (routed experts, dtype Q4_EXPERT): W = the q bytes [rows, cols/2] (row stride
+     * cols/2 bytes), S = BF16 scale bits [rows, cols/32], cols % 32 == 0. In group g (columns
+     * 32g .. 32g+31) of row r, byte j (0..15) at W[r*cols/2 + 16g + j] holds column 32g+j in its
+     * low nibble and column 32g+16+j in its high one; value(r, c) = (nibble - 8) * bf16(S[r*cols/32
+     * + c/32]) (exact in FP32). matmul_q4: FP32 activations; matmul_q4_xb: activations first
+     * rounded to BF16 (kvl_bf16_round_daz), as matmul_q8_xb. Both agree with the reference
+     * (which sums, per group, q * x in FP32 in column order, then adds that sum times the group's
+     * scale to the row's FP32 accumulator) within FP32 rounding. */
+    void (*matmul_q4)(float *Y, size_t ldy, const uint8_t *W, const uint16_t *S, size_t rows,
+                      size_t cols, const float *X, size_t ldx, size_t n);
+    void (*matmul_q4_xb)(float *Y, size_t ldy, const uint8_t *W, const uint16_t *S, size_t rows,
+                         size_t cols, const float *X, size_t ldx, size_t n);
+    /* Q4 weights x activations quantised per KVL_I16_BLOCK columns (quantize_i16_act with
+     * lim = KVL_I16_Q8_MAX, scales xs [n, nb]). Activation block b covers weight groups 2b and
+     * 2b+1 (only 2b when it is the last block and cols % 64 == 32); per vector t and row r:
+     *   s0, s1 = the int32 sums of q*x over groups 2b, 2b+1 (exact: 32*8*32767 < 2^31; s1 = 0
+     *            and no term when group 2b+1 does not exist);
+     *   p = (float)s0 * ds[2b]; p = p + (float)s1 * ds[2b+1];  (each product rounded, then the
+     *   sum: never fused); acc = acc + p * xs[t*nb + b], blocks in ascending order from 0.0f;
+     *   Y[t*ldy + r] = acc.
+     * So every table gives bit-identical results. */
+    void (*matmul_q4_i16)(float *Y, size_t ldy, const uint8_t *W, const uint16_t *S, size_t rows,
+                          size_t cols, const int16_t *Xq, const float *xs, size_t ldx, size_t n);
+    /* The same product with 8-bit activations (|x| <= KVL_I8_MAX): bit-identical to
+     * matmul_q4_i16 on the same input (every group sum is exact either way); the bound lets the
+     * products use 8-bit dot products (AVX2 VPMADDUBSW, AVX-512 VNNI VPDPBUSD, relaxed SIMD's
+     * i16x8.relaxed_dot_i8x16_i7x16_s with q - 8 in [-8, 7] as the 7-bit operand). */
+    void (*matmul_q4_i8)(float *Y, size_t ldy, const uint8_t *W, const uint16_t *S, size_t rows,
+                         size_t cols, const int16_t *Xq, const float *xs, size_t ldx, size_t n);
+
     float (*dot_f32)(const float *a, const float *b, size_t n);
     void (*axpy_f32)(float *y, float a, const float *x, size_t n);       /* y += a*x */
     /* For h < nh: Y[h*ldy ..] += A[h*lda + p] * X[p*ldx ..] over cols columns, for p = 0..np-1
@@ -139,6 +169,14 @@ extern const kvl_kernels kvl_kernels_simd128_table;
  * grouping and the rows left over are kernels_simd128.c's. */
 void kvl_relaxed_decode_pass_q8_i8(int R, size_t step, float *Y, const int8_t *W, const float *scale,
                                    size_t r, size_t cols, const int16_t *x, const float *xs);
+
+/* kernels_relaxed.c (relaxed build only): matmul_q4_i8 for one token on rows r + i * step,
+ * i < nr <= 8, columns [c0, c0 + kc) (multiples of 32), as kernels_simd128.c's q4d passes:
+ * x8 = the token's columns [c0, c0 + kc) as int8, corr[g] = -8 * their sum over group g; the
+ * accumulators start from Y[row] when c0 > 0. Bit-identical to the reference. */
+void kvl_relaxed_q4_i8_pass(float *Y, const uint8_t *W, const uint16_t *S, size_t r, size_t step, int nr,
+                            size_t cols, const int8_t *x8, const int32_t *corr, const float *xs, size_t c0,
+                            size_t kc);
 
 /* Scalar helpers that are never hot enough to vectorise (still the one reference for each). */
 void kvl_rmsnorm(float *y, const float *x, const float *w, size_t n, float eps);

@@ -700,6 +700,277 @@ static void avx2_matmul_i16_i16(float *Y, size_t ldy, const int16_t *W, const fl
     matmul_int_generic(IKIND_I16, Y, ldy, W, scale, rows, cols, Xq, xs, ldx, n);
 }
 
+
+/* ---- Q4 weights (kernels.h: matmul_q4*) --------------------------------------------------
+ *
+ * A group's 16 bytes hold its columns 0-15 in the low nibbles and 16-31 in the high ones, so one
+ * AND and one shift + AND give both halves in column order. Rows are taken four at a time (the
+ * activations loaded once for the four), each tile for every token before the next (its weights
+ * stay in L1), the next four rows prefetched in decoding; rows left over take a tile of one.
+ *
+ * matmul_q4 / _xb: per row and group, the 32 weights q - 8 widened to FP32, their products with x
+ * summed in 8 lanes (one multiply, three FMAs), then one FMA by the group's scale into the row's
+ * accumulator: within FP32 rounding of the reference.
+ *
+ * matmul_q4_i16 / _i8: q4d below, for every n. Where a last block holds one group (cols % 64 ==
+ * 32) its missing group's sum and scale are 0, and adding that +0 to p changes nothing the result
+ * can show (acc starts at +0, so it is never -0, and x + (+-0) = x otherwise). */
+
+/* ---- Q4 integer products (q4d): 8 rows x 64 columns (32 bytes per row) per step -------------
+ *
+ * As kernels_avx512.c's q4d (which explains the layout and why it is bit-identical), on 256-bit
+ * vectors: the token's activations laid out once per chunk in the nibbles' order, each row's 32
+ * bytes (two groups, one per 128-bit lane) unpacked by shifts and masks only; _i16: four VPMADDWD
+ * on the int16 nibble vectors; _i8: two VPMADDUBSW (nibble u8 times x int8; pairs <= 2 * 15 * 127,
+ * two added <= 7620: no saturation) and one VPMADDWD by ones; the accumulator starts at -8 * sum(x)
+ * of each group. Eight rows' sums reduced by two rounds of horizontal adds into [g0 r0-3 | g1
+ * r0-3] and [g0 r4-7 | g1 r4-7], exactly, then the FP32 steps on the eight rows at once. The
+ * tile's scales are first transposed to one vector per block (a 4-byte pair per row; 8 x 8
+ * transposes: a gather per block cost 14 % on Zen 4). A last block of one group (cols % 64 == 32)
+ * takes 16 bytes and one scale per row (the missing group as 0). */
+
+#define Q4D_KC 4096 /* columns per chunk of laid-out activations (10 KiB of stack, 2 of scales) */
+#define Q4D_STEPS (Q4D_KC / 64)
+
+typedef struct {
+    __m256i x[Q4D_STEPS][4]; /* _i16: the four int16 layouts; _i8: [0] low, [1] high nibbles' x */
+    __m256i corr[Q4D_STEPS]; /* -8 * sum(x) of group 2k in lanes 0-3, of 2k + 1 in lanes 4-7 */
+} q4d_act;
+
+/* Columns [c0, c0 + kc) of the token (kc a multiple of 32, c0 of 64). */
+static void q4d_layout(int i8, q4d_act *a, const int16_t *x, size_t c0, size_t kc)
+{
+    const size_t steps = (kc + 63) / 64, ng = kc / 32;
+    for (size_t k = 0; k < steps; k++) {
+        /* per 128-bit lane: the even int16 in the low 8 bytes, the odd ones in the high 8 */
+        const __m256i eo = _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15,
+                                            0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15);
+        int32_t corr[8] = {0};
+        for (int l = 0; l < 2; l++) {
+            const size_t g = 2 * k + (size_t)l;
+            __m256i v0 = _mm256_setzero_si256(), v1 = v0;
+            if (g < ng) {
+                v0 = _mm256_loadu_si256((const __m256i *)(const void *)(x + c0 + 32 * g));
+                v1 = _mm256_loadu_si256((const __m256i *)(const void *)(x + c0 + 32 * g + 16));
+            }
+            corr[4 * l] = corr[4 * l + 1] = corr[4 * l + 2] = corr[4 * l + 3] = -8 * hsum_epi32_256(_mm256_add_epi32(_mm256_madd_epi16(v0, _mm256_set1_epi16(1)),
+                                                                     _mm256_madd_epi16(v1, _mm256_set1_epi16(1))));
+            __m128i *d[4];
+            for (int j = 0; j < 4; j++)
+                d[j] = (__m128i *)(void *)((char *)&a->x[k][j] + 16 * l);
+            if (i8) { /* bytes 0-15: columns 0-15 (low nibbles), 16-31: columns 16-31 (high) */
+                const __m256i b = _mm256_permute4x64_epi64(_mm256_packs_epi16(v0, v1), 0xD8);
+                _mm_storeu_si128(d[0], _mm256_castsi256_si128(b));
+                _mm_storeu_si128(d[1], _mm256_extracti128_si256(b, 1));
+            } else { /* [columns 2j | 16 + 2j | 2j + 1 | 17 + 2j], j < 8 */
+                const __m256i e0 = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(v0, eo), 0xD8);
+                const __m256i e1 = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(v1, eo), 0xD8);
+                _mm_storeu_si128(d[0], _mm256_castsi256_si128(e0));
+                _mm_storeu_si128(d[1], _mm256_castsi256_si128(e1));
+                _mm_storeu_si128(d[2], _mm256_extracti128_si256(e0, 1));
+                _mm_storeu_si128(d[3], _mm256_extracti128_si256(e1, 1));
+            }
+        }
+        a->corr[k] = _mm256_loadu_si256((const __m256i *)(const void *)corr);
+    }
+}
+
+/* One row's int32 sums of nibble * x in a step: [group 2k: 4 partial sums | group 2k + 1: 4] */
+KVL_INLINE __m256i q4d_row(int i8, __m256i v, const q4d_act *a, size_t k)
+{
+    if (i8) {
+        const __m256i m4 = _mm256_set1_epi8(0x0f);
+        const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(_mm256_and_si256(v, m4), a->x[k][0]),
+                                           _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4), a->x[k][1]));
+        return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+    }
+    const __m256i m = _mm256_set1_epi16(0x000f);
+    const __m256i p0 = _mm256_add_epi32(_mm256_madd_epi16(_mm256_and_si256(v, m), a->x[k][0]),
+                                        _mm256_madd_epi16(_mm256_and_si256(_mm256_srli_epi16(v, 4), m), a->x[k][1]));
+    const __m256i p1 = _mm256_add_epi32(_mm256_madd_epi16(_mm256_and_si256(_mm256_srli_epi16(v, 8), m), a->x[k][2]),
+                                        _mm256_madd_epi16(_mm256_srli_epi16(v, 12), a->x[k][3]));
+    return _mm256_add_epi32(p0, p1);
+}
+
+/* Rows r .. r + nr - 1 (nr <= 8) of one token, columns [c0, c0 + kc) laid out in a; acc from Y
+ * when c0 > 0 (an earlier chunk's), else 0. */
+KVL_INLINE void q4d_rows8(int i8, float *Y, const uint8_t *W, const uint16_t *S, size_t r, int nr, size_t cols,
+                          const q4d_act *a, const float *xs, size_t c0, size_t kc, int prefetch)
+{
+    const size_t rb = cols / 2, ng = cols / 32, full = kc / 64;
+    const uint8_t *w[8];
+    size_t soff[8]; /* bytes from row r's scales */
+    for (int i = 0; i < 8; i++) {
+        const size_t d = (size_t)(i < nr ? i : nr - 1);
+        w[i] = W + (r + d) * rb + c0 / 2;
+        soff[i] = d * ng * 2;
+    }
+    const uint16_t *s = S + r * ng + c0 / 32;
+    /* the tile's scales, step by step: st[k] lane i = row i's pair (2k, 2k + 1), 8 steps at a time
+     * by an 8 x 8 transpose; the last block of one group has the missing scale 0 */
+    __m256i st[Q4D_STEPS];
+    const size_t steps = (kc + 63) / 64;
+    size_t k = 0;
+    for (; k + 8 <= full; k += 8) {
+        __m256i t[8];
+        for (int i = 0; i < 8; i++)
+            t[i] = _mm256_loadu_si256((const __m256i *)(const void *)(s + soff[i] / 2 + 2 * k));
+        transpose8_epi32(t);
+        for (int j = 0; j < 8; j++)
+            st[k + (size_t)j] = t[j];
+    }
+    for (; k < steps; k++) {
+        uint32_t v[8];
+        for (int i = 0; i < 8; i++) {
+            const uint16_t *p = s + soff[i] / 2 + 2 * k;
+            v[i] = (uint32_t)p[0] | (k < full ? (uint32_t)p[1] << 16 : 0u);
+        }
+        st[k] = _mm256_loadu_si256((const __m256i *)(const void *)v);
+    }
+    __m256 acc = _mm256_setzero_ps(); /* lane i: row r + i */
+    if (c0 > 0) {
+        float y[8];
+        for (int i = 0; i < 8; i++)
+            y[i] = Y[r + (size_t)(i < nr ? i : nr - 1)];
+        acc = _mm256_loadu_ps(y);
+    }
+    for (k = 0; k < steps; k++) {
+        const __m256i sc = st[k];
+        if (prefetch && k < full && (k & 1) == 0) { /* into L2, as kernels_avx512.c's q4d */
+            for (int i = 0; i < 8; i++)
+                _mm_prefetch((const char *)(w[i] + 8 * rb + 32 * k), _MM_HINT_T1);
+            _mm_prefetch((const char *)(s + 8 * ng) + 32 * k, _MM_HINT_T1);
+        }
+        /* four rows at a time reduced to [group 2k: rows | group 2k + 1: rows] (fewer live
+         * registers: eight rows' vectors at once spilled), then -8 * sum(x) of each group */
+        __m256i t[2];
+        for (int h = 0; h < 2; h++) {
+            __m256i u[4];
+            if (k < full)
+                for (int i = 0; i < 4; i++)
+                    u[i] = q4d_row(i8, _mm256_loadu_si256((const __m256i *)(const void *)(w[4 * h + i] + 32 * k)), a, k);
+            else /* the last block holds one group */
+                for (int i = 0; i < 4; i++)
+                    u[i] = q4d_row(i8, _mm256_zextsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)(w[4 * h + i] + 32 * k))), a, k);
+            t[h] = _mm256_add_epi32(_mm256_hadd_epi32(_mm256_hadd_epi32(u[0], u[1]), _mm256_hadd_epi32(u[2], u[3])), a->corr[k]);
+        }
+        const __m256i t0 = t[0], t1 = t[1];
+        const __m256 pa = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_permute2x128_si256(t0, t1, 0x20)),
+                                        _mm256_castsi256_ps(_mm256_slli_epi32(sc, 16)));
+        const __m256 pb = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_permute2x128_si256(t0, t1, 0x31)),
+                                        _mm256_castsi256_ps(_mm256_and_si256(sc, _mm256_set1_epi32((int)0xffff0000u))));
+        acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_add_ps(pa, pb), _mm256_set1_ps(xs[(c0 + 64 * k) / 64])));
+    }
+    float y[8];
+    _mm256_storeu_ps(y, acc);
+    for (int i = 0; i < nr; i++)
+        Y[r + (size_t)i] = y[i];
+}
+
+/* Any n: tokens in groups of Q4D_TOK, as kernels_avx512.c's q4d_matmul. */
+#define Q4D_TOK 4
+static void q4d_matmul(int i8, float *Y, size_t ldy, const uint8_t *W, const uint16_t *S, size_t rows, size_t cols,
+                       const int16_t *Xq, const float *xs, size_t ldx, size_t n)
+{
+    const size_t nb = kvl_i16_nblocks(cols, KVL_I16_BLOCK);
+    q4d_act a[Q4D_TOK];
+    for (size_t t0 = 0; t0 < n; t0 += Q4D_TOK) {
+        const size_t nt = n - t0 < Q4D_TOK ? n - t0 : Q4D_TOK;
+        for (size_t c0 = 0; c0 < cols; c0 += Q4D_KC) {
+            const size_t kc = cols - c0 < Q4D_KC ? cols - c0 : Q4D_KC;
+            for (size_t t = 0; t < nt; t++)
+                q4d_layout(i8, &a[t], Xq + (t0 + t) * ldx, c0, kc);
+            for (size_t r = 0; r < rows; r += 8)
+                for (size_t t = 0; t < nt; t++)
+                    q4d_rows8(i8, Y + (t0 + t) * ldy, W, S, r, rows - r < 8 ? (int)(rows - r) : 8, cols, &a[t],
+                              xs + (t0 + t) * nb, c0, kc, t == 0 && r + 16 <= rows);
+        }
+    }
+}
+
+/* q - 8 of a group's 16 bytes as four vectors of 8 FP32: columns 0-7, 8-15, 16-23, 24-31 */
+KVL_INLINE void q4_group_f32(const uint8_t *w, __m256 q[4])
+{
+    const __m128i b = _mm_loadu_si128((const __m128i *)(const void *)w);
+    const __m128i m = _mm_set1_epi8(0x0f), eight = _mm_set1_epi8(8);
+    const __m128i lo = _mm_sub_epi8(_mm_and_si128(b, m), eight);
+    const __m128i hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(b, 4), m), eight);
+    q[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo));
+    q[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8)));
+    q[2] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi));
+    q[3] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8)));
+}
+
+/* R rows (a constant: 4 or 1) from row r, one token */
+KVL_INLINE void q4_rows_f32(int xb, const int R, float *Y, const uint8_t *W, const uint16_t *S, size_t r,
+                            size_t cols, const float *x, int prefetch)
+{
+    const size_t rb = cols / 2, ng = cols / 32;
+    __m256 acc[4];
+    KVL_UNROLL
+    for (int i = 0; i < R; i++)
+        acc[i] = _mm256_setzero_ps();
+    const uint8_t *w = W + r * rb;
+    const uint16_t *s = S + r * ng;
+    for (size_t g = 0; g < ng; g++) {
+        if (prefetch && (g & 3) == 0)
+            KVL_UNROLL
+            for (int i = 0; i < R; i++)
+                _mm_prefetch((const char *)(w + (size_t)(R + i) * rb + 16 * g), _MM_HINT_T1);
+        const __m256 x0 = load_x(xb, x + 32 * g), x1 = load_x(xb, x + 32 * g + 8);
+        const __m256 x2 = load_x(xb, x + 32 * g + 16), x3 = load_x(xb, x + 32 * g + 24);
+        KVL_UNROLL
+        for (int i = 0; i < R; i++) {
+            __m256 q[4];
+            q4_group_f32(w + (size_t)i * rb + 16 * g, q);
+            __m256 gs = _mm256_mul_ps(q[0], x0);
+            gs = _mm256_fmadd_ps(q[1], x1, gs);
+            gs = _mm256_fmadd_ps(q[2], x2, gs);
+            gs = _mm256_fmadd_ps(q[3], x3, gs);
+            acc[i] = _mm256_fmadd_ps(gs, _mm256_set1_ps(bf16_scalar(s[(size_t)i * ng + g])), acc[i]);
+        }
+    }
+    KVL_UNROLL
+    for (int i = 0; i < R; i++)
+        Y[r + (size_t)i] = hsum256(acc[i]);
+}
+
+KVL_INLINE void q4_matmul_f32(int xb, float *Y, size_t ldy, const uint8_t *W, const uint16_t *S, size_t rows,
+                              size_t cols, const float *X, size_t ldx, size_t n)
+{
+    size_t r = 0;
+    for (; r + 4 <= rows; r += 4)
+        for (size_t t = 0; t < n; t++)
+            q4_rows_f32(xb, 4, Y + t * ldy, W, S, r, cols, X + t * ldx, t == 0 && r + 8 <= rows);
+    for (; r < rows; r++)
+        for (size_t t = 0; t < n; t++)
+            q4_rows_f32(xb, 1, Y + t * ldy, W, S, r, cols, X + t * ldx, 0);
+}
+
+static void avx2_matmul_q4(float *Y, size_t ldy, const uint8_t *W, const uint16_t *S, size_t rows,
+                           size_t cols, const float *X, size_t ldx, size_t n)
+{
+    q4_matmul_f32(0, Y, ldy, W, S, rows, cols, X, ldx, n);
+}
+
+static void avx2_matmul_q4_xb(float *Y, size_t ldy, const uint8_t *W, const uint16_t *S, size_t rows,
+                              size_t cols, const float *X, size_t ldx, size_t n)
+{
+    q4_matmul_f32(1, Y, ldy, W, S, rows, cols, X, ldx, n);
+}
+
+static void avx2_matmul_q4_i16(float *Y, size_t ldy, const uint8_t *W, const uint16_t *S, size_t rows,
+                               size_t cols, const int16_t *Xq, const float *xs, size_t ldx, size_t n)
+{
+    q4d_matmul(0, Y, ldy, W, S, rows, cols, Xq, xs, ldx, n);
+}
+
+static void avx2_matmul_q4_i8(float *Y, size_t ldy, const uint8_t *W, const uint16_t *S, size_t rows,
+                              size_t cols, const int16_t *Xq, const float *xs, size_t ldx, size_t n)
+{
+    q4d_matmul(1, Y, ldy, W, S, rows, cols, Xq, xs, ldx, n);
+}
+
 /* ---- vector ops ------------------------------------------------------------------------ */
 
 static float avx2_dot_f32(const float *a, const float *b, size_t n)
@@ -792,6 +1063,10 @@ const kvl_kernels kvl_kernels_avx2_table = {
     avx2_matmul_q8_i16,
     avx2_matmul_q8_i8,
     avx2_matmul_i16_i16,
+    avx2_matmul_q4,
+    avx2_matmul_q4_xb,
+    avx2_matmul_q4_i16,
+    avx2_matmul_q4_i8,
     avx2_dot_f32,
     avx2_axpy_f32,
     avx2_axpy_rows_f32,

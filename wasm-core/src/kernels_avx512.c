@@ -916,6 +916,408 @@ static void avx512_matmul_i16_i16(float *Y, size_t ldy, const int16_t *W, const 
     matmul_int_generic(IKIND_I16, Y, ldy, W, scale, rows, cols, Xq, xs, ldx, n);
 }
 
+
+/* ---- Q4 weights (kernels.h: matmul_q4*) --------------------------------------------------
+ *
+ * As in kernels_avx2.c (which explains the blocks, the reduction and the bit-exactness of the
+ * integer products); here: matmul_q4 / _xb widen a group's 16 bytes to 16 int32 lanes once and
+ * look both nibbles up in a 16-entry FP32 table of q - 8 (VPERMPS reads the low 4 bits of each
+ * index: the low nibble needs no mask), two FMAs per group and row, then one by the group's scale.
+ * The "avx512-bf16" table's matmul_q4_xb looks the nibbles up as BF16 (VPERMW) and takes the
+ * group's 32 products in one VDPBF16PS on the activations rounded to BF16 (exact products, FP32
+ * sums: within FP32 rounding as the FMA version); in decoding, q4x below. matmul_q4_i16 / _i8:
+ * q4d below, for every n. */
+
+KVL_INLINE float q4_bf16(uint16_t h)
+{
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+/* ---- Q4 integer products (q4d): 8 rows x 128 columns (64 bytes per row) per step ----------
+ *
+ * Decoding streams each weight byte once, so the per-byte work must stay below DRAM speed (the
+ * 4-row, 64-column version this replaced ran at 0.56x Q8's GB/s from DRAM on Zen 4). The
+ * token's activations are first laid out once (per chunk of Q4D_KC columns, on the stack) in the
+ * nibbles' order, so that a row's 64 bytes are unpacked without any shuffle:
+ *   _i16: the bytes read as 32 int16 give four vectors of unsigned nibbles by shifts and masks
+ *     (bits 0-3, 4-7, 8-11, 12-15 of each int16: columns 2j, 16 + 2j, 2j + 1, 17 + 2j of its
+ *     group) and four VPDPWSSD against the matching int16 activations;
+ *   _i8: the low and high nibbles as bytes, two VPDPBUSD (nibble u8 times x int8).
+ * The accumulator starts at -8 * sum(x) of each group (in one lane of its four), so it ends at the
+ * exact sum of (nibble - 8) * x: each 128-bit lane holds one group's four partial sums. The eight
+ * rows' vectors are reduced together (two rounds of unpack + add: exact int32), giving for each
+ * group the eight rows' sums, and the FP32 steps of kernels.h then run on [block b | block b + 1]
+ * of all eight rows at once: p = (float)s0 * ds0 + (float)s1 * ds1 (separate multiplies and add,
+ * never fused), acc + p * xs[b], then acc + p' * xs[b + 1]: each lane one row's own sequence, so
+ * bit-identical to the reference. A step's 32 scales (eight rows x four groups, one 8-byte gather
+ * per row) go to FP32 with one masked word permute each half (the BF16 bits into the high half of
+ * each lane). A last partial step (cols % 128) reads its bytes with a masked load and its scales
+ * by hand, missing groups as 0 (a sum of 0 times a scale of 0: +0, which changes no accumulator,
+ * as kernels_avx2.c explains). Rows beyond the last repeat it and are not stored. The next tile's
+ * rows and scales are prefetched a line per row and step, as the Q8 decode does. */
+
+#define Q4D_KC 4096 /* columns per chunk of laid-out activations (12 KiB of stack) */
+#define Q4D_STEPS (Q4D_KC / 128)
+
+typedef struct {
+    __m512i x[Q4D_STEPS][4]; /* _i16: the four int16 layouts; _i8: [0] low, [1] high nibbles' x */
+    __m512i corr[Q4D_STEPS]; /* -8 * sum(x) of each group, in the first lane of its four */
+    __m512 xs[Q4D_STEPS];    /* [xs_b x4 | xs_b+1 x4 | xs_b x4 | xs_b+1 x4] (0 for a missing block) */
+} q4d_act;
+
+/* Columns [c0, c0 + kc) of the token (kc a multiple of 32, c0 a multiple of 128). */
+static void q4d_layout(int i8, q4d_act *a, const int16_t *x, const float *xs, size_t c0, size_t kc)
+{
+    static const uint16_t perm[32] = {0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30,
+                                      1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31};
+    const __m512i idx = _mm512_loadu_si512((const void *)perm);
+    const size_t steps = (kc + 127) / 128, ng = kc / 32;
+    for (size_t k = 0; k < steps; k++) {
+        int32_t corr[16] = {0};
+        for (int l = 0; l < 4; l++) {
+            const size_t g = 4 * k + (size_t)l;
+            const __m512i v = g < ng ? _mm512_loadu_si512((const void *)(x + c0 + 32 * g)) : _mm512_setzero_si512();
+            corr[4 * l] = -8 * _mm512_reduce_add_epi32(_mm512_madd_epi16(v, _mm512_set1_epi16(1)));
+            if (i8) { /* bytes 0-15: columns 0-15 (low nibbles), 16-31: columns 16-31 (high) */
+                const __m256i b = _mm512_cvtepi16_epi8(v);
+                memcpy((char *)&a->x[k][0] + 16 * l, &b, 16);
+                memcpy((char *)&a->x[k][1] + 16 * l, (const char *)&b + 16, 16);
+            } else { /* [columns 2j | 16 + 2j | 2j + 1 | 17 + 2j], j < 8 */
+                const __m512i p = _mm512_permutexvar_epi16(idx, v);
+                for (int j = 0; j < 4; j++)
+                    memcpy((char *)&a->x[k][j] + 16 * l, (const char *)&p + 16 * j, 16);
+            }
+        }
+        a->corr[k] = _mm512_loadu_si512((const void *)corr);
+        const size_t b = (c0 + 128 * k) / KVL_I16_BLOCK, have = kc - 128 * k; /* columns left */
+        const __m128 x0 = _mm_set1_ps(xs[b]), x1 = _mm_set1_ps(have > 64 ? xs[b + 1] : 0.0f);
+        const __m256 h = _mm256_set_m128(x1, x0);
+        a->xs[k] = _mm512_insertf32x8(_mm512_castps256_ps512(h), h, 1);
+    }
+}
+
+/* One step's int32 sums of 8 rows -> [g0 r0-3 | g2 r0-3 | g0 r4-7 | g2 r4-7] (A) and the same for
+ * g1, g3 (B), exactly. */
+KVL_INLINE void q4d_reduce8(const __m512i u[8], __m512i *A, __m512i *B)
+{
+    __m512i t[4];
+    for (int i = 0; i < 4; i++)
+        t[i] = _mm512_add_epi32(_mm512_unpacklo_epi32(u[2 * i], u[2 * i + 1]), _mm512_unpackhi_epi32(u[2 * i], u[2 * i + 1]));
+    const __m512i lo = _mm512_add_epi32(_mm512_unpacklo_epi64(t[0], t[1]), _mm512_unpackhi_epi64(t[0], t[1]));
+    const __m512i hi = _mm512_add_epi32(_mm512_unpacklo_epi64(t[2], t[3]), _mm512_unpackhi_epi64(t[2], t[3]));
+    *A = _mm512_shuffle_i32x4(lo, hi, _MM_SHUFFLE(2, 0, 2, 0));
+    *B = _mm512_shuffle_i32x4(lo, hi, _MM_SHUFFLE(3, 1, 3, 1));
+}
+
+/* 8 rows' 4 scales each (u16 lane 4i + g: row i, group g) -> FP32 in q4d_reduce8's layouts */
+KVL_INLINE void q4d_scales(__m512i s, __m512 *dA, __m512 *dB)
+{
+    /* odd word 2d + 1 (the high half of FP32 lane d) <- row 4 * (d / 8) + d % 4, group by d / 4 */
+#define Q4D_IX(g0, g1) \
+    0, (g0), 0, 4 + (g0), 0, 8 + (g0), 0, 12 + (g0), 0, (g1), 0, 4 + (g1), 0, 8 + (g1), 0, 12 + (g1), \
+    0, 16 + (g0), 0, 20 + (g0), 0, 24 + (g0), 0, 28 + (g0), 0, 16 + (g1), 0, 20 + (g1), 0, 24 + (g1), 0, 28 + (g1)
+    static const uint16_t ixa[32] = {Q4D_IX(0, 2)}, ixb[32] = {Q4D_IX(1, 3)};
+#undef Q4D_IX
+    const __m512i ia = _mm512_loadu_si512((const void *)ixa), ib = _mm512_loadu_si512((const void *)ixb);
+    *dA = _mm512_castsi512_ps(_mm512_maskz_permutexvar_epi16(0xAAAAAAAAu, ia, s));
+    *dB = _mm512_castsi512_ps(_mm512_maskz_permutexvar_epi16(0xAAAAAAAAu, ib, s));
+}
+
+/* Rows r .. r + nr - 1 (nr <= 8) of one token, columns [c0, c0 + kc) laid out in a; acc from Y
+ * when c0 > 0 (an earlier chunk's), else 0. */
+KVL_INLINE void q4d_rows8(int i8, float *Y, const uint8_t *W, const uint16_t *S, size_t r, int nr, size_t cols,
+                          const q4d_act *a, size_t c0, size_t kc, int prefetch)
+{
+    const size_t rb = cols / 2, ng = cols / 32, full = kc / 128;
+    const uint8_t *w[8];
+    int64_t soff[8];
+    for (int i = 0; i < 8; i++) {
+        const size_t row = r + (size_t)(i < nr ? i : nr - 1);
+        w[i] = W + row * rb + c0 / 2;
+        soff[i] = (int64_t)(row * ng * 2);
+    }
+    const __m512i vsoff = _mm512_loadu_si512((const void *)soff);
+    const uint16_t *s = S + c0 / 32;
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    __m512 acc = _mm512_setzero_ps(); /* lane 0: rows 0-3, lane 2: rows 4-7; lanes 1, 3 unused */
+    if (c0 > 0) {
+        float y[8];
+        for (int i = 0; i < 8; i++)
+            y[i] = Y[r + (size_t)(i < nr ? i : nr - 1)];
+        acc = _mm512_insertf32x4(_mm512_castps128_ps512(_mm_loadu_ps(y)), _mm_loadu_ps(y + 4), 2);
+    }
+    const size_t steps = (kc + 127) / 128;
+    for (size_t k = 0; k < steps; k++) {
+        __m512i u[8];
+        __m512i sc;
+        if (k < full) {
+            if (prefetch) {
+                /* into L2 (T1): into L1 (T0) the streams ran at half the speed (Zen 4) */
+                for (int i = 0; i < 8; i++)
+                    _mm_prefetch((const char *)(w[i] + 8 * rb + 64 * k), _MM_HINT_T1);
+                _mm_prefetch((const char *)(S + (r + 8) * ng) + 64 * k, _MM_HINT_T1);
+            }
+            for (int i = 0; i < 8; i++) {
+                const __m512i v = _mm512_loadu_si512((const void *)(w[i] + 64 * k));
+                if (i8) {
+                    u[i] = _mm512_dpbusd_epi32(a->corr[k], _mm512_and_si512(v, m4), a->x[k][0]);
+                    u[i] = _mm512_dpbusd_epi32(u[i], _mm512_and_si512(_mm512_srli_epi16(v, 4), m4), a->x[k][1]);
+                } else {
+                    const __m512i m = _mm512_set1_epi16(0x000f);
+                    u[i] = _mm512_dpwssd_epi32(a->corr[k], _mm512_and_si512(v, m), a->x[k][0]);
+                    u[i] = _mm512_dpwssd_epi32(u[i], _mm512_and_si512(_mm512_srli_epi16(v, 4), m), a->x[k][1]);
+                    u[i] = _mm512_dpwssd_epi32(u[i], _mm512_and_si512(_mm512_srli_epi16(v, 8), m), a->x[k][2]);
+                    u[i] = _mm512_dpwssd_epi32(u[i], _mm512_srli_epi16(v, 12), a->x[k][3]);
+                }
+            }
+            sc = _mm512_i64gather_epi64(vsoff, (const void *)(s + 4 * k), 1);
+        } else { /* the last 1-3 groups */
+            const size_t gl = (kc - 128 * k) / 32;
+            const __mmask64 mb = ((__mmask64)1 << (16 * gl)) - 1;
+            uint16_t st[32] = {0};
+            for (int i = 0; i < 8; i++) {
+                const __m512i v = _mm512_maskz_loadu_epi8(mb, (const void *)(w[i] + 64 * k));
+                if (i8) {
+                    u[i] = _mm512_dpbusd_epi32(a->corr[k], _mm512_and_si512(v, m4), a->x[k][0]);
+                    u[i] = _mm512_dpbusd_epi32(u[i], _mm512_and_si512(_mm512_srli_epi16(v, 4), m4), a->x[k][1]);
+                } else {
+                    const __m512i m = _mm512_set1_epi16(0x000f);
+                    u[i] = _mm512_dpwssd_epi32(a->corr[k], _mm512_and_si512(v, m), a->x[k][0]);
+                    u[i] = _mm512_dpwssd_epi32(u[i], _mm512_and_si512(_mm512_srli_epi16(v, 4), m), a->x[k][1]);
+                    u[i] = _mm512_dpwssd_epi32(u[i], _mm512_and_si512(_mm512_srli_epi16(v, 8), m), a->x[k][2]);
+                    u[i] = _mm512_dpwssd_epi32(u[i], _mm512_srli_epi16(v, 12), a->x[k][3]);
+                }
+                memcpy(st + 4 * i, (const char *)S + soff[i] + 2 * (c0 / 32 + 4 * k), 2 * gl);
+            }
+            sc = _mm512_loadu_si512((const void *)st);
+        }
+        __m512i A, B;
+        __m512 dA, dB;
+        q4d_reduce8(u, &A, &B);
+        q4d_scales(sc, &dA, &dB);
+        const __m512 pa = _mm512_mul_ps(_mm512_cvtepi32_ps(A), dA);
+        const __m512 pb = _mm512_mul_ps(_mm512_cvtepi32_ps(B), dB);
+        const __m512 q = _mm512_mul_ps(_mm512_add_ps(pa, pb), a->xs[k]);
+        acc = _mm512_add_ps(acc, q);
+        acc = _mm512_add_ps(acc, _mm512_shuffle_f32x4(q, q, _MM_SHUFFLE(3, 3, 1, 1)));
+    }
+    float y[8];
+    _mm_storeu_ps(y, _mm512_castps512_ps128(acc));
+    _mm_storeu_ps(y + 4, _mm512_extractf32x4_ps(acc, 2));
+    for (int i = 0; i < nr; i++)
+        Y[r + (size_t)i] = y[i];
+}
+
+/* Any n: tokens in groups of Q4D_TOK (their laid-out activations on the stack together), each
+ * tile of eight rows for every token of the group before the next tile (its weights stay in L1);
+ * a prompt's tokens thus stream the weights once per group instead of once. */
+#define Q4D_TOK 4
+static void q4d_matmul(int i8, float *Y, size_t ldy, const uint8_t *W, const uint16_t *S, size_t rows, size_t cols,
+                       const int16_t *Xq, const float *xs, size_t ldx, size_t n)
+{
+    const size_t nb = kvl_i16_nblocks(cols, KVL_I16_BLOCK);
+    q4d_act a[Q4D_TOK];
+    for (size_t t0 = 0; t0 < n; t0 += Q4D_TOK) {
+        const size_t nt = n - t0 < Q4D_TOK ? n - t0 : Q4D_TOK;
+        for (size_t c0 = 0; c0 < cols; c0 += Q4D_KC) {
+            const size_t kc = cols - c0 < Q4D_KC ? cols - c0 : Q4D_KC;
+            for (size_t t = 0; t < nt; t++)
+                q4d_layout(i8, &a[t], Xq + (t0 + t) * ldx, xs + (t0 + t) * nb, c0, kc);
+            for (size_t r = 0; r < rows; r += 8)
+                for (size_t t = 0; t < nt; t++)
+                    q4d_rows8(i8, Y + (t0 + t) * ldy, W, S, r, rows - r < 8 ? (int)(rows - r) : 8, cols, &a[t], c0, kc,
+                              t == 0 && r + 16 <= rows);
+        }
+    }
+}
+
+enum { Q4F_F32, Q4F_XB, Q4F_DP }; /* FP32 activations, rounded to BF16 (FMAs), BF16 dot products */
+
+/* R rows (a constant: 4 or 1) from row r, one token */
+KVL_INLINE void q4_rows_f32(int mode, const int R, float *Y, const uint8_t *W, const uint16_t *S, size_t r,
+                            size_t cols, const float *x, int prefetch)
+{
+    const size_t rb = cols / 2, ng = cols / 32;
+    const __m512 lut = _mm512_setr_ps(-8.f, -7.f, -6.f, -5.f, -4.f, -3.f, -2.f, -1.f, 0.f, 1.f, 2.f, 3.f, 4.f, 5.f, 6.f, 7.f);
+    /* BF16 bits of -8 .. 7 (entries 16-31 unused) */
+    const __m512i lutb = _mm512_setr_epi32((int)0xC0E0C100u, (int)0xC0A0C0C0u, (int)0xC040C080u, (int)0xBF80C000u,
+                                           0x3F800000, 0x40404000, 0x40A04080, 0x40E040C0, 0, 0, 0, 0, 0, 0, 0, 0);
+    __m512 acc[4];
+    KVL_UNROLL
+    for (int i = 0; i < R; i++)
+        acc[i] = _mm512_setzero_ps();
+    const uint8_t *w = W + r * rb;
+    const uint16_t *s = S + r * ng;
+    for (size_t g = 0; g < ng; g++) {
+        if (prefetch && (g & 3) == 0)
+            KVL_UNROLL
+            for (int i = 0; i < R; i++)
+                _mm_prefetch((const char *)(w + (size_t)(R + i) * rb + 16 * g), _MM_HINT_T1);
+        __m512 x0 = _mm512_setzero_ps(), x1 = x0;
+        __m512bh xh;
+        if (mode == Q4F_DP) {
+            xh = x_bf16x32(x + 32 * g);
+        } else {
+            x0 = load_x(mode == Q4F_XB, x + 32 * g);
+            x1 = load_x(mode == Q4F_XB, x + 32 * g + 16);
+            xh = AS_BH(_mm512_setzero_si512());
+        }
+        KVL_UNROLL
+        for (int i = 0; i < R; i++) {
+            const __m128i b = _mm_loadu_si128((const __m128i *)(const void *)(w + (size_t)i * rb + 16 * g));
+            __m512 gs;
+            if (mode == Q4F_DP) {
+                const __m256i d = _mm256_cvtepu8_epi16(b);
+                const __m512i idx = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(d, _mm256_set1_epi16(0x0f))),
+                                                       _mm256_srli_epi16(d, 4), 1);
+                gs = _mm512_dpbf16_ps(_mm512_setzero_ps(), AS_BH(_mm512_permutexvar_epi16(idx, lutb)), xh);
+            } else {
+                const __m512i d = _mm512_cvtepu8_epi32(b);
+                gs = _mm512_mul_ps(_mm512_permutexvar_ps(d, lut), x0);
+                gs = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(d, 4), lut), x1, gs);
+            }
+            acc[i] = _mm512_fmadd_ps(gs, _mm512_set1_ps(q4_bf16(s[(size_t)i * ng + g])), acc[i]);
+        }
+    }
+    KVL_UNROLL
+    for (int i = 0; i < R; i++)
+        Y[r + (size_t)i] = hsum512(acc[i]);
+}
+
+KVL_INLINE void q4_matmul_f32(int mode, float *Y, size_t ldy, const uint8_t *W, const uint16_t *S, size_t rows,
+                              size_t cols, const float *X, size_t ldx, size_t n)
+{
+    size_t r = 0;
+    for (; r + 4 <= rows; r += 4)
+        for (size_t t = 0; t < n; t++)
+            q4_rows_f32(mode, 4, Y + t * ldy, W, S, r, cols, X + t * ldx, t == 0 && r + 8 <= rows);
+    for (; r < rows; r++)
+        for (size_t t = 0; t < n; t++)
+            q4_rows_f32(mode, 1, Y + t * ldy, W, S, r, cols, X + t * ldx, 0);
+}
+
+/* ---- matmul_q4_xb decode (n == 1) on VDPBF16PS, 4 rows x 128 columns per step --------------
+ *
+ * The token's activations are rounded to BF16 once per chunk of Q4D_KC columns and laid out in the
+ * order the nibbles take when a row's 64 bytes are split into low and high nibbles and widened to
+ * words in-lane (unpack with zero): 128-bit lane L of piece j holds columns 8j .. 8j + 7 of group
+ * 4k + L. Per row and step: the split (three ops), four unpacks, four VPERMW of a 16-entry BF16
+ * table of q - 8 and four VPDPBF16PS give each group's products summed in its lane's four FP32
+ * lanes (exact products, FP32 sums), then one FMA by [ds(g) x4 | ...] (the row's four scales, one
+ * 8-byte load and a masked word permute) into the row's accumulator, summed across lanes at the
+ * end: within FP32 rounding of the reference, as the other tables. */
+
+typedef struct {
+    __m512i x[Q4D_STEPS][4];
+} q4x_act;
+
+static void q4x_layout(q4x_act *a, const float *x, size_t c0, size_t kc)
+{
+    const size_t steps = (kc + 127) / 128, ng = kc / 32;
+    for (size_t k = 0; k < steps; k++)
+        for (int l = 0; l < 4; l++) {
+            const size_t g = 4 * k + (size_t)l;
+            const __m512i v = g < ng ? BH_BITS(x_bf16x32(x + c0 + 32 * g)) : _mm512_setzero_si512();
+            for (int j = 0; j < 4; j++)
+                memcpy((char *)&a->x[k][j] + 16 * l, (const char *)&v + 16 * j, 16);
+        }
+}
+
+KVL_INLINE void q4x_rows4(float *Y, const uint8_t *W, const uint16_t *S, size_t r, int nr, size_t cols,
+                          const q4x_act *a, size_t c0, size_t kc, int prefetch)
+{
+    /* BF16 bits of -8 .. 7 (entries 16-31 unused) */
+    const __m512i lutb = _mm512_setr_epi32((int)0xC0E0C100u, (int)0xC0A0C0C0u, (int)0xC040C080u, (int)0xBF80C000u,
+                                           0x3F800000, 0x40404000, 0x40A04080, 0x40E040C0, 0, 0, 0, 0, 0, 0, 0, 0);
+    /* odd word 2d + 1 (the high half of FP32 lane d) <- scale d / 4 */
+    static const uint16_t ixs[32] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 1, 0, 1, 0, 1,
+                                     0, 2, 0, 2, 0, 2, 0, 2, 0, 3, 0, 3, 0, 3, 0, 3};
+    const __m512i is = _mm512_loadu_si512((const void *)ixs);
+    const size_t rb = cols / 2, ng = cols / 32, full = kc / 128, steps = (kc + 127) / 128;
+    const __m512i m4 = _mm512_set1_epi8(0x0f), z = _mm512_setzero_si512();
+    const uint8_t *w[4];
+    const uint16_t *s[4];
+    __m512 acc[4];
+    for (int i = 0; i < 4; i++) {
+        const size_t row = r + (size_t)(i < nr ? i : nr - 1);
+        w[i] = W + row * rb + c0 / 2;
+        s[i] = S + row * ng + c0 / 32;
+        acc[i] = _mm512_setzero_ps();
+    }
+    for (size_t k = 0; k < steps; k++) {
+        const __mmask64 mb = k < full ? ~(__mmask64)0 : ((__mmask64)1 << (16 * ((kc - 128 * k) / 32))) - 1;
+        const __mmask8 ms = k < full ? (__mmask8)0x0f : (__mmask8)((1u << ((kc - 128 * k) / 32)) - 1u);
+        if (prefetch && k < full) {
+            for (int i = 0; i < 4; i++)
+                _mm_prefetch((const char *)(w[i] + 4 * rb + 64 * k), _MM_HINT_T1);
+            if ((k & 1) == 0)
+                _mm_prefetch((const char *)(s[0] + 4 * ng) + 32 * k, _MM_HINT_T1);
+        }
+        KVL_UNROLL
+        for (int i = 0; i < 4; i++) {
+            const __m512i v = _mm512_maskz_loadu_epi8(mb, (const void *)(w[i] + 64 * k));
+            const __m512i lo = _mm512_and_si512(v, m4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+            __m512 g = _mm512_dpbf16_ps(_mm512_setzero_ps(), AS_BH(_mm512_permutexvar_epi16(_mm512_unpacklo_epi8(lo, z), lutb)),
+                                        AS_BH(a->x[k][0]));
+            g = _mm512_dpbf16_ps(g, AS_BH(_mm512_permutexvar_epi16(_mm512_unpackhi_epi8(lo, z), lutb)), AS_BH(a->x[k][1]));
+            g = _mm512_dpbf16_ps(g, AS_BH(_mm512_permutexvar_epi16(_mm512_unpacklo_epi8(hi, z), lutb)), AS_BH(a->x[k][2]));
+            g = _mm512_dpbf16_ps(g, AS_BH(_mm512_permutexvar_epi16(_mm512_unpackhi_epi8(hi, z), lutb)), AS_BH(a->x[k][3]));
+            const __m512i sv = _mm512_castsi128_si512(_mm_maskz_loadu_epi16(ms, (const void *)(s[i] + 4 * k)));
+            acc[i] = _mm512_fmadd_ps(g, _mm512_castsi512_ps(_mm512_maskz_permutexvar_epi16(0xAAAAAAAAu, is, sv)), acc[i]);
+        }
+    }
+    for (int i = 0; i < nr; i++)
+        Y[r + (size_t)i] = (c0 > 0 ? Y[r + (size_t)i] : 0.0f) + hsum512(acc[i]);
+}
+
+static void q4x_matmul(float *Y, const uint8_t *W, const uint16_t *S, size_t rows, size_t cols, const float *x)
+{
+    q4x_act a;
+    for (size_t c0 = 0; c0 < cols; c0 += Q4D_KC) {
+        const size_t kc = cols - c0 < Q4D_KC ? cols - c0 : Q4D_KC;
+        q4x_layout(&a, x, c0, kc);
+        for (size_t r = 0; r < rows; r += 4)
+            q4x_rows4(Y, W, S, r, rows - r < 4 ? (int)(rows - r) : 4, cols, &a, c0, kc, r + 8 <= rows);
+    }
+}
+
+static void avx512_matmul_q4(float *Y, size_t ldy, const uint8_t *W, const uint16_t *S, size_t rows,
+                             size_t cols, const float *X, size_t ldx, size_t n)
+{
+    q4_matmul_f32(Q4F_F32, Y, ldy, W, S, rows, cols, X, ldx, n);
+}
+
+static void avx512_matmul_q4_xb(float *Y, size_t ldy, const uint8_t *W, const uint16_t *S, size_t rows,
+                                size_t cols, const float *X, size_t ldx, size_t n)
+{
+    q4_matmul_f32(Q4F_XB, Y, ldy, W, S, rows, cols, X, ldx, n);
+}
+
+static void avx512bf16_matmul_q4_xb(float *Y, size_t ldy, const uint8_t *W, const uint16_t *S, size_t rows,
+                                    size_t cols, const float *X, size_t ldx, size_t n)
+{
+    if (n == 1) {
+        q4x_matmul(Y, W, S, rows, cols, X);
+        return;
+    }
+    q4_matmul_f32(Q4F_DP, Y, ldy, W, S, rows, cols, X, ldx, n);
+}
+
+static void avx512_matmul_q4_i16(float *Y, size_t ldy, const uint8_t *W, const uint16_t *S, size_t rows,
+                                 size_t cols, const int16_t *Xq, const float *xs, size_t ldx, size_t n)
+{
+    q4d_matmul(0, Y, ldy, W, S, rows, cols, Xq, xs, ldx, n);
+}
+
+static void avx512_matmul_q4_i8(float *Y, size_t ldy, const uint8_t *W, const uint16_t *S, size_t rows,
+                                size_t cols, const int16_t *Xq, const float *xs, size_t ldx, size_t n)
+{
+    q4d_matmul(1, Y, ldy, W, S, rows, cols, Xq, xs, ldx, n);
+}
+
 /* ---- vector ops ------------------------------------------------------------------------ */
 
 static float avx512_dot_f32(const float *a, const float *b, size_t n)
@@ -1131,17 +1533,18 @@ static void avx512_gelu_tanh(float *x, size_t n)
 }
 
 /* The two AVX-512 tables differ only in how the BF16-input products run. */
-#define AVX512_TABLE(NAME, BF16_DOT, MATMUL_BF16_XB, MATMUL_Q8_XB)                              \
+#define AVX512_TABLE(NAME, BF16_DOT, MATMUL_BF16_XB, MATMUL_Q8_XB, MATMUL_Q4_XB)                \
     {                                                                                            \
         NAME, BF16_DOT, avx512_matmul_bf16, avx512_matmul_q8, avx512_matmul_f32, MATMUL_BF16_XB, \
             MATMUL_Q8_XB, avx512_quantize_i16_act, avx512_matmul_q8_i16, avx512_matmul_q8_i8,               \
-            avx512_matmul_i16_i16,                                                             \
+            avx512_matmul_i16_i16, avx512_matmul_q4, MATMUL_Q4_XB, avx512_matmul_q4_i16,         \
+            avx512_matmul_q4_i8,                                                                 \
             avx512_dot_f32,                                                                      \
             avx512_axpy_f32, avx512_axpy_rows_f32, avx512_bf16_to_f32, avx512_q8_to_f32, avx512_f32_to_bf16, avx512_softmax,            \
             avx512_gelu_tanh                                                                     \
     }
 
 const kvl_kernels kvl_kernels_avx512_table =
-    AVX512_TABLE("avx512", 0, avx512_matmul_bf16_xb, avx512_matmul_q8_xb);
+    AVX512_TABLE("avx512", 0, avx512_matmul_bf16_xb, avx512_matmul_q8_xb, avx512_matmul_q4_xb);
 const kvl_kernels kvl_kernels_avx512_bf16_table =
-    AVX512_TABLE("avx512-bf16", 1, avx512bf16_matmul_bf16_xb, avx512bf16_matmul_q8_xb);
+    AVX512_TABLE("avx512-bf16", 1, avx512bf16_matmul_bf16_xb, avx512bf16_matmul_q8_xb, avx512bf16_matmul_q4_xb);

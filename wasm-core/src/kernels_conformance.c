@@ -15,7 +15,9 @@
  * product are defined bit-exactly (kernels.h) and compared for equality; so are the BF16
  * conversions. The Q8 x 8-bit product also runs on weights and activations of +-127 only, the
  * edge of the 8-bit dot products' int16 pairs: an engine that computes relaxed SIMD wrongly is
- * caught here, and the host runs this report before it picks simd128-relaxed.
+ * caught here, and the host runs this report before it picks simd128-relaxed. The Q4 products
+ * (matmul_q4*: cols a multiple of 32) are checked the same ways on shapes of their own, the 8-bit
+ * one also on nibbles 0 and 15 with activations of +-127.
  */
 #include "kernels.h"
 #include "kvl_core.h"
@@ -349,6 +351,84 @@ static int test_q8_i8_extremes(report *rep, const kvl_kernels *K, const kvl_kern
     return 0;
 }
 
+/* ---- Q4 products (cols a multiple of 32) ------------------------------------------------ */
+
+/* matmul_q4 / _xb against the double-precision sum over the dequantised weights ((nibble - 8) *
+ * the group's BF16 scale, both signs of scale), with the products' bound; matmul_q4_i16 / _i8 bit
+ * for bit against the reference. extreme: nibbles 0 and 15 only and activations quantised to
+ * +-127 / +-32767, the largest int16 pairs of the 8-bit dot products (a relaxed-SIMD engine that
+ * computes them wrongly fails here). */
+static int test_q4(report *rep, const kvl_kernels *K, const kvl_kernels *ref, rng *g, size_t rows, size_t cols,
+                   size_t n, int extreme)
+{
+    const size_t ldx = cols + 3, ng = cols / 32, nb = kvl_i16_nblocks(cols, KVL_I16_BLOCK);
+    uint8_t *w = malloc(rows * cols / 2);
+    uint16_t *sc = malloc(rows * ng * sizeof *sc);
+    float *x = malloc(n * ldx * sizeof *x), *y = malloc(n * rows * sizeof *y), *y_ref = malloc(n * rows * sizeof *y_ref);
+    int16_t *xq = calloc(n * ldx, sizeof *xq);
+    float *xs = malloc(n * nb * sizeof *xs);
+    if (!w || !sc || !x || !y || !y_ref || !xq || !xs) {
+        free(w), free(sc), free(x), free(y), free(y_ref), free(xq), free(xs);
+        return -1;
+    }
+    for (size_t i = 0; i < rows * cols / 2; i++)
+        w[i] = extreme ? (uint8_t)((rnd32(g) & 1 ? 0x0f : 0) | (rnd32(g) & 1 ? 0xf0 : 0)) : (uint8_t)rnd32(g);
+    for (size_t i = 0; i < rows * ng; i++)
+        sc[i] = kvl_float_to_bf16((0.001f + 0.01f * (float)(rnd32(g) & 1023) / 1024.0f) * ((rnd32(g) & 3) ? 1.0f : -1.0f));
+    for (size_t i = 0; i < n * ldx; i++)
+        x[i] = extreme ? ((rnd32(g) & 1) ? 1.0f : -1.0f) : rndf(g);
+    char shape[80];
+    snprintf(shape, sizeof shape, "rows=%zu cols=%zu n=%zu%s", rows, cols, n, extreme ? " nibbles 0/15" : "");
+    for (int kind = 0; kind < 4; kind++) {
+        static const char *const names[4] = {"matmul_q4", "matmul_q4_xb", "matmul_q4_i16", "matmul_q4_i8"};
+        if (kind >= 2) {
+            const int lim = kind == 3 ? KVL_I8_MAX : KVL_I16_Q8_MAX;
+            ref->quantize_i16_act(xq, xs, x, cols, n, ldx, ldx, KVL_I16_BLOCK, lim);
+            const kvl_kernels *T[2] = {K, ref};
+            float *out[2] = {y, y_ref};
+            for (int k = 0; k < 2; k++) {
+                if (kind == 2)
+                    T[k]->matmul_q4_i16(out[k], rows, w, sc, rows, cols, xq, xs, ldx, n);
+                else
+                    T[k]->matmul_q4_i8(out[k], rows, w, sc, rows, cols, xq, xs, ldx, n);
+            }
+            double worst = 0.0;
+            for (size_t i = 0; i < rows * n; i++)
+                if (memcmp(&y[i], &y_ref[i], sizeof(float)) != 0)
+                    worst = fmax(worst, fabs((double)y[i] - y_ref[i]) + 1e-30);
+            check(rep, names[kind], shape, worst, 0.0);
+            continue;
+        }
+        if (kind == 0)
+            K->matmul_q4(y, rows, w, sc, rows, cols, x, ldx, n);
+        else
+            K->matmul_q4_xb(y, rows, w, sc, rows, cols, x, ldx, n);
+        double worst = 0.0, worst_abs = 0.0, worst_bound = 0.0;
+        for (size_t t = 0; t < n; t++)
+            for (size_t r = 0; r < rows; r++) {
+                double exact = 0.0, mag = 0.0;
+                for (size_t c = 0; c < cols; c++) {
+                    const uint8_t byte = w[r * (cols / 2) + 16 * (c / 32) + (c % 32) % 16];
+                    const int q = (c % 32 < 16 ? byte & 15 : byte >> 4) - 8;
+                    const float xv = kind == 1 ? kvl_bf16_round_daz(x[t * ldx + c]) : x[t * ldx + c];
+                    const double v = (double)q * bf16_value(sc[r * ng + c / 32]) * (double)xv;
+                    exact += v;
+                    mag += fabs(v);
+                }
+                const double bound = ((double)cols / 4.0 + 16.0) * U * mag + 1e-37;
+                const double err = fabs((double)y[t * rows + r] - exact);
+                if (!(err / bound <= worst)) {
+                    worst = isfinite(err) ? err / bound : INFINITY;
+                    worst_abs = err;
+                    worst_bound = bound;
+                }
+            }
+        check(rep, names[kind], shape, worst_abs, worst_bound);
+    }
+    free(w), free(sc), free(x), free(y), free(y_ref), free(xq), free(xs);
+    return 0;
+}
+
 /* ---- vector ops ------------------------------------------------------------------------ */
 
 static int test_vectors(report *rep, const kvl_kernels *K, rng *g, size_t n)
@@ -514,6 +594,12 @@ KVL_API int kvl_kernels_conformance(const char *set_name, char *out, size_t out_
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
         oom |= test_products(&rep, K, ref, &g, shapes[s][0], shapes[s][1], shapes[s][2]);
     oom |= test_q8_i8_extremes(&rep, K, ref);
+    /* Q4: one group (cols 32: a last block of one group), rows around the 4-row tiles, an expert
+     * row (2048), 45 groups, tokens around the tiles; then the extremes (12 rows: passes of 4) */
+    static const size_t q4_shapes[][3] = {{1, 32, 1}, {5, 96, 1}, {13, 2048, 1}, {9, 1440, 3}, {17, 160, 9}};
+    for (size_t s = 0; s < sizeof q4_shapes / sizeof q4_shapes[0]; s++)
+        oom |= test_q4(&rep, K, ref, &g, q4_shapes[s][0], q4_shapes[s][1], q4_shapes[s][2], 0);
+    oom |= test_q4(&rep, K, ref, &g, 12, 224, 1, 1);
     static const size_t vec_sizes[] = {1, 3, 17, 64, 1027};
     for (size_t s = 0; s < sizeof vec_sizes / sizeof vec_sizes[0]; s++)
         oom |= test_vectors(&rep, K, &g, vec_sizes[s]);

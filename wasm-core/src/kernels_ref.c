@@ -241,6 +241,82 @@ static void ref_matmul_i16_i16(float *Y, size_t ldy, const int16_t *W, const flo
     }
 }
 
+/* ---- Q4 weights (kernels.h) -------------------------------------------------------------- */
+
+/* q - 8 of column j (0..31) of a group's 16 bytes g: low nibbles hold columns 0..15, high 16..31 */
+static int q4_at(const uint8_t *g, size_t j)
+{
+    return (int)(j < 16 ? g[j] & 15u : g[j - 16] >> 4) - 8;
+}
+
+static void ref_q4_rows(float *Y, size_t ldy, const uint8_t *W, const uint16_t *S, size_t rows,
+                        size_t cols, const float *X, size_t ldx, size_t n, int xb)
+{
+    const size_t ng = cols / 32;
+    for (size_t t = 0; t < n; t++) {
+        const float *x = X + t * ldx;
+        for (size_t r = 0; r < rows; r++) {
+            const uint8_t *w = W + r * (cols / 2);
+            float acc = 0.0f;
+            for (size_t g = 0; g < ng; g++) {
+                /* the group's q * x in FP32, column order; its scale applied once to the sum */
+                float gsum = 0.0f;
+                for (size_t j = 0; j < 32; j++) {
+                    const float xv = xb ? kvl_bf16_round_daz(x[32 * g + j]) : x[32 * g + j];
+                    gsum += (float)q4_at(w + 16 * g, j) * xv;
+                }
+                acc += gsum * kvl_bf16_to_float(S[r * ng + g]);
+            }
+            Y[t * ldy + r] = acc;
+        }
+    }
+}
+
+static void ref_matmul_q4(float *Y, size_t ldy, const uint8_t *W, const uint16_t *S, size_t rows,
+                          size_t cols, const float *X, size_t ldx, size_t n)
+{
+    ref_q4_rows(Y, ldy, W, S, rows, cols, X, ldx, n, 0);
+}
+
+static void ref_matmul_q4_xb(float *Y, size_t ldy, const uint8_t *W, const uint16_t *S, size_t rows,
+                             size_t cols, const float *X, size_t ldx, size_t n)
+{
+    ref_q4_rows(Y, ldy, W, S, rows, cols, X, ldx, n, 1);
+}
+
+/* matmul_q4_i16 and matmul_q4_i8 (the same exact sums): kernels.h's arithmetic, statement by
+ * statement (separate statements: no compiler may fuse a product into the following sum). */
+static void ref_matmul_q4_i16(float *Y, size_t ldy, const uint8_t *W, const uint16_t *S, size_t rows,
+                              size_t cols, const int16_t *Xq, const float *xs, size_t ldx, size_t n)
+{
+    const size_t ng = cols / 32, nb = kvl_i16_nblocks(cols, KVL_I16_BLOCK);
+    for (size_t t = 0; t < n; t++) {
+        const int16_t *x = Xq + t * ldx;
+        const float *xst = xs + t * nb;
+        for (size_t r = 0; r < rows; r++) {
+            const uint8_t *w = W + r * (cols / 2);
+            const uint16_t *s = S + r * ng;
+            float acc = 0.0f;
+            for (size_t b = 0; b < nb; b++) {
+                const size_t g0 = 2 * b;
+                int32_t s0 = 0, s1 = 0; /* exact: 32 * 8 * 32767 < 2^31 */
+                for (size_t j = 0; j < 32; j++)
+                    s0 += (int32_t)q4_at(w + 16 * g0, j) * (int32_t)x[32 * g0 + j];
+                float p = (float)s0 * kvl_bf16_to_float(s[g0]);
+                if (g0 + 1 < ng) {
+                    for (size_t j = 0; j < 32; j++)
+                        s1 += (int32_t)q4_at(w + 16 * (g0 + 1), j) * (int32_t)x[32 * (g0 + 1) + j];
+                    const float p1 = (float)s1 * kvl_bf16_to_float(s[g0 + 1]);
+                    p = p + p1;
+                }
+                const float q = p * xst[b];
+                acc = acc + q;
+            }
+            Y[t * ldy + r] = acc;
+        }
+    }
+}
+
 void kvl_quantize_rows_i16(int16_t *Wq, float *scale, const uint16_t *W, size_t rows, size_t cols)
 {
     for (size_t r = 0; r < rows; r++) {
@@ -295,6 +371,10 @@ const kvl_kernels kvl_kernels_scalar_table = {
     ref_matmul_q8_i16,
     ref_matmul_q8_i16, /* matmul_q8_i8: the same exact sums (kernels.h) */
     ref_matmul_i16_i16,
+    ref_matmul_q4,
+    ref_matmul_q4_xb,
+    ref_matmul_q4_i16,
+    ref_matmul_q4_i16, /* matmul_q4_i8: the same exact sums (kernels.h) */
     ref_dot_f32,
     ref_axpy_f32,
     ref_axpy_rows_f32,

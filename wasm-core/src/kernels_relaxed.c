@@ -1,7 +1,8 @@
 /* kernels_relaxed.c — the relaxed-SIMD part of the "simd128-relaxed" kernel table.
  *
  * Owns: kvl_relaxed_decode_pass_q8_i8 (kernels.h), the Q8 x 8-bit decode pass of matmul_q8_i8 on
- * i16x8.relaxed_dot_i8x16_i7x16_s. The table itself, its row grouping and every other entry are
+ * i16x8.relaxed_dot_i8x16_i7x16_s, and kvl_relaxed_q4_i8_pass, matmul_q4_i8's passes on the
+ * same instruction. The table itself, its row grouping and every other entry are
  * kernels_simd128.c's (KVL_WASM_RELAXED): where relaxed SIMD is no win, simd128's kernel stays.
  * Compiled only into the relaxed WebAssembly build (wasm-core/build-wasm.sh), by Debian's clang-16
  * with -mrelaxed-simd (emscripten 3.1.6's LLVM 14 has no relaxed dot product), and linked into
@@ -129,6 +130,97 @@ void kvl_relaxed_decode_pass_q8_i8(int R, size_t step, float *Y, const int8_t *W
         pass(8, step, Y, W, scale, r, cols, x, xs, ones);
     else
         pass(4, step, Y, W, scale, r, cols, x, xs, ones);
+}
+
+/* ---- matmul_q4_i8 (kvl_relaxed_q4_i8_pass) -----------------------------------------------
+ *
+ * The 7-bit operand is the nibble itself (0..15: its top bit is clear, so every engine computes
+ * the same), the 8-bit one the activation (|x| <= 127); a pair is at most 2 * 15 * 127 and the two
+ * halves of a group added in int16 at most 7620: no saturation. sum(nibble * x) - 8 * sum(x) is
+ * the group's sum of (q - 8) * x, the second term computed once per token and group by the caller.
+ * Each group's four lanes per row are reduced for four rows at once, exactly, then kernels.h's
+ * FP32 steps lane by lane in its order (as kernels_simd128.c's q4d_pass): bit-identical to the
+ * reference. */
+
+static volatile int8_t eight8 = 8; /* as one16: a value, not a constant V8 reloads */
+
+/* [sum a, sum b, sum c, sum d] as hsum4x4_i32, with the shuffles single x64 unpacks in V8 (its
+ * [0, 4, 2, 6] pattern is three instructions there) */
+KVL_INLINE v128_t q4r_hsum4x4(v128_t a, v128_t b, v128_t c, v128_t d)
+{
+    const v128_t ab = wasm_i32x4_add(wasm_i32x4_shuffle(a, b, 0, 4, 1, 5), wasm_i32x4_shuffle(a, b, 2, 6, 3, 7));
+    const v128_t cd = wasm_i32x4_add(wasm_i32x4_shuffle(c, d, 0, 4, 1, 5), wasm_i32x4_shuffle(c, d, 2, 6, 3, 7));
+    return wasm_i32x4_add(wasm_i64x2_shuffle(ab, cd, 0, 2), wasm_i64x2_shuffle(ab, cd, 1, 3));
+}
+
+/* one row's four partial sums of nibble * x over a group (wg: its 16 bytes; xa, xb: its x as int8,
+ * columns 0-15 and 16-31) */
+KVL_INLINE v128_t q4r_dot(const uint8_t *wg, v128_t xa, v128_t xb, v128_t m, v128_t ones)
+{
+    const v128_t v = wasm_v128_load(wg);
+#define RDOT(a, b) (v128_t) __builtin_wasm_relaxed_dot_i8x16_i7x16_s_i16x8((__i8x16)(a), (__i8x16)(b))
+    return wasm_i32x4_dot_i16x8(wasm_i16x8_add(RDOT(xa, wasm_v128_and(v, m)), RDOT(xb, wasm_v128_and(wasm_u16x8_shr(v, 4), m))), ones);
+#undef RDOT
+}
+
+/* matmul_q4_i8 (kvl_relaxed_q4_i8_pass), every n: kernels_simd128.c's q4d passes (which say
+ * why eight rows `step` apart and how the steps stay bit-identical) on this instruction: x8 is
+ * the token's activations as int8 in column order, which is the order of a group's low nibbles
+ * (columns 0-15) and high ones (16-31); corr[g] = -8 * sum(x) of group g, added to the reduced
+ * sums of nibble * x. Per row and group: one load, three ops to split the nibbles, two relaxed
+ * dots, one int16 add, one dot with ones. */
+void kvl_relaxed_q4_i8_pass(float *Y, const uint8_t *W, const uint16_t *S, size_t r, size_t step, int nr,
+                            size_t cols, const int8_t *x8, const int32_t *corr, const float *xs, size_t c0,
+                            size_t kc)
+{
+    const size_t rb = cols / 2, ng = cols / 32, nk = kc / 32;
+    const int nh = nr > 4 ? 2 : 1;
+    const v128_t ones = wasm_i16x8_splat(one16), m = wasm_i8x16_splat(eight8 + 7); /* 0x0f */
+    const v128_t hmask = wasm_i32x4_splat((int32_t)0xffff0000u);
+    const uint8_t *w[8];
+    const uint16_t *s[8];
+    float l[8];
+    for (int i = 0; i < 8; i++) {
+        const size_t row = r + (size_t)(i < nr ? i : nr - 1) * step;
+        w[i] = W + row * rb + c0 / 2;
+        s[i] = S + row * ng + c0 / 32;
+        l[i] = c0 > 0 ? Y[row] : 0.0f;
+    }
+    v128_t acc[2] = {wasm_v128_load(l), wasm_v128_load(l + 4)}; /* lane i: row 4h + i */
+    for (size_t g = 0; g < nk; g += 2) {
+        const int two = g + 1 < nk;
+        const size_t g1 = g + (size_t)two;
+        const v128_t xa0 = wasm_v128_load(x8 + 32 * g), xb0 = wasm_v128_load(x8 + 32 * g + 16);
+        const v128_t xa1 = wasm_v128_load(x8 + 32 * g1), xb1 = wasm_v128_load(x8 + 32 * g1 + 16);
+        const v128_t xsb = wasm_f32x4_splat(xs[(c0 + 32 * g) / 64]);
+        const v128_t c0v = wasm_i32x4_splat(corr[g]), c1v = wasm_i32x4_splat(corr[g1]);
+        for (int h = 0; h < nh; h++) {
+            const uint8_t *const *wh = w + 4 * h;
+            const uint16_t *const *sh = s + 4 * h;
+            v128_t sc;
+            if (two) {
+                sc = wasm_v128_load32_zero(sh[0] + g);
+                sc = wasm_v128_load32_lane(sh[1] + g, sc, 1);
+                sc = wasm_v128_load32_lane(sh[2] + g, sc, 2);
+                sc = wasm_v128_load32_lane(sh[3] + g, sc, 3);
+            } else {
+                sc = wasm_i32x4_make(sh[0][g], sh[1][g], sh[2][g], sh[3][g]);
+            }
+            const v128_t s0 = q4r_hsum4x4(q4r_dot(wh[0] + 16 * g, xa0, xb0, m, ones), q4r_dot(wh[1] + 16 * g, xa0, xb0, m, ones),
+                                          q4r_dot(wh[2] + 16 * g, xa0, xb0, m, ones), q4r_dot(wh[3] + 16 * g, xa0, xb0, m, ones));
+            v128_t p = wasm_f32x4_mul(wasm_f32x4_convert_i32x4(wasm_i32x4_add(s0, c0v)), wasm_i32x4_shl(sc, 16));
+            if (two) {
+                const v128_t s1 = q4r_hsum4x4(q4r_dot(wh[0] + 16 * g1, xa1, xb1, m, ones), q4r_dot(wh[1] + 16 * g1, xa1, xb1, m, ones),
+                                              q4r_dot(wh[2] + 16 * g1, xa1, xb1, m, ones), q4r_dot(wh[3] + 16 * g1, xa1, xb1, m, ones));
+                p = wasm_f32x4_add(p, wasm_f32x4_mul(wasm_f32x4_convert_i32x4(wasm_i32x4_add(s1, c1v)), wasm_v128_and(sc, hmask)));
+            }
+            acc[h] = wasm_f32x4_add(acc[h], wasm_f32x4_mul(p, xsb));
+        }
+    }
+    wasm_v128_store(l, acc[0]);
+    wasm_v128_store(l + 4, acc[1]);
+    for (int i = 0; i < nr; i++)
+        Y[r + (size_t)i * step] = l[i];
 }
 
 #endif /* __wasm_relaxed_simd__ */

@@ -63,6 +63,14 @@ KVL_INLINE v128_t hsum4x4_i32(v128_t a, v128_t b, v128_t c, v128_t d)
     return wasm_i32x4_add(wasm_i32x4_shuffle(ab, cd, 0, 1, 4, 5), wasm_i32x4_shuffle(ab, cd, 2, 3, 6, 7));
 }
 
+/* [sum a, sum b, sum c, sum d] of four f32x4 (the lanes of each added pairwise) */
+KVL_INLINE v128_t hsum4x4_f32(v128_t a, v128_t b, v128_t c, v128_t d)
+{
+    v128_t ab = wasm_f32x4_add(wasm_i32x4_shuffle(a, b, 0, 4, 2, 6), wasm_i32x4_shuffle(a, b, 1, 5, 3, 7));
+    v128_t cd = wasm_f32x4_add(wasm_i32x4_shuffle(c, d, 0, 4, 2, 6), wasm_i32x4_shuffle(c, d, 1, 5, 3, 7));
+    return wasm_f32x4_add(wasm_i32x4_shuffle(ab, cd, 0, 1, 4, 5), wasm_i32x4_shuffle(ab, cd, 2, 3, 6, 7));
+}
+
 static float bf16_scalar(uint16_t h)
 {
     uint32_t bits = (uint32_t)h << 16;
@@ -112,15 +120,25 @@ KVL_INLINE float scalar_w(int kind, const void *w, size_t c)
     return ((const float *)w)[c];
 }
 
+/* round_bf16x4's five constants, as data no compiler may fold: clang then loads them once before
+ * a product's loop and V8 keeps them in registers. As immediates, V8 from Node 24 on (its
+ * Turboshaft pipeline) rebuilt each at every use inside the loop (movq + vmovq + vpunpcklqdq),
+ * 60 instructions per 16 activations: the BF16-activation products ran at half Node 20's and 22's
+ * speed there. Like this, on Node 24 and 26 the BF16 x BF16 decode runs 2.3x, the Q8 one 1.5x and
+ * the 64-token product 1.9x as fast, on 20 and 22 1.0-1.06x (CPU time, one thread:
+ * bench/RESULTS.md, 2026-12-05). Never written. */
+int32_t kvl_simd128_bf16_round_k[5] = {1, 0x7fff, (int32_t)0xffff0000u, 0x7f800000, (int32_t)0x80000000u};
+
 /* kvl_bf16_round_daz on 4 lanes: nearest-even by integer add and truncate, subnormal inputs to
  * signed zero (NaN payloads are not preserved). */
 KVL_INLINE v128_t round_bf16x4(v128_t b)
 {
-    v128_t lsb = wasm_v128_and(wasm_u32x4_shr(b, 16), wasm_i32x4_splat(1));
-    v128_t r = wasm_i32x4_add(b, wasm_i32x4_add(lsb, wasm_i32x4_splat(0x7fff)));
-    r = wasm_v128_and(r, wasm_i32x4_splat((int32_t)0xffff0000u));
-    v128_t subnormal = wasm_i32x4_eq(wasm_v128_and(b, wasm_i32x4_splat(0x7f800000)), wasm_i32x4_splat(0));
-    return wasm_v128_bitselect(wasm_v128_and(b, wasm_i32x4_splat((int32_t)0x80000000u)), r, subnormal);
+    const int32_t *k = kvl_simd128_bf16_round_k; /* 1, 0x7fff, high half, exponent, sign */
+    v128_t lsb = wasm_v128_and(wasm_u32x4_shr(b, 16), wasm_i32x4_splat(k[0]));
+    v128_t r = wasm_i32x4_add(b, wasm_i32x4_add(lsb, wasm_i32x4_splat(k[1])));
+    r = wasm_v128_and(r, wasm_i32x4_splat(k[2]));
+    v128_t subnormal = wasm_i32x4_eq(wasm_v128_and(b, wasm_i32x4_splat(k[3])), wasm_i32x4_splat(0));
+    return wasm_v128_bitselect(wasm_v128_and(b, wasm_i32x4_splat(k[4])), r, subnormal);
 }
 
 KVL_INLINE v128_t load_x(int xb, const float *x)
@@ -324,10 +342,10 @@ KVL_INLINE void decode_row_int(int kind, float *Y, const void *W, const float *s
  * at 21; one stream at 24-27. So the streams of a pass are KVL_DECODE_STREAM_GAP bytes apart
  * (decode_q8_i16 picks the step); on the kernel bench that took this decode from 9.2 to 12-16
  * GB/s on one thread, and the int16 one (decode_rows2_int) from 9.4 to 16-23. Each row's 16
- * weights come in one 16-byte load widened in registers (extend_low/high): 1.3-1.5x the
- * out-of-cache rate of two widening 8-byte loads (load8x8), which are a little faster only in
- * cache. Block sums are exact int32 whatever the order, so the result is identical to
- * decode_row_int. */
+ * weights come in one 16-byte load widened in registers (extend_low/high): two widening 8-byte
+ * loads (load8x8) ran this pass at 0.68-0.82x from DRAM and 0.60-0.76x in cache on every Node
+ * from 20 to 26 (CPU time, one thread: bench/RESULTS.md, 2026-12-05). Block sums are exact int32
+ * whatever the order, so the result is identical to decode_row_int. */
 KVL_INLINE void decode_rows_q8(int R, size_t step, float *Y, const int8_t *W, const float *scale,
                                size_t r, size_t cols, const int16_t *x, const float *xs)
 {
@@ -494,6 +512,27 @@ KVL_INLINE void tile_int(int kind, float *Y, size_t ldy, const void *W, const fl
                 for (int t = 0; t < T; t++)
                     ia[i][t] = wasm_i32x4_splat(0);
             size_t c = b;
+            /* 16 columns a step, two dot products per row and token: 1.27-1.31x (Node 20, 22) and
+             * 1.52-1.56x (Node 24, 26) the prompt rate of 8-column steps (CPU time, one thread;
+             * the weights' load form, one 16-byte load widened or two load8x8, made no difference:
+             * bench/RESULTS.md, 2026-12-05). Block sums are exact int32 in any order. */
+            for (; c + 16 <= e; c += 16) {
+                v128_t wl[TRI], wh[TRI];
+                KVL_UNROLL
+                for (int i = 0; i < R; i++) {
+                    const v128_t wv = wasm_v128_load(wrow[i] + c);
+                    wl[i] = wasm_i16x8_extend_low_i8x16(wv);
+                    wh[i] = wasm_i16x8_extend_high_i8x16(wv);
+                }
+                KVL_UNROLL
+                for (int t = 0; t < T; t++) {
+                    v128_t x0 = wasm_v128_load(X + (size_t)t * ldx + c), x1 = wasm_v128_load(X + (size_t)t * ldx + c + 8);
+                    KVL_UNROLL
+                    for (int i = 0; i < R; i++)
+                        ia[i][t] = wasm_i32x4_add(ia[i][t], wasm_i32x4_add(wasm_i32x4_dot_i16x8(wl[i], x0),
+                                                                           wasm_i32x4_dot_i16x8(wh[i], x1)));
+                }
+            }
             for (; c + 8 <= e; c += 8) {
                 v128_t w[TRI];
                 KVL_UNROLL
@@ -714,6 +753,351 @@ static void simd128_matmul_i16_i16(float *Y, size_t ldy, const int16_t *W, const
     matmul_int_generic(IKIND_I16, Y, ldy, W, scale, rows, cols, Xq, xs, ldx, n);
 }
 
+
+/* ---- Q4 weights (kernels.h: matmul_q4*) --------------------------------------------------
+ *
+ * A group's 16 bytes hold its columns 0-15 in the low nibbles and 16-31 in the high ones: one AND,
+ * and one 16-bit shift + AND, give both halves in column order.
+ *
+ * matmul_q4 / _xb: rows four at a time (each activation vector loaded once for the four); in
+ * decoding the four are `step` rows apart so their streams start KVL_DECODE_STREAM_GAP bytes
+ * apart, as decode_q8_i16 groups them; for more tokens each tile of four adjacent rows runs every
+ * token before the next (weights in L1). Rows left over take a tile whose missing rows repeat the
+ * last one and are not stored. q - 8 widened to FP32, per group the 32 products summed in four
+ * lanes, times the group's scale, added to the row's accumulator (no FMA in SIMD128): within FP32
+ * rounding.
+ *
+ * matmul_q4_i16 (and matmul_q4_i8 in plain SIMD128, which has no 8-bit dot product; the relaxed
+ * build's on kernels_relaxed.c's kvl_relaxed_q4_i8_pass): q4d below, for every n. */
+
+/* the rows of a tile: r + i * step for i < nr, the last one repeated */
+KVL_INLINE void q4_tile_rows(const uint8_t *W, const uint16_t *S, size_t cols, size_t r, size_t step, int nr,
+                             const uint8_t *w[4], const uint16_t *s[4])
+{
+    for (int i = 0; i < 4; i++) {
+        const size_t row = r + (size_t)(i < nr ? i : nr - 1) * step;
+        w[i] = W + row * (cols / 2);
+        s[i] = S + row * (cols / 32);
+    }
+}
+
+KVL_INLINE void q4_store(float *Y, size_t r, size_t step, int nr, v128_t acc)
+{
+    float l[4];
+    wasm_v128_store(l, acc);
+    for (int i = 0; i < nr; i++)
+        Y[r + (size_t)i * step] = l[i];
+}
+
+/* q - 8 of a group's 16 bytes: [columns 0-15] and [16-31] as int8 */
+KVL_INLINE void q4_split_q(const uint8_t *w, v128_t *lo, v128_t *hi)
+{
+    const v128_t b = wasm_v128_load(w), m = wasm_i8x16_splat(0x0f), eight = wasm_i8x16_splat(8);
+    *lo = wasm_i8x16_sub(wasm_v128_and(b, m), eight);
+    *hi = wasm_i8x16_sub(wasm_v128_and(wasm_u16x8_shr(b, 4), m), eight);
+}
+
+/* One token, R rows (tile_rows, nr of them stored) */
+KVL_INLINE void q4_rows4_f32(int xb, float *Y, const uint8_t *W, const uint16_t *S, size_t r, size_t step, int nr,
+                             size_t cols, const float *x)
+{
+    const uint8_t *w[4];
+    const uint16_t *s[4];
+    q4_tile_rows(W, S, cols, r, step, nr, w, s);
+    const size_t ng = cols / 32;
+    v128_t acc[4];
+    for (int i = 0; i < 4; i++)
+        acc[i] = wasm_f32x4_splat(0.0f);
+    for (size_t g = 0; g < ng; g++) {
+        v128_t xv[8];
+        KVL_UNROLL
+        for (int k = 0; k < 8; k++)
+            xv[k] = load_x(xb, x + 32 * g + 4 * (size_t)k);
+        KVL_UNROLL
+        for (int i = 0; i < 4; i++) {
+            v128_t lo, hi;
+            q4_split_q(w[i] + 16 * g, &lo, &hi);
+            const v128_t l0 = wasm_i16x8_extend_low_i8x16(lo), l1 = wasm_i16x8_extend_high_i8x16(lo);
+            const v128_t h0 = wasm_i16x8_extend_low_i8x16(hi), h1 = wasm_i16x8_extend_high_i8x16(hi);
+#define Q4F(v, half) wasm_f32x4_convert_i32x4(half ? wasm_i32x4_extend_high_i16x8(v) : wasm_i32x4_extend_low_i16x8(v))
+            v128_t a = wasm_f32x4_mul(Q4F(l0, 0), xv[0]);
+            v128_t b = wasm_f32x4_mul(Q4F(l0, 1), xv[1]);
+            a = madd(Q4F(l1, 0), xv[2], a);
+            b = madd(Q4F(l1, 1), xv[3], b);
+            a = madd(Q4F(h0, 0), xv[4], a);
+            b = madd(Q4F(h0, 1), xv[5], b);
+            a = madd(Q4F(h1, 0), xv[6], a);
+            b = madd(Q4F(h1, 1), xv[7], b);
+#undef Q4F
+            acc[i] = madd(wasm_f32x4_add(a, b), wasm_f32x4_splat(bf16_scalar(s[i][g])), acc[i]);
+        }
+    }
+    q4_store(Y, r, step, nr, hsum4x4_f32(acc[0], acc[1], acc[2], acc[3]));
+}
+
+/* ---- Q4 integer products (q4d): passes of 8 rows (two of four lanes) ---------------------
+ *
+ * As kernels_avx512.c's q4d (which explains the layout and why it is bit-identical): the token's
+ * activations are laid out once per chunk of Q4D_KC columns in the nibbles' order, so a row's 16
+ * bytes of a group, read as eight int16, give four vectors of unsigned nibbles by shifts and masks
+ * (no widening: extend_high is two instructions in V8) and four i32x4.dot_i16x8_s; four rows'
+ * group sums are reduced at once (q4d_hsum4x4), -8 * sum(x) of the group added, and the FP32 steps
+ * run on [row 0 .. row 3] lanes. The block's scales are one 4-byte pair per row (one load per lane).
+ * The eight rows of a pass are `step` rows apart, as decode_q8_i16 groups them (streams
+ * KVL_DECODE_STREAM_GAP bytes apart: WebAssembly has no prefetch). The relaxed build's
+ * matmul_q4_i8 runs kvl_relaxed_q4_i8_pass on the same passes, with the activations as int8 in
+ * column order (which is the nibbles' order for a byte dot product). */
+
+#define Q4D_KC 4096 /* columns per chunk of laid-out activations (8 KiB of stack, 0.5 of sums) */
+
+typedef struct {
+    v128_t x[Q4D_KC / 32][4]; /* per group: columns [2j], [16 + 2j], [2j + 1], [17 + 2j], j < 8 */
+    int32_t corr[Q4D_KC / 32]; /* -8 * sum(x) of each group */
+} q4d_act;
+
+static volatile int16_t q4d_m16 = 0x000f; /* a value, not a constant V8 reloads (kernels_relaxed.c) */
+
+/* columns [c0, c0 + kc) of the token (kc, c0 multiples of 32) */
+static void q4d_layout(q4d_act *a, const int16_t *x, size_t c0, size_t kc)
+{
+    for (size_t g = 0; g < kc / 32; g++) {
+        const int16_t *xg = x + c0 + 32 * g;
+        const v128_t v0 = wasm_v128_load(xg), v1 = wasm_v128_load(xg + 8);
+        const v128_t v2 = wasm_v128_load(xg + 16), v3 = wasm_v128_load(xg + 24);
+        a->x[g][0] = wasm_i16x8_shuffle(v0, v1, 0, 2, 4, 6, 8, 10, 12, 14);
+        a->x[g][1] = wasm_i16x8_shuffle(v2, v3, 0, 2, 4, 6, 8, 10, 12, 14);
+        a->x[g][2] = wasm_i16x8_shuffle(v0, v1, 1, 3, 5, 7, 9, 11, 13, 15);
+        a->x[g][3] = wasm_i16x8_shuffle(v2, v3, 1, 3, 5, 7, 9, 11, 13, 15);
+        const v128_t s = wasm_i32x4_add(wasm_i32x4_add(wasm_i32x4_extadd_pairwise_i16x8(v0), wasm_i32x4_extadd_pairwise_i16x8(v1)),
+                                        wasm_i32x4_add(wasm_i32x4_extadd_pairwise_i16x8(v2), wasm_i32x4_extadd_pairwise_i16x8(v3)));
+        a->corr[g] = -8 * hsum4_i32(s);
+    }
+}
+
+/* [sum a, sum b, sum c, sum d] as hsum4x4_i32, with the four shuffles single x64 unpacks
+ * (punpck{l,h}{dq,qdq}) in V8 */
+KVL_INLINE v128_t q4d_hsum4x4(v128_t a, v128_t b, v128_t c, v128_t d)
+{
+    const v128_t ab = wasm_i32x4_add(wasm_i32x4_shuffle(a, b, 0, 4, 1, 5), wasm_i32x4_shuffle(a, b, 2, 6, 3, 7));
+    const v128_t cd = wasm_i32x4_add(wasm_i32x4_shuffle(c, d, 0, 4, 1, 5), wasm_i32x4_shuffle(c, d, 2, 6, 3, 7));
+    return wasm_i32x4_add(wasm_i64x2_shuffle(ab, cd, 0, 2), wasm_i64x2_shuffle(ab, cd, 1, 3));
+}
+
+/* one row's four partial sums of nibble * x over group g (w at the group's 16 bytes) */
+KVL_INLINE v128_t q4d_dot(const uint8_t *w, const v128_t *xg, v128_t m)
+{
+    const v128_t v = wasm_v128_load(w);
+    return wasm_i32x4_add(wasm_i32x4_add(wasm_i32x4_dot_i16x8(wasm_v128_and(v, m), xg[0]),
+                                         wasm_i32x4_dot_i16x8(wasm_v128_and(wasm_u16x8_shr(v, 4), m), xg[1])),
+                          wasm_i32x4_add(wasm_i32x4_dot_i16x8(wasm_v128_and(wasm_u16x8_shr(v, 8), m), xg[2]),
+                                         wasm_i32x4_dot_i16x8(wasm_u16x8_shr(v, 12), xg[3])));
+}
+
+/* Rows r + i * step, i < nr <= R (R = 8 or 4, a constant: every row pointer a local, no array in
+ * linear memory; rows from nr on repeat the last and are not stored), one token, columns
+ * [c0, c0 + kc); acc from Y when c0 > 0. */
+KVL_INLINE void q4d_pass(const int R, float *Y, const uint8_t *W, const uint16_t *S, size_t r, size_t step, int nr,
+                         size_t cols, const q4d_act *a, const float *xs, size_t c0, size_t kc)
+{
+    const size_t rb = cols / 2, ng = cols / 32, nk = kc / 32;
+    const v128_t m = wasm_i16x8_splat(q4d_m16), hmask = wasm_i32x4_splat((int32_t)0xffff0000u);
+    const uint8_t *w[8];
+    const uint16_t *s[8];
+    float l[8];
+    KVL_UNROLL
+    for (int i = 0; i < R; i++) {
+        const size_t row = r + (size_t)(i < nr ? i : nr - 1) * step;
+        w[i] = W + row * rb + c0 / 2;
+        s[i] = S + row * ng + c0 / 32;
+        l[i] = c0 > 0 ? Y[row] : 0.0f;
+    }
+    v128_t acc[2]; /* lane i: row 4h + i */
+    KVL_UNROLL
+    for (int h = 0; h < R / 4; h++)
+        acc[h] = wasm_v128_load(l + 4 * h);
+    const float *xsb = xs + c0 / 64;
+    for (size_t g = 0; g < nk; g += 2) {
+        const int two = g + 1 < nk;
+        const v128_t *x0 = a->x[g], *x1 = a->x[g + two];
+        const v128_t c0v = wasm_i32x4_splat(a->corr[g]), c1v = wasm_i32x4_splat(a->corr[g + two]);
+        KVL_UNROLL
+        for (int h = 0; h < R / 4; h++) {
+            v128_t sc;
+            if (two) {
+                sc = wasm_v128_load32_zero(s[4 * h]);
+                sc = wasm_v128_load32_lane(s[4 * h + 1], sc, 1);
+                sc = wasm_v128_load32_lane(s[4 * h + 2], sc, 2);
+                sc = wasm_v128_load32_lane(s[4 * h + 3], sc, 3);
+            } else {
+                sc = wasm_i32x4_make(*s[4 * h], *s[4 * h + 1], *s[4 * h + 2], *s[4 * h + 3]);
+            }
+            const v128_t s0 = q4d_hsum4x4(q4d_dot(w[4 * h], x0, m), q4d_dot(w[4 * h + 1], x0, m),
+                                          q4d_dot(w[4 * h + 2], x0, m), q4d_dot(w[4 * h + 3], x0, m));
+            v128_t p = wasm_f32x4_mul(wasm_f32x4_convert_i32x4(wasm_i32x4_add(s0, c0v)), wasm_i32x4_shl(sc, 16));
+            if (two) {
+                const v128_t s1 = q4d_hsum4x4(q4d_dot(w[4 * h] + 16, x1, m), q4d_dot(w[4 * h + 1] + 16, x1, m),
+                                              q4d_dot(w[4 * h + 2] + 16, x1, m), q4d_dot(w[4 * h + 3] + 16, x1, m));
+                p = wasm_f32x4_add(p, wasm_f32x4_mul(wasm_f32x4_convert_i32x4(wasm_i32x4_add(s1, c1v)), wasm_v128_and(sc, hmask)));
+            }
+            acc[h] = wasm_f32x4_add(acc[h], wasm_f32x4_mul(p, wasm_f32x4_splat(*xsb)));
+        }
+        KVL_UNROLL
+        for (int i = 0; i < R; i++) {
+            w[i] += 32;
+            s[i] += 2;
+        }
+        xsb++;
+    }
+    KVL_UNROLL
+    for (int h = 0; h < R / 4; h++)
+        wasm_v128_store(l + 4 * h, acc[h]);
+    for (int i = 0; i < nr; i++)
+        Y[r + (size_t)i * step] = l[i];
+}
+
+/* One token's columns [c0, c0 + kc) laid out for the int16 passes (a) or, in the relaxed build with
+ * i8, as int8 and -8 * the group sums (x8, corr: kvl_relaxed_q4_i8_pass's). */
+typedef struct {
+    q4d_act a;
+#if defined(KVL_WASM_RELAXED)
+    int8_t x8[Q4D_KC];
+    int32_t corr[Q4D_KC / 32];
+#endif
+} q4d_tok;
+
+static void q4d_prepare(int i8, q4d_tok *p, const int16_t *x, size_t c0, size_t kc)
+{
+#if defined(KVL_WASM_RELAXED)
+    if (i8) {
+        for (size_t g = 0; g < kc / 32; g++) { /* |x| <= 127: narrowing is exact */
+            const int16_t *xg = x + c0 + 32 * g;
+            int32_t sum = 0;
+            for (int j = 0; j < 32; j++)
+                sum += xg[j];
+            p->corr[g] = -8 * sum;
+            wasm_v128_store(p->x8 + 32 * g, wasm_i8x16_narrow_i16x8(wasm_v128_load(xg), wasm_v128_load(xg + 8)));
+            wasm_v128_store(p->x8 + 32 * g + 16, wasm_i8x16_narrow_i16x8(wasm_v128_load(xg + 16), wasm_v128_load(xg + 24)));
+        }
+        return;
+    }
+#else
+    (void)i8; /* plain SIMD128 has no 8-bit dot product: _i8 is the int16 product */
+#endif
+    q4d_layout(&p->a, x, c0, kc);
+}
+
+/* rows r + i * step, i < nr (R = 8 if nr > 4, else 4), one prepared token */
+static void q4d_run(int i8, float *Y, const uint8_t *W, const uint16_t *S, size_t r, size_t step, int nr,
+                    size_t cols, const q4d_tok *p, const float *xs, size_t c0, size_t kc)
+{
+#if defined(KVL_WASM_RELAXED)
+    if (i8) {
+        kvl_relaxed_q4_i8_pass(Y, W, S, r, step, nr, cols, p->x8, p->corr, xs, c0, kc);
+        return;
+    }
+#else
+    (void)i8;
+#endif
+    if (nr > 4)
+        q4d_pass(8, Y, W, S, r, step, nr, cols, &p->a, xs, c0, kc);
+    else
+        q4d_pass(4, Y, W, S, r, step, nr, cols, &p->a, xs, c0, kc);
+}
+
+/* Decoding (n == 1): the rows in passes of eight `step` apart (a group of 8 * step rows is `step`
+ * passes), then of four, then one pass of what is left; each chunk of columns over every pass.
+ * More tokens: in groups of Q4D_TOK, tiles of eight adjacent rows, each for every token of the
+ * group before the next (its weights stay in L1). */
+#define Q4D_TOK 2
+static void q4d_matmul(int i8, float *Y, size_t ldy, const uint8_t *W, const uint16_t *S, size_t rows, size_t cols,
+                       const int16_t *Xq, const float *xs, size_t ldx, size_t n)
+{
+    const size_t nb = kvl_i16_nblocks(cols, KVL_I16_BLOCK);
+    q4d_tok p[Q4D_TOK];
+    if (n == 1) {
+        const size_t rb = cols / 2, want = rb ? (KVL_DECODE_STREAM_GAP + rb - 1) / rb : 1;
+        for (size_t c0 = 0; c0 < cols; c0 += Q4D_KC) {
+            const size_t kc = cols - c0 < Q4D_KC ? cols - c0 : Q4D_KC;
+            q4d_prepare(i8, &p[0], Xq, c0, kc);
+            size_t r = 0;
+            for (int R = 8; R >= 4; R -= 4)
+                while (rows - r >= (size_t)R) {
+                    const size_t step = (rows - r) / (size_t)R < want ? (rows - r) / (size_t)R : want;
+                    for (size_t o = 0; o < step; o++)
+                        q4d_run(i8, Y, W, S, r + o, step, R, cols, &p[0], xs, c0, kc);
+                    r += (size_t)R * step;
+                }
+            if (r < rows)
+                q4d_run(i8, Y, W, S, r, 1, (int)(rows - r), cols, &p[0], xs, c0, kc);
+        }
+        return;
+    }
+    for (size_t t0 = 0; t0 < n; t0 += Q4D_TOK) {
+        const size_t nt = n - t0 < Q4D_TOK ? n - t0 : Q4D_TOK;
+        for (size_t c0 = 0; c0 < cols; c0 += Q4D_KC) {
+            const size_t kc = cols - c0 < Q4D_KC ? cols - c0 : Q4D_KC;
+            for (size_t t = 0; t < nt; t++)
+                q4d_prepare(i8, &p[t], Xq + (t0 + t) * ldx, c0, kc);
+            for (size_t r = 0; r < rows; r += 8)
+                for (size_t t = 0; t < nt; t++)
+                    q4d_run(i8, Y + (t0 + t) * ldy, W, S, r, 1, rows - r < 8 ? (int)(rows - r) : 8, cols, &p[t],
+                            xs + (t0 + t) * nb, c0, kc);
+        }
+    }
+}
+
+/* matmul_q4 / _xb (xb = 1: BF16-rounded activations): in decoding (n == 1) passes of four rows
+ * `step` apart (streams KVL_DECODE_STREAM_GAP bytes apart, as decode_q8_i16), else tiles of four
+ * adjacent rows, each for every token; a last tile of fewer rows. */
+KVL_INLINE void q4_matmul_f32(int xb, float *Y, size_t ldy, const uint8_t *W, const uint16_t *S, size_t rows,
+                              size_t cols, const float *X, size_t ldx, size_t n)
+{
+    size_t r = 0;
+    if (n == 1) {
+        const size_t rb = cols / 2, want = rb ? (KVL_DECODE_STREAM_GAP + rb - 1) / rb : 1;
+        while (rows - r >= 4) {
+            const size_t step = (rows - r) / 4 < want ? (rows - r) / 4 : want;
+            for (size_t o = 0; o < step; o++)
+                q4_rows4_f32(xb, Y, W, S, r + o, step, 4, cols, X);
+            r += 4 * step;
+        }
+        if (r < rows)
+            q4_rows4_f32(xb, Y, W, S, r, 1, (int)(rows - r), cols, X);
+        return;
+    }
+    for (; r < rows; r += 4)
+        for (size_t t = 0; t < n; t++)
+            q4_rows4_f32(xb, Y + t * ldy, W, S, r, 1, rows - r < 4 ? (int)(rows - r) : 4, cols, X + t * ldx);
+}
+
+static void simd128_matmul_q4(float *Y, size_t ldy, const uint8_t *W, const uint16_t *S, size_t rows,
+                              size_t cols, const float *X, size_t ldx, size_t n)
+{
+    q4_matmul_f32(0, Y, ldy, W, S, rows, cols, X, ldx, n);
+}
+
+static void simd128_matmul_q4_xb(float *Y, size_t ldy, const uint8_t *W, const uint16_t *S, size_t rows,
+                                 size_t cols, const float *X, size_t ldx, size_t n)
+{
+    q4_matmul_f32(1, Y, ldy, W, S, rows, cols, X, ldx, n);
+}
+
+static void simd128_matmul_q4_i16(float *Y, size_t ldy, const uint8_t *W, const uint16_t *S, size_t rows,
+                                  size_t cols, const int16_t *Xq, const float *xs, size_t ldx, size_t n)
+{
+    q4d_matmul(0, Y, ldy, W, S, rows, cols, Xq, xs, ldx, n);
+}
+
+#if defined(KVL_WASM_RELAXED)
+/* matmul_q4_i8 in the relaxed build: every n on relaxed SIMD's 8-bit dot product
+ * (kvl_relaxed_q4_i8_pass), in the row order of the others (q4d_matmul). */
+static void simd128_relaxed_matmul_q4_i8(float *Y, size_t ldy, const uint8_t *W, const uint16_t *S, size_t rows,
+                                         size_t cols, const int16_t *Xq, const float *xs, size_t ldx, size_t n)
+{
+    q4d_matmul(1, Y, ldy, W, S, rows, cols, Xq, xs, ldx, n);
+}
+#endif
+
 /* ---- vector ops ------------------------------------------------------------------------ */
 
 static float simd128_dot_f32(const float *a, const float *b, size_t n)
@@ -906,6 +1290,10 @@ const kvl_kernels kvl_kernels_simd128_table = {
     simd128_matmul_q8_i16,
     simd128_matmul_q8_i16, /* matmul_q8_i8: no 8-bit dot product in SIMD128 (kernels.h) */
     simd128_matmul_i16_i16,
+    simd128_matmul_q4,
+    simd128_matmul_q4_xb,
+    simd128_matmul_q4_i16,
+    simd128_matmul_q4_i16, /* matmul_q4_i8: no 8-bit dot product in SIMD128 (kernels.h) */
     simd128_dot_f32,
     simd128_axpy_f32,
     simd128_axpy_rows_f32,
@@ -931,6 +1319,10 @@ const kvl_kernels kvl_kernels_simd128_relaxed_table = {
     simd128_matmul_q8_i16,
     simd128_relaxed_matmul_q8_i8,
     simd128_matmul_i16_i16,
+    simd128_matmul_q4,
+    simd128_matmul_q4_xb,
+    simd128_matmul_q4_i16,
+    simd128_relaxed_matmul_q4_i8,
     simd128_dot_f32,
     simd128_axpy_f32,
     simd128_axpy_rows_f32,

@@ -2,9 +2,10 @@
  *
  * Owns: the session scratch layout, the layer-major forward over a chunk of tokens (embedding
  * rows, MLA in its absorbed form over the compressed KV cache, dense MLP, MoE routing with
- * group-limited noaux_tc selection, shared experts, routed experts from the expert cache, final
- * norm, lm_head), the Linear layers' input modes (FP32, BF16-rounded, or quantised to integers
- * for integer products: act_i16, mm_quantize), and the splitting of that work across the pool.
+ * group-limited noaux_tc selection, shared experts, routed experts (Q8 or Q4 extents) from the
+ * expert cache, the next layer's predicted experts read ahead (predict_next), final norm, lm_head), the Linear layers' input modes (FP32, BF16-rounded, or
+ * quantised to integers for integer products: act_i16, mm_quantize), and the splitting of that
+ * work across the pool.
  * Does not own: opening/validating the pack or the trunk cache (engine.c), the trunk streamer
  * (trunk.c: every non-global trunk tensor comes through kvl_trunk_get), errors (engine_errors.c),
  * kernels (kernels_*.c), expert reads (expert_cache.c). Every shape was validated at open, so
@@ -237,13 +238,23 @@ void kvl_session_bind(kvl_session *s, const kvl_session_layout *ly)
 
 /* ---- parallel matmuls: row blocks of one or more products handed out dynamically ---------- */
 
-/* MM_BF16, MM_Q8 and MM_I16 are the Linear layers: with the engine's BF16 activation mode they
- * take BF16-rounded inputs (the *_xb kernels); with an integer mode (act_i16: I16X1 or I8), MM_Q8
- * and MM_I16 take inputs quantised to int16 once per run (mm_quantize) and run integer products,
- * while MM_BF16 (a streamed trunk tensor, which stays BF16) keeps the FP32 product. MM_I16 is a
- * resident trunk weight converted to int16 rows at open (act_i16 only). MM_BF16_F32ACT always keeps FP32
- * inputs: the MoE router, which the checkpoint's own code runs in FP32. */
-enum { MM_BF16 = 0, MM_Q8 = 1, MM_BF16_F32ACT = 2, MM_I16 = 3 };
+/* MM_BF16, MM_Q8, MM_Q4 and MM_I16 are the Linear layers: with the engine's BF16 activation mode
+ * they take BF16-rounded inputs (the *_xb kernels); with an integer mode (act_i16: I16X1 or I8),
+ * MM_Q8, MM_Q4 and MM_I16 take inputs quantised to int16 once per run (mm_quantize) and run integer
+ * products, while MM_BF16 (a streamed trunk tensor, which stays BF16) keeps the FP32 product.
+ * MM_Q4 is a routed expert of a Q4_EXPERT pack (`kvl pack --expert-dtype q4`), its weights in the
+ * matmul_q4 kernels' layout (q bytes [rows, cols/2], BF16 scale bits [rows, cols/32] in scale_q4).
+ * MM_I16 is a resident trunk weight converted to int16 rows at open (act_i16 only).
+ * MM_BF16_F32ACT always keeps FP32 inputs: the MoE router, which the checkpoint's own code runs in
+ * FP32. */
+enum { MM_BF16 = 0, MM_Q8 = 1, MM_BF16_F32ACT = 2, MM_I16 = 3, MM_Q4 = 4 };
+
+/* Weight bytes a row of cols columns streams: a Q4 row is cols/2 q bytes and cols/32 BF16 scales */
+static uint64_t mm_row_bytes(int kind, size_t cols)
+{
+    return kind == MM_Q8 ? (uint64_t)cols : kind == MM_Q4 ? (uint64_t)cols / 2 + (uint64_t)cols / 16
+                                                         : 2u * (uint64_t)cols;
+}
 
 /* Segments per pool run: one layer's FFN at most uses shared gate+up plus gate+up of every
  * routed expert of a wave, and a wave holds at most MOE_WAVE_MAX experts. */
@@ -262,11 +273,12 @@ typedef struct mm_seg {
     size_t ldy;
     const void *W;
     const float *scale;
+    const uint16_t *scale_q4; /* MM_Q4: BF16 scale bits [rows, cols/32] (scale is NULL) */
     size_t rows, cols;
     const float *X;
     size_t ldx, n;
-    const int16_t *Xq;  /* act_i16: X quantised, n vectors [n, ldq]; scales xs [n, nb]: MM_Q8 a
-                           scale per KVL_I16_BLOCK columns, MM_I16 one per vector (nb = 1) */
+    const int16_t *Xq;  /* act_i16: X quantised, n vectors [n, ldq]; scales xs [n, nb]: MM_Q8 and
+                           MM_Q4 a scale per KVL_I16_BLOCK columns, MM_I16 one per vector (nb = 1) */
     const float *xs;
     size_t ldq;
     int expert;         /* a routed expert's weight (mm_add_expert): act_i8 makes its input 8-bit */
@@ -338,19 +350,28 @@ static void mm_add(mm_job *j, int kind, float *Y, size_t ldy, const void *W, con
     mm_seg *g = &j->seg[j->n_seg++];
     g->kind = kind; g->Y = Y; g->ldy = ldy; g->W = W; g->scale = scale;
     g->rows = rows; g->cols = cols; g->X = X; g->ldx = ldx; g->n = n;
+    g->scale_q4 = NULL;
     g->Xq = NULL; g->xs = NULL; g->ldq = cols;
     g->expert = 0;
-    j->bytes += (uint64_t)rows * cols * (kind == MM_Q8 ? 1u : 2u);
+    j->bytes += (uint64_t)rows * mm_row_bytes(kind, cols);
     j->macs += (uint64_t)rows * cols * n;
 }
 
-/* A routed expert's Q8 weight. With act_i8 only these take 8-bit inputs: on the test models,
- * 8-bit inputs to a Q8 trunk as well moved the logits by 9.6 (the largest is 25) where the experts alone
- * moved them by 0.26 (test/trunk-q8-engine.test.ts), so the trunk keeps its 16-bit term. */
-static void mm_add_expert(mm_job *j, float *Y, size_t ldy, const int8_t *W, const float *scale,
-                          size_t rows, size_t cols, const float *X, size_t ldx, size_t n)
+/* A routed expert's weight, one matrix of a pinned extent (dtype: the view's, Q8_EXPERT or
+ * Q4_EXPERT; W and scale its q and scale sub-blocks). With act_i8 only these take 8-bit inputs:
+ * on the test models, 8-bit inputs to a Q8 trunk as well moved the logits by 9.6 (the largest is
+ * 25) where the experts alone moved them by 0.26 (test/trunk-q8-engine.test.ts), so the trunk
+ * keeps its 16-bit term. */
+static void mm_add_expert(mm_job *j, uint32_t dtype, float *Y, size_t ldy, const void *W,
+                          const void *scale, size_t rows, size_t cols, const float *X, size_t ldx,
+                          size_t n)
 {
-    mm_add(j, MM_Q8, Y, ldy, W, scale, rows, cols, X, ldx, n);
+    if (dtype == KVL_DTYPE_Q4_EXPERT) {
+        mm_add(j, MM_Q4, Y, ldy, W, NULL, rows, cols, X, ldx, n);
+        j->seg[j->n_seg - 1].scale_q4 = (const uint16_t *)scale;
+    } else {
+        mm_add(j, MM_Q8, Y, ldy, W, (const float *)scale, rows, cols, X, ldx, n);
+    }
     j->seg[j->n_seg - 1].expert = 1;
 }
 
@@ -377,9 +398,16 @@ static void mm_add_trunk(mm_job *j, const kvl_engine_text *t, int id, const uint
         mm_add(j, MM_BF16, Y, ldy, w, NULL, rows, cols, X, ldx, n);
 }
 
+/* Q8 and Q4 weights take inputs with a scale per KVL_I16_BLOCK columns (matmul_q8_i16 and
+ * matmul_q4_i16 alike), int16 weights one per vector */
+static int mm_blocked(const mm_seg *g)
+{
+    return g->kind == MM_Q8 || g->kind == MM_Q4;
+}
+
 static int mm_wants_i16(const mm_job *j, const mm_seg *g)
 {
-    return j->act_i16 && (g->kind == MM_Q8 || g->kind == MM_I16);
+    return j->act_i16 && (mm_blocked(g) || g->kind == MM_I16);
 }
 
 /* act_i16: quantise the inputs of segments [first, ...) into the workspace, each distinct input
@@ -392,11 +420,11 @@ static int mm_quantize(mm_job *j, int first)
     for (i = first; i < j->n_seg; i++) {
         mm_seg *g = &j->seg[i];
         if (!mm_wants_i16(j, g)) continue;
-        const int q8 = g->kind == MM_Q8;
+        const int q8 = mm_blocked(g);
         const mm_seg *same = NULL;
         for (int p = first; p < i && !same; p++) {
             const mm_seg *h = &j->seg[p];
-            if (h->Xq && (h->kind == MM_Q8) == q8 && h->expert == g->expert && h->X == g->X && h->ldx == g->ldx &&
+            if (h->Xq && mm_blocked(h) == q8 && h->expert == g->expert && h->X == g->X && h->ldx == g->ldx &&
                 h->cols == g->cols && h->n == g->n)
                 same = h;
         }
@@ -406,8 +434,9 @@ static int mm_quantize(mm_job *j, int first)
         }
         size_t off = (used + XQ_ALIGN - 1) / XQ_ALIGN * XQ_ALIGN;
         const size_t len = g->n * g->cols;
-        /* Q8 weights: a scale per KVL_I16_BLOCK columns and 16-bit range (matmul_q8_i16), or 8-bit
-         * with act_i8 (matmul_q8_i8); int16 weights: one per vector and 15 bits (matmul_i16_i16's
+        /* Q8 and Q4 weights: a scale per KVL_I16_BLOCK columns and 16-bit range (matmul_q8_i16,
+         * matmul_q4_i16), or 8-bit for the experts with act_i8 (matmul_q8_i8, matmul_q4_i8); int16
+         * weights: one per vector and 15 bits (matmul_i16_i16's
          * exact groups) */
         const size_t block = q8 ? KVL_I16_BLOCK : g->cols;
         const int lim = !q8 ? KVL_I16_MAX : j->act_i8 && g->expert ? KVL_I8_MAX : KVL_I16_Q8_MAX;
@@ -429,6 +458,10 @@ static void mm_do_i16(const mm_job *j, const mm_seg *g, size_t b, size_t e)
     if (g->kind == MM_I16)
         j->k->matmul_i16_i16(g->Y + b, g->ldy, (const int16_t *)g->W + b * g->cols, g->scale + b, e - b,
                              g->cols, g->Xq, g->xs, g->ldq, g->n);
+    else if (g->kind == MM_Q4)
+        (j->act_i8 && g->expert ? j->k->matmul_q4_i8 : j->k->matmul_q4_i16)(
+            g->Y + b, g->ldy, (const uint8_t *)g->W + b * (g->cols / 2), g->scale_q4 + b * (g->cols / 32),
+            e - b, g->cols, g->Xq, g->xs, g->ldq, g->n);
     else
         (j->act_i8 && g->expert ? j->k->matmul_q8_i8 : j->k->matmul_q8_i16)(
             g->Y + b, g->ldy, (const int8_t *)g->W + b * g->cols, g->scale + b, e - b, g->cols, g->Xq, g->xs,
@@ -437,8 +470,12 @@ static void mm_do_i16(const mm_job *j, const mm_seg *g, size_t b, size_t e)
 
 static void mm_do(const mm_job *j, const mm_seg *g, size_t b, size_t e)
 {
-    if (g->kind == MM_I16 || (g->kind == MM_Q8 && j->act_i16))
+    if (g->kind == MM_I16 || (mm_blocked(g) && j->act_i16))
         mm_do_i16(j, g, b, e);
+    else if (g->kind == MM_Q4)
+        (j->act_bf16 ? j->k->matmul_q4_xb : j->k->matmul_q4)(
+            g->Y + b, g->ldy, (const uint8_t *)g->W + b * (g->cols / 2), g->scale_q4 + b * (g->cols / 32),
+            e - b, g->cols, g->X, g->ldx, g->n);
     else if (g->kind == MM_Q8)
         (j->act_bf16 ? j->k->matmul_q8_xb : j->k->matmul_q8)(
             g->Y + b, g->ldy, (const int8_t *)g->W + b * g->cols, g->scale + b, e - b, g->cols, g->X,
@@ -481,7 +518,7 @@ static void mm_run_segs(kvl_engine *e, mm_job *j)
     int items = 0;
     for (int i = j->seg_begin; i < j->seg_end; i++) {
         mm_seg *g = &j->seg[i];
-        uint64_t row_bytes = (uint64_t)g->cols * (g->kind == MM_Q8 ? 1u : 2u);
+        uint64_t row_bytes = mm_row_bytes(g->kind, g->cols);
         size_t br = (size_t)(item_bytes / (row_bytes ? row_bytes : 1));
         br = br / ROW_ALIGN * ROW_ALIGN;
         if (br < ROW_ALIGN) br = ROW_ALIGN;
@@ -1045,8 +1082,9 @@ static void moe_wave_run(kvl_session *s, int layer, int n, const moe_wave *wv, i
         size_t off = small ? b : 0;
         /* one token needs no copy; several were gathered into xg rows off.. */
         const float *X = cnt == 1 ? s->xn + (size_t)(s->elist[b] / (int)K) * H : s->xg + off * H;
-        mm_add_expert(&mj, gbase + off * I, I, wv->v[i].gate_q, wv->v[i].gate_s, I, H, X, H, cnt);
-        mm_add_expert(&mj, ubase + off * I, I, wv->v[i].up_q, wv->v[i].up_s, I, H, X, H, cnt);
+        const kvl_expert_view *v = &wv->v[i];
+        mm_add_expert(&mj, v->dtype, gbase + off * I, I, v->gate_q, v->gate_s, I, H, X, H, cnt);
+        mm_add_expert(&mj, v->dtype, ubase + off * I, I, v->up_q, v->up_s, I, H, X, H, cnt);
     }
     mm_run(e, &mj);
     if (with_shared) kvl_silu_mul(s->gate, s->up, (size_t)n * R);
@@ -1059,7 +1097,7 @@ static void moe_wave_run(kvl_session *s, int layer, int n, const moe_wave *wv, i
         size_t b = (size_t)s->ecount[x], cnt = (size_t)(s->ecount[x + 1] - s->ecount[x]);
         size_t off = small ? b : 0;
         kvl_silu_mul(gbase + off * I, ubase + off * I, cnt * I);
-        mm_add_expert(&mj, s->yg + off * H, H, wv->v[i].down_q, wv->v[i].down_s, H, I,
+        mm_add_expert(&mj, wv->v[i].dtype, s->yg + off * H, H, wv->v[i].down_q, wv->v[i].down_s, H, I,
                       gbase + off * I, I, cnt);
     }
     mm_run(e, &mj);
@@ -1088,6 +1126,47 @@ static kvl_status acquire_failed(kvl_engine *e, kvl_status st, int layer, int x)
         return kvl_engine_corrupt(e, "experts.bin", name);
     }
     return kvl_engine_fail(e, st, "reading expert %d of layer %d from experts.bin failed", x, layer);
+}
+
+/* ---- lookahead: the next layer's experts, read while this layer computes ------------------
+ * Decoding at low RAM waits on the disk: a layer's misses are read only once it routes. So while
+ * layer L runs (its own routing and prefetch issued, its experts not yet computed), layer L+1's
+ * router is applied to the current hidden state — the residual after L's attention, normed with
+ * L+1's post-attention RMSNorm weight — and the experts route_token picks there are read ahead
+ * at low priority (kvl_expert_cache_lookahead: behind L's reads, never evicting what L wants or
+ * has pinned, cancelled or evicted first when L+1 routes elsewhere). The residual still lacks
+ * L's FFN output, so this is a guess; it only decides which extents are read, never what is
+ * computed, so results are bit-identical with it on or off (t->lookahead; kvl_engine_options
+ * expert_lookahead). Only for layers of this engine's range (a split's next range has its own
+ * cache). Prompt chunks predict too, the union of their tokens' guesses: on the full-size Q8
+ * pack at --ram-mib 4096 (2026-12-05, 2-vCPU AMD EPYC VM, native, interleaved runs on a busy
+ * machine) that read 1-3 % more bytes and cut the cold prompt's wait for expert reads from
+ * 1.7-2.1 s to 1.4-1.6 s (16 tokens) and from 0.3-2.7 s to 0.03-0.34 s (128 tokens), where
+ * decode-only prediction left it as it was.
+ * Scratch: everything it writes is free at this point of ffn / moe and rewritten before its
+ * next use: xg (the normed rows), rlog (router logits), thread 0's routing scratch, seli (the
+ * guesses, deduplicated in place) and yg (each token's discarded top-k weights). */
+static void predict_next(kvl_session *s, int layer, int n)
+{
+    const kvl_engine_text *t = s->engine->text;
+    const int next = layer + 1;
+    if (!t->lookahead || next >= t->layer_end || !t->layers[next].is_moe) return;
+    const kvl_text_hparams *hp = &t->hp;
+    const kvl_layer_globals *lg = &t->layers[next];
+    const size_t H = (size_t)hp->hidden, E = (size_t)hp->n_routed, K = (size_t)hp->topk;
+    norm_rows(s->xg, s->x, lg->post_ln, H, n, hp->rms_eps);
+    par_mm(s, MM_BF16_F32ACT, s->rlog, E, lg->router_w, NULL, E, H, s->xg, H, (size_t)n);
+    int m = 0; /* distinct guesses so far, in seli[0..m); m <= i * K before token i */
+    for (int i = 0; i < n; i++) {
+        int *idx = s->seli + (size_t)i * K;
+        route_token(hp, s->rlog + (size_t)i * E, lg->router_bias, s->thread_scratch, idx, s->yg);
+        for (size_t k = 0; k < K; k++) {
+            int x = idx[k], seen = 0;
+            for (int j = 0; j < m && !seen; j++) seen = s->seli[j] == x;
+            if (!seen) s->seli[m++] = x;
+        }
+    }
+    kvl_expert_cache_lookahead(t->ecache, next, s->seli, m);
 }
 
 static kvl_status moe(kvl_session *s, int layer, int n)
@@ -1122,6 +1201,7 @@ static kvl_status moe(kvl_session *s, int layer, int n)
         s->ecount[0] = 0;
     }
     kvl_expert_cache_prefetch(t->ecache, layer, s->eorder, n_used);
+    predict_next(s, layer, n); /* seli is free now: elist holds the pairs */
 
     /* the shared experts run while the routed experts load: fused into the first wave when
      * resident, else streamed on their own now */
@@ -1210,10 +1290,12 @@ static kvl_status ffn(kvl_session *s, int layer, int n)
     size_t H = (size_t)t->hp.hidden;
     kvl_status st;
     norm_rows(s->xn, s->x, t->layers[layer].post_ln, H, n, t->hp.rms_eps);
-    if (t->layers[layer].is_moe)
+    if (t->layers[layer].is_moe) {
         st = moe(s, layer, n);
-    else
+    } else {
+        predict_next(s, layer, n); /* a dense layer (layer 0) computes while layer 1's guesses load */
         st = dense_mlp(s, layer, n, s->moe_out);
+    }
     if (st != KVL_OK) return st;
     for (size_t i = 0; i < (size_t)n * H; i++) s->x[i] += s->moe_out[i];
     return KVL_OK;

@@ -1,14 +1,16 @@
-/* packing.c — the packer's arithmetic (kvl_core.h, "Packing"): the Q8_EXPERT extent and Q8_ROWS
- * matrix writers and the synthetic-weight generator.
+/* packing.c — the packer's arithmetic (kvl_core.h, "Packing"): the Q8_EXPERT and Q4_EXPERT extent
+ * and Q8_ROWS matrix writers and the synthetic-weight generator.
  *
- * Owns: row-wise Q8 quantisation of BF16 weights into the extent and matrix layouts that store.c
- * describes (kvl_q8_layout_of, kvl_q8_rows_layout_of), and numpy's PCG64 stream for `kvl synth`.
+ * Owns: row-wise Q8 and group-wise Q4 quantisation of BF16 weights into the extent and matrix
+ * layouts that store.c describes (kvl_q8_layout_of, kvl_q4_layout_of, kvl_q8_rows_layout_of),
+ * and numpy's PCG64 stream for `kvl synth`.
  * Does not own: the layouts themselves (store.c), file formats or any I/O (the TypeScript
  * packer).
  *
  * Both must give the same bytes on every compiler and backend: only IEEE single-precision
- * operations that C evaluates exactly as written (one division, one subtraction, one
- * multiplication, one addition; no contraction is possible), and integer arithmetic.
+ * operations that C evaluates exactly as written (divisions, comparisons and nearbyintf in the
+ * quantisers; one subtraction, one multiplication, one addition in the generator: no
+ * contraction is possible), and integer arithmetic; BF16 rounding on the bits.
  */
 #include <math.h>
 #include <string.h>
@@ -27,6 +29,11 @@ static float bf16_to_f32(uint16_t bits) {
     float f;
     memcpy(&f, &u, 4);
     return f;
+}
+
+/* FP32 bits -> BF16 bits, round to nearest even (finite values) */
+static uint16_t f32_bits_to_bf16(uint32_t bits) {
+    return (uint16_t)((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
 }
 
 /* One matrix [rows, cols] of BF16 bits -> int8 rows + FP32 scales. 0, or -1 on a non-finite weight. */
@@ -84,6 +91,80 @@ kvl_status kvl_pack_q8_rows(const uint16_t *w, size_t rows, size_t cols, uint8_t
     return KVL_OK;
 }
 
+/* ---- Q4_EXPERT (docs/FORMAT.md): groups of 32 columns, one BF16 scale each ------------------- */
+
+#define Q4_GROUP 32u
+
+size_t kvl_expert_q4_extent_bytes(size_t intermediate, size_t hidden) {
+    kvl_q4_layout layout;
+    kvl_q4_layout_of(intermediate, hidden, &layout);
+    return (size_t)layout.nbytes;
+}
+
+/* One matrix [rows, cols] (cols % 32 == 0) of BF16 bits -> q bytes [rows, cols/2] and BF16 scale
+ * bits [rows, cols/32], stored little-endian byte by byte (the offsets are 64-aligned within the
+ * extent, but the caller's buffer need not be). Per group: m = the weight of largest |w|, the
+ * first in column order on a tie (so an all-zero group takes its first weight, +0 or -0);
+ * d = BF16(m / -8) (one FP32 division, then nearest-even to BF16); q = clamp(rint(w / ds), -8, 7)
+ * with ds = d's value (one FP32 division; rint in the default mode, half to even), all 0 when
+ * ds == 0. 0, or -1 on a non-finite weight. */
+static int quantize_groups_q4(const uint16_t *w, size_t rows, size_t cols, uint8_t *q, uint8_t *scale) {
+    const size_t groups = cols / Q4_GROUP;
+    for (size_t r = 0; r < rows; r++) {
+        for (size_t g = 0; g < groups; g++) {
+            const uint16_t *x = w + r * cols + g * Q4_GROUP;
+            int8_t v[Q4_GROUP];
+            float m = 0.0f, amax = -1.0f;
+            for (size_t c = 0; c < Q4_GROUP; c++) {
+                if ((x[c] & 0x7F80u) == 0x7F80u) return -1; /* exponent all ones: Inf or NaN */
+                float f = bf16_to_f32(x[c]);
+                if (fabsf(f) > amax) { /* strictly larger: the first one wins a tie */
+                    amax = fabsf(f);
+                    m = f;
+                }
+            }
+            const float dq = m / -8.0f;
+            uint32_t dq_bits;
+            memcpy(&dq_bits, &dq, 4);
+            const uint16_t d = f32_bits_to_bf16(dq_bits);
+            const float ds = bf16_to_f32(d);
+            uint8_t *sp = scale + 2 * (r * groups + g);
+            sp[0] = (uint8_t)(d & 0xFFu);
+            sp[1] = (uint8_t)(d >> 8);
+            for (size_t c = 0; c < Q4_GROUP; c++) {
+                float t = 0.0f;
+                if (ds != 0.0f) {
+                    t = nearbyintf(bf16_to_f32(x[c]) / ds);
+                    if (t > 7.0f) t = 7.0f;
+                    if (t < -8.0f) t = -8.0f;
+                }
+                v[c] = (int8_t)t;
+            }
+            uint8_t *qp = q + r * (cols / 2) + g * (Q4_GROUP / 2);
+            for (size_t j = 0; j < Q4_GROUP / 2; j++)
+                qp[j] = (uint8_t)((unsigned)(v[j] + 8) | ((unsigned)(v[j + Q4_GROUP / 2] + 8) << 4));
+        }
+    }
+    return 0;
+}
+
+kvl_status kvl_pack_expert_q4(const uint16_t *gate, const uint16_t *up, const uint16_t *down,
+                              size_t intermediate, size_t hidden, uint8_t *out, size_t out_bytes) {
+    if (!gate || !up || !down || !out || intermediate == 0 || hidden == 0 ||
+        intermediate % Q4_GROUP != 0 || hidden % Q4_GROUP != 0)
+        return KVL_ERR_INVALID_ARG;
+    kvl_q4_layout l;
+    kvl_q4_layout_of(intermediate, hidden, &l);
+    if (out_bytes != l.nbytes) return KVL_ERR_INVALID_ARG;
+    memset(out, 0, out_bytes);
+    const size_t I = intermediate, H = hidden;
+    if (quantize_groups_q4(gate, I, H, out + l.gate_q, out + l.gate_s) ||
+        quantize_groups_q4(up, I, H, out + l.up_q, out + l.up_s) ||
+        quantize_groups_q4(down, H, I, out + l.down_q, out + l.down_s))
+        return KVL_ERR_FORMAT;
+    return KVL_OK;
+}
+
 /* ---- numpy PCG64 (pcg64.h: pcg_setseq_128_xsl_rr_64) ----------------------------------------- */
 
 #define PCG_MULT_HI 0x2360ED051FC65DA4ull
@@ -128,10 +209,6 @@ void kvl_pcg64_seed(kvl_pcg64 *rng, const uint64_t seed_words[4]) {
     rng->state_hi += seed_words[0] + (lo < rng->state_lo);
     rng->state_lo = lo;
     pcg_step(rng);
-}
-
-static uint16_t f32_bits_to_bf16(uint32_t bits) {
-    return (uint16_t)((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
 }
 
 static void put_value(uint32_t u, float center, float width, int bf16, void *out, size_t i) {

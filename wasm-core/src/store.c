@@ -3,8 +3,8 @@
  * Owns: the C reader of the index format (every check of FORMAT.md is done here, once, at
  * open, so the read path carries only a bounds check), the hparam table, the by-name lookup,
  * positional reads of the .bin with direct I/O or a buffered fallback, the reference CRC-32
- * (kvl_crc32; the fast ones are crc32.c's), each record's "data checked" flag, the Q8 extent
- * layout, aligned allocation and the monotonic clock.
+ * (kvl_crc32; the fast ones are crc32.c's), each record's "data checked" flag, the Q8 and Q4
+ * extent layouts, aligned allocation and the monotonic clock.
  * Does not own: caching (expert_cache.c, engine.c, trunk.c), any math, or which stores a pack holds.
  */
 /* _GNU_SOURCE and _FILE_OFFSET_BITS=64 come from the build (wasm-core/CMakeLists.txt). */
@@ -27,7 +27,12 @@
  * predates the dtype stops at the version instead of calling the index corrupt; this reader
  * reads both. */
 #define IDX_FORMAT_VERSION_Q8_ROWS 2u
-/* Upper bound for a Q8 expert or Q8_ROWS dimension: keeps every layout product far from u64
+/* Packs holding Q4_EXPERT records (kvl pack --expert-dtype q4) say version 3, for the same
+ * reason; this reader reads 1, 2 and 3. */
+#define IDX_FORMAT_VERSION_Q4_EXPERT 3u
+/* Q4_EXPERT: I and H are whole numbers of groups of this many columns */
+#define Q4_GROUP 32u
+/* Upper bound for an expert or Q8_ROWS dimension: keeps every layout product far from u64
  * overflow. */
 #define MAX_EXPERT_DIM (1u << 24)
 
@@ -130,6 +135,19 @@ void kvl_q8_layout_of(uint64_t inter, uint64_t hidden, kvl_q8_layout *out) {
     out->up_s = align_up(out->gate_s + 4 * inter, 64);
     out->down_s = align_up(out->up_s + 4 * inter, 64);
     out->nbytes = out->down_s + 4 * hidden;
+}
+
+void kvl_q4_layout_of(uint64_t inter, uint64_t hidden, kvl_q4_layout *out) {
+    /* each matrix: I*H/2 q bytes (two columns a byte) and I*H/32 BF16 scales (one a group) */
+    uint64_t q = inter * hidden / 2, sc = 2 * (inter * hidden / Q4_GROUP);
+    memset(out, 0, sizeof *out);
+    if (inter == 0 || hidden == 0 || inter % Q4_GROUP != 0 || hidden % Q4_GROUP != 0) return;
+    out->up_q = align_up(q, 64);
+    out->down_q = align_up(out->up_q + q, 64);
+    out->gate_s = align_up(out->down_q + q, 64);
+    out->up_s = align_up(out->gate_s + sc, 64);
+    out->down_s = align_up(out->up_s + sc, 64);
+    out->nbytes = out->down_s + sc;
 }
 
 void kvl_q8_rows_layout_of(uint64_t rows, uint64_t cols, kvl_q8_rows_layout *out) {
@@ -255,10 +273,11 @@ static kvl_status parse_index(kvl_store *s, const unsigned char *buf, uint64_t s
         return KVL_ERR_FORMAT;
     }
     version = rd32(buf + 8);
-    if (version != IDX_FORMAT_VERSION && version != IDX_FORMAT_VERSION_Q8_ROWS) {
-        set_err(err, err_len, "%s: format version %u, this runtime reads versions %u and %u; repack "
-                "with this version's `kvl pack`", path, version, IDX_FORMAT_VERSION,
-                IDX_FORMAT_VERSION_Q8_ROWS);
+    if (version != IDX_FORMAT_VERSION && version != IDX_FORMAT_VERSION_Q8_ROWS &&
+        version != IDX_FORMAT_VERSION_Q4_EXPERT) {
+        set_err(err, err_len, "%s: format version %u, this runtime reads versions %u, %u and %u; "
+                "repack with this version's `kvl pack`", path, version, IDX_FORMAT_VERSION,
+                IDX_FORMAT_VERSION_Q8_ROWS, IDX_FORMAT_VERSION_Q4_EXPERT);
         return KVL_ERR_FORMAT;
     }
     kind = rd32(buf + 12);
@@ -420,6 +439,24 @@ static kvl_status parse_index(kvl_store *s, const unsigned char *buf, uint64_t s
                 return KVL_ERR_FORMAT;
             }
             kvl_q8_layout_of(t->shape[2], t->shape[3], &lay);
+            want = lay.nbytes;
+        } else if (t->dtype == KVL_DTYPE_Q4_EXPERT) {
+            kvl_q4_layout lay;
+            if (version < IDX_FORMAT_VERSION_Q4_EXPERT) {
+                set_err(err, err_len, "%s: tensor '%s' is Q4_EXPERT, which needs format version %u "
+                        "(the index says %u); the index is corrupt, rerun `kvl pack`", path,
+                        t->name, IDX_FORMAT_VERSION_Q4_EXPERT, version);
+                return KVL_ERR_FORMAT;
+            }
+            if (t->ndim != 4 || t->shape[2] == 0 || t->shape[3] == 0 ||
+                t->shape[2] > MAX_EXPERT_DIM || t->shape[3] > MAX_EXPERT_DIM ||
+                t->shape[2] % Q4_GROUP != 0 || t->shape[3] % Q4_GROUP != 0) {
+                set_err(err, err_len, "%s: Q4 expert '%s' must have shape [L, E, I, H] with "
+                        "1 <= I, H <= %u, both multiples of %u; the index is corrupt, rerun "
+                        "`kvl pack`", path, t->name, MAX_EXPERT_DIM, Q4_GROUP);
+                return KVL_ERR_FORMAT;
+            }
+            kvl_q4_layout_of(t->shape[2], t->shape[3], &lay);
             want = lay.nbytes;
         } else if (t->dtype == KVL_DTYPE_Q8_ROWS) {
             kvl_q8_rows_layout lay;

@@ -19,6 +19,8 @@
 #define KVL_DTYPE_F32 2u
 #define KVL_DTYPE_Q8_EXPERT 3u
 #define KVL_DTYPE_Q8_ROWS 4u   /* one row-wise Q8 matrix (a trunk Linear weight; format version 2) */
+#define KVL_DTYPE_Q4_EXPERT 5u /* one routed expert's extent in groups of 32 with BF16 scales
+                                  (kvl pack --expert-dtype q4; format version 3) */
 
 typedef struct kvl_tensor_rec {
     char name[128];
@@ -70,6 +72,15 @@ typedef struct kvl_q8_layout {
     uint64_t gate_q, up_q, down_q, gate_s, up_s, down_s, nbytes;
 } kvl_q8_layout;
 void kvl_q8_layout_of(uint64_t inter, uint64_t hidden, kvl_q8_layout *out);
+
+/* Byte layout of one Q4_EXPERT extent (docs/FORMAT.md), the same members as kvl_q8_layout:
+ * q bytes [rows, cols/2] at gate_q, up_q, down_q, BF16 scale bits [rows, cols/32] at gate_s,
+ * up_s, down_s. I and H must be multiples of 32 (and nonzero); otherwise every member is 0
+ * (nbytes 0: no such extent). */
+typedef struct kvl_q4_layout {
+    uint64_t gate_q, up_q, down_q, gate_s, up_s, down_s, nbytes;
+} kvl_q4_layout;
+void kvl_q4_layout_of(uint64_t inter, uint64_t hidden, kvl_q4_layout *out);
 
 /* Byte layout of one Q8_ROWS record [rows, cols] (docs/FORMAT.md): int8 rows at 0, the f32
  * scale of each row at `scale` = align64(rows * cols); nbytes = scale + 4 * rows. */

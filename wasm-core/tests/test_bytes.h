@@ -1,7 +1,7 @@
 /* test_bytes.h — the C tests' own writer side of docs/FORMAT.md.
  *
  * Owns: put/get of little-endian integers, CRC-32 as zlib computes it, the index layout (header,
- * hyperparameter entries, tensor records, config, header CRC), the Q8 extent size, and writing a
+ * hyperparameter entries, tensor records, config, header CRC), the Q8 and Q4 extent sizes, and writing a
  * file; all written independently of store.c so a shared bug cannot hide itself.
  */
 #ifndef KVL_TEST_BYTES_H
@@ -49,6 +49,14 @@ static inline uint64_t q8_nbytes(uint64_t I, uint64_t H) {
     uint64_t up = a64(I * H), down = a64(up + I * H), gs = a64(down + H * I);
     uint64_t us = a64(gs + 4 * I), ds = a64(us + 4 * I);
     return ds + 4 * H;
+}
+
+/* FORMAT.md extent size of a (layer, expert) Q4_EXPERT record (I, H multiples of 32), step by
+ * step: q bytes two columns a byte, one 2-byte BF16 scale per group of 32. */
+static inline uint64_t q4_nbytes(uint64_t I, uint64_t H) {
+    uint64_t up = a64(I * H / 2), down = a64(up + I * H / 2), gs = a64(down + H * I / 2);
+    uint64_t us = a64(gs + 2 * (I * H / 32)), ds = a64(us + 2 * (I * H / 32));
+    return ds + 2 * (H * I / 32);
 }
 
 /* ---- index layout: 128-byte header, 64-byte hparam entries, 192-byte records, config JSON */

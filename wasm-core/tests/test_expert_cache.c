@@ -7,7 +7,9 @@
  * random workload with prefetch for budgets from 1 slot to all slots, and the CRC check of first
  * reads: a flipped bit in one extent's data is KVL_ERR_CORRUPT on the prefetch and the
  * synchronous path, again at every later acquire, while the other extents are served; a checked
- * extent is not checked again when re-read after an eviction.
+ * extent is not checked again when re-read after an eviction. A second small store of Q4 extents
+ * (format version 3): views point at FORMAT.md's Q4 sub-blocks and say Q4; a store mixing Q8 and
+ * Q4 extents is refused.
  * Prints "N passed, M failed"; returns non-zero on any failure.
  */
 /* _GNU_SOURCE and _FILE_OFFSET_BITS=64 come from the build (wasm-core/CMakeLists.txt). */
@@ -122,7 +124,8 @@ static void init_data(void) {
 static int view_matches(const kvl_expert_view *v, int l, int e) {
     const unsigned char *x = bin_data + ext_offset[l][e];
     uint64_t ih = (uint64_t)DIM_I * DIM_H;
-    return memcmp(v->gate_q, x, (size_t)ih) == 0 && memcmp(v->up_q, x + off_up, (size_t)ih) == 0 &&
+    return v->dtype == KVL_DTYPE_Q8_EXPERT &&
+           memcmp(v->gate_q, x, (size_t)ih) == 0 && memcmp(v->up_q, x + off_up, (size_t)ih) == 0 &&
            memcmp(v->down_q, x + off_down, (size_t)ih) == 0 &&
            memcmp(v->gate_s, x + off_gs, 4 * DIM_I) == 0 && memcmp(v->up_s, x + off_us, 4 * DIM_I) == 0 &&
            memcmp(v->down_s, x + off_ds, 4 * DIM_H) == 0 && ((uintptr_t)v->gate_s % 64) == 0 &&
@@ -135,13 +138,22 @@ static void check_identities(kvl_expert_cache *c, uint64_t ok_acquires, const ch
     CHECK(k.hits + k.misses == ok_acquires, "%s: hits %llu + misses %llu != acquires %llu", label,
           (unsigned long long)k.hits, (unsigned long long)k.misses, (unsigned long long)ok_acquires);
     CHECK(k.read_failures == 0, "%s: read failures", label);
-    /* prefetch reads may still be in flight after the workers finished */
-    CHECK(k.bytes_read == (k.sync_reads + k.prefetch_issued - k.reads_in_flight) * extent_padded,
-          "%s: bytes %llu != (sync %llu + prefetch %llu - in flight %llu) * %llu", label,
-          (unsigned long long)k.bytes_read, (unsigned long long)k.sync_reads,
-          (unsigned long long)k.prefetch_issued, (unsigned long long)k.reads_in_flight,
+    /* prefetch reads may still be in flight after the workers finished; cancelled lookahead
+     * reads read nothing */
+    CHECK(k.bytes_read == (k.sync_reads + k.prefetch_issued + k.lookahead_issued - k.lookahead_cancelled -
+                           k.reads_in_flight) * extent_padded,
+          "%s: bytes %llu != (sync %llu + prefetch %llu + lookahead %llu - cancelled %llu - in flight %llu) * %llu",
+          label, (unsigned long long)k.bytes_read, (unsigned long long)k.sync_reads,
+          (unsigned long long)k.prefetch_issued, (unsigned long long)k.lookahead_issued,
+          (unsigned long long)k.lookahead_cancelled, (unsigned long long)k.reads_in_flight,
           (unsigned long long)extent_padded);
-    CHECK(k.misses == k.sync_reads + k.prefetch_served, "%s: misses split", label);
+    CHECK(k.misses == k.sync_reads + k.prefetch_served + k.lookahead_used, "%s: misses split", label);
+    CHECK(k.lookahead_issued == k.lookahead_used + k.lookahead_wasted + k.lookahead_cancelled +
+                                    k.lookahead_dropped + k.lookahead_unclaimed,
+          "%s: lookahead identity %llu != %llu+%llu+%llu+%llu+%llu", label,
+          (unsigned long long)k.lookahead_issued, (unsigned long long)k.lookahead_used,
+          (unsigned long long)k.lookahead_wasted, (unsigned long long)k.lookahead_cancelled,
+          (unsigned long long)k.lookahead_dropped, (unsigned long long)k.lookahead_unclaimed);
     CHECK(k.prefetch_issued == k.prefetch_served + k.prefetch_wasted + k.prefetch_dropped + k.prefetch_unclaimed,
           "%s: prefetch identity %llu != %llu+%llu+%llu+%llu", label, (unsigned long long)k.prefetch_issued,
           (unsigned long long)k.prefetch_served, (unsigned long long)k.prefetch_wasted,
@@ -412,6 +424,135 @@ static void check_prefetch(kvl_store *s) {
     kvl_expert_cache_free(c);
 }
 
+/* ------------------------------------------------------------------ lookahead */
+
+/* Waits until no read is queued or in flight (the readers finish on their own). */
+static void wait_reads(kvl_expert_cache *c) {
+    kvl_expert_cache_counters k;
+    do kvl_expert_cache_counters_get(c, &k);
+    while (k.reads_in_flight != 0);
+}
+
+/* 1 if (l, e) is resident and read: try_acquire pins nothing else and waits for nothing */
+static int resident(kvl_expert_cache *c, int l, int e) {
+    kvl_expert_view v;
+    if (!kvl_expert_cache_try_acquire(c, l, e, &v)) return 0;
+    kvl_expert_cache_release(c, l, e);
+    return view_matches(&v, l, e) ? 1 : -1;
+}
+
+/* The low-priority reads of kvl_expert_cache_lookahead (expert_cache.h): free slots only while
+ * everything else is pinned or wanted; nothing while the batch has misses pending; never an
+ * extent of the predicted layer; a used prediction is a miss served by it; an unused one is
+ * evicted before a colder extent; the counters add up. */
+static void check_lookahead(kvl_store *s) {
+    kvl_expert_cache_counters k;
+    kvl_expert_view v0, v1;
+    uint64_t acquires = 0;
+    kvl_expert_cache *c = make_cache(s, 3, 2);
+    if (!c) return;
+    {
+        /* pinned (1,0) and wanted (1,1): the one free slot is all a prediction may take */
+        int batch[2] = {0, 1}, guess[3] = {0, 1, 2};
+        CHECK(kvl_expert_cache_acquire(c, 1, 0, &v0) == KVL_OK, "pin 1,0");
+        acquires++;
+        kvl_expert_cache_prefetch(c, 1, batch, 2);
+        kvl_expert_cache_lookahead(c, 2, guess, 3);
+        wait_reads(c);
+        kvl_expert_cache_counters_get(c, &k);
+        CHECK(k.lookahead_issued == 1 && k.evictions == 0, "lookahead into the free slot only: issued %llu evictions %llu",
+              (unsigned long long)k.lookahead_issued, (unsigned long long)k.evictions);
+        kvl_expert_cache_lookahead(c, 3, guess, 3); /* every slot pinned, wanted or predicted */
+        wait_reads(c);
+        kvl_expert_cache_counters_get(c, &k);
+        CHECK(k.lookahead_issued == 1 && k.evictions == 0, "no victim for a second guess: issued %llu evictions %llu",
+              (unsigned long long)k.lookahead_issued, (unsigned long long)k.evictions);
+        CHECK(kvl_expert_cache_acquire(c, 1, 1, &v1) == KVL_OK && view_matches(&v1, 1, 1), "wanted 1,1 served");
+        acquires++;
+        CHECK(view_matches(&v0, 1, 0), "pinned 1,0 intact");
+        kvl_expert_cache_release(c, 1, 1);
+        kvl_expert_cache_release(c, 1, 0);
+        /* layer 2 routes to the guess: the acquire is a miss served by the lookahead */
+        kvl_expert_cache_prefetch(c, 2, guess, 1);
+        CHECK(kvl_expert_cache_acquire(c, 2, 0, &v1) == KVL_OK && view_matches(&v1, 2, 0), "predicted 2,0 served");
+        acquires++;
+        kvl_expert_cache_release(c, 2, 0);
+        kvl_expert_cache_counters_get(c, &k);
+        CHECK(k.lookahead_used == 1 && k.sync_reads == 1 && k.prefetch_served == 1 && k.misses == 3 && k.hits == 0,
+              "used %llu sync %llu misses %llu hits %llu", (unsigned long long)k.lookahead_used,
+              (unsigned long long)k.sync_reads, (unsigned long long)k.misses, (unsigned long long)k.hits);
+        check_identities(c, acquires, "lookahead used");
+    }
+    kvl_expert_cache_free(c);
+
+    c = make_cache(s, 2, 2);
+    if (!c) return;
+    {
+        /* a batch larger than the cache: its pending misses come first, nothing is predicted */
+        int batch[4] = {0, 1, 2, 3}, guess[1] = {5}, e;
+        kvl_expert_cache_prefetch(c, 1, batch, 4);
+        kvl_expert_cache_lookahead(c, 2, guess, 1);
+        for (e = 0; e < 4; e++) {
+            CHECK(kvl_expert_cache_acquire(c, 1, e, &v0) == KVL_OK && view_matches(&v0, 1, e), "batch 1,%d", e);
+            kvl_expert_cache_release(c, 1, e);
+        }
+        kvl_expert_cache_counters_get(c, &k);
+        CHECK(k.lookahead_issued == 0 && k.prefetch_served == 4, "pending batch: lookahead issued %llu, served %llu",
+              (unsigned long long)k.lookahead_issued, (unsigned long long)k.prefetch_served);
+        /* extents of the predicted layer are left alone: both slots hold layer 2 */
+        kvl_expert_cache_counters k0;
+        CHECK(probe(c, 2, 0) == 0 && probe(c, 2, 1) == 0, "fill with layer 2");
+        kvl_expert_cache_counters_get(c, &k0);
+        kvl_expert_cache_lookahead(c, 2, guess, 1);
+        kvl_expert_cache_counters_get(c, &k);
+        CHECK(k.lookahead_issued == 0 && k.evictions == k0.evictions, "no victim in the predicted layer: issued %llu",
+              (unsigned long long)k.lookahead_issued);
+        kvl_expert_cache_lookahead(c, 3, guess, 1); /* another layer's guess may take the colder one */
+        wait_reads(c);
+        kvl_expert_cache_counters_get(c, &k);
+        CHECK(k.lookahead_issued == 1 && k.lookahead_unclaimed == 1 && k.evictions == k0.evictions + 1,
+              "guess for layer 3 evicted a layer-2 extent: issued %llu", (unsigned long long)k.lookahead_issued);
+        CHECK(resident(c, 2, 0) + resident(c, 2, 1) == 1, "one layer-2 extent left");
+    }
+    kvl_expert_cache_free(c);
+
+    c = make_cache(s, 3, 2);
+    if (!c) return;
+    {
+        /* an unused prediction goes first: (3,0) was prefetched and never acquired (no use at
+         * all, the coldest extent by frequency), (2,5) acquired before and predicted again; when
+         * layer 2 routes to 6 instead, (2,5) is evicted for it and (3,0) stays */
+        int one[1] = {0}, five[1] = {5}, six[1] = {6};
+        acquires = 0;
+        CHECK(probe(c, 2, 5) == 0, "2,5 read once");
+        CHECK(probe(c, 1, 0) == 0 && probe(c, 1, 1) == 0, "1,0 and 1,1");
+        CHECK(probe(c, 1, 2) == 0, "1,2 evicts the oldest, 2,5");
+        acquires += 4;
+        CHECK(resident(c, 2, 5) == 0, "2,5 evicted");
+        kvl_expert_cache_prefetch(c, 3, one, 1);
+        wait_reads(c);
+        kvl_expert_cache_lookahead(c, 2, five, 1);
+        wait_reads(c);
+        kvl_expert_cache_counters_get(c, &k);
+        CHECK(k.lookahead_issued == 1 && k.lookahead_unclaimed == 1, "the guess is read, not yet used");
+        kvl_expert_cache_prefetch(c, 2, six, 1); /* layer 2 routes elsewhere */
+        wait_reads(c);
+        kvl_expert_cache_counters_get(c, &k);
+        CHECK(k.lookahead_issued == 1 && k.lookahead_wasted == 1 && k.lookahead_used == 0 &&
+                  k.lookahead_cancelled == 0 && k.lookahead_unclaimed == 0,
+              "unused guess evicted: issued %llu wasted %llu used %llu cancelled %llu unclaimed %llu",
+              (unsigned long long)k.lookahead_issued, (unsigned long long)k.lookahead_wasted,
+              (unsigned long long)k.lookahead_used, (unsigned long long)k.lookahead_cancelled,
+              (unsigned long long)k.lookahead_unclaimed);
+        CHECK(resident(c, 3, 0) == 1, "the colder prefetched extent stays");
+        CHECK(kvl_expert_cache_acquire(c, 2, 6, &v0) == KVL_OK && view_matches(&v0, 2, 6), "2,6 served");
+        kvl_expert_cache_release(c, 2, 6);
+        acquires += 2; /* resident(3,0) acquired once */
+        check_identities(c, acquires, "lookahead wasted");
+    }
+    kvl_expert_cache_free(c);
+}
+
 /* ------------------------------------------------------------------ CRC on first read */
 
 /* A copy of the store with one bit of extent (2, 5) flipped (past its first page, so that in the
@@ -512,7 +653,13 @@ static KVL_THREAD_RET KVL_THREAD_CALL worker(void *p) {
             for (j = 0; j < n; j++) dup |= ids[j] == e;
             if (!dup) ids[n++] = e;
         }
-        if (a->use_prefetch && (rnd(&r) & 1)) kvl_expert_cache_prefetch(a->cache, layer, ids, k);
+        if (a->use_prefetch && (rnd(&r) & 1)) {
+            kvl_expert_cache_prefetch(a->cache, layer, ids, k);
+            if (rnd(&r) & 1) { /* a guess for another layer, as model.c's predict_next makes */
+                int guess[2] = {(int)(rnd(&r) % N_EXPERTS), (int)(rnd(&r) % N_EXPERTS)};
+                kvl_expert_cache_lookahead(a->cache, 1 + layer % (N_LAYERS - 1), guess, 2);
+            }
+        }
         for (j = 0; j < k; j++) {
             kvl_status st = kvl_expert_cache_acquire(a->cache, layer, ids[j], &v[j]);
             held[j] = st == KVL_OK;
@@ -571,6 +718,73 @@ static void check_threads(kvl_store *s, int slots, int use_prefetch, int iterati
     kvl_expert_cache_free(c);
 }
 
+/* Q4 extents: layer 1, experts 0 and 1, I = 32, H = 64; FORMAT.md's offsets by hand: q blocks of
+ * 32*64/2 = 1024 bytes at 0, 1024, 2048, BF16 scale blocks of 2*(32*64/32) = 128 bytes at 3072,
+ * 3200, 3328; 3456 bytes, one page a slot. mixed: expert 1 is a Q8 extent of the same shape. */
+static void check_q4(int mixed) {
+    enum { QI = 32, QH = 64, Q4_NBYTES = 3456 };
+    const uint64_t nb[2] = {Q4_NBYTES, mixed ? q8_nbytes(QI, QH) : Q4_NBYTES};
+    const uint64_t off[2] = {0, a4k(nb[0])}, bin_len = a4k(off[1] + nb[1]);
+    unsigned char *bin = (unsigned char *)calloc((size_t)bin_len, 1);
+    size_t idx_len = idx_len_for(1, 2, 2);
+    unsigned char *idx = (unsigned char *)calloc(idx_len, 1);
+    char qidx[512], qbin[512], err[512];
+    rng r = {0x13198A2E03707344ull};
+    for (uint64_t i = 0; i < bin_len; i++) bin[i] = (unsigned char)rnd(&r);
+    idx_put_header(idx, 2, bin_len, 1, 2, 2, NULL);
+    put32(idx + 8, 3); /* Q4_EXPERT needs format version 3 */
+    idx_put_hparam(idx + 128, "text.hidden_size", 64.0);
+    for (int e = 0; e < 2; e++) {
+        char name[128];
+        const uint64_t shape[4] = {1, (uint64_t)e, QI, QH};
+        snprintf(name, sizeof name, "language_model.model.layers.1.mlp.experts.%d", e);
+        idx_put_record(idx + 128 + 64 + 192 * (size_t)e, name, mixed && e == 1 ? 3 : 5, 4, shape, off[e],
+                       nb[e], ref_crc32(bin + off[e], (size_t)nb[e]));
+    }
+    memcpy(idx + idx_len - 2, "{}", 2);
+    idx_seal(idx, idx_len);
+    snprintf(qidx, sizeof qidx, "%s/q4.idx", dir_path);
+    snprintf(qbin, sizeof qbin, "%s/q4.bin", dir_path);
+    CHECK(write_file(qidx, idx, idx_len) == 0 && write_file(qbin, bin, (size_t)bin_len) == 0, "write q4 store");
+    kvl_store *s = NULL;
+    kvl_status st = kvl_store_open(qidx, qbin, 2, KVL_IO_AUTO, &s, err, sizeof err);
+    CHECK(st == KVL_OK && s, "open q4 store: %s", err);
+    if (s) {
+        kvl_expert_cache *c = NULL;
+        st = kvl_expert_cache_create(s, 2, 2, 2 * 4096, 1, 2, &c, err, sizeof err);
+        if (mixed) {
+            CHECK(st == KVL_ERR_FORMAT && c == NULL && strstr(err, qbin) &&
+                      strstr(err, "language_model.model.layers.1.mlp.experts.1") && strstr(err, "all Q8 or all Q4"),
+                  "mixed Q8 and Q4 extents: %d %s", (int)st, err);
+        } else {
+            CHECK(st == KVL_OK && c, "create q4 cache: %s", err);
+        }
+        for (int e = 0; c && e < 2; e++) {
+            kvl_expert_view v;
+            const unsigned char *x = bin + off[e];
+            CHECK(kvl_expert_cache_acquire(c, 1, e, &v) == KVL_OK, "acquire q4 %d", e);
+            CHECK(v.dtype == KVL_DTYPE_Q4_EXPERT, "q4 view dtype %u", v.dtype);
+            CHECK(memcmp(v.gate_q, x, 1024) == 0 && memcmp(v.up_q, x + 1024, 1024) == 0 &&
+                      memcmp(v.down_q, x + 2048, 1024) == 0 && memcmp(v.gate_s, x + 3072, 128) == 0 &&
+                      memcmp(v.up_s, x + 3200, 128) == 0 && memcmp(v.down_s, x + 3328, 128) == 0,
+                  "q4 view %d holds FORMAT.md's sub-blocks", e);
+            CHECK((const unsigned char *)v.down_s - (const unsigned char *)v.gate_q == 3328, "q4 view offsets");
+            kvl_expert_cache_release(c, 1, e);
+        }
+        if (c) {
+            kvl_expert_cache_counters k;
+            kvl_expert_cache_counters_get(c, &k);
+            CHECK(k.extent_bytes == 4096 && k.corrupt_reads == 0, "q4 slot bytes %llu", (unsigned long long)k.extent_bytes);
+        }
+        kvl_expert_cache_free(c);
+        kvl_store_close(s);
+    }
+    remove(qidx);
+    remove(qbin);
+    free(idx);
+    free(bin);
+}
+
 int main(void) {
     const char *base = getenv("KVL_TEST_TMP");
     const char *iters_env = getenv("KVL_TEST_ITERS");
@@ -612,7 +826,10 @@ int main(void) {
         check_pinning(s, 0);
         check_pinning(s, 2);
         check_prefetch(s);
+        check_lookahead(s);
         check_corrupt();
+        check_q4(0);
+        check_q4(1);
         for (b = 0; b < sizeof budgets / sizeof budgets[0]; b++) {
             check_threads(s, budgets[b], 0, iterations);
             check_threads(s, budgets[b], 1, iterations);

@@ -574,6 +574,175 @@ static void report_int_accuracy(const kvl_kernels *K)
     free(Yf);
 }
 
+/* ---- Q4 weights ------------------------------------------------------------------------- */
+
+/* The format's definition (q4-spec / kernels.h), written here without the code under test: in
+ * group g = c / 32 of row r, byte (c % 32) % 16 of the group's 16 bytes holds column c in its low
+ * nibble when c % 32 < 16, else in its high nibble; the weight is (nibble - 8) times the group's
+ * BF16 scale. */
+static int q4_nibble(const uint8_t *W, size_t cols, size_t r, size_t c)
+{
+    const uint8_t byte = W[r * (cols / 2) + 16 * (c / 32) + (c % 32) % 16];
+    return c % 32 < 16 ? byte & 15 : byte >> 4;
+}
+static double q4_scale(const uint16_t *S, size_t cols, size_t r, size_t c)
+{
+    return bf16_value(S[r * (cols / 32) + c / 32]);
+}
+
+enum { Q4_F32, Q4_XB, Q4_I16, Q4_I8 };
+static const char *q4_name[] = {"matmul_q4", "matmul_q4_xb", "matmul_q4_i16", "matmul_q4_i8"};
+
+/* One Q4 product on one table against the scalar table and against the definition.
+ * extreme: every nibble 0 or 15 (q = -8 or 7), activations at their limits (+-32767 / +-127 of
+ * one sign per column; matmul_q4 / _xb: +-1 and large), so the int32 group sums sit at the top of
+ * their range and every 8-bit dot product's pair at its largest. Scales are BF16 of both signs.
+ * Bounds (u = 2^-24, S = sum |w x| of the dequantised terms): matmul_q4 / _xb, the scalar table
+ * sums each group's 32 products in FP32, multiplies by the scale and adds to one FP32
+ * accumulator: within (cols + 2) u S of the exact sum; a SIMD table splits the same terms into
+ * >= 4 lanes (each group's partial sums, one scale multiply, the group chain of cols / 32 adds)
+ * plus horizontal adds: within (cols / 8 + 16) u S. matmul_q4_i16 / _i8: bit for bit against the
+ * scalar table and against kernels.h's arithmetic evaluated here (int64 group sums, the FP32
+ * operations in its order), and the scalar table within (nb + 6) u S of the exact product of the
+ * dequantised weights and the quantised activations (each block: the sum rounded to FP32, two
+ * scale products, their sum, the activation scale product, then one add per block). */
+static void test_q4(const kvl_kernels *K, const kvl_kernels *ref, int mode, size_t rows, size_t cols,
+                    size_t n, int extreme)
+{
+    const size_t ldx = cols + 5, ldy = rows + 3, ng = cols / 32, nb = (cols + 63) / 64;
+    const int integer = mode == Q4_I16 || mode == Q4_I8, xb = mode == Q4_XB;
+    const int lim = mode == Q4_I8 ? KVL_I8_MAX : KVL_I16_Q8_MAX;
+    uint8_t *W = (uint8_t *)xmalloc(rows * cols / 2);
+    uint16_t *S = (uint16_t *)xmalloc(rows * ng * sizeof(uint16_t));
+    float *X = (float *)xmalloc(n * ldx * sizeof(float));
+    int16_t *Xq = (int16_t *)xmalloc(n * ldx * sizeof(int16_t));
+    float *xs = (float *)xmalloc(n * nb * sizeof(float));
+    float *Y = (float *)xmalloc(n * ldy * sizeof(float));
+    float *Yr = (float *)xmalloc(n * ldy * sizeof(float));
+    signed char *sg = (signed char *)xmalloc(cols);
+    for (size_t c = 0; c < cols; c++)
+        sg[c] = (rnd32() & 1) ? 1 : -1;
+    for (size_t i = 0; i < rows * cols / 2; i++) {
+        if (extreme) /* nibbles 0 and 15 only: one per row mostly, so the sums are large */
+            W[i] = (uint8_t)(((i / (cols / 2)) & 1) ? (i % 7 == 3 ? 0x0f : 0xff) : (i % 5 == 2 ? 0xf0 : 0x00));
+        else
+            W[i] = (uint8_t)rnd32();
+    }
+    for (size_t i = 0; i < rows * ng; i++) {
+        float v = (0.002f + (float)(rnd32() % 1000) * 1e-5f) * ((rnd32() & 3) == 0 ? -1.0f : 1.0f);
+        if (i % 11 == 4)
+            v = 0.0f; /* an all-zero group */
+        S[i] = (uint16_t)(f_to_bits(v) >> 16);
+    }
+    for (size_t i = 0; i < n * ldx; i++) {
+        X[i] = extreme ? (float)sg[i % ldx < cols ? i % ldx : 0] * ((i % ldx) % 9 == 0 ? 300.0f : 1.0f) : rnd_normalish();
+        if (xb && i % 7 == 3) /* BF16 rounding ties and subnormals, as test_matmul */
+            X[i] = bits_to_f((f_to_bits(X[i]) & 0xffff0000u) | 0x8000u);
+        if (xb && i % 13 == 5)
+            X[i] = bits_to_f((rnd32() & 0x807fffffu) | 1u);
+    }
+    if (integer) {
+        if (extreme) {
+            for (size_t t = 0; t < n; t++) {
+                for (size_t c = 0; c < cols; c++)
+                    Xq[t * ldx + c] = (int16_t)(sg[c] * lim);
+                for (size_t b = 0; b < nb; b++)
+                    xs[t * nb + b] = ldexpf(1.0f + (float)((t + b) % 8) / 8.0f, -14);
+            }
+        } else {
+            ref->quantize_i16_act(Xq, xs, X, cols, n, ldx, ldx, KVL_I16_BLOCK, lim);
+        }
+    }
+    for (size_t i = 0; i < n * ldy; i++)
+        Y[i] = Yr[i] = 12345.0f;
+    const kvl_kernels *tabs[2] = {K, ref};
+    float *outs[2] = {Y, Yr};
+    for (int k = 0; k < 2; k++) {
+        if (mode == Q4_F32)
+            tabs[k]->matmul_q4(outs[k], ldy, W, S, rows, cols, X, ldx, n);
+        else if (mode == Q4_XB)
+            tabs[k]->matmul_q4_xb(outs[k], ldy, W, S, rows, cols, X, ldx, n);
+        else if (mode == Q4_I16)
+            tabs[k]->matmul_q4_i16(outs[k], ldy, W, S, rows, cols, Xq, xs, ldx, n);
+        else
+            tabs[k]->matmul_q4_i8(outs[k], ldy, W, S, rows, cols, Xq, xs, ldx, n);
+    }
+    int ok = 1, ok_ref = 1, ok_gap = 1;
+    double bad_a = 0, bad_b = 0;
+    for (size_t t = 0; t < n; t++) {
+        for (size_t r = 0; r < rows; r++) {
+            const double y = Y[t * ldy + r], yr = Yr[t * ldy + r];
+            double exact = 0.0, mag = 0.0;
+            for (size_t c = 0; c < cols; c++) {
+                const double w = (double)(q4_nibble(W, cols, r, c) - 8) * q4_scale(S, cols, r, c);
+                const double xv = integer ? (double)Xq[t * ldx + c] * (double)xs[t * nb + c / 64]
+                                  : xb    ? bf16_round_daz_independent(X[t * ldx + c])
+                                          : (double)X[t * ldx + c];
+                exact += w * xv;
+                mag += fabs(w * xv);
+            }
+            if (integer) {
+                float acc = 0.0f;
+                for (size_t b = 0; b < nb; b++) {
+                    int64_t s0 = 0, s1 = 0;
+                    for (size_t c = 64 * b; c < 64 * b + 32; c++)
+                        s0 += (int64_t)(q4_nibble(W, cols, r, c) - 8) * Xq[t * ldx + c];
+                    float p = (float)s0 * (float)q4_scale(S, cols, r, 64 * b);
+                    if (64 * b + 32 < cols) {
+                        for (size_t c = 64 * b + 32; c < 64 * b + 64; c++)
+                            s1 += (int64_t)(q4_nibble(W, cols, r, c) - 8) * Xq[t * ldx + c];
+                        const float p1 = (float)s1 * (float)q4_scale(S, cols, r, 64 * b + 32);
+                        p = p + p1;
+                    }
+                    const float q = p * xs[t * nb + b];
+                    acc = acc + q;
+                }
+                if (f_to_bits(Y[t * ldy + r]) != f_to_bits(acc) || f_to_bits(Yr[t * ldy + r]) != f_to_bits(acc)) {
+                    ok = 0;
+                    bad_a = y;
+                    bad_b = acc;
+                }
+                if (fabs(yr - exact) > ((double)nb + 6.0) * U * mag + 1e-30) {
+                    ok_ref = 0;
+                    bad_a = yr;
+                    bad_b = exact;
+                }
+            } else {
+                const double b_simd = ((double)cols / 8.0 + 16.0) * U * mag + 1e-30;
+                const double b_ref = ((double)cols + 2.0) * U * mag + 1e-30;
+                if (fabs(yr - exact) > b_ref) {
+                    ok_ref = 0;
+                    bad_a = yr;
+                    bad_b = exact;
+                }
+                if (K != ref && (fabs(y - exact) > b_simd || fabs(y - yr) > b_simd + b_ref)) {
+                    ok = 0;
+                    bad_a = y;
+                    bad_b = exact;
+                }
+            }
+        }
+        for (size_t r = rows; r < ldy; r++)
+            if (Y[t * ldy + r] != 12345.0f)
+                ok_gap = 0;
+    }
+    char what[128];
+    snprintf(what, sizeof what, "%s%s rows=%zu cols=%zu n=%zu", q4_name[mode], extreme ? " (extreme)" : "", rows,
+             cols, n);
+    check(ok, K->name, what, "got %.9g want %.9g", bad_a, bad_b);
+    if (K == ref)
+        check(ok_ref, "scalar", what, "reference %.9g, exact %.9g", bad_a, bad_b);
+    check(ok_gap, K->name, what, "wrote outside rows (%g %g)", 0, 0);
+    free(W);
+    free(S);
+    free(X);
+    free(Xq);
+    free(xs);
+    free(Y);
+    free(Yr);
+    free(sg);
+}
+
 /* ---- vector ops ------------------------------------------------------------------------ */
 
 /* q8_to_f32 against its definition, (float)w * scale rounded once, bit for bit, over every int8
@@ -1058,6 +1227,33 @@ int main(void)
         test_int_matmul(K, ref, 2, 2, 16500, 1, 1);
         test_int_matmul(K, ref, 2, 43, 11264, 1, 0);
         report_int_accuracy(K);
+        /* Q4 products: rows around the row tiles (4 / 8 rows), cols = 32 (one group: the last
+         * activation block holds one group), 64, 96, 160, 192 and 224 (the decode's 128- or
+         * 64-column steps with a last step of two or three groups), the expert widths 1408 and
+         * 2048, and 1440 (45 groups); every n in 1..5 */
+        static const size_t q4rows[] = {1, 3, 4, 5, 9, 13, 17, 29};
+        static const size_t q4cols[] = {32, 64, 96, 160, 192, 224, 1408, 1440, 2048};
+        for (int mode = Q4_F32; mode <= Q4_I8; mode++) {
+            for (size_t a = 0; a < sizeof q4rows / sizeof q4rows[0]; a++)
+                for (size_t b = 0; b < sizeof q4cols / sizeof q4cols[0]; b++)
+                    for (size_t nn = 1; nn <= 5; nn++) {
+                        if (q4cols[b] >= 1408 && q4rows[a] > 5 && nn % 2 == 0)
+                            continue; /* run time */
+                        test_q4(K, ref, mode, q4rows[a], q4cols[b], nn, 0);
+                    }
+            for (size_t b = 0; b < sizeof q4cols / sizeof q4cols[0]; b++) {
+                test_q4(K, ref, mode, 13, q4cols[b], 1, 1);
+                test_q4(K, ref, mode, 9, q4cols[b], 3, 1);
+            }
+            test_q4(K, ref, mode, 37, 2048, 1, 0); /* several row tiles of a pass */
+            /* decode: SIMD128's passes of eight rows `step` apart, then of four, then the rest */
+            test_q4(K, ref, mode, 70, 2048, 1, 0);
+            test_q4(K, ref, mode, 33, 4160, 2, 1);
+            /* decode over more than one chunk of laid-out activations (4096 columns), the last
+             * chunk of two groups or of one */
+            test_q4(K, ref, mode, 19, 4160, 1, 1);
+            test_q4(K, ref, mode, 11, 8224, 1, 0);
+        }
         static const size_t vn[] = {0, 1, 3, 15, 16, 17, 31, 33, 64, 65, 257, 2048, 2051};
         for (size_t i = 0; i < sizeof vn / sizeof vn[0]; i++) {
             test_vec(K, vn[i]);

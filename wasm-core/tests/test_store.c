@@ -359,6 +359,105 @@ static void check_q8_rows(const char *dir, q8_rows_case c) {
     free(b.bin);
 }
 
+/* ------------------------------------------------------------------ Q4_EXPERT (format version 3) */
+
+/* An experts store of Q4 extents (kvl pack --expert-dtype q4), I = 32, H = 64: nbytes by
+ * test_bytes.h's q4_nbytes, 3456 by hand below */
+#define Q4_I 32
+#define Q4_H 64
+static spec_tensor q4_tensors[] = {
+    {"language_model.model.layers.1.mlp.experts.0", KVL_DTYPE_Q4_EXPERT, 4, {1, 0, Q4_I, Q4_H}, 0},
+    {"language_model.model.layers.1.mlp.experts.1", KVL_DTYPE_Q4_EXPERT, 4, {1, 1, Q4_I, Q4_H}, 0},
+    {"language_model.model.layers.2.mlp.experts.0", KVL_DTYPE_Q4_EXPERT, 4, {2, 0, Q4_I, Q4_H}, 0},
+};
+#define N_Q4 (sizeof q4_tensors / sizeof q4_tensors[0])
+
+typedef enum {
+    Q4_VALID, Q4_VALID_MIXED, Q4_VERSION2, Q4_VERSION1, Q4_NBYTES, Q4_I_NOT_32, Q4_H_NOT_32, Q4_NDIM3,
+    Q4_ZERO_I, Q4_HUGE_H, Q4_COUNT
+} q4_case;
+static const char *q4_case_name[Q4_COUNT] = {
+    "valid v3", "valid v3, Q8 and Q4 records", "Q4_EXPERT in a version-2 index",
+    "Q4_EXPERT in a version-1 index", "Q4 nbytes", "Q4 I = 48", "Q4 H = 40", "Q4 ndim 3", "Q4 I = 0",
+    "Q4 H > 2^24"};
+
+/* Each case on record 1 (the version on every record): opens (valid; the store does not mind Q8 and Q4 extents side by side,
+ * the engine does), or fails with a FORMAT error whose message names the index file, the tensor
+ * and, where there is one, the rule. */
+static void check_q4_experts(const char *dir, q4_case c) {
+    built_store b;
+    spec_tensor ts[N_Q4];
+    char idx[512], bin[512], err[512];
+    kvl_store *s = NULL;
+    kvl_status st;
+    const char *reason = NULL;
+    memcpy(ts, q4_tensors, sizeof ts);
+    for (size_t i = 0; i < N_Q4; i++) ts[i].nbytes = q4_nbytes(Q4_I, Q4_H);
+    if (c == Q4_VALID_MIXED) {
+        ts[2].dtype = KVL_DTYPE_Q8_EXPERT;
+        ts[2].nbytes = q8_nbytes(Q4_I, Q4_H);
+    }
+    build(&b, 2, ts, N_Q4);
+    put32(b.idx + 8, 3);
+    switch (c) {
+    case Q4_VERSION2: put32(b.idx + 8, 2); reason = "needs format version 3"; break;
+    case Q4_VERSION1: put32(b.idx + 8, 1); reason = "needs format version 3"; break;
+    case Q4_NBYTES: put64(rec_at(&b, 1) + 176, q4_nbytes(Q4_I, Q4_H) - 2); reason = "nbytes"; break;
+    case Q4_I_NOT_32: put64(rec_at(&b, 1) + 136 + 16, 48); reason = "multiples of 32"; break;
+    case Q4_H_NOT_32: put64(rec_at(&b, 1) + 136 + 24, 40); reason = "multiples of 32"; break;
+    case Q4_NDIM3: put32(rec_at(&b, 1) + 132, 3); put64(rec_at(&b, 1) + 136 + 24, 0); break;
+    case Q4_ZERO_I: put64(rec_at(&b, 1) + 136 + 16, 0); break;
+    case Q4_HUGE_H: put64(rec_at(&b, 1) + 136 + 24, ((uint64_t)1 << 24) + 32); break;
+    default: break;
+    }
+    idx_seal(b.idx, b.idx_len);
+    snprintf(idx, sizeof idx, "%s/q4.idx", dir);
+    snprintf(bin, sizeof bin, "%s/q4.bin", dir);
+    write_file(idx, b.idx, b.idx_len);
+    write_file(bin, b.bin, b.bin_len);
+    st = kvl_store_open(idx, bin, 2, KVL_IO_AUTO, &s, err, sizeof err);
+    if (c == Q4_VALID || c == Q4_VALID_MIXED) {
+        CHECK(st == KVL_OK && s, "%s: open: %s", q4_case_name[c], err);
+        if (s) {
+            const kvl_tensor_rec *r = kvl_store_find(s, "language_model.model.layers.1.mlp.experts.1");
+            check_contents(s, &b, ts, N_Q4, q4_case_name[c]);
+            CHECK(r && r->dtype == KVL_DTYPE_Q4_EXPERT && r->nbytes == 3456, "%s: Q4 record", q4_case_name[c]);
+            kvl_store_close(s);
+        }
+    } else {
+        CHECK(st == KVL_ERR_FORMAT && s == NULL, "%s: status %d (%s)", q4_case_name[c], (int)st, err);
+        /* the version rule fires on the first Q4 record, the others on record 1 */
+        const char *who = c == Q4_VERSION2 || c == Q4_VERSION1 ? ts[0].name : ts[1].name;
+        CHECK(strstr(err, idx) && strstr(err, who), "%s: message names the file and %s: '%s'", q4_case_name[c],
+              who, err);
+        if (reason) CHECK(strstr(err, reason) != NULL, "%s: message says '%s': '%s'", q4_case_name[c], reason, err);
+        if (getenv("KVL_TEST_VERBOSE")) printf("  %-26s -> %s\n", q4_case_name[c], err);
+    }
+    remove(idx);
+    remove(bin);
+    free(b.idx);
+    free(b.bin);
+}
+
+static void check_q4_layout(void) {
+    kvl_q4_layout lay;
+    /* FORMAT.md by hand for I = 32, H = 64: q blocks 32*64/2 = 1024 bytes, scale blocks
+     * 2*(32*64/32) = 128 bytes, every offset already a multiple of 64 */
+    kvl_q4_layout_of(Q4_I, Q4_H, &lay);
+    CHECK(lay.gate_q == 0 && lay.up_q == 1024 && lay.down_q == 2048 && lay.gate_s == 3072 &&
+              lay.up_s == 3200 && lay.down_s == 3328 && lay.nbytes == 3456,
+          "q4 layout %llu %llu %llu %llu %llu %llu", (unsigned long long)lay.up_q,
+          (unsigned long long)lay.down_q, (unsigned long long)lay.gate_s, (unsigned long long)lay.up_s,
+          (unsigned long long)lay.down_s, (unsigned long long)lay.nbytes);
+    CHECK(q4_nbytes(Q4_I, Q4_H) == 3456 && q4_nbytes(1408, 2048) == 4866048, "the test's own q4 size");
+    kvl_q4_layout_of(1408, 2048, &lay);
+    CHECK(lay.nbytes == 4866048, "q4 layout of the full-size model's expert: %llu", (unsigned long long)lay.nbytes);
+    kvl_q4_layout_of(48, 64, &lay);
+    CHECK(lay.nbytes == 0 && lay.up_q == 0, "q4 layout of I = 48 is empty");
+    kvl_q4_layout_of(32, 0, &lay);
+    CHECK(lay.nbytes == 0, "q4 layout of H = 0 is empty");
+}
+
 /* ------------------------------------------------------------------ corruptions */
 
 typedef enum {
@@ -393,7 +492,7 @@ static void check_corruption(const char *dir, corruption c) {
     must_name = idx;
     switch (c) {
     case C_MAGIC: b.idx[3] = 'X'; break;
-    case C_VERSION: put32(b.idx + 8, 3); break; /* 1 and 2 are read */
+    case C_VERSION: put32(b.idx + 8, 4); break; /* 1, 2 and 3 are read */
     case C_KIND: put32(b.idx + 12, 9); break;
     case C_CRC: b.idx[b.idx_len - 2] ^= 0x20; refix = 0; break;
     case C_TRUNC_IDX: idx_len -= 1; refix = 0; break;
@@ -413,7 +512,7 @@ static void check_corruption(const char *dir, corruption c) {
     case C_NBYTES: put64(rec_at(&b, 0) + 176, 32); break;
     case C_UNTERMINATED: memset(rec_at(&b, 1), 'a', 128); break;
     case C_EMPTY_NAME: memset(rec_at(&b, 1), 0, 128); break;
-    case C_DTYPE: put32(rec_at(&b, 0) + 128, 5); break; /* 4 is Q8_ROWS (check_q8_rows) */
+    case C_DTYPE: put32(rec_at(&b, 0) + 128, 6); break; /* 4 Q8_ROWS, 5 Q4_EXPERT (check_q8_rows, check_q4_experts) */
     case C_NDIM0: put32(rec_at(&b, 1) + 132, 0); break;
     case C_NDIM5: put32(rec_at(&b, 1) + 132, 5); break;
     case C_UNUSED_DIM: put64(rec_at(&b, 1) + 136 + 8, 1); break; /* ndim 1, shape[1] = 1 */
@@ -437,6 +536,9 @@ static void check_corruption(const char *dir, corruption c) {
     CHECK(st == want, "%s: status %d, want %d (%s)", corruption_name[c], (int)st, (int)want, err);
     CHECK(s == NULL, "%s: out is NULL on failure", corruption_name[c]);
     CHECK(strstr(err, must_name) != NULL, "%s: message names %s: '%s'", corruption_name[c], must_name, err);
+    if (c == C_VERSION)
+        CHECK(strstr(err, "format version 4") && strstr(err, "reads versions 1, 2 and 3"),
+              "the version refusal lists the versions read: '%s'", err);
     if (getenv("KVL_TEST_VERBOSE")) printf("  %-26s -> %s\n", corruption_name[c], err);
     if (s) kvl_store_close(s);
     remove(idx);
@@ -525,6 +627,8 @@ int main(void) {
     check_valid_experts(dir);
     for (c = 0; c < C_COUNT; c++) check_corruption(dir, (corruption)c);
     for (c = 0; c < Q_COUNT; c++) check_q8_rows(dir, (q8_rows_case)c);
+    check_q4_layout();
+    for (c = 0; c < Q4_COUNT; c++) check_q4_experts(dir, (q4_case)c);
 #ifndef _WIN32
     check_truncated_after_open(dir);
 #endif

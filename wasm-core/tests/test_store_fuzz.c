@@ -1,12 +1,13 @@
 /* test_store_fuzz.c — deterministic mutation fuzzing of the index parser (store.c).
  *
- * Owns: a compact writer of small valid stores (a trunk-like BF16/F32 store and an experts store
- * of Q8 extents, docs/FORMAT.md; its own byte layout code and bitwise CRC-32, nothing shared with
+ * Owns: a compact writer of small valid stores (a trunk-like BF16/F32 store, an experts store
+ * of Q8 extents and one of Q4 extents (format version 3), docs/FORMAT.md; its own byte layout code and bitwise CRC-32, nothing shared with
  * store.c), a seeded mutator (bit flips, byte sets, truncations, extensions, field-targeted edits
  * of header counts / offsets / nbytes / shape / ndim / dtype, record swaps and size-consistent
  * record drops and duplications, .bin size changes), and the oracle every mutated store must
  * satisfy: kvl_store_open either succeeds and then every record is inside the .bin, 4096-aligned,
- * sorted without overlap, sized exactly by its dtype and shape, findable by name and readable,
+ * sorted without overlap, sized exactly by its dtype and shape, of a dtype its index's version
+ * holds (Q8_ROWS from 2, Q4_EXPERT from 3), findable by name and readable,
  * or it fails with out == NULL and a non-empty message naming the .idx or the .bin.
  * The index CRC is recomputed after most mutations: otherwise the CRC check would reject them all
  * and the validation behind it would go untested. Crashes, leaks and out-of-bounds reads are the
@@ -81,6 +82,10 @@ static const spec TRUNK[] = {
 #define EXP_H 7
 static char expert_names[N_EXPERT_RECS][64];
 static spec EXPERTS[N_EXPERT_RECS];
+/* the same names as Q4 extents: I and H whole groups of 32 */
+#define Q4_I 32
+#define Q4_H 32
+static spec EXPERTS_Q4[N_EXPERT_RECS];
 
 static const char *HP_KEYS[] = {"text.hidden_size", "text.moe_intermediate_size", "text.n_routed_experts",
                                 "text.rms_norm_eps", "media_placeholder_token_id"};
@@ -97,6 +102,7 @@ typedef struct image {
 
 static uint64_t spec_nbytes(const spec *t) {
     if (t->dtype == KVL_DTYPE_Q8_EXPERT) return q8_nbytes(t->shape[2], t->shape[3]);
+    if (t->dtype == KVL_DTYPE_Q4_EXPERT) return q4_nbytes(t->shape[2], t->shape[3]);
     {
         uint64_t n = t->dtype == KVL_DTYPE_BF16 ? 2 : 4;
         uint32_t d;
@@ -311,7 +317,7 @@ static void mutate(buf *b, size_t *bin_len) {
         if (ro) put32(b->p + ro + 132, rnd(3) ? rnd(6) : interesting32(get32(b->p + ro + 132)));
         break;
     case M_REC_DTYPE:
-        if (ro) put32(b->p + ro + 128, rnd(3) ? rnd(5) : interesting32(get32(b->p + ro + 128)));
+        if (ro) put32(b->p + ro + 128, rnd(3) ? rnd(6) : interesting32(get32(b->p + ro + 128)));
         break;
     case M_REC_SWAP: {
         size_t o2 = rec_off(b, nt ? rnd(nt) : 0);
@@ -429,6 +435,17 @@ static uint64_t expected_nbytes(const kvl_tensor_rec *r) {
         if (r->shape[2] > (1u << 24) || r->shape[3] > (1u << 24)) return 0; /* would overflow here */
         return q8_nbytes(r->shape[2], r->shape[3]);
     }
+    if (r->dtype == KVL_DTYPE_Q4_EXPERT) {
+        if (r->ndim != 4 || r->shape[2] == 0 || r->shape[3] == 0) return 0;
+        if (r->shape[2] > (1u << 24) || r->shape[3] > (1u << 24)) return 0;
+        if (r->shape[2] % 32 != 0 || r->shape[3] % 32 != 0) return 0;
+        return q4_nbytes(r->shape[2], r->shape[3]);
+    }
+    if (r->dtype == KVL_DTYPE_Q8_ROWS) {
+        if (r->ndim != 2 || r->shape[0] == 0 || r->shape[1] == 0) return 0;
+        if (r->shape[0] > (1u << 24) || r->shape[1] > (1u << 24)) return 0;
+        return a64(r->shape[0] * r->shape[1]) + 4 * r->shape[0];
+    }
     if (r->dtype != KVL_DTYPE_BF16 && r->dtype != KVL_DTYPE_F32) return 0;
     n = r->dtype == KVL_DTYPE_BF16 ? 2 : 4;
     for (d = 0; d < r->ndim; d++) {
@@ -498,6 +515,9 @@ static void check_open(const char *idx_path, const char *bin_path, const buf *id
         CHECK(kvl_store_find(s, r->name) == r, "find(at(%u)->name)", i);
         CHECK(r->ndim >= 1 && r->ndim <= 4, "ndim %u", r->ndim);
         CHECK(r->flags == 0, "flags %u", r->flags);
+        CHECK((r->dtype != KVL_DTYPE_Q8_ROWS || get32(idx->p + 8) >= 2) &&
+                  (r->dtype != KVL_DTYPE_Q4_EXPERT || get32(idx->p + 8) >= 3),
+              "'%s' dtype %u accepted in a version-%u index", r->name, r->dtype, get32(idx->p + 8));
         want = expected_nbytes(r);
         CHECK(want != 0 && r->nbytes == want, "'%s' nbytes %llu, dtype %u and shape need %llu", r->name,
               (unsigned long long)r->nbytes, r->dtype, (unsigned long long)want);
@@ -527,7 +547,7 @@ int main(void) {
     const char *seed_env = getenv("KVL_FUZZ_SEED");
     unsigned long iters = iters_env ? strtoul(iters_env, NULL, 10) : 3000;
     unsigned long accepted = 0, rejected = 0, it;
-    image stores[2];
+    image stores[3];
     buf b = {NULL, 0, 0};
     unsigned char *big_bin = NULL;
     size_t big_cap = 0;
@@ -548,6 +568,15 @@ int main(void) {
     }
     build(&stores[0], 1, TRUNK, (uint32_t)N_TRUNK);
     build(&stores[1], 2, EXPERTS, N_EXPERT_RECS);
+    for (k = 0; k < N_EXPERT_RECS; k++) {
+        EXPERTS_Q4[k] = EXPERTS[k];
+        EXPERTS_Q4[k].dtype = KVL_DTYPE_Q4_EXPERT;
+        EXPERTS_Q4[k].shape[2] = Q4_I;
+        EXPERTS_Q4[k].shape[3] = Q4_H;
+    }
+    build(&stores[2], 2, EXPERTS_Q4, N_EXPERT_RECS);
+    put32(stores[2].idx + 8, 3); /* Q4_EXPERT records need format version 3 */
+    idx_seal(stores[2].idx, stores[2].idx_len);
 
 #ifndef _WIN32
     /* tmpfs by default: thousands of small file rewrites on a real disk cost seconds of I/O wait
@@ -565,7 +594,7 @@ int main(void) {
     snprintf(bin_missing_path, sizeof bin_missing_path, "%s/never-written.bin", dir);
 
     /* the unmutated stores must open (otherwise the fuzzing below proves nothing) */
-    for (k = 0; k < 2; k++) {
+    for (k = 0; k < 3; k++) {
         current_iter = 0;
         b.len = 0;
         buf_insert(&b, 0, stores[k].idx, stores[k].idx_len);
@@ -582,7 +611,7 @@ int main(void) {
     }
 
     for (it = 1; it <= iters; it++) {
-        image *im = &stores[it & 1];
+        image *im = &stores[it % 3];
         size_t bin_len = im->bin_len;
         uint32_t n_mut = 1 + rnd(3), j;
         int keep_crc = rnd(20) == 0; /* 5%: leave the CRC stale so that check stays exercised */
@@ -650,7 +679,7 @@ int main(void) {
     /* Enough of both outcomes, or the mutator is not reaching the checks it claims to exercise. */
     CHECK(iters < 500 || accepted >= iters / 50, "only %lu of %lu mutated stores were accepted", accepted, iters);
     CHECK(iters < 500 || rejected >= iters / 2, "only %lu of %lu mutated stores were rejected", rejected, iters);
-    for (k = 0; k < 2; k++) {
+    for (k = 0; k < 3; k++) {
         free(stores[k].idx);
         free(stores[k].bin);
     }
