@@ -17,22 +17,17 @@ import { join } from "node:path";
 
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 
-import type { ActDtype, CoreEngine, EngineStats, ExpertLookahead } from "../host/core/core-api.js";
+import type { CoreEngine, EngineStats, ExpertLookahead } from "../host/core/core-api.js";
 import { openHostedEngine } from "../host/engine/engine-host.js";
-import { NativeBackend } from "../host/core/native-backend.js";
-import { resolveActMode } from "../host/plan/act-mode.js";
-import { WasmBackend } from "../host/core/wasm-backend.js";
 import { packCheckpoint } from "../packer/pack.js";
 import { GREEDY_TOKENS, promptIds } from "./support/engine-checks.js";
+import { BACKENDS, BothBackends } from "./support/backends.js";
 import { tempDir, TINY_MODELS, tinyCheckpoint } from "./support/pack-fixtures.js";
 
 const THREADS = 2;
 /** Extents the unsplit cache holds (of 3 MoE layers x 8 experts; top-2 routing): a layer's own
  * two and two more, so that each layer misses and a guess has somewhere to go. */
 const CACHE_EXTENTS = 4;
-
-type BackendName = "wasm" | "native";
-const BACKENDS: BackendName[] = ["wasm", "native"];
 
 interface Pack {
   label: string;
@@ -41,26 +36,16 @@ interface Pack {
 }
 
 let tmp: { dir: string; cleanup: () => void };
-let wasm: WasmBackend;
-let native: NativeBackend;
+const backends = new BothBackends(THREADS, 256 * 2 ** 20);
 const packs: Pack[] = [];
-
-function core(backend: BackendName): WasmBackend | NativeBackend {
-  return backend === "wasm" ? wasm : native;
-}
-
-function autoAct(backend: BackendName): ActDtype {
-  return resolveActMode("auto", backend, core(backend).defaultKernelSet()).actDtype;
-}
 
 beforeAll(async () => {
   tmp = tempDir("expert-lookahead");
-  native = new NativeBackend();
-  wasm = await WasmBackend.create({ memoryBytes: 256 * 2 ** 20, pthreads: WasmBackend.pthreadsForEngine(THREADS) });
+  await backends.open();
   for (const [label, model, expertDtype] of [["q8", TINY_MODELS[1]!, "q8"], ["q4", TINY_MODELS[0]!, "q4"]] as const) {
-    const ckpt = await tinyCheckpoint(join(tmp.dir, `${model.name}-ckpt`), native, model.seed, model.extra);
-    const dir = await packCheckpoint(ckpt, join(tmp.dir, `${model.name}-${label}`), { core: native, allowRevision: true, expertDtype });
-    const probe = native.openEngine(dir, { nThreads: THREADS });
+    const ckpt = await tinyCheckpoint(join(tmp.dir, `${model.name}-ckpt`), backends.native, model.seed, model.extra);
+    const dir = await packCheckpoint(ckpt, join(tmp.dir, `${model.name}-${label}`), { core: backends.native, allowRevision: true, expertDtype });
+    const probe = backends.native.openEngine(dir, { nThreads: THREADS });
     const extent = probe.info().expertExtentBytes;
     probe.close();
     packs.push({ label: `${label} (${model.name})`, dir, extent });
@@ -68,8 +53,7 @@ beforeAll(async () => {
 }, 300_000);
 
 afterAll(() => {
-  wasm?.close();
-  native?.close();
+  backends.close();
   tmp?.cleanup();
 });
 
@@ -114,11 +98,11 @@ describe.each(BACKENDS)("reading ahead on %s", (backend) => {
 
     it("changes no logit and no token, and its counters add up", () => {
       const { dir, extent, label } = pack();
-      const act = autoAct(backend);
+      const act = backends.autoAct(backend);
       const runs = {} as Record<ExpertLookahead, Run>;
       let vocab = 0;
       for (const mode of ["auto", "off"] as const) {
-        const engine = core(backend).openEngine(dir, { nThreads: THREADS, actDtype: act, expertCacheBytes: CACHE_EXTENTS * extent, expertLookahead: mode });
+        const engine = backends.core(backend).openEngine(dir, { nThreads: THREADS, actDtype: act, expertCacheBytes: CACHE_EXTENTS * extent, expertLookahead: mode });
         try {
           const info = engine.info();
           vocab = info.vocabSize;
@@ -145,8 +129,8 @@ describe.each(BACKENDS)("reading ahead on %s", (backend) => {
 
     it("split over two engines, each reading ahead in its own range: the unsplit logits bit for bit, on and off", async () => {
       const { dir, extent } = pack();
-      const act = autoAct(backend);
-      const unsplit = core(backend).openEngine(dir, { nThreads: THREADS, actDtype: act, expertCacheBytes: CACHE_EXTENTS * extent, expertLookahead: "off" });
+      const act = backends.autoAct(backend);
+      const unsplit = backends.core(backend).openEngine(dir, { nThreads: THREADS, actDtype: act, expertCacheBytes: CACHE_EXTENTS * extent, expertLookahead: "off" });
       let want: Run;
       try {
         want = run(unsplit, unsplit.info().vocabSize);
@@ -179,7 +163,7 @@ describe.each(BACKENDS)("reading ahead on %s", (backend) => {
   });
 
   it("does not read ahead when the cache holds every extent", () => {
-    const engine = core(backend).openEngine(packs[0]!.dir, { nThreads: THREADS, expertCacheBytes: 24 * packs[0]!.extent });
+    const engine = backends.core(backend).openEngine(packs[0]!.dir, { nThreads: THREADS, expertCacheBytes: 24 * packs[0]!.extent });
     try {
       expect(engine.info().expertLookahead).toBe(false);
       run(engine, engine.info().vocabSize);

@@ -22,18 +22,15 @@ import { join } from "node:path";
 
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 
-import type { ActDtype, CoreEngine, EngineOptions, KernelChoice } from "../host/core/core-api.js";
 import { openHostedEngine } from "../host/engine/engine-host.js";
-import { NativeBackend } from "../host/core/native-backend.js";
 import { PackReader } from "../host/pack/pack-format.js";
-import { resolveActMode } from "../host/plan/act-mode.js";
-import { WasmBackend } from "../host/core/wasm-backend.js";
 import { packCheckpoint } from "../packer/pack.js";
 import {
   GREEDY_TOKENS, TOLERANCE, actModeBound, engineGreedy, expectGreedy, maxAbsDiff, prefillError, promptIds,
   referenceGreedy, type RoundedReferences,
 } from "./support/engine-checks.js";
 import { TextReference } from "./reference/text.js";
+import { BACKENDS, BothBackends, KERNEL_SETS } from "./support/backends.js";
 import { tempDir, TINY_MODELS, tinyCheckpoint } from "./support/pack-fixtures.js";
 
 const THREADS = 2;
@@ -41,10 +38,6 @@ const THREADS = 2;
  * not by 1e-3: this bound only shows the Q4 x BF16-input product is wired, not garbage (as
  * test/trunk-q8-engine.test.ts's). */
 const BF16_ACT_BOUND = 0.5;
-
-type BackendName = "wasm" | "native";
-const BACKENDS: BackendName[] = ["wasm", "native"];
-const SETS: Record<BackendName, KernelChoice[]> = { wasm: ["scalar", "simd128"], native: ["scalar", "avx2", "avx512"] };
 
 interface Model {
   name: string;
@@ -56,51 +49,35 @@ interface Model {
 }
 
 let tmp: { dir: string; cleanup: () => void };
-let wasm: WasmBackend;
-let native: NativeBackend;
+const backends = new BothBackends(THREADS);
 const models: Model[] = [];
 /** tiny-seed0 packed with --expert-dtype q4 --trunk-dtype q8, and its reference. */
 let bothPack: string;
 let bothReference: TextReference;
 
-function core(backend: BackendName): WasmBackend | NativeBackend {
-  return backend === "wasm" ? wasm : native;
-}
-
-function openEngine(backend: BackendName, pack: string, options: Omit<EngineOptions, "nThreads"> = {}): CoreEngine {
-  return core(backend).openEngine(pack, { nThreads: THREADS, ...options });
-}
-
 const ACTS = ["f32", "i16x1", "i8"] as const;
-
-/** The mode `--act-dtype auto` runs on this backend's default kernel set (host/plan/act-mode.ts). */
-function autoAct(backend: BackendName): ActDtype {
-  return resolveActMode("auto", backend, core(backend).defaultKernelSet()).actDtype;
-}
 
 beforeAll(async () => {
   tmp = tempDir("expert-q4-engine");
-  native = new NativeBackend();
-  wasm = await WasmBackend.create({ memoryBytes: 512 * 2 ** 20, pthreads: WasmBackend.pthreadsForEngine(THREADS) });
+  await backends.open();
   for (const { name, seed, extra } of TINY_MODELS) {
-    const ckpt = await tinyCheckpoint(join(tmp.dir, `${name}-ckpt`), native, seed, extra);
-    const pack = await packCheckpoint(ckpt, join(tmp.dir, `${name}-q4`), { core: native, allowRevision: true, expertDtype: "q4" });
-    const q8Pack = await packCheckpoint(ckpt, join(tmp.dir, `${name}-q8`), { core: native, allowRevision: true });
+    const ckpt = await tinyCheckpoint(join(tmp.dir, `${name}-ckpt`), backends.native, seed, extra);
+    const pack = await packCheckpoint(ckpt, join(tmp.dir, `${name}-q4`), { core: backends.native, allowRevision: true, expertDtype: "q4" });
+    const q8Pack = await packCheckpoint(ckpt, join(tmp.dir, `${name}-q8`), { core: backends.native, allowRevision: true });
     models.push({ name, pack, q8Pack, reference: TextReference.load(ckpt, { q4Experts: true }),
       rounded: {
         i16x1: TextReference.load(ckpt, { q4Experts: true, intInputs: "i16x1" }),
         i8: TextReference.load(ckpt, { q4Experts: true, intInputs: "i8" }),
       } });
     if (seed === 0) {
-      bothPack = await packCheckpoint(ckpt, join(tmp.dir, `${name}-q4-trunk-q8`), { core: native, allowRevision: true, expertDtype: "q4", trunkDtype: "q8" });
+      bothPack = await packCheckpoint(ckpt, join(tmp.dir, `${name}-q4-trunk-q8`), { core: backends.native, allowRevision: true, expertDtype: "q4", trunkDtype: "q8" });
       bothReference = TextReference.load(ckpt, { q4Experts: true, q8Trunk: true });
     }
   }
 }, 300_000);
 
 afterAll(() => {
-  wasm?.close();
-  native?.close();
+  backends.close();
   tmp?.cleanup();
 });
 
@@ -110,8 +87,8 @@ describe.each(BACKENDS)("Q4 experts on %s", (backend) => {
 
     it.each(["auto", "f32"] as const)("in the %s activation mode: the Q4 reference's logits at every prompt position and its greedy tokens", (mode) => {
       const m = model();
-      const act = mode === "auto" ? autoAct(backend) : mode;
-      const engine = openEngine(backend, m.pack, { actDtype: act });
+      const act = mode === "auto" ? backends.autoAct(backend) : mode;
+      const engine = backends.openEngine(backend, m.pack, { actDtype: act });
       try {
         expect(engine.info().actDtype).toBe(act);
         const prompt = promptIds(7, 24, m.reference.cfg.vocab_size);
@@ -127,8 +104,8 @@ describe.each(BACKENDS)("Q4 experts on %s", (backend) => {
     });
   });
 
-  describe.each(SETS[backend])("on the %s kernel set", (set) => {
-    const available = (): boolean => core(backend).kernelSets().some((k) => k.name === set && k.supported);
+  describe.each(KERNEL_SETS[backend])("on the %s kernel set", (set) => {
+    const available = (): boolean => backends.core(backend).kernelSets().some((k) => k.name === set && k.supported);
 
     it.each(ACTS)("with %s activations: logits within the mode's bound and the greedy tokens", (act) => {
       if (!available()) {
@@ -137,7 +114,7 @@ describe.each(BACKENDS)("Q4 experts on %s", (backend) => {
         return;
       }
       const m = models[act === "i8" ? 0 : 1]!;
-      const engine = openEngine(backend, m.pack, { kernels: set, actDtype: act });
+      const engine = backends.openEngine(backend, m.pack, { kernels: set, actDtype: act });
       try {
         expect(engine.info().actDtype).toBe(act);
         const prompt = promptIds(7, 24, m.reference.cfg.vocab_size);
@@ -155,7 +132,7 @@ describe.each(BACKENDS)("Q4 experts on %s", (backend) => {
 
   it("runs BF16 activations on the Q4 experts within BF16 rounding of the reference", () => {
     const m = models[0]!;
-    const engine = openEngine(backend, m.pack, { actDtype: "bf16" });
+    const engine = backends.openEngine(backend, m.pack, { actDtype: "bf16" });
     try {
       expect(engine.info().actDtype).toBe("bf16");
       const err = prefillError(engine, m.reference, promptIds(7, 24, m.reference.cfg.vocab_size));
@@ -168,7 +145,7 @@ describe.each(BACKENDS)("Q4 experts on %s", (backend) => {
 
   it("split over 2 and 3 instances (the auto mode) gives the unsplit run's logits bit for bit and the reference's tokens", async () => {
     const m = models[1]!;
-    const act = autoAct(backend);
+    const act = backends.autoAct(backend);
     const ids = promptIds(5, 13, m.reference.cfg.vocab_size);
     const { ids: prompt, want } = referenceGreedy(m.reference);
     const runs: Float32Array[] = [];
@@ -195,7 +172,7 @@ describe.each(BACKENDS)("Q4 experts on %s", (backend) => {
   });
 
   it("runs Q4 experts with a Q8 trunk: the reference with both round trips (f32, max error <= 1e-3) and its tokens", () => {
-    const engine = openEngine(backend, bothPack, { actDtype: "f32" });
+    const engine = backends.openEngine(backend, bothPack, { actDtype: "f32" });
     try {
       const err = prefillError(engine, bothReference, promptIds(7, 24, bothReference.cfg.vocab_size));
       console.log(`[q4 experts ${backend}] with a Q8 trunk, f32: max |diff| ${err.toExponential(2)}`);
@@ -211,7 +188,7 @@ describe.each(BACKENDS)("Q4 experts on %s", (backend) => {
     const m = models[0]!;
     const rec = (await PackReader.open(m.pack)).stores.get("experts")!.records[0]!;
     const extentOf = (pack: string): number => {
-      const engine = openEngine(backend, pack);
+      const engine = backends.openEngine(backend, pack);
       try {
         return engine.info().expertExtentBytes;
       } finally {

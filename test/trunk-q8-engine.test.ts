@@ -19,27 +19,21 @@ import { join } from "node:path";
 
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 
-import type { CoreEngine, EngineOptions, KernelChoice } from "../host/core/core-api.js";
 import { openHostedEngine } from "../host/engine/engine-host.js";
-import { NativeBackend } from "../host/core/native-backend.js";
 import { PackReader } from "../host/pack/pack-format.js";
-import { WasmBackend } from "../host/core/wasm-backend.js";
 import { packCheckpoint } from "../packer/pack.js";
 import {
   GREEDY_TOKENS, TOLERANCE, actModeBound, engineGreedy, expectGreedy, maxAbsDiff, openHalfTrunkEngine, prefillError, promptIds,
   referenceGreedy, type RoundedReferences,
 } from "./support/engine-checks.js";
 import { TextReference } from "./reference/text.js";
+import { BACKENDS, BothBackends, KERNEL_SETS } from "./support/backends.js";
 import { tempDir, TINY_MODELS, tinyCheckpoint } from "./support/pack-fixtures.js";
 
 const THREADS = 2;
 /** BF16 activations move logits by BF16 rounding (README "Numerics": about 0.1 on these models),
  * not by 1e-3: this bound only shows the Q8 x BF16-input product is wired, not garbage. */
 const BF16_ACT_BOUND = 0.5;
-
-type BackendName = "wasm" | "native";
-const BACKENDS: BackendName[] = ["wasm", "native"];
-const SETS: Record<BackendName, KernelChoice[]> = { wasm: ["scalar", "simd128"], native: ["scalar", "avx2", "avx512"] };
 
 interface Model {
   name: string;
@@ -51,17 +45,8 @@ interface Model {
 }
 
 let tmp: { dir: string; cleanup: () => void };
-let wasm: WasmBackend;
-let native: NativeBackend;
+const backends = new BothBackends(THREADS);
 const models: Model[] = [];
-
-function core(backend: BackendName): WasmBackend | NativeBackend {
-  return backend === "wasm" ? wasm : native;
-}
-
-function openEngine(backend: BackendName, pack: string, options: Omit<EngineOptions, "nThreads"> = {}): CoreEngine {
-  return core(backend).openEngine(pack, { nThreads: THREADS, ...options });
-}
 
 const ACTS = ["f32", "i16x1", "i8"] as const;
 type Act = (typeof ACTS)[number];
@@ -69,12 +54,11 @@ const boundFor = (m: Model, act: Act, ids: number[]): number => actModeBound(act
 
 beforeAll(async () => {
   tmp = tempDir("trunk-q8-engine");
-  native = new NativeBackend();
-  wasm = await WasmBackend.create({ memoryBytes: 512 * 2 ** 20, pthreads: WasmBackend.pthreadsForEngine(THREADS) });
+  await backends.open();
   for (const { name, seed, extra } of TINY_MODELS) {
-    const ckpt = await tinyCheckpoint(join(tmp.dir, `${name}-ckpt`), native, seed, extra);
-    const pack = await packCheckpoint(ckpt, join(tmp.dir, `${name}-q8`), { core: native, allowRevision: true, trunkDtype: "q8" });
-    const bf16Pack = await packCheckpoint(ckpt, join(tmp.dir, `${name}-bf16`), { core: native, allowRevision: true });
+    const ckpt = await tinyCheckpoint(join(tmp.dir, `${name}-ckpt`), backends.native, seed, extra);
+    const pack = await packCheckpoint(ckpt, join(tmp.dir, `${name}-q8`), { core: backends.native, allowRevision: true, trunkDtype: "q8" });
+    const bf16Pack = await packCheckpoint(ckpt, join(tmp.dir, `${name}-bf16`), { core: backends.native, allowRevision: true });
     models.push({ name, pack, bf16Pack, reference: TextReference.load(ckpt, { q8Experts: true, q8Trunk: true }),
       rounded: {
         i16x1: TextReference.load(ckpt, { q8Experts: true, q8Trunk: true, intInputs: "i16x1" }),
@@ -84,8 +68,7 @@ beforeAll(async () => {
 }, 300_000);
 
 afterAll(() => {
-  wasm?.close();
-  native?.close();
+  backends.close();
   tmp?.cleanup();
 });
 
@@ -95,7 +78,7 @@ describe.each(BACKENDS)("a Q8 trunk on %s", (backend) => {
 
     it("gives the Q8-trunk reference's logits at every prompt position (max error <= 1e-3)", () => {
       const m = model();
-      const engine = openEngine(backend, m.pack);
+      const engine = backends.openEngine(backend, m.pack);
       try {
         const err = prefillError(engine, m.reference, promptIds(7, 24, m.reference.cfg.vocab_size));
         console.log(`[q8 trunk ${backend}] ${name} prefill logits: max |diff| ${err.toExponential(2)}`);
@@ -108,7 +91,7 @@ describe.each(BACKENDS)("a Q8 trunk on %s", (backend) => {
     it(`decodes the reference's ${GREEDY_TOKENS} greedy tokens`, () => {
       const m = model();
       const { ids, want } = referenceGreedy(m.reference);
-      const engine = openEngine(backend, m.pack);
+      const engine = backends.openEngine(backend, m.pack);
       try {
         expect(engineGreedy(engine, ids)).toEqual(want);
       } finally {
@@ -117,8 +100,8 @@ describe.each(BACKENDS)("a Q8 trunk on %s", (backend) => {
     });
   });
 
-  describe.each(SETS[backend])("on the %s kernel set", (set) => {
-    const available = (): boolean => core(backend).kernelSets().some((k) => k.name === set && k.supported);
+  describe.each(KERNEL_SETS[backend])("on the %s kernel set", (set) => {
+    const available = (): boolean => backends.core(backend).kernelSets().some((k) => k.name === set && k.supported);
 
     it.each(ACTS)("with %s activations: logits within the mode's bound and the greedy tokens", (act) => {
       if (!available()) {
@@ -127,7 +110,7 @@ describe.each(BACKENDS)("a Q8 trunk on %s", (backend) => {
         return;
       }
       const m = models[1]!;
-      const engine = openEngine(backend, m.pack, { kernels: set, actDtype: act });
+      const engine = backends.openEngine(backend, m.pack, { kernels: set, actDtype: act });
       try {
         expect(engine.info().actDtype).toBe(act);
         const prompt = promptIds(7, 24, m.reference.cfg.vocab_size);
@@ -145,7 +128,7 @@ describe.each(BACKENDS)("a Q8 trunk on %s", (backend) => {
 
   it.each(ACTS)("streams part of the Q8 trunk (%s activations): same bound and tokens", (act) => {
     const m = models[1]!;
-    const engine = openHalfTrunkEngine((o) => openEngine(backend, m.pack, o), act);
+    const engine = openHalfTrunkEngine((o) => backends.openEngine(backend, m.pack, o), act);
     try {
       const prompt = promptIds(7, 24, m.reference.cfg.vocab_size);
       const err = prefillError(engine, m.reference, prompt);
@@ -187,7 +170,7 @@ describe.each(BACKENDS)("a Q8 trunk on %s", (backend) => {
 
   it("runs BF16 activations on the Q8 trunk within BF16 rounding of the reference", () => {
     const m = models[0]!;
-    const engine = openEngine(backend, m.pack, { actDtype: "bf16" });
+    const engine = backends.openEngine(backend, m.pack, { actDtype: "bf16" });
     try {
       expect(engine.info().actDtype).toBe("bf16");
       const err = prefillError(engine, m.reference, promptIds(7, 24, m.reference.cfg.vocab_size));
@@ -208,7 +191,7 @@ describe.each(BACKENDS)("a Q8 trunk on %s", (backend) => {
     const want = trunk.filter((r) => perLayer.test(r.name)).reduce((a, r) => a + Math.ceil(r.nbytes / 4096) * 4096, 0);
     // one engine at a time: a WebAssembly instance has threads for one engine's pool
     const infoOf = (pack: string) => {
-      const engine = openEngine(backend, pack);
+      const engine = backends.openEngine(backend, pack);
       try {
         return engine.info();
       } finally {
