@@ -14,6 +14,7 @@
  *       running its own vision encode rounded the same way (each reference step's top-1 / top-2
  *       margin is asserted above the error the whole chain may carry, so a near-tie fails loudly);
  *       the engine's logits with those rows are within 1e-3 of the reference's with the same rows;
+ *       in f32 and in the auto mode (i16x1 on the vector sets: within its bound, actModeBound's rule);
  *   (c) a grid that is not a multiple of the merge kernel, an odd grid array and wrong buffer
  *       lengths throw clear errors (the addon's own checks too), and the engine works afterwards,
  *       giving the same bits as before;
@@ -33,12 +34,13 @@ import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 
 import { ENGINE_WORKER_PATH, EngineClient } from "../host/engine/engine-client.js";
-import { type CoreEngine, CoreError, engineOptionCodes, roundToBf16 } from "../host/core/core-api.js";
+import { type ActDtype, type CoreEngine, CoreError, engineOptionCodes, roundToBf16 } from "../host/core/core-api.js";
 import { type HostedEngine, openHostedEngine } from "../host/engine/engine-host.js";
 import { NativeBackend, loadNativeAddon } from "../host/core/native-backend.js";
 import { crc32, decodeIndex, encodeIndex } from "../host/pack/pack-format.js";
 import { NO_VISION_MESSAGE, SplitEngine } from "../host/engine/split-engine.js";
 import { UserError } from "../host/system/user-error.js";
+import { resolveActMode } from "../host/plan/act-mode.js";
 import { WasmBackend } from "../host/core/wasm-backend.js";
 import { argmax } from "./reference/math.js";
 import { TextReference } from "./reference/text.js";
@@ -61,6 +63,8 @@ const LAYOUTS: Layout[] = ["one engine", "split over 2 instances"];
 let tmp: { dir: string; cleanup: () => void };
 let pack: string;
 let text: TextReference;
+/** text with the integer products' inputs rounded as --act-dtype i16x1 does (auto's mode on the vector kernel sets) */
+let textI16: TextReference;
 let vision: VisionReference;
 let mediaTokenId: number;
 let patchValues: number;
@@ -115,17 +119,17 @@ function errorOf(f: () => unknown): unknown {
 }
 
 /** One engine opened straight on a backend (loadVision by default). */
-function openEngine(backend: BackendName, options: { loadVision?: boolean } = {}): CoreEngine {
-  return (backend === "wasm" ? wasm : native).openEngine(pack, { nThreads: THREADS, loadVision: options.loadVision ?? true });
+function openEngine(backend: BackendName, options: { loadVision?: boolean; actDtype?: ActDtype } = {}): CoreEngine {
+  return (backend === "wasm" ? wasm : native).openEngine(pack, { nThreads: THREADS, loadVision: options.loadVision ?? true, actDtype: options.actDtype ?? "f32" });
 }
 
 /** An engine of the given layout; close() releases everything it opened. */
-async function openLayout(backend: BackendName, layout: Layout, loadVision = true): Promise<{ engine: CoreEngine; hosted?: HostedEngine; close: () => void }> {
+async function openLayout(backend: BackendName, layout: Layout, loadVision = true, actDtype: ActDtype = "f32"): Promise<{ engine: CoreEngine; hosted?: HostedEngine; close: () => void }> {
   if (layout === "one engine") {
-    const engine = openEngine(backend, { loadVision });
+    const engine = openEngine(backend, { loadVision, actDtype });
     return { engine, close: () => engine.close() };
   }
-  const hosted = await openHostedEngine(backend, pack, { nThreads: THREADS, instances: 2, instanceMemoryBytes: INSTANCE_BYTES, loadVision });
+  const hosted = await openHostedEngine(backend, pack, { nThreads: THREADS, instances: 2, instanceMemoryBytes: INSTANCE_BYTES, loadVision, actDtype });
   return { engine: hosted.engine, hosted, close: () => hosted.close() };
 }
 
@@ -134,6 +138,7 @@ beforeAll(async () => {
   const made = await tinyPack(tmp.dir);
   pack = made.pack;
   text = TextReference.load(made.ckpt, { q8Experts: true });
+  textI16 = TextReference.load(made.ckpt, { q8Experts: true, intInputs: "i16x1" });
   vision = VisionReference.load(made.ckpt);
   const config = JSON.parse(readFileSync(join(made.ckpt, "config.json"), "utf8")) as { media_placeholder_token_id: number };
   mediaTokenId = config.media_placeholder_token_id;
@@ -218,7 +223,7 @@ describe.each(BACKENDS)("the vision encoder on %s", (backend) => {
       }
     });
 
-    it(`(b) decodes the reference's ${GREEDY_TOKENS} greedy tokens after a prompt with two images`, async () => {
+    it.each(["f32", "auto"] as const)(`(b) decodes the reference's ${GREEDY_TOKENS} greedy tokens after a prompt with two images (%s activation mode)`, async (mode) => {
       const V = text.cfg.vocab_size;
       const H = text.cfg.hidden_size;
       const media = (n: number): number[] => Array.from({ length: n }, () => mediaTokenId);
@@ -237,7 +242,8 @@ describe.each(BACKENDS)("the vision encoder on %s", (backend) => {
         want.push(top);
         seq.push(top);
       }
-      const { engine, close } = await openLayout(backend, layout);
+      const act = mode === "auto" ? resolveActMode("auto", backend, (backend === "wasm" ? wasm : native).defaultKernelSet()).actDtype : mode;
+      const { engine, close } = await openLayout(backend, layout, true, act);
       const session = engine.newSession({ maxContext: 64, maxBatch: 7 });
       try {
         const rows = roundToBf16(engine.encodeImages(pixels, GRIDS));
@@ -246,16 +252,22 @@ describe.each(BACKENDS)("the vision encoder on %s", (backend) => {
         const rowsMoved = maxAbsDiff(rows, refRows) / maxAbs(refRows);
         let logits = session.prefill(Int32Array.from(ids), rows, "last")!;
         // the text path on identical rows: the reference's logits with the engine's rows
-        const textErr = maxAbsDiff(logits, text.logits(ids, Float64Array.from(rows)).subarray((ids.length - 1) * V));
+        const exactLast = text.logits(ids, Float64Array.from(rows)).subarray((ids.length - 1) * V);
+        const textErr = maxAbsDiff(logits, exactLast);
+        // i16x1's bound as actModeBound's: TOLERANCE plus twice what its input rounding moves the reference, with these rows
+        const bound = act === "i16x1"
+          ? TOLERANCE + 2 * maxAbsDiff(textI16.logits(ids, Float64Array.from(rows)).subarray((ids.length - 1) * V), exactLast)
+          : TOLERANCE;
         // what the rows' difference moves the reference's logits by (the margins must exceed it)
         const refLast = text.logits(ids, refRows).subarray((ids.length - 1) * V);
         const rowsErr = maxAbsDiff(logits, refLast);
         console.log(`[vision ${backend}, ${layout}] media rows after BF16 rounding: max rel diff ${rowsMoved.toExponential(2)}; ` +
           `prompt logits vs reference with the same rows ${textErr.toExponential(2)}, with its own rows ${rowsErr.toExponential(2)}; ` +
           `smallest greedy margin ${Math.min(...margins).toExponential(2)}`);
-        expect(textErr).toBeLessThanOrEqual(TOLERANCE);
+        expect(engine.info().actDtype).toBe(act);
+        expect(textErr, `${act} bound ${bound.toExponential(2)}`).toBeLessThanOrEqual(bound);
         for (const [step, m] of margins.entries()) {
-          expect(m, `reference step ${step} is a near-tie`).toBeGreaterThan(2 * Math.max(TOLERANCE, rowsErr));
+          expect(m, `reference step ${step} is a near-tie`).toBeGreaterThan(2 * Math.max(bound, rowsErr));
         }
         const got: number[] = [];
         for (let step = 0; step < GREEDY_TOKENS; step++) {
