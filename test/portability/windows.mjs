@@ -167,7 +167,10 @@ async function main(ctx) {
     const pack = synth.status === 0
       ? kvlWin(ctx, ["pack", winPath(join(dir, "src")), winPath(join(dir, "pack")), "--allow-revision", "--quiet", "--backend", backend]) : synth;
     if (pack.status !== 0) {
-      tally.fail(name, `exit ${pack.status}: ${errorLine(pack.stderr || pack.stdout)}`);
+      // which command, and that it printed nothing if so (a silent exit 1 of the WebAssembly pack
+      // was seen once in CI, 2026-12-05, and not again in 50 runs by hand)
+      const said = (pack.stderr || pack.stdout).trim();
+      tally.fail(name, `kvl ${synth.status === 0 ? "pack" : "synth"} exit ${pack.status}: ${said ? errorLine(said) : "no output on stdout or stderr"}`);
       continue;
     }
     const got = new Map([...treeHashes(join(dir, "src"))].map(([k, v]) => [`src/${k}`, v]));
