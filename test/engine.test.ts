@@ -153,10 +153,7 @@ describe.each(BACKENDS)("the text engine on %s", (backend) => {
       }
       const want = m.reference.logits(ids, Float64Array.from(media));
       const act = mode === "auto" ? backends.autoAct(backend) : mode;
-      // the integer modes' bound as actModeBound's, with the media rows: the rounded reference's own distance, twice, over TOLERANCE
-      const bound = act === "i16x1" || act === "i8"
-        ? TOLERANCE + 2 * maxAbsDiff(m.rounded[act].logits(ids, Float64Array.from(media)), want)
-        : TOLERANCE;
+      const bound = actModeBound(act, m.reference, m.rounded, ids, Float64Array.from(media));
       const engine = backends.openEngine(backend, m.pack, { actDtype: act });
       const whole = engine.newSession({ maxContext: 64 });
       const chunked = engine.newSession({ maxContext: 64, maxBatch: 3 });

@@ -44,11 +44,13 @@ export type RoundedReferences = Record<"i16x1" | "i8", TextReference>;
  * (`roundedBy[act]` against `exact`). The engine rounds its own FP32 inputs, which differ from the
  * reference's in the last bits, so where a value sits near a rounding edge its draw differs: it
  * lands about that far from the exact reference; a wrong scale or block would be orders of
- * magnitude out. Computed once per reference pair and prompt.
+ * magnitude out. Computed once per reference pair and prompt; `media`: the rows that stand for the
+ * prompt's media placeholders (computed each time).
  */
-export function actModeBound(act: ActDtype, exact: TextReference, roundedBy: RoundedReferences, ids: number[]): number {
+export function actModeBound(act: ActDtype, exact: TextReference, roundedBy: RoundedReferences, ids: number[], media?: Float64Array): number {
   if (act !== "i16x1" && act !== "i8") return TOLERANCE;
   const rounded = roundedBy[act];
+  if (media) return TOLERANCE + 2 * maxAbsDiff(rounded.logits(ids, media), exact.logits(ids, media));
   const byPrompt = roundingEffects.get(rounded) ?? new Map<string, number>();
   roundingEffects.set(rounded, byPrompt);
   const key = ids.join(",");
