@@ -20,7 +20,7 @@ import { BACKEND_REQUESTS, BackendError, type BackendRecord, chooseBackend } fro
 import type { BenchComparison, DecodeComparison, PromptComparison, SideMode } from "../host/bench/bench-compare.js";
 import { type Limits, loadLimits, measureLimits } from "../host/bench/bench-limits.js";
 import { type DecodeRecord, type PromptRecord, packBytes } from "../host/bench/bench-model.js";
-import { type BenchResult, type RunRecord, runBench } from "../host/bench/bench-run.js";
+import { BENCH_PLANS, type BenchPlan, type BenchResult, type RunRecord, runBench } from "../host/bench/bench-run.js";
 import type { BackendName } from "../host/core/core-api.js";
 import { checkOutputFile } from "../host/system/output-path.js";
 import { UserError } from "../host/system/user-error.js";
@@ -34,7 +34,8 @@ interface BenchCliOptions extends ModelCliOptions {
   decodeTokens: number;
   warm?: boolean;
   warmupTokens: number;
-  maxBatch: number;
+  maxBatch?: number;
+  plan: BenchPlan;
   seed: number;
   dropCaches?: boolean;
   limits?: string;
@@ -116,7 +117,7 @@ function formatRun(run: RunRecord): string {
   const info = run.info as Record<string, unknown>;
   const lines = [`== prompt ${run.prompt_tokens} tokens [${run.backend}, ${units(run)}]: engine open ${run.open_s.toFixed(2)} s ` +
     `(CRC checks ${run.open_verify_s.toFixed(2)} s of ${g(run.open_verify_bytes)}), ` +
-    `RAM plan ${mibText(run.plan_total_bytes)} MiB, kernels ${String(info.kernels)} (Linear inputs ${String(info.act_dtype ?? "f32")}` +
+    `RAM plan ${mibText(run.plan_total_bytes)} MiB of ${run.ram_budget_mib} (${run.ram_budget_chosen_by === "auto" ? "--ram-mib auto" : "--ram-mib"}), kernels ${String(info.kernels)} (Linear inputs ${String(info.act_dtype ?? "f32")}` +
     `${run.act_mode?.chosen_by === "auto" ? `, auto: ${run.act_mode.reason}` : ""}), ` +
     `direct I/O trunk=${pyBool(info.trunk_direct_io)} experts=${pyBool(info.expert_direct_io)}, streamed trunk ${g(run.streamed_trunk_bytes)}`];
   for (const [key, label] of [["cold_prompt", "cold"], ["warm_prompt", "warm"]] as const) {
@@ -267,7 +268,7 @@ async function runBenchCommand(model: string, opts: BenchCliOptions): Promise<vo
   const limits = fileLimits ?? await measureLimits({ model, extent: pb.extent_data, threads, dropCaches: opts.dropCaches === true, membw: opts.membw });
   const result = await runBench({
     model, backends, backendRequest: request, backendReason: reason, backendRecord: record, ramMib: opts.ramMib, cacheMib, trunkCacheMib,
-    threads, promptLens, decodeTokens: opts.decodeTokens, warm: opts.warm === true, warmupTokens: opts.warmupTokens, maxBatch: opts.maxBatch,
+    threads, promptLens, decodeTokens: opts.decodeTokens, warm: opts.warm === true, warmupTokens: opts.warmupTokens, maxBatch: opts.maxBatch, plan: opts.plan,
     seed: opts.seed, actDtype: opts.actDtype, kernels: opts.kernels, dropCaches: opts.dropCaches === true, membw: opts.membw, instances: opts.instances,
     expertLookahead: opts.expertLookahead,
   }, pb, limits, (run) => {
@@ -279,7 +280,11 @@ async function runBenchCommand(model: string, opts: BenchCliOptions): Promise<vo
     process.stdout.write(`${text}\n`);
     return;
   }
-  const lines = [limitsLine(result.limits), result.peak_rss_bytes === null ? "peak RSS n/a" : `peak RSS ${mibText(result.peak_rss_bytes)} MiB` +
+  const st = result.settings as { plan: BenchPlan; max_context: number; max_batch: number };
+  const planLine = st.plan === "chat"
+    ? `plan: as kvl chat plans it (context ${st.max_context} tokens, ${st.max_batch}-token prefill chunks, the vision tower reserved)`
+    : `plan: bench-only (--plan bench: context ${st.max_context} tokens, ${st.max_batch}-token chunks, no vision), not what kvl chat gets`;
+  const lines = [planLine, limitsLine(result.limits), result.peak_rss_bytes === null ? "peak RSS n/a" : `peak RSS ${mibText(result.peak_rss_bytes)} MiB` +
     (result.peak_rss_reset ? " (VmHWM of the engine phases)" : " (since the process started: VmHWM cannot be reset here)")];
   if (result.native_over_wasm) lines.push(formatComparison(result));
   process.stdout.write(`${lines.join("\n")}\n`);
@@ -300,8 +305,11 @@ export function addBenchCommand(program: Command): void {
     .option("--decode-tokens <n>", "greedy tokens decoded and timed after each prompt", integer, 16)
     .option("--warm", "after the cold prompt, run a warm-up prefill (fills the caches), then time the same prompt and the decode again on warm caches")
     .option("--warmup-tokens <n>", "tokens of the --warm warm-up prompt", positiveInt, 512)
-    .option("--max-batch <n>", "prefill chunk in tokens (0 = the longest prompt, so each prompt is one chunk and reads each routed expert at most once)",
-      nonNegativeInt, 0)
+    .addOption(new Option("--plan <which>", "chat: plan exactly as kvl chat does (its context, 256-token prefill chunks, the vision " +
+      "tower's reservation: what a user gets); bench: a bench-only plan (context sized to the prompts, no vision, each prompt one chunk)")
+      .choices([...BENCH_PLANS]).default("chat"))
+    .option("--max-batch <n>", "prefill chunk in tokens (default: the plan's; 0 = the longest prompt, so each prompt is one chunk and reads " +
+      "each routed expert at most once)", nonNegativeInt)
     .option("--seed <n>", "seed of the random prompts (numpy's default_rng(seed) draws: the same prompts for the same seed)", nonNegativeInt, 0)
     .option("--drop-caches", "echo 3 > /proc/sys/vm/drop_caches before each engine open (root)")
     .option("--limits <file>", "JSON lines from bench/membw.c (dram/ssd/fma); without it the limits are measured here: with membw " +

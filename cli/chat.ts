@@ -102,6 +102,10 @@ function replyJson(model: ChatModel, report: ReplyReport, stats: EngineStats, be
     images: report.images.map((i) => ({ sha256: i.sha256, grid: i.grid, media_tokens: i.mediaTokens })),
     peak_rss_bytes: peakRssBytes(),
     plan_bytes: model.plan.total,
+    // the budget the plan is held to and who chose it: --ram-mib N, or auto from the machine's free memory
+    ram_budget_mib: model.plan.settings.ramMib,
+    ram_budget_chosen_by: model.plan.settings.ramChosenBy,
+    ram_budget_detail: model.plan.settings.ramDetail,
     // the plan's image decode line and the largest image (JPEG/PNG) it admits; null without vision
     plan_image_decode_bytes: model.plan.imageBudget?.bytes ?? null,
     plan_image_max_pixels: model.plan.imageBudget?.pixels ?? null,

@@ -119,7 +119,8 @@ export function renderDoctor(report: DoctorReport): string {
   lines.push(`backend: ${r.chosen} — ${r.reason}${r.requestedBy === "default" ? "" : ` [--backend/KVL_BACKEND=${r.requested}]`}`);
   const sets = (s: readonly { name: string; supported: boolean }[]) =>
     s.map((k) => `${k.name}${k.supported ? "" : " (not on this CPU)"}`).join(", ");
-  lines.push(`native addon: ${r.native.path}`);
+  lines.push(`native addon: ${r.native.path}${r.native.origin ? ` (${r.native.origin})` : ""}`);
+  for (const s of r.native.skipped) lines.push(`  skipped ${s.origin} ${s.path}: ${s.error}`);
   lines.push(r.native.loads
     ? `  loads; kernel sets: ${sets(r.native.kernelSets)}; picks ${r.native.defaultKernelSet}`
     : `  not available: ${r.native.error}`);

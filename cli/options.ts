@@ -10,6 +10,7 @@ import { BACKEND_REQUESTS } from "../host/core/backend.js";
 import { type ExpertLookahead, KERNEL_CHOICES, type KernelChoice } from "../host/core/core-api.js";
 import { EXPERT_DTYPES } from "../host/pack/pack-format.js";
 import { ACT_DTYPE_CHOICES, type ActDtypeChoice } from "../host/plan/act-mode.js";
+import { type RamChoice, parseRamChoice } from "../host/plan/ram-budget.js";
 import type { ModelOptions } from "../host/plan/settings.js";
 import { DEFAULT_ACT_DTYPE, DEFAULT_EXPERT_LOOKAHEAD, DEFAULT_KERNELS, DEFAULT_MAX_CONTEXT, DEFAULT_RAM_MIB, DEFAULT_THREADS } from "../host/plan/defaults.js";
 import { envChoice, envPositiveInt } from "../host/system/env.js";
@@ -121,7 +122,7 @@ interface ModelOptionSet {
 export interface ModelCliOptions {
   backend?: string;
   instances?: number;
-  ramMib: number;
+  ramMib: RamChoice;
   cacheMib: number | "auto";
   trunkCacheMib: number | "auto";
   threads: number;
@@ -141,7 +142,8 @@ export function addModelOptions(command: Command, set: ModelOptionSet = {}): Com
   command
     .addOption(set.backend ?? backendOption())
     .addOption(instancesOption())
-    .option("--ram-mib <mib>", "RAM budget: the plan holds every resident byte within it", positiveInt, DEFAULT_RAM_MIB)
+    .option("--ram-mib <mib>", "RAM budget: the plan holds every resident byte within it; auto: what this machine can give now, " +
+      "less headroom for other programs (README \"RAM\")", (text: string) => parseRamChoice(text), DEFAULT_RAM_MIB)
     .option("--cache-mib <mib>", "expert cache: auto (what the RAM budget leaves once the trunk cache is full) or MiB",
       cacheMibParser("--cache-mib"), "auto")
     .option("--trunk-cache-mib <mib>", "trunk cache: auto (what the RAM budget leaves), 0 = stream the trunk, or MiB",

@@ -16,9 +16,10 @@ import { silentProgress, stderrProgress } from "../packer/progress.js";
 import { backendOption, expertDtypeOption } from "./options.js";
 
 /** A size in MiB: a plain number is MiB; k/m/g/t with an optional i and b (6000, 6000MiB, 8GiB). */
-function parseSizeMib(text: string): number {
+function parseSizeMib(text: string): number | "auto" {
+  if (text === "auto") return text;
   const m = /^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b?)?\s*$/.exec(text.toLowerCase());
-  if (!m) throw new InvalidArgumentError(`'${text}' is not a size (examples: 6000, 6000MiB, 8GiB)`);
+  if (!m) throw new InvalidArgumentError(`'${text}' is not a size (examples: auto, 6000, 6000MiB, 8GiB)`);
   const unit = (m[2] ?? "m")[0] as "k" | "m" | "g" | "t";
   const factor = { k: 1 / 1024, m: 1, g: 1024, t: 1024 * 1024 }[unit];
   return Math.floor(Number(m[1]) * factor);
@@ -27,7 +28,7 @@ function parseSizeMib(text: string): number {
 interface PrepareFlags {
   revision: string;
   keepDownload?: boolean;
-  ramBudget?: number;
+  ramBudget: number | "auto";
   expertDtype: ExpertDtype;
   quiet?: boolean;
   backend?: string;
@@ -40,7 +41,8 @@ export function addPrepareCommand(program: Command): void {
     .argument("<dst>", "runtime directory to create")
     .addOption(new Option("--revision <rev>", `hub revision (default: the pinned ${PINNED_REVISION}); another one is packed with a warning`).default(PINNED_REVISION))
     .option("--keep-download", "keep the downloaded files in DST/.download (needs ~33 GB more disk)")
-    .option("--ram-budget <size>", "RAM budget for the final check (MiB, or with a unit: 8GiB)", parseSizeMib)
+    .option("--ram-budget <size>", "RAM budget for the final check: auto (what this machine can give now; a plan that does not fit is a note) " +
+      "or MiB, or with a unit: 8GiB (a plan that does not fit is an error)", parseSizeMib, "auto")
     .addOption(expertDtypeOption())
     .option("--quiet", "no progress bar")
     .addOption(backendOption())
@@ -52,7 +54,7 @@ export function addPrepareCommand(program: Command): void {
           core,
           revision: opts.revision,
           keepDownload: opts.keepDownload === true,
-          ramBudgetMib: opts.ramBudget ?? null,
+          ramBudgetMib: opts.ramBudget,
           expertDtype: opts.expertDtype,
           planBackend: record.chosen,
           progress: opts.quiet ? silentProgress : stderrProgress(),

@@ -10,13 +10,11 @@
  * is TypeScript: `chat`, `serve`, `bench`, `doctor` (with or without a model), `synth`, `pack`,
  * `prepare`.
  */
-import { readFileSync } from "node:fs";
-import { join } from "node:path";
 
 import { Command } from "commander";
 
-import { BackendError } from "../host/core/backend.js";
-import { packageRoot } from "../host/system/paths.js";
+import { BackendError, chooseBackend } from "../host/core/backend.js";
+import { readBuildInfo } from "../host/system/build-info.js";
 import { UserError, fsUserError } from "../host/system/user-error.js";
 import { silentProgress, stderrProgress } from "../packer/progress.js";
 import { addBenchCommand } from "./bench.js";
@@ -38,11 +36,27 @@ interface DoctorOptions extends ModelCliOptions {
   quiet?: boolean;
 }
 
+/** kvl --version: the build (version, commit), the Node it runs on and the backend auto picks. */
+function versionLine(): string {
+  const { version, commit } = readBuildInfo();
+  let backend: string;
+  try {
+    const r = chooseBackend();
+    backend = r.chosen === "native" ? `native ${r.native.defaultKernelSet} (${r.native.origin} addon)` : `wasm (${r.reason})`;
+  } catch (err) {
+    backend = `none (${(err as Error).message})`;
+  }
+  return `kvl ${version} (commit ${commit ?? "unknown"}; Node ${process.version} ${process.platform}-${process.arch}; backend ${backend})`;
+}
+
 function buildProgram(): Command {
-  const { version } = JSON.parse(readFileSync(join(packageRoot, "package.json"), "utf8")) as { version: string };
   const program = new Command("kvl")
     .description("CPU-first, low-RAM inference runtime for Kimi-VL-A3B-Instruct")
-    .version(version, "-V, --version", "print kvl's version")
+    .option("-V, --version", "print kvl's build: version, commit, Node and the backend it runs")
+    .on("option:version", () => {
+      process.stdout.write(`${versionLine()}\n`);
+      process.exit(0);
+    })
     .exitOverride()
     .hook("preAction", () => checkEnvironment());
 

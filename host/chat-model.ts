@@ -114,7 +114,7 @@ export function loadLine(command: string, model: ChatModel, verbose: boolean): s
   const note = firstReadCheckNote(record.chosen);
   return `kvl ${command}: ${record.chosen}${by}, ${n} ${record.chosen === "wasm" ? "instance" : "engine"}${n > 1 ? "s" : ""}, ` +
     `kernels ${model.client.info.kernels}, Linear inputs ${actModeText(model.actMode)}; ` +
-    `RAM plan ${(p.total / MIB).toFixed(0)} MiB of --ram-mib ${p.settings.ramMib}${limits}; loaded in ${model.loadSeconds.toFixed(1)} s` +
+    `RAM plan ${(p.total / MIB).toFixed(0)} MiB of ${p.budgetText}${limits}; loaded in ${model.loadSeconds.toFixed(1)} s` +
     `${note ? `; ${note}` : ""}${verbose ? "" : " (--verbose shows the plan)"}`;
 }
 
@@ -161,6 +161,7 @@ export class ChatModel {
       try {
         client = await EngineClient.open(backend, packDir, {
           nThreads: ramPlan.nThreads, planned: ramPlan.instances, kernels: options.kernels, actDtype: actMode.actDtype,
+          ...(options.backend.chosen === "native" ? { nativeAddon: options.backend.native.path } : {}),
           ...(options.expertLookahead !== undefined ? { expertLookahead: options.expertLookahead } : {}),
         });
       } finally {

@@ -11,7 +11,7 @@
 // instruction kills the child, not this script). Nothing is downloaded. Only node builtins and
 // node-api-headers are used.
 import { spawnSync } from 'node:child_process';
-import { copyFileSync, mkdirSync, readdirSync, renameSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { copyFileSync, existsSync, mkdirSync, readdirSync, renameSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { createRequire } from 'node:module';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -108,6 +108,19 @@ function build() {
     throw new BuildError(`the built addon does not load: ${why.trim()}`);
   }
   return r.stdout.trim();
+}
+
+// npm's install script in an installed package: the prebuilt addon for this platform serves
+// (host/system/paths.ts finds it) unless it does not load here or KVL_BUILD_FROM_SOURCE=1 asks for
+// a local build, so an install needs no compiler.
+const PREBUILT = path.join(ROOT, 'prebuilds', `${process.platform}-${process.arch}`, 'kvl_core.node');
+if (optional && process.env.KVL_BUILD_FROM_SOURCE !== '1' && existsSync(PREBUILT)) {
+  const r = spawnSync(process.execPath, ['-e', 'require(process.argv[1]).kernelSets()', PREBUILT], { encoding: 'utf8' });
+  if (r.status === 0) {
+    console.log(`kvl: using the prebuilt native addon (${path.relative(ROOT, PREBUILT)}); KVL_BUILD_FROM_SOURCE=1 builds it here instead`);
+    process.exit(0);
+  }
+  console.log(`kvl: the prebuilt native addon does not load here (${(r.stderr || '').trim().split('\n')[0]}); building one`);
 }
 
 try {

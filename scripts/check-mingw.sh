@@ -38,7 +38,7 @@ if ! command -v "$CC" >/dev/null 2>&1; then
     fi
 fi
 
-CFLAGS=(-std=c11 -O2 -Wall -Wextra -Werror -DKVL_BUILDING_DLL -DKVL_X86=1
+CFLAGS=(-std=c11 -O2 -Wall -Wextra -Werror -DKVL_BUILDING_DLL -DKVL_X86=1 -ffile-prefix-map="$ROOT"=.
         -I"$ROOT/wasm-core/include" -I"$ROOT/wasm-core/src")
 AVX2_FLAGS=(-mavx2 -mfma -mf16c)
 AVX512_FLAGS=(-mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni -mavx512bf16 -mfma -mf16c)
@@ -101,7 +101,9 @@ else
             awk 'listing { print } /^EXPORTS/ { listing = 1 }' "$def"
         done <<<"$napi_defs" | tr -d '\r' | sed 's/[[:space:]]*$//' | grep -v '^$' | sort -u
     } >"$OUT/node.def"
-    if ! log="$("$DLLTOOL" --input-def "$OUT/node.def" --dllname node.exe --output-delaylib "$OUT/libnode.a" 2>&1)"; then
+    # run in $OUT with relative names: dlltool names its symbols after the library's path and its
+    # temporary files after the pid, and the addon must be the same bytes wherever it is built
+    if ! log="$(cd "$OUT" && "$DLLTOOL" --input-def node.def --dllname node.exe --temp-prefix kvl_node --output-delaylib libnode.a 2>&1)"; then
         echo "FAILED  node.exe import library (dlltool)"
         echo "$log" | sed 's/^/        /'
         failed+=("node.exe import library")
@@ -109,8 +111,9 @@ else
         echo "FAILED  native/win_delay_load_hook.c"
         echo "$log" | sed 's/^/        /'
         failed+=("native/win_delay_load_hook.c")
+    # --no-insert-timestamp: the same sources give the same bytes (prebuilds/win32-x64 is compared)
     elif ! log="$("$CC" -shared -o "$OUT/kvl_core.node" "${objs[@]}" "$OUT/addon.o" "$OUT/delay_hook.o" "$OUT/libnode.a" \
-                  -Wl,--fatal-warnings 2>&1)"; then
+                  -Wl,--fatal-warnings -Wl,--no-insert-timestamp 2>&1)"; then
         echo "FAILED  linking kvl_core.node"
         echo "$log" | sed 's/^/        /'
         failed+=("kvl_core.node (link)")

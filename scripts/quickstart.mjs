@@ -3,8 +3,9 @@
 // (scripts/quickstart on Linux/macOS and scripts\quickstart.ps1 on Windows only find Node and run
 // this; `node scripts/quickstart.mjs` works everywhere too):
 //
-//   node scripts/quickstart.mjs [MODEL_DIR]          install kvl (npm ci: TypeScript, and the native
-//                                                    addon where a C compiler and CMake exist),
+//   node scripts/quickstart.mjs [MODEL_DIR]          install kvl (npm ci: TypeScript; the native
+//                                                    addon comes prebuilt, or is built where a C
+//                                                    compiler and CMake exist),
 //                                                    run the doctor, download + pack the pinned
 //                                                    Kimi-VL-A3B-Instruct (~33 GB download, ~17 GB
 //                                                    packed; bounded scratch), run the doctor on
@@ -51,7 +52,7 @@ const demo = args[0] === "--demo";
 if (demo) args.shift();
 if (args.length > 1 || args[0]?.startsWith("-")) fail("usage: quickstart [--demo] [MODEL_DIR]");
 
-say("installing kvl: npm ci (TypeScript, and the native addon where a C compiler and CMake exist)");
+say("installing kvl: npm ci (TypeScript; the native addon is prebuilt, or built where a C compiler and CMake exist)");
 // npm is npm.cmd on Windows, which only a shell runs
 step("npm", ["ci", "--no-audit", "--no-fund"], "npm ci", { cwd: ROOT, shell: process.platform === "win32" });
 

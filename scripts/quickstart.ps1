@@ -3,8 +3,8 @@
 #   scripts\quickstart.ps1 [-ModelDir DIR]        install kvl, download + pack the pinned model,
 #                                                 run the doctor, open an interactive chat
 #   scripts\quickstart.ps1 -Demo [-ModelDir DIR]  the same path on a tiny synthesized model
-# Needs Node >= 20; with CMake and the "Desktop development with C++" build tools (MSVC) npm ci
-# also builds the optional native addon (without them kvl runs on WebAssembly).
+# Needs Node >= 20 and nothing else: the native addon comes prebuilt (prebuilds\win32-x64, with
+# the AVX2 / AVX-512 kernels chosen for the CPU at start).
 param([switch]$Demo, [string]$ModelDir = "")
 $node = Get-Command node -ErrorAction SilentlyContinue
 if (-not $node) {

@@ -260,6 +260,25 @@ describe.skipIf(!nativeBuilt)("--backend both", () => {
   });
 });
 
+describe("the plan a bench runs", () => {
+  it("with no flags, the plan kvl chat makes: its 4096-token context, 256-token prefill chunks, the vision tower reserved, --ram-mib auto", () => {
+    const chatLike = benchJson(["--backend", "wasm", "--threads", "2", "--prompt-lens", "24", "--decode-tokens", "3", "--limits", limitsFile]);
+    expect(chatLike.settings).toMatchObject({ plan: "chat", max_context: 4096, max_batch: 256, ram_mib: "auto" });
+    const run = chatLike.runs[0];
+    expect(run.ram_budget_chosen_by).toBe("auto");
+    expect(run.plan).toMatch(/^KV cache +[\d,.]+ +4096 tokens/m);
+    expect(run.plan).toMatch(/^vision [^\n]*? +[1-9][\d,.]* +\d+x\d+ patches$/m);
+    // the bench-only plan, asked for by name: the prompts' context, one chunk, no vision
+    const own = benchJson(["--backend", "wasm", "--threads", "2", "--prompt-lens", "24", "--decode-tokens", "3", "--limits", limitsFile, "--plan", "bench"]);
+    expect(own.settings).toMatchObject({ plan: "bench", max_context: 24 + 3 + 8, max_batch: 24 });
+    expect(own.runs[0].plan).not.toMatch(/patches$/m);
+    expect(own.runs[0].plan_total_bytes).toBeLessThan(run.plan_total_bytes);
+    const text = bench([pack, "--backend", "wasm", "--threads", "2", "--prompt-lens", "8", "--decode-tokens", "2", "--limits", limitsFile]);
+    expect(text.stdout).toMatch(/^plan: as kvl chat plans it \(context 4096 tokens, 256-token prefill chunks, the vision tower reserved\)$/m);
+    expect(text.stdout).toMatch(/RAM plan [\d.]+ MiB of \d+ \(--ram-mib auto\)/);
+  });
+});
+
 describe("bad options", () => {
   it.each([
     [["--prompt-lens", "a,b"], /^kvl bench: error: --prompt-lens "a,b": give comma-separated integers/],

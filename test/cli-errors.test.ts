@@ -5,7 +5,7 @@
  * loops forever under /proc: the child has a timeout). Paths that refuse even root (the tests
  * run as root, so a chmod 000 folder would not): /proc and /sys, a symlink loop, a too-long name.
  */
-import { spawn } from "node:child_process";
+import { spawn, spawnSync } from "node:child_process";
 import { mkdirSync, readFileSync, symlinkSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 
@@ -151,10 +151,13 @@ describe("a bad KVL_* value is one line naming the variable and the valid values
 });
 
 describe("kvl --version and a bad option value", () => {
-  it("--version prints package.json's version", async () => {
+  it("--version names the build: package.json's version, the commit, this Node and the backend", async () => {
     const r = await kvl(["--version"]);
     expect(r.status).toBe(0);
-    expect(r.stdout).toBe(`${(JSON.parse(readFileSync(join(packageRoot, "package.json"), "utf8")) as { version: string }).version}\n`);
+    const version = (JSON.parse(readFileSync(join(packageRoot, "package.json"), "utf8")) as { version: string }).version;
+    const head = spawnSync("git", ["-C", packageRoot, "rev-parse", "--short=12", "HEAD"], { encoding: "utf8" }).stdout.trim();
+    expect(r.stdout).toMatch(new RegExp(`^kvl ${version.replace(/\./g, "\\.")} \\(commit ${head}[^;]*; Node ${process.version} linux-x64; ` +
+      "backend (native (scalar|avx2|avx512|avx512-bf16) \\((local build|prebuilt|KVL_ADDON) addon\\)|wasm \\(.+\\))\\)\n$"));
   });
 
   it("--backend bogus is one line with the valid choices, not the whole help", async () => {

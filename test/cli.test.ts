@@ -58,7 +58,8 @@ describe("kvl doctor without a model", () => {
     expect(r.status).toBe(0);
     const lines = r.stdout.trim().split("\n");
     expect(lines.at(-1)).toBe("PASS");
-    expect(r.stdout).toMatch(/^backend: native — auto: the native addon loads and runs \S+ kernels$/m);
+    expect(r.stdout).toMatch(/^backend: native — auto: the native addon \((local build|prebuilt)\) loads and runs \S+ kernels$/m);
+    expect(r.stdout).toMatch(/^native addon: \S+kvl_core\.node \((local build|prebuilt)\)$/m);
     expect(r.stdout).toMatch(/^ {2}wasm +simd128 +\d+ checks {2}ok$/m);
     expect(r.stdout).toMatch(/^ {2}native +avx2 +\d+ checks {2}ok$/m);
     expect(r.stdout).toMatch(/^ {2}wasm +scalar +\d+ checks {2}ok$/m);

@@ -139,7 +139,11 @@ describe("kvl doctor MODEL on a good tiny pack", () => {
     const r = doctor([pack, "--verbose"]);
     expect(r.status, r.stdout + r.stderr).toBe(0);
     expect(r.stdout).toMatch(/^ +component +MiB$/m);
-    expect(r.stdout).toMatch(/^ +total +[\d,.]+ +budget 4,096\.0 MiB$/m);
+    // no --ram-mib: auto, capped at what the tiny model can use
+    expect(r.stdout).toMatch(/^ +total +[\d,.]+ +budget [\d,.]+ MiB \(--ram-mib auto\)$/m);
+    expect(r.checks.get("RAM")!.line).toMatch(/plan [\d.]+ MiB of --ram-mib auto = \d+ MiB \(auto: .*capped at \d+ MiB, all the model can use\)/);
+    const fixed = doctor([pack, "--verbose", "--ram-mib", "4096", "--quick"]);
+    expect(fixed.stdout).toMatch(/^ +total +[\d,.]+ +budget 4,096\.0 MiB$/m);
     expect(r.stderr).toMatch(/^checking tensor data: 100\.0% .*done in/m);
   }, 120_000);
 

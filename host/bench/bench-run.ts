@@ -27,7 +27,9 @@ import { type BackendName, CoreError, type CoreSession, type EngineStats, type E
 import { type HostedEngine, openHostedEngine } from "../engine/engine-host.js";
 import { type ThpMode, readThpMode } from "../core/huge-pages.js";
 import { type ActDtypeChoice, actModeFor, actModeJson } from "../plan/act-mode.js";
+import { DEFAULT_MAX_BATCH, DEFAULT_MAX_CONTEXT } from "../plan/defaults.js";
 import { plan } from "../plan/planner.js";
+import type { RamChoice } from "../plan/ram-budget.js";
 import { peakRssBytes } from "../system/process-memory.js";
 import { UserError } from "../system/user-error.js";
 
@@ -40,7 +42,11 @@ interface BenchOptions {
   backendReason: string;
   /** The backend choice's record: the native kernel set --kernels auto runs (act-mode.ts). */
   backendRecord: Pick<BackendRecord, "native">;
-  ramMib: number;
+  /** --ram-mib: auto (what the machine gives now) or MiB */
+  ramMib: RamChoice;
+  /** chat: plan exactly as kvl chat does (its context, prefill chunk and vision reservation);
+   * bench: a bench-only plan (context sized to the prompts, no vision, one prefill chunk per prompt) */
+  plan: BenchPlan;
   /** as given: "auto" or MiB */
   cacheMib: string;
   /** as given: "auto", "0" or MiB (the settings record keeps the text) */
@@ -51,8 +57,8 @@ interface BenchOptions {
   decodeTokens: number;
   warm: boolean;
   warmupTokens: number;
-  /** 0 = the longest prompt */
-  maxBatch: number;
+  /** undefined: the plan's own (chat: DEFAULT_MAX_BATCH; bench: the longest prompt); 0 = the longest prompt */
+  maxBatch?: number | undefined;
   seed: number;
   /** auto: per backend, the mode act-mode.ts's table gives for its kernel set. */
   actDtype: ActDtypeChoice;
@@ -74,6 +80,10 @@ export interface RunRecord {
   open_verify_s: number;
   open_verify_bytes: number;
   plan_total_bytes: number;
+  /** the budget the plan was held to, MiB, and whether --ram-mib auto chose it (and from what) */
+  ram_budget_mib: number;
+  ram_budget_chosen_by: "auto" | "option";
+  ram_budget_detail: string | null;
   plan: string;
   plan_differences: string[];
   open_ssd_bytes: number;
@@ -235,12 +245,21 @@ function boundedDecode(o: BenchOptions, hosted: HostedEngine, session: CoreSessi
 
 // ---- the procedure --------------------------------------------------------------------------
 
-function benchSizes(o: Pick<BenchOptions, "promptLens" | "decodeTokens" | "warm" | "warmupTokens" | "maxBatch">): { maxBatch: number; maxContext: number } {
+/** The bench's plans: as kvl chat plans (the default: what a user gets), or the bench's own. */
+export const BENCH_PLANS = ["chat", "bench"] as const;
+export type BenchPlan = (typeof BENCH_PLANS)[number];
+
+/** The session sizes: chat's (its context unless the prompts need more, its prefill chunk) or the
+ * bench-only plan's (the context the prompts need, each prompt one chunk). */
+export function benchSizes(o: Pick<BenchOptions, "promptLens" | "decodeTokens" | "warm" | "warmupTokens" | "maxBatch" | "plan">): { maxBatch: number; maxContext: number } {
   const longest = Math.max(...o.promptLens);
-  const maxBatch = o.maxBatch || Math.max(longest, o.warm ? o.warmupTokens : 0);
-  let maxContext = longest + o.decodeTokens + 8;
-  if (o.warm) maxContext = Math.max(maxContext, o.warmupTokens + 8);
-  return { maxBatch, maxContext };
+  let needed = longest + o.decodeTokens + 8;
+  if (o.warm) needed = Math.max(needed, o.warmupTokens + 8);
+  const oneChunk = Math.max(longest, o.warm ? o.warmupTokens : 0);
+  if (o.plan === "chat") {
+    return { maxBatch: o.maxBatch === undefined ? DEFAULT_MAX_BATCH : o.maxBatch || oneChunk, maxContext: Math.max(DEFAULT_MAX_CONTEXT, needed) };
+  }
+  return { maxBatch: o.maxBatch || oneChunk, maxContext: needed };
 }
 
 /** One prompt length on one backend: a fresh engine from the plan, cold prompt, decode, optional warm repeat. */
@@ -251,7 +270,7 @@ async function benchOne(o: BenchOptions, backend: BackendName, n: number, pb: Pa
   const mode = await actModeFor(o.actDtype, o.backendRecord, backend, o.kernels ?? "auto");
   const ramPlan = await plan(o.model, {
     backend, ramMib: o.ramMib, cacheMib: o.cacheMib === "auto" ? null : Number(o.cacheMib), trunkCacheMib: o.trunkCacheMib === "auto" ? null : Number(o.trunkCacheMib),
-    maxContext, maxBatch, loadVision: false, threads: o.threads, actDtype: mode.actDtype, check: true, ...(o.instances !== undefined ? { instances: o.instances } : {}),
+    maxContext, maxBatch, loadVision: o.plan === "chat", threads: o.threads, actDtype: mode.actDtype, check: true, ...(o.instances !== undefined ? { instances: o.instances } : {}),
   });
   await collectGarbage();
   if (rssReset) resetPeakRss();
@@ -260,6 +279,7 @@ async function benchOne(o: BenchOptions, backend: BackendName, n: number, pb: Pa
   try {
     hosted = await openHostedEngine(backend, o.model, {
       nThreads: ramPlan.nThreads, planned: ramPlan.instances, actDtype: mode.actDtype, ...(o.kernels !== undefined ? { kernels: o.kernels } : {}),
+      ...(backend === "native" && o.backendRecord.native.loads ? { nativeAddon: o.backendRecord.native.path } : {}),
       ...(o.expertLookahead !== undefined ? { expertLookahead: o.expertLookahead } : {}),
     });
   } catch (err) {
@@ -277,7 +297,8 @@ async function benchOne(o: BenchOptions, backend: BackendName, n: number, pb: Pa
     const streamedTrunk = ramPlan.trunkCacheable - info.trunkCacheBytes;
     run = {
       backend, instances: hosted.ranges.length, prompt_tokens: n, open_s: openS, open_verify_s: openStats.verifyNs / 1e9,
-      open_verify_bytes: openStats.verifyBytes, plan_total_bytes: ramPlan.total, plan: ramPlan.describe(),
+      open_verify_bytes: openStats.verifyBytes, plan_total_bytes: ramPlan.total, ram_budget_mib: ramPlan.settings.ramMib,
+      ram_budget_chosen_by: ramPlan.settings.ramChosenBy, ram_budget_detail: ramPlan.settings.ramDetail, plan: ramPlan.describe(),
       plan_differences: differences, open_ssd_bytes: ssdBytes(openStats),
       info: {
         n_threads: info.nThreads, kernels: info.kernels, kv_dtype: info.kvDtype, act_dtype: info.actDtype, trunk_direct_io: info.trunkDirectIo,
@@ -338,7 +359,7 @@ export async function runBench(o: BenchOptions, pb: PackBytes, limits: Limits, o
     backend: o.backends.length > 1 ? "both" : o.backends[0]!,
     backend_reason: o.backendReason,
     settings: {
-      ram_mib: o.ramMib, cache_mib: o.cacheMib === "auto" ? o.cacheMib : Number(o.cacheMib), trunk_cache_mib: o.trunkCacheMib, threads: o.threads, prompt_lens: lens,
+      ram_mib: o.ramMib, plan: o.plan, cache_mib: o.cacheMib === "auto" ? o.cacheMib : Number(o.cacheMib), trunk_cache_mib: o.trunkCacheMib, threads: o.threads, prompt_lens: lens,
       decode_tokens: o.decodeTokens, warm: o.warm, max_batch: sizes.maxBatch, max_context: sizes.maxContext, seed: o.seed,
       drop_caches: o.dropCaches, act_dtype: o.actDtype, kernels: o.kernels ?? "auto", backend: o.backendRequest, instances: o.instances ?? null,
       expert_lookahead: o.expertLookahead ?? "auto",

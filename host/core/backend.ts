@@ -16,7 +16,7 @@ import type { BackendName, CoreBackend, KernelSet } from "./core-api.js";
 import { type CpuInfo, readCpuInfo } from "./cpu.js";
 import { envChoice } from "../system/env.js";
 import { NativeBackend, loadNativeAddon } from "./native-backend.js";
-import { NATIVE_ADDON_HINT, kvlCommandArgs, nativeAddonPath, wasmDistDir } from "../system/paths.js";
+import { type AddonOrigin, NATIVE_ADDON_HINT, kvlCommandArgs, nativeAddonCandidates, nativeAddonPath, wasmDistDir } from "../system/paths.js";
 import { UserError } from "../system/user-error.js";
 import { WasmBackend } from "./wasm-backend.js";
 import { type WasmFeatures, probeWasmFeatures } from "./wasm-features.js";
@@ -25,7 +25,12 @@ export const BACKEND_REQUESTS = ["auto", "native", "wasm"] as const;
 export type BackendRequest = (typeof BACKEND_REQUESTS)[number];
 
 export interface NativeStatus {
+  /** The addon chosen (the first candidate that loads), else the first one tried. */
   readonly path: string;
+  /** Where it came from (paths.ts nativeAddonCandidates), null when none loads. */
+  readonly origin: AddonOrigin | null;
+  /** Candidates tried before it that exist and do not load, with why. */
+  readonly skipped: ReadonlyArray<{ readonly path: string; readonly origin: AddonOrigin; readonly error: string }>;
   readonly present: boolean;
   readonly loads: boolean;
   /** Why it does not load (missing file, the child's error or signal). */
@@ -69,8 +74,9 @@ export function parseBackendRequest(value: string, source: string): BackendReque
 
 /** Loads the addon in a child process (kvl itself with the hidden argument of addon-probe.ts) and
  * reports what it says about its kernel sets. */
-export function testLoadNativeAddon(path: string = nativeAddonPath(), env: NodeJS.ProcessEnv = process.env): NativeStatus {
-  const absent = { path, present: false, loads: false, kernelSets: [], defaultKernelSet: null };
+export function testLoadNativeAddon(path: string = nativeAddonPath(), env: NodeJS.ProcessEnv = process.env,
+  origin: AddonOrigin | null = null): NativeStatus {
+  const absent = { path, origin: null, skipped: [], present: false, loads: false, kernelSets: [], defaultKernelSet: null };
   if (!existsSync(path)) {
     return { ...absent, error: `no addon at ${path} (${NATIVE_ADDON_HINT})` };
   }
@@ -85,10 +91,28 @@ export function testLoadNativeAddon(path: string = nativeAddonPath(), env: NodeJ
   }
   try {
     const parsed = JSON.parse(child.stdout) as AddonProbeReport;
-    return { path, present: true, loads: true, error: null, kernelSets: parsed.sets, defaultKernelSet: parsed.def };
+    return { path, origin, skipped: [], present: true, loads: true, error: null, kernelSets: parsed.sets, defaultKernelSet: parsed.def };
   } catch {
     return { ...absent, present: true, error: `the addon's test load printed no report: ${child.stdout.slice(0, 200)}` };
   }
+}
+
+/** Tries the addons in the loader's order (paths.ts nativeAddonCandidates: KVL_ADDON alone, else
+ * a local build, then the prebuilt one) and reports the first that loads, or why none does. */
+export function probeNativeAddon(env: NodeJS.ProcessEnv = process.env): NativeStatus {
+  const skipped: Array<{ path: string; origin: AddonOrigin; error: string }> = [];
+  let first: NativeStatus | null = null;
+  for (const c of nativeAddonCandidates(env)) {
+    if (!existsSync(c.path) && c.origin !== "KVL_ADDON") continue;
+    const status = testLoadNativeAddon(c.path, env, c.origin);
+    if (status.loads) return { ...status, skipped };
+    skipped.push({ path: c.path, origin: c.origin, error: status.error ?? "does not load" });
+    first ??= status;
+  }
+  if (first) return { ...first, skipped: skipped.slice(1), error: `${first.error}${skipped.length > 1 ? `; ${skipped.slice(1).map((s) => `${s.origin} ${s.path}: ${s.error}`).join("; ")}` : ""}` };
+  const path = nativeAddonPath(env);
+  return { path, origin: null, skipped: [], present: false, loads: false, kernelSets: [], defaultKernelSet: null,
+    error: `no addon (${NATIVE_ADDON_HINT})` };
 }
 
 export function wasmStatus(dist: string = wasmDistDir): WasmStatus {
@@ -115,7 +139,7 @@ export function chooseBackend(options: BackendOptions = {}): BackendRecord {
   const fromEnv = envChoice("KVL_BACKEND", BACKEND_REQUESTS, env);
   const requestedBy = options.option !== undefined ? "option" : fromEnv !== undefined ? "KVL_BACKEND" : "default";
   const requested = options.option !== undefined ? parseBackendRequest(options.option, "--backend") : fromEnv ?? "auto";
-  const native = testLoadNativeAddon(nativeAddonPath(env), env);
+  const native = probeNativeAddon(env);
   const wasm = wasmStatus();
   const base = { requested, requestedBy, native, wasm, cpu: readCpuInfo(), node: process.version,
     platform: `${process.platform} ${process.arch}` } as const;
@@ -132,7 +156,7 @@ export function chooseBackend(options: BackendOptions = {}): BackendRecord {
     reason = `asked for (${requestedBy})`;
   } else if (native.loads && native.defaultKernelSet !== "scalar") {
     chosen = "native";
-    reason = `auto: the native addon loads and runs ${native.defaultKernelSet} kernels`;
+    reason = `auto: the native addon (${native.origin}) loads and runs ${native.defaultKernelSet} kernels`;
   } else if (wasm.usable) {
     chosen = "wasm";
     reason = native.loads

@@ -18,7 +18,8 @@ import { join } from "node:path";
 import type { BackendName, CoreBackend, CoreEngine, EngineOptions } from "../core/core-api.js";
 import { parseJson } from "../pack/json-file.js";
 import { textDims } from "../pack/model-spec.js";
-import { NativeBackend } from "../core/native-backend.js";
+import { NativeBackend, loadNativeAddon } from "../core/native-backend.js";
+import { nativeAddonPath } from "../system/paths.js";
 import { SplitEngine } from "./split-engine.js";
 import { layerRanges, requestedInstances } from "../plan/instances.js";
 import { UserError } from "../system/user-error.js";
@@ -41,6 +42,8 @@ export interface HostedEngineOptions extends Omit<EngineOptions, "layerBegin" | 
   instances?: number;
   /** WebAssembly: the memory of each instance in bytes (a multiple of 64 KiB, at most 4 GiB). */
   instanceMemoryBytes?: number;
+  /** Native: the addon backend.ts chose (its record's native.path); absent: paths.ts nativeAddonPath. */
+  nativeAddon?: string;
 }
 
 
@@ -86,14 +89,14 @@ function rangeOptions(engineOptions: EngineOptions, spec: PlannedInstance): Engi
 }
 
 export async function openHostedEngine(backend: BackendName, packDir: string, options: HostedEngineOptions): Promise<HostedEngine> {
-  const { instances: _i, instanceMemoryBytes, planned, ...engineOptions } = options;
+  const { instances: _i, instanceMemoryBytes, planned, nativeAddon, ...engineOptions } = options;
   const specs = planned ?? evenSplit(packDir, options.instances, engineOptions, instanceMemoryBytes ?? MAX_INSTANCE_BYTES);
   const ranges = specs.map((s): [number, number] => [s.engineOptions.layerBegin, s.engineOptions.layerEnd]);
   const parts: CoreEngine[] = [];
   const owners: CoreBackend[] = [];
   try {
     if (backend === "native") {
-      const native = new NativeBackend();
+      const native = new NativeBackend(loadNativeAddon(nativeAddon ?? nativeAddonPath()));
       owners.push(native);
       for (const spec of specs) parts.push(native.openEngine(packDir, rangeOptions(engineOptions, spec)));
     } else {

@@ -227,7 +227,7 @@ async function checkRam(model: string, record: BackendRecord, o: ModelDoctorOpti
   }
   const total = ramPlan.total;
   const instances = ramPlan.instances.length;
-  const head = `${record.chosen} plan ${(total / MIB).toFixed(0)} MiB of --ram-mib ${ramMib} ` +
+  const head = `${record.chosen} plan ${(total / MIB).toFixed(0)} MiB of ${ramPlan.budgetText} ` +
     `(${instances} ${record.chosen === "wasm" ? "instance" : "engine"}${instances > 1 ? "s" : ""}, ${ramPlan.nThreads} threads, ` +
     `Linear inputs ${mode.actDtype})`;
   const available = availableRamBytes();
@@ -243,7 +243,8 @@ async function checkRam(model: string, record: BackendRecord, o: ModelDoctorOpti
 async function checkEngine(model: string, record: BackendRecord, ramPlan: RamPlan, o: ModelDoctorOptions, mode: ActMode): Promise<Check[]> {
   let client: EngineClient;
   try {
-    client = await EngineClient.open(record.chosen, model, { nThreads: ramPlan.nThreads, planned: ramPlan.instances, kernels: o.kernels, actDtype: mode.actDtype,
+    client = await EngineClient.open(record.chosen, model, { nThreads: ramPlan.nThreads, planned: ramPlan.instances,
+      ...(record.chosen === "native" ? { nativeAddon: record.native.path } : {}), kernels: o.kernels, actDtype: mode.actDtype,
       ...(o.expertLookahead !== undefined ? { expertLookahead: o.expertLookahead } : {}) });
   } catch (err) {
     return [{ status: "FAIL", name: "engine", detail: `the ${record.chosen} engine refused the pack (${message(err)})`, fix: `fix the pack (${message(err)})` }];

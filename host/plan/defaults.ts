@@ -8,9 +8,11 @@
  */
 import type { ExpertLookahead, KernelChoice } from "../core/core-api.js";
 import type { ActDtypeChoice } from "./act-mode.js";
+import type { RamChoice } from "./ram-budget.js";
 
-/** --ram-mib: the RAM budget the plan holds every resident byte to. */
-export const DEFAULT_RAM_MIB = 4096;
+/** --ram-mib: the RAM budget the plan holds every resident byte to; auto: what this machine can
+ * give now, less headroom (ram-budget.ts). */
+export const DEFAULT_RAM_MIB: RamChoice = "auto";
 /** --max-context: tokens a session holds. */
 export const DEFAULT_MAX_CONTEXT = 4096;
 /** Prefill chunk in tokens, as kvl_session_options' default (split-engine.ts uses it where a session names none). */

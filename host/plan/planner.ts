@@ -168,7 +168,13 @@ export class RamPlan {
   get ramBytes(): number {
     return Math.floor(this.settings.ramMib * MIB);
   }
-  get maxContext(): number {
+  /** The budget as the load lines say it: "--ram-mib 4096", or "--ram-mib auto = 19800 MiB (how)". */
+  get budgetText(): string {
+    return this.settings.ramChosenBy === "auto"
+      ? `--ram-mib auto = ${this.settings.ramMib} MiB (${this.settings.ramDetail})`
+      : `--ram-mib ${this.settings.ramMib}`;
+  }
+    get maxContext(): number {
     return this.settings.maxContext;
   }
   get maxBatch(): number {
@@ -235,7 +241,7 @@ export class RamPlan {
       const label = c === "runtime" && this.backend === "native" ? "engine bookkeeping (store indexes, allocator)" : LABELS[c];
       rows.push([label, mib(this.components[c]), note]);
     }
-    rows.push(["total", mib(this.total), `budget ${mib(this.ramBytes)} MiB`]);
+    rows.push(["total", mib(this.total), `budget ${mib(this.ramBytes)} MiB${this.settings.ramChosenBy === "auto" ? " (--ram-mib auto)" : ""}`]);
     const width = Math.max(...rows.map((r) => r[0].length));
     const lines = rows.map((r) => `${r[0].padEnd(width)}  ${r[1].padStart(10)}  ${r[2]}`.trimEnd());
     const rule = "-".repeat(lines[0]!.length);
@@ -258,6 +264,12 @@ export class RamPlan {
     const over = this.total - this.ramBytes;
     if (over <= 0) return;
     const hints = adviceFor(build, this.facts, this.settings);
+    if (this.settings.ramChosenBy === "auto") {
+      // the smallest plan that works does not fit what the machine has free: say so, with what to do
+      throw new UserError(`the RAM plan needs ${mib(this.total)} MiB, but this machine can give kvl only ${mib(this.ramBytes)} MiB now ` +
+        `(${this.settings.ramDetail}); close other programs to free ${mib(over)} MiB, ` +
+        `${hints.map((h) => h.replace(/^raise --ram-mib to (\d+)/, "or pass --ram-mib $1 if that much will be free when kvl runs")).join(" or ")}\n${this.describe()}`);
+    }
     throw new UserError(`the RAM plan needs ${mib(this.total)} MiB, ${mib(over)} MiB over --ram-mib ${mib(this.ramBytes)}; ` +
       `${hints.join(" or ")}\n${this.describe()}`);
   }
@@ -452,7 +464,8 @@ function build(facts: PackFacts, s: PlanSettings): RamPlan {
 
 /** Plans a run of a pack already read (no I/O); refuses (UserError) a plan over the budget when check is set. */
 export function planFromFacts(facts: PackFacts, options: PlanOptions): RamPlan {
-  const s = resolveAutoLimits(build, facts, settingsOf(facts, options));
+  let s = resolveAutoLimits(build, facts, settingsOf(facts, options));
+  if (s.ramChosenBy === "auto") s = capAutoBudget(facts, s);
   let result: RamPlan;
   try {
     result = build(facts, s);
@@ -465,6 +478,23 @@ export function planFromFacts(facts: PackFacts, options: PlanOptions): RamPlan {
   }
   if (options.check ?? true) result.checkBudget();
   return result;
+}
+
+/** --ram-mib auto never claims more than the model can use: the budget becomes the plan's total
+ * when everything the plan can hold (trunk, experts) is resident within less than the machine
+ * gives. A budget the plan does not fit stays as it is (checkBudget says so). */
+function capAutoBudget(facts: PackFacts, s: PlanSettings): PlanSettings {
+  let planned: RamPlan;
+  try {
+    planned = build(facts, s);
+  } catch {
+    return s;
+  }
+  const needed = Math.ceil(planned.total / MIB);
+  if (needed >= s.ramMib) return s;
+  const capped = { ...s, ramMib: needed, ramDetail: `${s.ramDetail}; capped at ${needed} MiB, all the model can use` };
+  // the auto caches were sized from the larger budget: they already hold all there is
+  return capped;
 }
 
 /** Plans a run of the pack in packDir (read with pack-format.ts); see planFromFacts. */

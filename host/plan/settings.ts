@@ -19,10 +19,13 @@ import { type PackFacts, WASM_MIN_INSTANCE_BYTES, WASM_PAGE, modelOf } from "./c
 import { DEFAULT_MAX_BATCH, DEFAULT_MAX_CONTEXT, DEFAULT_RAM_MIB } from "./defaults.js";
 import { type RequestPlanOptions, type RequestSettings, imagePixelsSetting, requestSettings } from "./input-lines.js";
 import { requestedInstances } from "./instances.js";
+import { type RamChoice, ramBudget } from "./ram-budget.js";
+import type { MachineMemory } from "../system/machine-memory.js";
 
 /** The model options of chat, serve and doctor: what runs the model and what its plan holds. */
 export interface ModelOptions {
-  ramMib: number;
+  /** auto: what the machine can give now (ram-budget.ts). */
+  ramMib: RamChoice;
   /** absent = auto (what the budget leaves once the trunk cache is full) */
   cacheMib?: number | undefined;
   /** null = what the budget leaves. */
@@ -46,8 +49,10 @@ export interface ModelOptions {
 export interface PlanOptions {
   /** Which backend runs the engines (decides instances, memories and the Node figures). */
   backend: BackendName;
-  /** The budget, MiB; default DEFAULT_RAM_MIB. */
-  ramMib?: number;
+  /** The budget, MiB, or auto (ram-budget.ts); default DEFAULT_RAM_MIB. */
+  ramMib?: RamChoice;
+  /** The machine's memory figures auto reads (tests give fake ones); absent: read now. */
+  machineMemory?: MachineMemory;
   /** Expert cache over all ranges, MiB (whole extents); null or absent = auto: what the budget
    * leaves once the trunk cache has what it can hold (see resolveAutoLimits). */
   cacheMib?: number | null;
@@ -83,6 +88,9 @@ export interface PlanOptions {
 export interface PlanSettings {
   backend: BackendName;
   ramMib: number;
+  /** Whether ramMib was given or chosen by auto, and how auto came to it. */
+  ramChosenBy: "auto" | "option";
+  ramDetail: string | null;
   /** Always a number in a plan; while cacheAuto, resolveAutoLimits picks it. */
   cacheMib: number;
   cacheAuto: boolean;
@@ -102,9 +110,12 @@ export interface PlanSettings {
 
 export function settingsOf(facts: PackFacts, options: PlanOptions): PlanSettings {
   const m = modelOf(facts);
+  const budget = ramBudget(options.ramMib ?? DEFAULT_RAM_MIB, options.machineMemory);
   const s: PlanSettings = {
     backend: options.backend,
-    ramMib: options.ramMib ?? DEFAULT_RAM_MIB,
+    ramMib: budget.mib,
+    ramChosenBy: budget.chosenBy,
+    ramDetail: budget.detail,
     cacheMib: options.cacheMib ?? 0,
     cacheAuto: options.cacheMib === undefined || options.cacheMib === null,
     trunkCacheMib: options.trunkCacheMib ?? null,

@@ -44,17 +44,42 @@ export const packageRoot: string = runningAsSea
 /** The committed WebAssembly build of the core. */
 export const wasmDistDir: string = join(packageRoot, "wasm-core", "dist");
 
-/** Where the native addon is looked for: where `npm ci` (scripts/build-addon.mjs) puts it, or
- * beside the single executable; KVL_ADDON overrides it. */
-export function nativeAddonPath(env: NodeJS.ProcessEnv = process.env): string {
-  return envString("KVL_ADDON", env) ??
-    (runningAsSea ? join(dirname(process.execPath), "kvl_core.node") : join(packageRoot, "build", "addon", "kvl_core.node"));
+/** Where a native addon came from, in the order the loader tries them (backend.ts). */
+export type AddonOrigin = "KVL_ADDON" | "local build" | "beside the executable" | "prebuilt";
+
+export interface AddonCandidate {
+  readonly path: string;
+  readonly origin: AddonOrigin;
 }
 
-/** How to get the native addon where nativeAddonPath looks, for a message saying it is absent. */
+/** The folder of the prebuilt addons shipped in the package (and in a single executable's
+ * assets), one per platform as prebuildify lays them out: prebuilds/<platform>-<arch>/. */
+export function prebuiltAddonPath(platform: string = process.platform, arch: string = process.arch): string {
+  return join(packageRoot, "prebuilds", `${platform}-${arch}`, "kvl_core.node");
+}
+
+/** The addons the loader tries, in order: KVL_ADDON alone when it is set; else a local build
+ * (`npm run build:native`'s, or a kvl_core.node beside the single executable), then the prebuilt
+ * one for this platform. */
+export function nativeAddonCandidates(env: NodeJS.ProcessEnv = process.env): AddonCandidate[] {
+  const fromEnv = envString("KVL_ADDON", env);
+  if (fromEnv !== undefined) return [{ path: fromEnv, origin: "KVL_ADDON" }];
+  const local: AddonCandidate = runningAsSea
+    ? { path: join(dirname(process.execPath), "kvl_core.node"), origin: "beside the executable" }
+    : { path: join(packageRoot, "build", "addon", "kvl_core.node"), origin: "local build" };
+  return [local, { path: prebuiltAddonPath(), origin: "prebuilt" }];
+}
+
+/** The first candidate that exists (the one the loader tries first), else the first candidate. */
+export function nativeAddonPath(env: NodeJS.ProcessEnv = process.env): string {
+  const candidates = nativeAddonCandidates(env);
+  return (candidates.find((c) => existsSync(c.path)) ?? candidates[0]!).path;
+}
+
+/** How to get a native addon where the loader looks, for a message saying none is there. */
 export const NATIVE_ADDON_HINT = runningAsSea
-  ? "put the kvl_core.node built for this system beside the executable"
-  : "build it with `npm run build:native`";
+  ? "this executable carries none for this platform; put a kvl_core.node built for this system beside it"
+  : "this package has no prebuilt addon for this platform; build one with `npm run build:native` (cmake and a C compiler)";
 
 /** The arguments after process.execPath that run kvl's command line: the compiled script from the
  * package, none for the single executable (its script is built in). */

@@ -2,23 +2,26 @@
 // copied alone into an empty folder, run from another empty folder with nothing else installed
 // (a fresh cache folder for their extracted files), each result compared with the npm install's
 // (`node dist/cli/kvl.js`) run in this step:
-//   - `kvl doctor` passes on WebAssembly, and names no addon (none is beside the executable);
+//   - `kvl doctor` picks the native backend from the prebuilt addon it carries (extracted with its
+//     other files), with the kernel set the local build picks on this CPU, and self-tests both backends;
 //   - `kvl synth` + `kvl pack` of the tiny model: every file byte-identical to the npm install's;
-//   - `kvl chat --json` greedy tokens (text, an image) equal to the npm install's on WebAssembly;
+//   - `kvl chat --json` greedy tokens (text, an image) equal to the npm install's: with no
+//     --backend on the carried native addon, and with --backend wasm;
 //   - `kvl serve` serves its web page (a file of the extracted folder) and answers a chat request;
 //   - the extracted files: one content-addressed folder, written by the first run and reused as it
 //     is by every later one (same inodes, no partial folder left), and an unwritable cache folder
 //     is a one-line error;
-//   - with the addon (build/addon/kvl_core.node) copied beside the executable: `kvl doctor`
-//     self-tests both backends and `kvl chat --backend native` gives the npm install's tokens.
+//   - with the addon (build/addon/kvl_core.node) copied beside the executable: `kvl doctor` loads
+//     that one instead and `kvl chat --backend native` gives the npm install's tokens.
 // kvl-linux-x64 natively; kvl-win-x64.exe under Wine (wine.mjs), copied alone into an empty folder
 // and run with no KVL_ADDON or NODE_PATH (sharp comes from the executable), its extracted files
 // in the Wine prefix's %LOCALAPPDATA%\kvl (whose sea-* folders are deleted first):
-//   - `kvl doctor` passes on WebAssembly from that folder, the addon looked for beside it;
-//   - `kvl chat --json --backend wasm` greedy tokens (text, an image) equal to the npm install's
-//     on Linux; later runs reuse the extracted folder as it is (same inodes);
-//   - with the mingw-built kvl_core.node (scripts/check-mingw.sh --keep) beside it: `kvl doctor`
-//     self-tests both backends and `kvl chat --backend native` gives the npm install's tokens.
+//   - `kvl doctor` picks the native backend from the mingw-w64 prebuilt it carries, extracted to
+//     %LOCALAPPDATA%\kvl\sea-*, and self-tests both backends;
+//   - `kvl chat --json` greedy tokens (text, an image) equal to the npm install's on Linux, with
+//     --backend native and wasm; later runs reuse the extracted folder as it is (same inodes);
+//   - with a mingw-built kvl_core.node beside it: `kvl doctor` loads that one instead and
+//     `kvl chat --backend native` gives the npm install's tokens.
 //
 //   node test/portability/single-exe.mjs [--win-addon PATH]   (PATH: a mingw-built kvl_core.node;
 //                                                              without it, check-mingw.sh builds one)
@@ -63,13 +66,14 @@ function npmReference(work) {
       try {
         const r = run(process.execPath, [KVL, "chat", pack, ...cases[c], "--backend", backend]);
         reference[`${backend} ${c}`] = parseChat(r).tokens;
-        if (backend === "wasm" && c === "text") reference.reply = JSON.parse(r.stdout.trim().split("\n").at(-1)).reply;
+        if (backend === "native" && c === "text") reference.reply = JSON.parse(r.stdout.trim().split("\n").at(-1)).reply;
       } catch (err) {
         tally.fail(`npm install's chat --backend ${backend}, ${c}`, err.message);
       }
     }
   }
-  return { pack, reference };
+  const kernelSet = JSON.parse(run(process.execPath, [KVL, "doctor", "--json"]).stdout).backend.native.defaultKernelSet;
+  return { pack, reference, kernelSet };
 }
 
 /** `exe serve PACK` on a free port: GET / is the web page, one greedy chat request gets `want`'s tokens. */
@@ -116,11 +120,12 @@ async function linux(work, npm) {
   const doctor = kvl(["doctor", "--json"]);
   try {
     const report = JSON.parse(doctor.stdout);
-    const ran = [...new Set(report.selfTests.map((t) => t.backend))];
-    tally.check(report.pass && report.backend.chosen === "wasm" && ran.join() === "wasm" && !report.backend.native.present &&
-      report.backend.native.path === join(exeDir, "kvl_core.node"),
-    "kvl-linux-x64 doctor from an empty folder: PASS on WebAssembly, the addon looked for beside it",
-    `pass ${report.pass}, chose ${report.backend.chosen}, self-tests on ${ran.join(", ")}, addon ${report.backend.native.path} present ${report.backend.native.present}`);
+    const why = doctorBothBackends(doctor);
+    const n = report.backend.native;
+    tally.check(why === null && report.backend.chosen === "native" && n.origin === "prebuilt" && n.defaultKernelSet === npm.kernelSet &&
+      n.path.startsWith(join(cache, "kvl", "sea-")) && n.path.endsWith(join("prebuilds", "linux-x64", "kvl_core.node")),
+    `kvl-linux-x64 doctor from an empty folder: native backend from the prebuilt addon it carries (${npm.kernelSet}), self-tests on both backends`,
+    why ?? `chose ${report.backend.chosen} from ${n.origin} ${n.path}, kernels ${n.defaultKernelSet}`);
   } catch {
     tally.fail("kvl-linux-x64 doctor from an empty folder", `exit ${doctor.status}: ${errorLine(doctor.stderr || doctor.stdout)}`);
     return;
@@ -142,14 +147,16 @@ async function linux(work, npm) {
 
   const cases = chatCases();
   const { reference } = npm;
-  for (const c of ["text", "image"]) {
-    const name = `kvl-linux-x64 chat --json (${c}, nothing installed: WebAssembly): greedy tokens equal to the npm install's`;
-    try {
-      const { tokens, io } = parseChat(kvl(["chat", npmPackDir, ...cases[c]]));
-      const want = reference[`wasm ${c}`] ?? [];
-      tally.check(io.backend === "wasm" && sameTokens(tokens, want), name, `got ${tokens.join(",")} on ${io.backend}, npm ${want.join(",")}`);
-    } catch (err) {
-      tally.fail(name, err.message);
+  for (const [backend, flags] of [["native", []], ["wasm", ["--backend", "wasm"]]]) {
+    for (const c of ["text", "image"]) {
+      const name = `kvl-linux-x64 chat --json ${flags.join(" ") || "(no --backend: the carried addon)"} (${c}): greedy tokens equal to the npm install's`;
+      try {
+        const { tokens, io } = parseChat(kvl(["chat", npmPackDir, ...cases[c], ...flags]));
+        const want = reference[`${backend} ${c}`] ?? [];
+        tally.check(io.backend === backend && sameTokens(tokens, want), name, `got ${tokens.join(",")} on ${io.backend}, npm ${want.join(",")}`);
+      } catch (err) {
+        tally.fail(name, err.message);
+      }
     }
   }
 
@@ -171,7 +178,9 @@ async function linux(work, npm) {
   copyFileSync(ADDON, join(exeDir, "kvl_core.node"));
   const both = kvl(["doctor", "--json"]);
   const why = doctorBothBackends(both);
-  tally.check(why === null, "with kvl_core.node beside it: kvl doctor self-tests both backends", why);
+  const besideIt = why === null ? JSON.parse(both.stdout).backend.native : null;
+  tally.check(why === null && besideIt.origin === "beside the executable" && besideIt.path === join(exeDir, "kvl_core.node"),
+    "with kvl_core.node beside it: kvl doctor loads that one over the carried one, self-tests both backends", why ?? `${besideIt.origin} ${besideIt.path}`);
   const name = "with kvl_core.node beside it: chat --backend native (text, image) tokens equal to the npm install's";
   try {
     const got = ["text", "image"].map((c) => parseChat(kvl(["chat", npmPackDir, ...cases[c], "--backend", "native"])).tokens);
@@ -207,13 +216,14 @@ function windows(work, npm, winAddon) {
     const doctor = kvl(["doctor", "--json"]);
     try {
       const report = JSON.parse(doctor.stdout);
-      const ran = [...new Set(report.selfTests.map((t) => t.backend))];
+      const why = doctorBothBackends(doctor);
       const { native, wasm } = report.backend;
-      tally.check(report.pass && report.backend.platform === "win32 x64" && report.backend.chosen === "wasm" && ran.join() === "wasm" &&
-        !native.present && native.path === beside && wasm.dist.startsWith(`${local.win}\\kvl\\sea-`),
-      "kvl-win-x64.exe doctor under Wine from an empty folder: PASS on WebAssembly from %LOCALAPPDATA%\\kvl\\sea-*, the addon looked for beside it",
-      `pass ${report.pass} on ${report.backend.platform}, chose ${report.backend.chosen}, self-tests on ${ran.join(", ")}, ` +
-        `addon ${native.path} present ${native.present}, WebAssembly core from ${wasm.dist}`);
+      tally.check(why === null && report.backend.platform === "win32 x64" && report.backend.chosen === "native" && native.origin === "prebuilt" &&
+        native.defaultKernelSet === npm.kernelSet && native.path.startsWith(`${local.win}\\kvl\\sea-`) &&
+        native.path.endsWith("\\prebuilds\\win32-x64\\kvl_core.node") && wasm.dist.startsWith(`${local.win}\\kvl\\sea-`),
+      `kvl-win-x64.exe doctor under Wine from an empty folder: native backend from the mingw-w64 prebuilt it carries (${npm.kernelSet}), ` +
+        "extracted to %LOCALAPPDATA%\\kvl\\sea-*, self-tests on both backends",
+      why ?? `on ${report.backend.platform} chose ${report.backend.chosen} from ${native.origin} ${native.path} (${native.defaultKernelSet}), WebAssembly core from ${wasm.dist}`);
     } catch {
       tally.fail("kvl-win-x64.exe doctor under Wine from an empty folder", `exit ${doctor.status}: ${errorLine(doctor.stderr || doctor.stdout)}`);
       return;
@@ -235,15 +245,17 @@ function windows(work, npm, winAddon) {
         tally.fail(name, err.message);
       }
     };
+    chat("native");
     chat("wasm");
 
-    // the mingw-built addon a user puts beside the executable
+    // a mingw-built addon a user puts beside the executable wins over the carried one
     copyFileSync(winAddon, join(exeDir, "kvl_core.node"));
     const both = kvl(["doctor", "--json"]);
     const why = doctorBothBackends(both);
-    const loaded = why === null ? JSON.parse(both.stdout).backend.native.path : null;
-    tally.check(why === null && loaded === beside, "kvl-win-x64.exe with the mingw-built kvl_core.node beside it: kvl doctor self-tests both backends",
-      why ?? `addon loaded from ${loaded}`);
+    const loaded = why === null ? JSON.parse(both.stdout).backend.native : null;
+    tally.check(why === null && loaded.path === beside && loaded.origin === "beside the executable",
+      "kvl-win-x64.exe with a mingw-built kvl_core.node beside it: kvl doctor loads that one, self-tests both backends",
+      why ?? `addon loaded from ${loaded.origin} ${loaded.path}`);
     chat("native");
 
     const later = cacheState(local.linux);

@@ -106,8 +106,9 @@ async function serveAnswers(ctx, pack, backend, expected) {
  * or powershell scripts\quickstart.ps1), from an empty folder, with the checks of
  * test/quickstart.test.ts: `npm ci` is an npm.cmd stand-in on Wine's PATH that records its
  * arguments (a real one would replace the node_modules this runs from); the chat's input is a
- * file (Wine gap: pipes). The addon npm ci would build is the mingw-built one through KVL_ADDON,
- * so the chat runs natively, as on Linux. The demo model goes to its default place, the prefix's
+ * file (Wine gap: pipes). KVL_ADDON is unset: the checkout's committed prebuilds\win32-x64 addon
+ * must be found without a compiler (the checkout's build\addon holds Linux's, which the loader
+ * tries first and skips), so the chat runs natively, as on Linux. The demo model goes to its default place, the prefix's
  * %LOCALAPPDATA%\kvl\demo-tiny (removed before and after).
  */
 function quickstart(ctx, what, exe, args) {
@@ -123,7 +124,7 @@ function quickstart(ctx, what, exe, args) {
   const model = join(local.linux, "kvl", "demo-tiny");
   const clean = () => ["", ".src"].forEach((s) => rmSync(`${model}${s}`, { recursive: true, force: true }));
   clean();
-  const r = wineRun(ctx, exe, args, { cwd, stdin: input, env: { WINEPATH: [winPath(bin), winPath(dirname(ctx.nodeExe))].join(";") } });
+  const r = wineRun(ctx, exe, args, { cwd, stdin: input, env: { KVL_ADDON: "", WINEPATH: [winPath(bin), winPath(dirname(ctx.nodeExe))].join(";") } });
   clean();
   const out = r.stdout + r.stderr;
   tally.check(r.status === 0, `${what} --demo: ran to the end from an empty folder`, `exit ${r.status}: ${errorLine(out)}`);
@@ -136,8 +137,8 @@ function quickstart(ctx, what, exe, args) {
   tally.check(out.includes(packed), `${what} --demo: the demo model packed into %LOCALAPPDATA%\\kvl\\demo-tiny`,
     `no "${packed}" line: ${errorLine(r.stderr)}`);
   const reply = r.stdout.slice(r.stdout.indexOf("== chat")).split("\n").slice(1).join("\n").trim();
-  tally.check(/^kvl chat: \w+, 1 engine, kernels [\w-]+, Linear inputs \w+ \([^)]*\); RAM plan \d+ MiB/m.test(r.stderr) && r.stdout.includes("== chat") && reply.length > 20,
-    `${what} --demo: the chat opened on the demo model and answered "hello" (then /quit ended it)`,
+  tally.check(/^kvl chat: native, 1 engine, kernels [\w-]+, Linear inputs \w+ \([^)]*\); RAM plan \d+ MiB/m.test(r.stderr) && r.stdout.includes("== chat") && reply.length > 20,
+    `${what} --demo: the chat opened on the demo model with the prebuilt native addon (no compiler, no KVL_ADDON) and answered "hello" (then /quit ended it)`,
     `banner ${/^kvl chat: .*$/m.exec(r.stderr)?.[0] ?? "missing"}; reply ${reply.length} characters`);
 }
 
