@@ -111,9 +111,10 @@ else
         echo "FAILED  native/win_delay_load_hook.c"
         echo "$log" | sed 's/^/        /'
         failed+=("native/win_delay_load_hook.c")
-    # --no-insert-timestamp: the same sources give the same bytes (prebuilds/win32-x64 is compared)
+    # no link timestamp and a fixed image base (auto picks one from the output path): the same
+    # sources give the same bytes wherever they are built (prebuilds/win32-x64 is compared)
     elif ! log="$("$CC" -shared -o "$OUT/kvl_core.node" "${objs[@]}" "$OUT/addon.o" "$OUT/delay_hook.o" "$OUT/libnode.a" \
-                  -Wl,--fatal-warnings -Wl,--no-insert-timestamp 2>&1)"; then
+                  -Wl,--fatal-warnings -Wl,--no-insert-timestamp -Wl,--disable-auto-image-base 2>&1)"; then
         echo "FAILED  linking kvl_core.node"
         echo "$log" | sed 's/^/        /'
         failed+=("kvl_core.node (link)")
