@@ -133,7 +133,7 @@ async function stageAssets(target, work) {
     for (const f of filesUnder(join(ROOT, dir))) if (f !== "EMCC_VERSION") add(`${dir}/${f}`, join(ROOT, dir, f));
   }
   add("bench/membw.c", join(ROOT, "bench", "membw.c"));
-  for (const top of ["sharp", "tiktoken"]) {
+  for (const top of ["sharp", "tiktoken", "@mlc-ai/web-xgrammar"]) {
     for (const [name, dir] of dependencyClosure(top, target)) {
       for (const f of filesUnder(dir)) if (!SKIP.some((re) => re.test(f))) add(`node_modules/${name}/${f}`, join(dir, f));
     }
