@@ -51,8 +51,9 @@ export function validateReplyParams(p: ReplyParams): void {
     throw new UserError(`seed must be a non-negative integer (got ${String(p.seed)})`);
   }
   if (p.stop.some((s) => typeof s !== "string" || s.length === 0)) throw new UserError("stop strings must be non-empty strings");
-  // a stop string could cut the JSON a grammar guarantees, and the reply would claim to be complete
-  if (p.stop.length > 0 && p.grammar) throw new UserError("stop strings cannot be combined with structured output or tools");
+  // a stop string could cut the JSON a schema guarantees, and the reply would claim to be
+  // complete (a call cut short is simply not a call: tool-format.ts reports complete ones only)
+  if (p.stop.length > 0 && p.grammar?.kind === "json_schema") throw new UserError("stop strings cannot be combined with a JSON schema or JSON output");
 }
 
 /** The sampler's 64-bit seed: the given one (mod 2^64), else 64 random bits. */
