@@ -403,7 +403,7 @@ describe(`kvl serve on ${MAIN.label}: keys, bad input, queueing, disconnects`, (
       ["/api/chat", `{"model": "${MODEL}", "messages": [], "options": {"temperature": NaN}}`, 400, "ollama"],
       ["/api/chat", oll({ messages: [{ role: "user", content: "x", images: ["!!!"] }] }), 400, "ollama"],
       ["/api/chat", oll({ messages: [{ role: "user", content: "x", images: [b64(huge)] }] }), 400, "ollama"],
-      ["/api/chat", oll({ tools: [{ type: "function", function: { name: "f" } }] }), 400, "ollama"],
+      ["/api/chat", oll({ tools: [{ type: "function", function: { name: "not a name" } }] }), 400, "ollama"],
       ["/api/generate", { model: MODEL, prompt: "x", raw: true }, 400, "ollama"],
       ["/api/generate", `{"model": "${MODEL}", "prompt": ${deep(1000)}}`, 400, "ollama"],
     ];
