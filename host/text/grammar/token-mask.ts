@@ -55,6 +55,10 @@ export function applyBitmask(mask: Int32Array, logits: Float32Array): void {
     const word = mask[w]!;
     if (word === -1) continue; // all 32 allowed: the common case inside free text
     const base = w * 32;
+    if (word === 0) {
+      logits.fill(-Infinity, base, Math.min(base + 32, n)); // none allowed: most words between JSON tokens
+      continue;
+    }
     for (let b = 0; b < 32; b++) {
       const id = base + b;
       if (id < n && ((word >>> b) & 1) === 0) logits[id] = -Infinity;
