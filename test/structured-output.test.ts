@@ -5,7 +5,7 @@
  * validator independent of the grammar engine); a plain JSON object; a forced tool call that
  * names a declared tool with arguments that validate; a reply cut by max_new_tokens ends
  * "length"; an image with a schema. Without a model: what the schema check refuses (keyword and
- * path named), the tool format's parser on streamed pieces, and the UTF-8 tables.
+ * path named), the tool format's parser on streamed pieces, xgrammar's aborts, and the UTF-8 tables.
  */
 import { Ajv } from "ajv";
 import sharp from "sharp";
@@ -16,6 +16,7 @@ import { chooseBackend } from "../host/core/backend.js";
 import { ANY_OBJECT_SCHEMA, jsonSchemaGrammar } from "../host/text/grammar/grammar-spec.js";
 import { SchemaError, checkSchema } from "../host/text/grammar/schema-check.js";
 import { Utf8State, Utf8Tables } from "../host/text/grammar/utf8-mask.js";
+import { GrammarEngineError, guarded, xgrammar } from "../host/text/grammar/xgrammar.js";
 import { defaultReplyParams, type ReplyParams } from "../host/text/reply-params.js";
 import { ToolCallParser, type ToolDef, parseReply, toolCallText, toolGrammar, toolsPrompt } from "../host/text/tool-format.js";
 import { nativeBuilt } from "./helpers.js";
@@ -208,6 +209,24 @@ describe("the tool format without a model", () => {
   it("a call cut before its arguments close is not a call", () => {
     const cut = toolCallText("add", { a: 1, b: 2 }).slice(0, -16);
     expect(parseReply(`hi${cut}`)).toMatchObject({ text: "hi", call: null, started: true });
+  });
+});
+
+describe("xgrammar's own refusals", () => {
+  it("an abort becomes a GrammarEngineError with xgrammar's reason, and the next call gets a working instance", async () => {
+    const broken = await xgrammar();
+    let caught: unknown;
+    try {
+      // a reference to nothing: xgrammar's converter aborts (the schema check refuses it first in kvl)
+      await guarded(() => broken.Testings._jsonSchemaToEBNF(JSON.stringify({ properties: { a: { $ref: "#/nope" } } }), false, -1, [",", ":"], true));
+    } catch (err) {
+      caught = err;
+    }
+    expect(caught).toBeInstanceOf(GrammarEngineError);
+    expect((caught as Error).message).toMatch(/Cannot find field nope/);
+    const fresh = await xgrammar();
+    expect(fresh).not.toBe(broken);
+    expect(await fresh.Testings._jsonSchemaToEBNF('{"type":"boolean"}', false, -1, [",", ":"], true)).toMatch(/root ::= /);
   });
 });
 

@@ -65,6 +65,8 @@ export class GrammarEngineError extends Error {
 let current: Promise<XGrammar> | null = null;
 
 const DYNAMIC_IMPORT = "await import('module')";
+/** What xgrammar printed to its console.error since the last guarded call began. */
+const printed: string[] = [];
 
 async function load(): Promise<XGrammar> {
   const file = createRequire(join(packageRoot, "package.json")).resolve("@mlc-ai/web-xgrammar");
@@ -77,9 +79,12 @@ async function load(): Promise<XGrammar> {
   const parts = code.split(DYNAMIC_IMPORT);
   if (parts.length !== 2) throw new Error(`${file}: expected one ${DYNAMIC_IMPORT} in xgrammar's bundle, found ${parts.length - 1}; is it still version 0.1.27?`);
   const exports: Record<string, unknown> = {};
-  const run = new Function("exports", "module", "require", "__filename", "__dirname", "__nodeModule", parts.join("__nodeModule")) as
-    (e: object, m: object, r: NodeJS.Require, f: string, d: string, nodeModule: object) => void;
-  run(exports, { exports }, createRequire(file), file, dirname(file), await import("node:module"));
+  // its own console: emscripten binds console.error when the instance starts, and what xgrammar
+  // prints there (a failed check's reason, right before it aborts) is kept for guarded()
+  const quiet = { ...console, error: (...args: unknown[]) => printed.push(args.map(String).join(" ")) };
+  const run = new Function("exports", "module", "require", "__filename", "__dirname", "__nodeModule", "console", parts.join("__nodeModule")) as
+    (e: object, m: object, r: NodeJS.Require, f: string, d: string, nodeModule: object, c: Console) => void;
+  run(exports, { exports }, createRequire(file), file, dirname(file), await import("node:module"), quiet);
   const xg = exports as unknown as XGrammar;
   await xg.Grammar.fromEBNF('root ::= "a"').then((gr) => gr.dispose()); // starts its WebAssembly now
   return xg;
@@ -98,23 +103,11 @@ export function dropXGrammar(): void {
 
 /**
  * Runs one xgrammar call; an abort becomes a GrammarEngineError with xgrammar's own check
- * message (what it printed to stderr is kept from the terminal) and the instance is dropped, so
+ * message (what it printed, kept from the terminal by its own console) and the instance is dropped, so
  * `onDrop` can forget everything made in it.
  */
 export async function guarded<T>(call: () => Promise<T>, onDrop: () => void = () => undefined): Promise<T> {
-  // emscripten bound console.error when the instance started, so its lines are caught where
-  // console.error writes them
-  const printed: string[] = [];
-  const original = process.stderr.write;
-  process.stderr.write = ((chunk: string | Uint8Array, ...rest: unknown[]) => {
-    const text = typeof chunk === "string" ? chunk : Buffer.from(chunk).toString("utf8");
-    // only xgrammar's own lines: other requests' log lines go on while this one waits
-    if (/^\[FATAL\]|^Aborted\(/.test(text)) {
-      printed.push(text);
-      return true;
-    }
-    return (original as (...a: unknown[]) => boolean).call(process.stderr, chunk, ...rest);
-  }) as typeof process.stderr.write;
+  printed.length = 0;
   try {
     return await call();
   } catch (err) {
@@ -123,7 +116,5 @@ export async function guarded<T>(call: () => Promise<T>, onDrop: () => void = ()
     onDrop();
     const fatal = printed.find((l) => l.includes("[FATAL]")) ?? printed[0] ?? err.message;
     throw new GrammarEngineError(fatal.replace(/^\[FATAL\][^:]*:\d+:\s*/, "").replace(/^Check failed: .*? is false: /, "").trim());
-  } finally {
-    process.stderr.write = original;
   }
 }
