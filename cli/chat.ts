@@ -25,6 +25,8 @@ import type { EngineStats } from "../host/core/core-api.js";
 import { actModeJson } from "../host/plan/act-mode.js";
 import { MIB } from "../host/plan/core-bytes.js";
 import { DEFAULT_MAX_NEW_TOKENS, DEFAULT_TEMPERATURE, type ReplyParams } from "../host/text/reply-params.js";
+import { ANY_OBJECT_SCHEMA, type GrammarSpec, jsonSchemaGrammar } from "../host/text/grammar/grammar-spec.js";
+import { SchemaError } from "../host/text/grammar/schema-check.js";
 import { UserError } from "../host/system/user-error.js";
 import { silentProgress, stderrProgress } from "../packer/progress.js";
 import { peakRssBytes } from "../host/system/process-memory.js";
@@ -39,6 +41,8 @@ interface ChatOptions extends ModelCliOptions {
   topK: number;
   seed?: number;
   stop: string[];
+  jsonSchema?: string;
+  format?: string;
   system?: string;
   image: string[];
   showTokens?: boolean;
@@ -166,7 +170,33 @@ async function openModel(model: string, opts: ChatOptions): Promise<ChatModel> {
 }
 
 function replyParams(opts: ChatOptions): ReplyParams {
-  return { temperature: opts.temperature, topP: opts.topP, topK: opts.topK, seed: opts.seed ?? null, maxNewTokens: opts.maxNew, stop: opts.stop };
+  return { temperature: opts.temperature, topP: opts.topP, topK: opts.topK, seed: opts.seed ?? null, maxNewTokens: opts.maxNew, stop: opts.stop,
+    grammar: replyGrammar(opts) };
+}
+
+/** --json-schema FILE or --format json: the reply is one JSON value (a UserError for a file or
+ * schema that cannot be used, before the model loads). */
+function replyGrammar(opts: ChatOptions): GrammarSpec | null {
+  if (opts.jsonSchema !== undefined && opts.format !== undefined) throw new UserError("give --json-schema or --format, not both");
+  if (opts.format !== undefined) {
+    if (opts.format !== "json") throw new UserError(`--format must be 'json' (got '${opts.format}'); for a schema use --json-schema FILE`);
+    return jsonSchemaGrammar(ANY_OBJECT_SCHEMA);
+  }
+  if (opts.jsonSchema === undefined) return null;
+  let schema: unknown;
+  try {
+    schema = JSON.parse(readFileSync(opts.jsonSchema, "utf8"));
+  } catch (err) {
+    const code = (err as NodeJS.ErrnoException).code;
+    throw new UserError(code === "ENOENT" ? `--json-schema file '${opts.jsonSchema}' not found`
+      : `--json-schema file '${opts.jsonSchema}' is not JSON (${(err as Error).message})`);
+  }
+  try {
+    return jsonSchemaGrammar(schema);
+  } catch (err) {
+    if (err instanceof SchemaError) throw new UserError(`--json-schema ${opts.jsonSchema}: ${err.message}`);
+    throw err;
+  }
 }
 
 function systemMessages(opts: ChatOptions): Array<Message<ChatImage>> {
@@ -349,6 +379,8 @@ export function addChatCommand(program: Command): void {
     .option("--top-k <k>", "top-k sampling (0 = off)", nonNegativeInt, 0)
     .option("--seed <n>", "sampler seed (default: random)", nonNegativeInt)
     .option("--stop <text>", "stop string (repeatable)", collect, [])
+    .option("--json-schema <file>", "the reply is JSON valid under the JSON schema in FILE (constrained decoding)")
+    .option("--format <json>", "json: the reply is one JSON object (constrained decoding)")
     .option("--system <text>", "system prompt (default: the template's)")
     .option("--image <path>", "attach an image to the (first) user message (repeatable)", collect, [])
     .option("--show-tokens", "print token ids, timings, cache/I-O statistics and peak RSS")
@@ -357,6 +389,7 @@ export function addChatCommand(program: Command): void {
     .option("--verbose", "also print the RAM plan's table")
     .action(async (model: string, prompt: string | undefined, opts: ChatOptions) => {
       if (opts.image.length && !opts.vision) throw new UserError("--image needs the vision tower; drop --no-vision");
+      replyParams(opts); // a bad --json-schema or --format is refused before the model loads
       const chat = await openModel(model, opts);
       try {
         const images: ChatImage[] = [];

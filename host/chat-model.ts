@@ -34,6 +34,8 @@ import { MIB } from "./plan/core-bytes.js";
 import type { RequestPlanOptions } from "./plan/input-lines.js";
 import { type RamPlan, plan } from "./plan/planner.js";
 import type { ModelOptions } from "./plan/settings.js";
+import { checkGrammar } from "./text/grammar/grammar-spec.js";
+import { GrammarEngineError } from "./text/grammar/xgrammar.js";
 import { type ReplyParams, seedOrRandom, validateReplyParams } from "./text/reply-params.js";
 import { StopMatcher } from "./text/stop-matcher.js";
 import { StreamDecoder, Tokenizer } from "./text/tokenizer.js";
@@ -116,6 +118,17 @@ export function loadLine(command: string, model: ChatModel, verbose: boolean): s
     `kernels ${model.client.info.kernels}, Linear inputs ${actModeText(model.actMode)}; ` +
     `RAM plan ${(p.total / MIB).toFixed(0)} MiB of ${p.budgetText}${limits}; loaded in ${model.loadSeconds.toFixed(1)} s` +
     `${note ? `; ${note}` : ""}${verbose ? "" : " (--verbose shows the plan)"}`;
+}
+
+/** The reply's grammar builds (xgrammar's refusal a UserError), checked before anything runs. */
+export async function checkReplyGrammar(params: ReplyParams): Promise<void> {
+  if (!params.grammar) return;
+  try {
+    await checkGrammar(params.grammar);
+  } catch (err) {
+    if (err instanceof GrammarEngineError) throw new UserError(`the grammar engine refuses the schema: ${err.message}`);
+    throw err;
+  }
 }
 
 export class ChatModel {
@@ -336,6 +349,7 @@ export class Conversation {
     const timings = { prefillS: 0, firstTokenS: 0, decodeSPerToken: 0, visionS: 0 };
     const images = prompt.images.map((i) => ({ sha256: i.digest, grid: [...i.image.grid] as [number, number], mediaTokens: i.nTokens }));
     try {
+      await checkReplyGrammar(params); // after #running is set: a cancel meanwhile still counts
       const visionStart = performance.now();
       const imagesEncoded = await this.#encodeImages(prompt);
       timings.visionS = (performance.now() - visionStart) / 1000;
@@ -370,7 +384,7 @@ export class Conversation {
         prompt: Int32Array.from(prompt.tokens), mediaKeys, media,
         sampler: { temperature: params.temperature, topK: params.topK, topP: params.topP },
         seed: seedOrRandom(params.seed), maxNewTokens: Math.min(params.maxNewTokens, maxContext - prompt.tokens.length),
-        stopIds: Int32Array.from(tokenizer.stopIds), bannedIds: tokenizer.unsampleableIds(),
+        stopIds: Int32Array.from(tokenizer.stopIds), bannedIds: tokenizer.unsampleableIds(), grammar: params.grammar,
       }, (token) => {
         if (stopSequence !== null) return; // stepped past a stop string before the worker saw the flag
         output.push(token);

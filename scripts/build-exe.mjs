@@ -145,7 +145,7 @@ async function stageAssets(target, work) {
   const info = spawnSync(process.execPath, [join(ROOT, "scripts", "write-build-info.mjs"), buildInfo], { encoding: "utf8" });
   if (info.status !== 0) throw new BuildError(`write-build-info.mjs failed: ${info.stderr.trim()}`);
   add("dist/build-info.json", buildInfo);
-  for (const top of ["sharp", "tiktoken"]) {
+  for (const top of ["sharp", "tiktoken", "@mlc-ai/web-xgrammar"]) {
     for (const [name, dir] of dependencyClosure(top, target)) {
       for (const f of filesUnder(dir)) if (!SKIP.some((re) => re.test(f))) add(`node_modules/${name}/${f}`, join(dir, f));
     }

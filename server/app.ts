@@ -29,6 +29,7 @@ import * as ollama from "./ollama.js";
 import * as openai from "./openai.js";
 import type { EngineQueue } from "./queue.js";
 import { NDJSON_CONTENT_TYPE, RequestLog, SSE_CONTENT_TYPE, type StreamShape, collectReply, streamReply } from "./reply.js";
+import { checkGrammarBeforeReply } from "./tools.js";
 import { WebPage } from "./web.js";
 
 export const DEFAULT_MODEL_ID = "kimi-vl-a3b-instruct-q8";
@@ -192,13 +193,14 @@ export function createApp(queue: EngineQueue, config: ServerConfig): Koa {
     const req = openai.parseChatRequest(await body(ctx), config.maxContext);
     checkModel("openai", req.model);
     validateParams(req.params);
+    await checkGrammarBeforeReply(req.params, "response_format");
     const { messages } = await prepare(req.messages);
-    const chunks = new openai.ChunkStream(config.modelId, req.includeUsage);
+    const chunks = new openai.ChunkStream(config.modelId, req.includeUsage, undefined, undefined, req.tools);
     const shape: StreamShape | null = req.stream
       ? { contentType: SSE_CONTENT_TYPE, head: chunks.start(), delta: (t) => chunks.delta(t), finish: (r) => chunks.finish(r), error: (e) => chunks.error(e), keepalive: openai.KEEPALIVE }
       : null;
     const report = await reply(ctx, log, messages, req.params, shape);
-    if (report) ctx.body = openai.completionBody(openai.newCompletionId(), Math.floor(Date.now() / 1000), config.modelId, report);
+    if (report) ctx.body = openai.completionBody(openai.newCompletionId(), Math.floor(Date.now() / 1000), config.modelId, report, req.tools);
   }));
 
   // -- Anthropic ---------------------------------------------------------------------------
@@ -206,13 +208,14 @@ export function createApp(queue: EngineQueue, config: ServerConfig): Koa {
     const req = anthropic.parseMessagesRequest(await body(ctx), config.maxContext);
     checkModel("anthropic", req.model);
     validateParams(req.params);
+    await checkGrammarBeforeReply(req.params, "tools");
     const { messages, promptTokens } = await prepare(req.messages);
-    const stream = new anthropic.MessageStream(config.modelId);
+    const stream = new anthropic.MessageStream(config.modelId, undefined, req.tools);
     const shape: StreamShape | null = req.stream
       ? { contentType: SSE_CONTENT_TYPE, head: stream.start(promptTokens), delta: (t) => stream.delta(t), finish: (r) => stream.finish(r), error: (e) => stream.error(e), keepalive: anthropic.PING }
       : null;
     const report = await reply(ctx, log, messages, req.params, shape);
-    if (report) ctx.body = anthropic.messageBody(anthropic.newMessageId(), config.modelId, report);
+    if (report) ctx.body = anthropic.messageBody(anthropic.newMessageId(), config.modelId, report, req.tools);
   }));
 
   router.post("/v1/messages/count_tokens", endpoint("anthropic", async (ctx, log) => {
@@ -233,13 +236,14 @@ export function createApp(queue: EngineQueue, config: ServerConfig): Koa {
       return;
     }
     validateParams(req.params);
+    await checkGrammarBeforeReply(req.params, "format");
     const { messages } = await prepare(req.messages);
-    const lines = new ollama.LineStream(endpointName, req.model);
+    const lines = new ollama.LineStream(endpointName, req.model, req.tools);
     const shape: StreamShape | null = req.stream
       ? { contentType: NDJSON_CONTENT_TYPE, head: "", delta: (t) => lines.delta(t), finish: (r) => lines.finish(r, log.seconds), error: (e) => lines.error(e), keepalive: null }
       : null;
     const report = await reply(ctx, log, messages, req.params, shape);
-    if (report) ctx.body = ollama.replyBody(endpointName, req.model, report, log.seconds);
+    if (report) ctx.body = ollama.replyBody(endpointName, req.model, report, log.seconds, req.tools);
   });
 
   router.post("/api/chat", ollamaReply("chat", ollama.parseChatRequest));

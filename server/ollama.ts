@@ -5,20 +5,26 @@
  *
  * Owns: validating Ollama bodies (messages with base64 `images`, `options` — num_predict,
  * temperature, top_p, top_k, seed, stop; other options are ignored as Ollama ignores unknown
- * ones), Ollama's defaults (stream true; num_predict -1 or -2 = until the context is full), what is
- * refused with 400 as Ollama does for a model without the feature (tools, format, think, raw
- * prompts, templates, suffixes, the old `context` array), the "load" answer to an empty request
- * (Ollama's way to preload a model), model names with or without the ":latest" tag, and the
- * shapes: streamed lines {model, created_at, message|response, done:false}, the final line with
- * done_reason and durations in nanoseconds, errors as {"error": "..."}.
+ * ones), Ollama's defaults (stream true; num_predict -1 or -2 = until the context is full),
+ * `format` ("json" or a JSON schema) and, on /api/chat, `tools` (assistant tool_calls and `tool`
+ * messages in the history; a reply's call as message.tool_calls, streamed as one line when the
+ * call is complete), what is refused with 400 as Ollama does for a model without the feature
+ * (think, raw prompts, templates, suffixes, the old `context` array, tools on /api/generate), the
+ * "load" answer to an empty request (Ollama's way to preload a model), model names with or without
+ * the ":latest" tag, and the shapes: streamed lines {model, created_at, message|response,
+ * done:false}, the final line with done_reason and durations in nanoseconds, errors as
+ * {"error": "..."}; capabilities (completion, vision, tools) in /api/show and /api/tags.
  * Does not own: HTTP, auth, queueing (app.ts, queue.ts) or generation (host/chat-model.ts).
  */
 import type { ReplyReport } from "../host/chat-model.js";
+import { ANY_OBJECT_SCHEMA } from "../host/text/grammar/grammar-spec.js";
 import { type ReplyParams, defaultReplyParams } from "../host/text/reply-params.js";
+import { TOOL_RESULT_CLOSE, ToolCallParser, type ToolDef, checkTools, toolCallText, toolGrammar, toolResultOpen } from "../host/text/tool-format.js";
 import { type ApiError, invalid, ollamaErrorBody } from "./errors.js";
 import { type JsonObject, getBool, getInt, getNumber, getStr, isObject, jsonType, requireObject, stopList } from "./fields.js";
 import { type ImageData, type RequestMessage, decodeDataUrl, decodeImageBase64 } from "./images.js";
 import type { ModelFacts } from "./openai.js";
+import { type ToolRequest, asApiError, replyCall, schemaGrammar, toolsActive, withToolsSystem } from "./tools.js";
 
 const ROLES = ["system", "user", "assistant", "tool"];
 export const OLLAMA_VERSION = "0.6.0";
@@ -30,6 +36,7 @@ interface OllamaRequest {
   stream: boolean;
   /** An empty request: Ollama loads (or with keep_alive 0 unloads) the model and answers at once. */
   load: "load" | "unload" | null;
+  tools: ToolRequest | null;
 }
 
 /** Whether a requested name is the served model (Ollama names carry a tag; ":latest" is the default one). */
@@ -42,11 +49,49 @@ export function ollamaName(modelId: string): string {
 }
 
 function refuseFeatures(obj: JsonObject): void {
-  const nonEmpty = (v: unknown): boolean => v !== undefined && v !== null && v !== false && v !== "" && !(Array.isArray(v) && v.length === 0)
-    && !(isObject(v) && Object.keys(v).length === 0);
-  if (nonEmpty(obj.tools)) throw invalid("this model does not support tools; send the conversation as text", "tools");
-  if (nonEmpty(obj.format)) throw invalid("'format' (structured output) is not supported by this server", "format");
   if (obj.think !== undefined && obj.think !== null && obj.think !== false) throw invalid("this model does not support thinking ('think')", "think");
+}
+
+/** `format`: "json" (any object) or a JSON schema; absent or "" = free text. */
+function parseFormat(raw: unknown): ReplyParams["grammar"] {
+  if (raw === undefined || raw === null || raw === "") return null;
+  if (raw === "json") return schemaGrammar(ANY_OBJECT_SCHEMA, "format");
+  if (isObject(raw)) return schemaGrammar(raw, "format");
+  throw invalid(`'format' must be "json" or a JSON schema object, got ${JSON.stringify(raw)}`, "format");
+}
+
+function parseTools(raw: unknown): ToolRequest | null {
+  if (raw === undefined || raw === null) return null;
+  if (!Array.isArray(raw)) throw invalid(`'tools' must be an array, got ${jsonType(raw)}`, "tools");
+  const tools = raw.map((item, n): ToolDef => {
+    const at = `tools[${n}]`;
+    const tool = requireObject(item, at);
+    if (tool.type !== undefined && tool.type !== "function") throw invalid(`${at}.type must be 'function'`, `${at}.type`);
+    const fn = requireObject(tool.function, `${at}.function`);
+    const name = getStr(fn, "name", `${at}.function.name`, { required: true })!;
+    const description = getStr(fn, "description", `${at}.function.description`) ?? "";
+    const parameters = fn.parameters === undefined || fn.parameters === null ? { type: "object", properties: {} } : requireObject(fn.parameters, `${at}.function.parameters`);
+    return { name, description, parameters };
+  });
+  try {
+    checkTools(tools, (i) => `tools[${i}].function`, "parameters");
+  } catch (err) {
+    throw asApiError(err);
+  }
+  return tools.length ? { tools, choice: { kind: "auto" } } : null;
+}
+
+/** An assistant message's tool_calls ({function: {name, arguments}}, arguments an object) as the format's text. */
+function parseToolCalls(raw: unknown, where: string): string[] {
+  if (!Array.isArray(raw)) throw invalid(`${where}.tool_calls must be an array, got ${jsonType(raw)}`, `${where}.tool_calls`);
+  return raw.map((item, n) => {
+    const at = `${where}.tool_calls[${n}]`;
+    const fn = requireObject(requireObject(item, at).function, `${at}.function`);
+    const name = getStr(fn, "name", `${at}.function.name`, { required: true, allowEmpty: false })!;
+    const args = fn.arguments ?? {};
+    if (!isObject(args)) throw invalid(`${at}.function.arguments must be a JSON object, got ${jsonType(args)}`, `${at}.function.arguments`);
+    return toolCallText(name, args);
+  });
 }
 
 function parseImages(raw: unknown, where: string): ImageData[] {
@@ -104,23 +149,32 @@ export function parseChatRequest(body: unknown, maxContext: number): OllamaReque
       throw invalid(`${where}.role is ${JSON.stringify(role ?? null)}; use one of ${ROLES.join(", ")}`, `${where}.role`);
     }
     const calls = message.tool_calls;
-    if (Array.isArray(calls) ? calls.length > 0 : calls !== undefined && calls !== null) {
-      throw invalid(`${where}: tool calls are not supported by this server`, `${where}.tool_calls`);
-    }
+    const hasCalls = Array.isArray(calls) ? calls.length > 0 : calls !== undefined && calls !== null;
+    if (hasCalls && role !== "assistant") throw invalid(`${where}: only assistant messages carry tool_calls`, `${where}.tool_calls`);
     const content = getStr(message, "content", `${where}.content`) ?? "";
     const images = parseImages(message.images, `${where}.images`);
     if (images.length && role !== "user" && role !== "system") throw invalid(`${where}: images are only accepted in user messages`, `${where}.images`);
+    if (hasCalls) return { role, parts: [content, ...parseToolCalls(calls, where)] };
+    if (role === "tool") return { role, parts: [toolResultOpen(null, getStr(message, "tool_name", `${where}.tool_name`)), content, TOOL_RESULT_CLOSE] };
     return { role, parts: images.length ? [...images, content] : [content] };
   });
   const params = parseOptions(obj.options, maxContext);
+  const tools = parseTools(obj.tools);
+  const format = parseFormat(obj.format);
+  if (format && tools) throw invalid("'format' cannot be combined with 'tools'; drop one of them", "format");
+  if (format && params.stop.length) throw invalid("'options.stop' cannot be combined with format: a stop string could cut the JSON", "options.stop");
+  params.grammar = format ?? (tools ? toolGrammar(tools.tools, tools.choice) : null);
   const stream = getBool(obj, "stream", "stream", true);
-  return { model, messages, params, stream, load: messages.length === 0 ? loadAnswer(obj) : null };
+  return { model, messages: withToolsSystem(messages, tools), params, stream, load: messages.length === 0 ? loadAnswer(obj) : null, tools };
 }
 
 export function parseGenerateRequest(body: unknown, maxContext: number): OllamaRequest {
   const obj = requireObject(body, "request body");
   const model = parseModel(obj);
   refuseFeatures(obj);
+  if (Array.isArray(obj.tools) ? obj.tools.length > 0 : obj.tools !== undefined && obj.tools !== null) {
+    throw invalid("'tools' are for /api/chat; /api/generate takes a prompt", "tools");
+  }
   if (obj.raw === true) throw invalid("'raw' prompts are not supported; send the prompt without raw (the chat template is applied)", "raw");
   if (getStr(obj, "template", "template")) throw invalid("'template' is not supported: the model's own chat template is used", "template");
   if (getStr(obj, "suffix", "suffix")) throw invalid("'suffix' (fill-in-the-middle) is not supported by this model", "suffix");
@@ -131,12 +185,14 @@ export function parseGenerateRequest(body: unknown, maxContext: number): OllamaR
   const system = getStr(obj, "system", "system");
   const images = parseImages(obj.images, "images");
   const params = parseOptions(obj.options, maxContext);
+  params.grammar = parseFormat(obj.format);
+  if (params.grammar && params.stop.length) throw invalid("'options.stop' cannot be combined with format: a stop string could cut the structure", "options.stop");
   const stream = getBool(obj, "stream", "stream", true);
-  if (!prompt && images.length === 0) return { model, messages: [], params, stream, load: loadAnswer(obj) };
+  if (!prompt && images.length === 0) return { model, messages: [], params, stream, load: loadAnswer(obj), tools: null };
   const messages: RequestMessage[] = [];
   if (system) messages.push({ role: "system", parts: [system] });
   messages.push({ role: "user", parts: images.length ? [...images, prompt] : [prompt] });
-  return { model, messages, params, stream, load: null };
+  return { model, messages, params, stream, load: null, tools: null };
 }
 
 // -- responses ------------------------------------------------------------------------------
@@ -147,8 +203,11 @@ function head(model: string): JsonObject {
   return { model, created_at: new Date().toISOString() };
 }
 
-function textField(endpoint: OllamaEndpoint, text: string): JsonObject {
-  return endpoint === "chat" ? { message: { role: "assistant", content: text } } : { response: text };
+function textField(endpoint: OllamaEndpoint, text: string, call: { name: string; arguments: string } | null = null): JsonObject {
+  if (endpoint !== "chat") return { response: text };
+  const message: JsonObject = { role: "assistant", content: text };
+  if (call) message.tool_calls = [{ function: { name: call.name, arguments: JSON.parse(call.arguments) as unknown } }];
+  return { message };
 }
 
 function doneReason(report: ReplyReport): "stop" | "length" {
@@ -167,8 +226,9 @@ function stats(report: ReplyReport, totalS: number): JsonObject {
 }
 
 /** The whole reply as one object (stream: false). */
-export function replyBody(endpoint: OllamaEndpoint, model: string, report: ReplyReport, totalS: number): JsonObject {
-  return { ...head(model), ...textField(endpoint, report.reply), done: true, done_reason: doneReason(report), ...stats(report, totalS) };
+export function replyBody(endpoint: OllamaEndpoint, model: string, report: ReplyReport, totalS: number, tools: ToolRequest | null = null): JsonObject {
+  const { text, call } = replyCall(report, tools);
+  return { ...head(model), ...textField(endpoint, text, call), done: true, done_reason: doneReason(report), ...stats(report, totalS) };
 }
 
 /** The answer to an empty request. */
@@ -182,14 +242,30 @@ function line(obj: unknown): string {
 
 /** The NDJSON lines of one streamed reply. */
 export class LineStream {
-  constructor(readonly endpoint: OllamaEndpoint, readonly model: string) {}
+  readonly #parser: ToolCallParser | null;
 
-  delta(text: string): string {
+  constructor(readonly endpoint: OllamaEndpoint, readonly model: string, tools: ToolRequest | null = null) {
+    this.#parser = toolsActive(tools) ? new ToolCallParser() : null;
+  }
+
+  #text(text: string): string {
     return text ? line({ ...head(this.model), ...textField(this.endpoint, text), done: false }) : "";
   }
 
+  delta(text: string): string {
+    if (!this.#parser) return this.#text(text);
+    // as Ollama streams calls: text as it comes, a call in one line once it is complete
+    return this.#parser.push(text).map((e) => {
+      if (e.type === "text") return this.#text(e.text);
+      if (e.type !== "end") return "";
+      const call = { name: this.#parser!.name!, arguments: this.#parser!.arguments };
+      return line({ ...head(this.model), ...textField(this.endpoint, "", call), done: false });
+    }).join("");
+  }
+
   finish(report: ReplyReport, totalS: number): string {
-    return line({ ...head(this.model), ...textField(this.endpoint, ""), done: true, done_reason: doneReason(report), ...stats(report, totalS) });
+    const rest = this.#parser ? this.#parser.finish().map((e) => (e.type === "text" ? this.#text(e.text) : "")).join("") : "";
+    return rest + line({ ...head(this.model), ...textField(this.endpoint, ""), done: true, done_reason: doneReason(report), ...stats(report, totalS) });
   }
 
   error(error: ApiError): string {
@@ -210,16 +286,23 @@ function details(): JsonObject {
   return { parent_model: "", format: "kvl", family: "kimi-vl", families: ["kimi-vl", "deepseek2"], parameter_size: "", quantization_level: "Q8_0" };
 }
 
+/** What the model can do, as Ollama names it (an editor turns tools off when "tools" is missing). */
+function capabilities(m: OllamaModelFacts): string[] {
+  return m.vision ? ["completion", "vision", "tools"] : ["completion", "tools"];
+}
+
 export function tagsBody(m: OllamaModelFacts): JsonObject {
   const name = ollamaName(m.modelId);
-  return { models: [{ name, model: name, modified_at: m.modifiedAt, size: m.sizeBytes, digest: m.digest, details: details() }] };
+  return {
+    models: [{ name, model: name, modified_at: m.modifiedAt, size: m.sizeBytes, digest: m.digest, details: details(), capabilities: capabilities(m), context_length: m.maxContext }],
+  };
 }
 
 export function showBody(m: OllamaModelFacts): JsonObject {
   return {
     modelfile: "", parameters: "", template: "", details: details(),
     model_info: { "general.architecture": "kimi-vl", "kimi-vl.context_length": m.maxContext },
-    capabilities: m.vision ? ["completion", "vision"] : ["completion"],
+    capabilities: capabilities(m),
     modified_at: m.modifiedAt,
   };
 }

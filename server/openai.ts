@@ -3,18 +3,27 @@
  * ReplyReport → chat.completion JSON or chat.completion.chunk SSE.
  *
  * Owns: validating a /v1/chat/completions body (roles, content parts, images as data URLs,
- * sampling fields, what is refused: n > 1, tools, functions, tool calls, logprobs, audio and file
- * parts), the chat.completion and chat.completion.chunk shapes (the usage-only final chunk of
- * stream_options.include_usage), the keep-alive comment, and the model list.
+ * sampling fields, response_format json_object / json_schema, tools and tool_choice, assistant
+ * tool_calls and tool messages in the history, each tool message's tool_call_id matched to an
+ * earlier call; what is refused: n > 1, the legacy functions, logprobs, audio and file parts),
+ * the chat.completion and chat.completion.chunk shapes (message.tool_calls and
+ * finish_reason "tool_calls"; streamed calls as delta.tool_calls[] with index 0, the name first,
+ * then the arguments in pieces; the usage-only final chunk of stream_options.include_usage), the
+ * keep-alive comment, and the model list.
  * Does not own: HTTP, auth, queueing (app.ts, queue.ts) or generation (host/chat-model.ts).
  */
 import { randomUUID } from "node:crypto";
 
 import type { ReplyReport } from "../host/chat-model.js";
+import { ANY_OBJECT_SCHEMA } from "../host/text/grammar/grammar-spec.js";
 import { type ReplyParams, defaultReplyParams } from "../host/text/reply-params.js";
+import {
+  TOOL_RESULT_CLOSE, type ToolChoice, ToolCallParser, type ToolDef, checkChoice, checkTools, toolCallText, toolGrammar, toolResultOpen,
+} from "../host/text/tool-format.js";
 import { type ApiError, invalid, openaiErrorBody } from "./errors.js";
-import { type JsonObject, getBool, getInt, getNumber, getSeed, getStr, jsonType, maxTokensValue, requireObject, stopList } from "./fields.js";
+import { type JsonObject, getBool, getInt, getNumber, getSeed, getStr, isObject, jsonType, maxTokensValue, requireObject, stopList } from "./fields.js";
 import { type ImageData, type RequestMessage, decodeDataUrl } from "./images.js";
+import { type ToolRequest, asApiError, callId, replyCall, schemaGrammar, toolsActive, withToolsSystem } from "./tools.js";
 
 /** "developer" is the newer OpenAI name for the system role. */
 const ROLE_MAP: Record<string, string> = { system: "system", developer: "system", user: "user", assistant: "assistant", tool: "tool" };
@@ -26,6 +35,7 @@ interface ChatRequest {
   params: ReplyParams;
   stream: boolean;
   includeUsage: boolean;
+  tools: ToolRequest | null;
 }
 
 function parseImageUrl(part: JsonObject, where: string): ImageData {
@@ -35,10 +45,11 @@ function parseImageUrl(part: JsonObject, where: string): ImageData {
   return decodeDataUrl(url, where);
 }
 
-function parseContent(content: unknown, role: string, where: string): Array<string | ImageData> {
+function parseContent(content: unknown, role: string, where: string, optional = false): Array<string | ImageData> {
   if (typeof content === "string") return [content];
   if (content === undefined || content === null) {
-    throw invalid(`${where}.content is required (tool calls are not supported by this server)`, `${where}.content`);
+    if (optional) return [];
+    throw invalid(`${where}.content is required`, `${where}.content`);
   }
   if (!Array.isArray(content)) {
     throw invalid(`${where}.content must be a string or an array of content parts, got ${jsonType(content)}`, `${where}.content`);
@@ -62,9 +73,35 @@ function parseContent(content: unknown, role: string, where: string): Array<stri
   return parts;
 }
 
+/** An assistant message's tool_calls as the format's text; records each id's tool name. */
+function parseToolCalls(raw: unknown, where: string, ids: Map<string, string>): string[] {
+  if (!Array.isArray(raw)) throw invalid(`${where}.tool_calls must be an array, got ${jsonType(raw)}`, `${where}.tool_calls`);
+  return raw.map((item, n) => {
+    const at = `${where}.tool_calls[${n}]`;
+    const call = requireObject(item, at);
+    if (call.type !== undefined && call.type !== "function") throw invalid(`${at}.type must be 'function'`, `${at}.type`);
+    const id = getStr(call, "id", `${at}.id`, { required: true, allowEmpty: false })!;
+    const fn = requireObject(call.function, `${at}.function`);
+    const name = getStr(fn, "name", `${at}.function.name`, { required: true, allowEmpty: false })!;
+    const args = getStr(fn, "arguments", `${at}.function.arguments`) ?? "{}";
+    let parsed: unknown;
+    try {
+      parsed = JSON.parse(args);
+    } catch {
+      throw invalid(`${at}.function.arguments must be a JSON object in a string`, `${at}.function.arguments`);
+    }
+    if (!isObject(parsed)) throw invalid(`${at}.function.arguments must be a JSON object in a string`, `${at}.function.arguments`);
+    if (ids.has(id)) throw invalid(`${at}.id '${id}' is used by an earlier tool call`, `${at}.id`);
+    ids.set(id, name);
+    return toolCallText(name, parsed);
+  });
+}
+
 function parseMessages(raw: unknown): RequestMessage[] {
   if (!Array.isArray(raw)) throw invalid(`'messages' must be an array, got ${jsonType(raw)}`, "messages");
   if (raw.length === 0) throw invalid("'messages' must contain at least one message", "messages");
+  /** tool call id -> tool name, from the assistant messages so far */
+  const ids = new Map<string, string>();
   return raw.map((item, n) => {
     const where = `messages[${n}]`;
     const message = requireObject(item, where);
@@ -73,11 +110,80 @@ function parseMessages(raw: unknown): RequestMessage[] {
       throw invalid(`${where}.role is ${JSON.stringify(role ?? null)}; use one of ${Object.keys(ROLE_MAP).join(", ")}`, `${where}.role`);
     }
     const calls = message.tool_calls;
-    if (calls !== undefined && calls !== null && !(Array.isArray(calls) && calls.length === 0)) {
-      throw invalid(`${where}: tool calls are not supported by this server`, `${where}.tool_calls`);
+    const hasCalls = calls !== undefined && calls !== null && !(Array.isArray(calls) && calls.length === 0);
+    if (hasCalls && role !== "assistant") throw invalid(`${where}: only assistant messages carry tool_calls`, `${where}.tool_calls`);
+    if (hasCalls) {
+      const parts = parseContent(message.content, role, where, true);
+      return { role: "assistant", parts: [...parts, ...parseToolCalls(calls, where, ids)] };
+    }
+    if (role === "tool") {
+      const id = getStr(message, "tool_call_id", `${where}.tool_call_id`, { required: true, allowEmpty: false })!;
+      const name = ids.get(id);
+      if (name === undefined) {
+        throw invalid(`${where}.tool_call_id '${id}' does not match any tool call of an earlier assistant message`, `${where}.tool_call_id`);
+      }
+      return { role: "tool", parts: [toolResultOpen(id, name), ...parseContent(message.content, role, where), TOOL_RESULT_CLOSE] };
     }
     return { role: ROLE_MAP[role]!, parts: parseContent(message.content, role, where) };
   });
+}
+
+function parseToolsField(raw: unknown): ToolDef[] {
+  if (raw === undefined || raw === null) return [];
+  if (!Array.isArray(raw)) throw invalid(`'tools' must be an array, got ${jsonType(raw)}`, "tools");
+  const tools = raw.map((item, n): ToolDef => {
+    const at = `tools[${n}]`;
+    const tool = requireObject(item, at);
+    if (tool.type !== "function") throw invalid(`${at}.type must be 'function' (got ${JSON.stringify(tool.type ?? null)})`, `${at}.type`);
+    const fn = requireObject(tool.function, `${at}.function`);
+    const name = getStr(fn, "name", `${at}.function.name`, { required: true })!;
+    const description = getStr(fn, "description", `${at}.function.description`) ?? "";
+    getBool(fn, "strict", `${at}.function.strict`); // always enforced: the grammar is strict
+    const parameters = fn.parameters === undefined || fn.parameters === null ? { type: "object", properties: {} } : requireObject(fn.parameters, `${at}.function.parameters`);
+    return { name, description, parameters };
+  });
+  try {
+    checkTools(tools, (i) => `tools[${i}].function`, "parameters");
+  } catch (err) {
+    throw asApiError(err);
+  }
+  return tools;
+}
+
+function parseToolChoice(raw: unknown, tools: ToolDef[]): ToolChoice {
+  let choice: ToolChoice;
+  if (raw === undefined || raw === null || raw === "auto") choice = { kind: "auto" };
+  else if (raw === "none") choice = { kind: "none" };
+  else if (raw === "required") choice = { kind: "required" };
+  else if (isObject(raw) && raw.type === "function" && isObject(raw.function) && typeof raw.function.name === "string") choice = { kind: "named", name: raw.function.name };
+  else throw invalid(`'tool_choice' must be 'none', 'auto', 'required' or {"type": "function", "function": {"name": ...}}, got ${JSON.stringify(raw)}`, "tool_choice");
+  try {
+    checkChoice(tools, choice, "tool_choice");
+  } catch (err) {
+    throw asApiError(err);
+  }
+  return choice;
+}
+
+/** response_format → the reply's grammar (null for text). */
+function parseResponseFormat(raw: unknown): ReplyParams["grammar"] {
+  if (raw === undefined || raw === null) return null;
+  const format = requireObject(raw, "response_format");
+  switch (format.type) {
+    case "text":
+      return null;
+    case "json_object":
+      return schemaGrammar(ANY_OBJECT_SCHEMA, "response_format");
+    case "json_schema": {
+      const spec = requireObject(format.json_schema, "response_format.json_schema");
+      getStr(spec, "name", "response_format.json_schema.name");
+      getBool(spec, "strict", "response_format.json_schema.strict"); // always enforced: the grammar is strict
+      const schema = spec.schema === undefined || spec.schema === null ? ANY_OBJECT_SCHEMA : spec.schema;
+      return schemaGrammar(schema, "response_format.json_schema.schema");
+    }
+    default:
+      throw invalid(`'response_format.type' must be 'text', 'json_object' or 'json_schema', got ${JSON.stringify(format.type ?? null)}`, "response_format.type");
+  }
 }
 
 function truthy(value: unknown): boolean {
@@ -92,8 +198,16 @@ export function parseChatRequest(body: unknown, maxContext: number): ChatRequest
   const messages = parseMessages(obj.messages);
   const n = getInt(obj, "n", "n", 1, 2 ** 30);
   if (n !== null && n !== 1) throw invalid("'n' must be 1: this server generates one choice per request", "n");
-  for (const key of ["tools", "functions"]) {
-    if (truthy(obj[key])) throw invalid(`'${key}' is not supported: this server has no tool calling`, key);
+  for (const key of ["functions", "function_call"]) {
+    if (truthy(obj[key])) throw invalid(`'${key}' (the legacy function calling) is not supported; declare them in 'tools'`, key);
+  }
+  const toolDefs = parseToolsField(obj.tools);
+  const choice = parseToolChoice(obj.tool_choice, toolDefs);
+  getBool(obj, "parallel_tool_calls", "parallel_tool_calls", true); // accepted: a reply makes at most one call
+  const tools: ToolRequest | null = toolDefs.length ? { tools: toolDefs, choice } : null;
+  const format = parseResponseFormat(obj.response_format);
+  if (format && toolsActive(tools)) {
+    throw invalid("'response_format' cannot be combined with tools the model may call; use tool_choice 'none', or drop one of them", "response_format");
   }
   if (truthy(obj.logprobs)) throw invalid("'logprobs' is not supported by this server", "logprobs");
   const maxTokens = maxTokensValue(obj, "max_completion_tokens", maxContext) ?? maxTokensValue(obj, "max_tokens", maxContext);
@@ -105,17 +219,22 @@ export function parseChatRequest(body: unknown, maxContext: number): ChatRequest
   // Without a limit the reply may fill the context; generation caps it at what is left.
   params.maxNewTokens = maxTokens ?? maxContext;
   params.stop = stopList(obj.stop, "stop");
+  // a stop string inside a call leaves the call incomplete, and so no call is reported; inside a
+  // JSON reply it would leave text that claims to be complete JSON: refused
+  if (format && params.stop.length) throw invalid("'stop' cannot be combined with response_format: a stop string could cut the JSON", "stop");
+  params.grammar = format ?? (tools ? toolGrammar(tools.tools, tools.choice) : null);
   const stream = getBool(obj, "stream", "stream");
   let includeUsage = false;
   if (obj.stream_options !== undefined && obj.stream_options !== null) {
     includeUsage = getBool(requireObject(obj.stream_options, "stream_options"), "include_usage", "stream_options.include_usage");
   }
-  return { model, messages, params, stream, includeUsage };
+  return { model, messages: withToolsSystem(messages, tools), params, stream, includeUsage, tools };
 }
 
 // -- responses ------------------------------------------------------------------------------
 
-export function finishReason(report: ReplyReport): "stop" | "length" {
+export function finishReason(report: ReplyReport, called = false): "stop" | "length" | "tool_calls" {
+  if (called) return "tool_calls";
   return report.finishReason === "length" ? "length" : "stop";
 }
 
@@ -132,10 +251,13 @@ export function newCompletionId(): string {
   return `chatcmpl-${randomUUID().replaceAll("-", "")}`;
 }
 
-export function completionBody(id: string, created: number, model: string, report: ReplyReport): Record<string, unknown> {
+export function completionBody(id: string, created: number, model: string, report: ReplyReport, tools: ToolRequest | null = null): Record<string, unknown> {
+  const { text, call } = replyCall(report, tools);
+  const message: Record<string, unknown> = { role: "assistant", content: call && !text ? null : text, refusal: null };
+  if (call) message.tool_calls = [{ id: callId("call_"), type: "function", function: { name: call.name, arguments: call.arguments } }];
   return {
     id, object: "chat.completion", created, model, system_fingerprint: null,
-    choices: [{ index: 0, message: { role: "assistant", content: report.reply, refusal: null }, logprobs: null, finish_reason: finishReason(report) }],
+    choices: [{ index: 0, message, logprobs: null, finish_reason: finishReason(report, call !== null) }],
     usage: usageBody(report),
   };
 }
@@ -152,10 +274,13 @@ export const KEEPALIVE = ": keep-alive\n\n";
 export class ChunkStream {
   readonly id: string;
   readonly created: number;
+  /** Splits the text into content and a call, when tools may be called. */
+  readonly #parser: ToolCallParser | null;
 
-  constructor(readonly model: string, readonly includeUsage: boolean, id?: string, created?: number) {
+  constructor(readonly model: string, readonly includeUsage: boolean, id?: string, created?: number, tools: ToolRequest | null = null) {
     this.id = id ?? newCompletionId();
     this.created = created ?? Math.floor(Date.now() / 1000);
+    this.#parser = toolsActive(tools) ? new ToolCallParser() : null;
   }
 
   #chunk(delta: Record<string, unknown>, reason: string | null): string {
@@ -172,11 +297,25 @@ export class ChunkStream {
   }
 
   delta(text: string): string {
-    return text ? this.#chunk({ content: text }, null) : "";
+    if (!text) return "";
+    if (!this.#parser) return this.#chunk({ content: text }, null);
+    return this.#parser.push(text).map((event) => {
+      switch (event.type) {
+        case "text":
+          return this.#chunk({ content: event.text }, null);
+        case "call":
+          return this.#chunk({ tool_calls: [{ index: 0, id: callId("call_"), type: "function", function: { name: event.name, arguments: "" } }] }, null);
+        case "arguments":
+          return this.#chunk({ tool_calls: [{ index: 0, function: { arguments: event.text } }] }, null);
+        case "end":
+          return "";
+      }
+    }).join("");
   }
 
   finish(report: ReplyReport): string {
-    let out = this.#chunk({}, finishReason(report));
+    let out = this.#parser ? this.#parser.finish().map((e) => (e.type === "text" ? this.#chunk({ content: e.text }, null) : "")).join("") : "";
+    out += this.#chunk({}, finishReason(report, this.#parser?.complete ?? false));
     if (this.includeUsage) {
       out += sse({ id: this.id, object: "chat.completion.chunk", created: this.created, model: this.model, system_fingerprint: null, choices: [], usage: usageBody(report) });
     }
@@ -198,7 +337,7 @@ export interface ModelFacts {
 export function modelCard(m: ModelFacts): Record<string, unknown> {
   return {
     id: m.modelId, object: "model", created: m.created, owned_by: "kvl", context_length: m.maxContext,
-    capabilities: { vision: m.vision, chat_completions: true, messages: true, streaming: true, tools: false },
+    capabilities: { vision: m.vision, chat_completions: true, messages: true, streaming: true, tools: true, structured_outputs: true },
   };
 }
 

@@ -252,7 +252,7 @@ describe.each(BACKENDS)("kvl serve on $label", ({ env }) => {
     expect(tags.models.map((m: { name: string }) => m.name)).toEqual([`${MODEL}:latest`]);
     expect(tags.models[0].size).toBeGreaterThan(0);
     const show = await server.post("/api/show", { model: MODEL });
-    expect(show.json.capabilities).toEqual(["completion", "vision"]);
+    expect(show.json.capabilities).toEqual(["completion", "vision", "tools"]);
     expect(show.json.model_info["kimi-vl.context_length"]).toBe(CTX);
     const version = await (await fetch(`${server.url}/api/version`, { headers: { "x-api-key": KEY } })).json() as any;
     expect(typeof version.version).toBe("string");
@@ -403,7 +403,7 @@ describe(`kvl serve on ${MAIN.label}: keys, bad input, queueing, disconnects`, (
       ["/api/chat", `{"model": "${MODEL}", "messages": [], "options": {"temperature": NaN}}`, 400, "ollama"],
       ["/api/chat", oll({ messages: [{ role: "user", content: "x", images: ["!!!"] }] }), 400, "ollama"],
       ["/api/chat", oll({ messages: [{ role: "user", content: "x", images: [b64(huge)] }] }), 400, "ollama"],
-      ["/api/chat", oll({ tools: [{ type: "function", function: { name: "f" } }] }), 400, "ollama"],
+      ["/api/chat", oll({ tools: [{ type: "function", function: { name: "not a name" } }] }), 400, "ollama"],
       ["/api/generate", { model: MODEL, prompt: "x", raw: true }, 400, "ollama"],
       ["/api/generate", `{"model": "${MODEL}", "prompt": ${deep(1000)}}`, 400, "ollama"],
     ];

@@ -152,7 +152,8 @@ describe("Anthropic requests", () => {
         { role: "assistant", content: [{ type: "text", text: "a bar" }] }, user("and?")],
     }, CTX);
     expect(req.messages.map((m) => m.role)).toEqual(["system", "user", "assistant", "user"]);
-    expect(req.messages[0]!.parts).toEqual(["rule one", "rule two"]);
+    expect(req.messages[0]!.parts.slice(0, 2)).toEqual(["rule one", "rule two"]);
+    expect(req.messages[0]!.parts[2]).toMatch(/^\n\n# Tools\n[^]*## ignored\n/); // the declared tool, described after the system text
     expect(req.messages[1]!.parts[0]).toBeInstanceOf(ImageData);
     expect(req.messages[1]!.parts[1]).toBe("describe");
     expect(req.messages[2]!.parts).toEqual(["a bar"]);
@@ -231,7 +232,7 @@ describe("Ollama requests", () => {
     [{ model: MODEL, messages: [{ role: "user", content: "x", images: ["***"] }] }, "base64"],
     [{ model: MODEL, messages: [{ role: "assistant", content: "x", images: [PNG.toString("base64")] }] }, "user messages"],
     [{ model: MODEL, messages: [user("hi")], tools: [{ type: "function" }] }, "tools"],
-    [{ model: MODEL, messages: [user("hi")], format: "json" }, "format"],
+    [{ model: MODEL, messages: [user("hi")], format: "xml" }, "format"],
     [{ model: MODEL, messages: [user("hi")], think: true }, "thinking"],
     [{ model: MODEL, messages: [user("hi")], options: { num_predict: 0 } }, "num_predict"],
     [{ model: MODEL, messages: [user("hi")], options: { num_predict: CTX + 1 } }, "num_predict"],

@@ -14,6 +14,7 @@ import { parentPort } from "node:worker_threads";
 import { CoreError } from "../core/core-api.js";
 import { type HostedEngine, openHostedEngine } from "./engine-host.js";
 import { GenerationSession } from "../text/generation.js";
+import { GrammarEngine } from "../text/grammar/token-mask.js";
 import type { EngineReply, EngineRequest, SerializedError } from "./engine-protocol.js";
 import { UserError, fsUserError } from "../system/user-error.js";
 
@@ -21,6 +22,8 @@ if (!parentPort) throw new Error("engine-worker.ts runs as a worker_threads work
 const port = parentPort;
 
 let hosted: HostedEngine | undefined;
+/** Constrained decoding for every session of the engine (the vocabulary is loaded on first use). */
+let grammars: GrammarEngine | null = null;
 const sessions = new Map<number, GenerationSession>();
 let nextSession = 1;
 
@@ -54,6 +57,7 @@ async function handle(req: EngineRequest): Promise<{ reply: EngineReply; transfe
     case "open": {
       if (hosted) throw new RangeError("the engine worker already has an engine open");
       hosted = await openHostedEngine(req.backend, req.packDir, req.options);
+      grammars = new GrammarEngine(req.packDir, hosted.engine.info().vocabSize);
       return { reply: { id: req.id, type: "opened", info: hosted.engine.info(), ranges: [...hosted.ranges] }, transfer: [] };
     }
     case "newSession": {
@@ -62,7 +66,7 @@ async function handle(req: EngineRequest): Promise<{ reply: EngineReply; transfe
       const info = h.engine.info();
       const stopFlag = new Int32Array(new SharedArrayBuffer(4));
       const sessionId = nextSession++;
-      sessions.set(sessionId, new GenerationSession(s, h.sampler, info.mediaPlaceholderTokenId, info.hiddenSize, stopFlag));
+      sessions.set(sessionId, new GenerationSession(s, h.sampler, info.mediaPlaceholderTokenId, info.hiddenSize, stopFlag, grammars));
       return { reply: { id: req.id, type: "session", sessionId, cancelFlags: s.cancelFlags(), stopFlag }, transfer: [] };
     }
     case "prefill": {
@@ -74,7 +78,7 @@ async function handle(req: EngineRequest): Promise<{ reply: EngineReply; transfe
       return { reply: { id: req.id, type: "logits", logits }, transfer: [logits.buffer as ArrayBuffer] };
     }
     case "generate": {
-      const result = generation(req.sessionId).generate(req.request, (token) => port.postMessage({ id: req.id, type: "token", token }));
+      const result = await generation(req.sessionId).generate(req.request, (token) => port.postMessage({ id: req.id, type: "token", token }));
       return { reply: { id: req.id, type: "generated", result }, transfer: [] };
     }
     case "reset": {
@@ -106,6 +110,7 @@ async function handle(req: EngineRequest): Promise<{ reply: EngineReply; transfe
       sessions.clear();
       hosted?.close();
       hosted = undefined;
+      grammars = null;
       return { reply: { id: req.id, type: "done" }, transfer: [] };
     }
   }

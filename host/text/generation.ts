@@ -12,9 +12,14 @@
  * The KV ends at the last token whose successor was needed: the last sampled token (or a stop
  * id) is never stepped. Text, stop strings and the chat template are the main thread's
  * (stop strings are matched there; it raises the stop flag, and a token stepped past one is
- * dropped by the next turn's prefix reuse).
+ * dropped by the next turn's prefix reuse). A reply under a grammar (GrammarRequest.grammar) gets its
+ * mask (grammar/token-mask.ts) applied before every sample, after the banned ids, and feeds each
+ * sampled token back to it; the mask never allows an id the grammar cannot continue with, so a
+ * reply that ends on a stop id is complete, and one cut by max_new_tokens ends "length".
  */
 import { type CoreBackend, type SamplerParams, CoreError, type CoreSession } from "../core/core-api.js";
+import type { GrammarSpec } from "./grammar/grammar-spec.js";
+import type { GrammarEngine, TokenMask } from "./grammar/token-mask.js";
 
 export interface GenerationRequest {
   /** The whole conversation's prompt, generation prompt included. */
@@ -31,6 +36,8 @@ export interface GenerationRequest {
   stopIds: Int32Array;
   /** Ids the sampler must never pick (media placeholders, specials that are not stops). */
   bannedIds: Int32Array;
+  /** What the reply must be (JSON under a schema, text with tagged calls); absent = free text. */
+  grammar?: GrammarSpec | null;
 }
 
 type FinishReason = "stop" | "length" | "stopped" | "cancelled";
@@ -61,7 +68,7 @@ export class GenerationSession {
   #keys: string[] = [];
 
   constructor(readonly session: CoreSession, readonly sampler: CoreBackend, readonly mediaTokenId: number,
-    readonly hidden: number, readonly stopFlag: Int32Array) {}
+    readonly hidden: number, readonly stopFlag: Int32Array, readonly grammars: GrammarEngine | null = null) {}
 
   get position(): number {
     return this.#keys.length;
@@ -93,7 +100,7 @@ export class GenerationSession {
   }
 
   /** Runs one reply; onToken sees each sampled token as soon as it exists. */
-  generate(req: GenerationRequest, onToken: (token: number) => void): GenerationResult {
+  async generate(req: GenerationRequest, onToken: (token: number) => void): Promise<GenerationResult> {
     const started = performance.now();
     const keys = this.#promptKeys(req.prompt, req.mediaKeys);
     if (req.prompt.length === 0) throw new RangeError("an empty prompt cannot be continued");
@@ -106,7 +113,12 @@ export class GenerationSession {
     const result = (finishReason: FinishReason, stopId: number | null = null): GenerationResult => ({
       finishReason, stopId, tokens, promptTokens: req.prompt.length, reusedPromptTokens: reused, timings,
     });
+    let mask: TokenMask | null = null;
     try {
+      if (req.grammar) {
+        if (!this.grammars) throw new RangeError("this engine worker has no grammar engine, so a constrained reply cannot run");
+        mask = await this.grammars.constrain(req.grammar, Array.from(req.stopIds));
+      }
       if (this.session.position() !== reused) this.session.truncate(reused);
       this.#keys = this.#keys.slice(0, reused);
       const suffix = req.prompt.subarray(reused);
@@ -132,8 +144,10 @@ export class GenerationSession {
       for (;;) {
         if (Atomics.load(this.stopFlag, 0) !== 0) return result("stopped");
         for (const id of req.bannedIds) if (id >= 0 && id < logits.length) logits[id] = -Infinity;
+        if (mask) await mask.apply(logits);
         const token = this.sampler.sampleToken(logits, req.sampler, rng);
         if (stops.has(token)) return result("stop", token);
+        mask?.accept(token);
         tokens.push(token);
         if (tokens.length === 1) timings.firstTokenS = (performance.now() - started) / 1000;
         onToken(token);
@@ -160,6 +174,7 @@ export class GenerationSession {
       }
       throw err;
     } finally {
+      mask?.dispose();
       if (this.session.position() !== this.#keys.length) {
         this.#keys = [];
         this.session.truncate(0);

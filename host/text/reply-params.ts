@@ -7,6 +7,7 @@
  */
 import { randomBytes } from "node:crypto";
 
+import type { GrammarSpec } from "./grammar/grammar-spec.js";
 import { UserError } from "../system/user-error.js";
 
 /** The model card's recommendation for the Instruct model. */
@@ -25,10 +26,12 @@ export interface ReplyParams {
   maxNewTokens: number;
   /** Strings that end the reply; never emitted. */
   stop: string[];
+  /** What the reply must be (a JSON schema, tool calls); null = free text. */
+  grammar: GrammarSpec | null;
 }
 
 export function defaultReplyParams(): ReplyParams {
-  return { temperature: DEFAULT_TEMPERATURE, topP: 1, topK: 0, seed: null, maxNewTokens: DEFAULT_MAX_NEW_TOKENS, stop: [] };
+  return { temperature: DEFAULT_TEMPERATURE, topP: 1, topK: 0, seed: null, maxNewTokens: DEFAULT_MAX_NEW_TOKENS, stop: [], grammar: null };
 }
 
 /** Throws a UserError naming the first bad field. */
@@ -48,6 +51,9 @@ export function validateReplyParams(p: ReplyParams): void {
     throw new UserError(`seed must be a non-negative integer (got ${String(p.seed)})`);
   }
   if (p.stop.some((s) => typeof s !== "string" || s.length === 0)) throw new UserError("stop strings must be non-empty strings");
+  // a stop string could cut the JSON a schema guarantees, and the reply would claim to be
+  // complete (a call cut short is simply not a call: tool-format.ts reports complete ones only)
+  if (p.stop.length > 0 && p.grammar?.kind === "json_schema") throw new UserError("stop strings cannot be combined with a JSON schema or JSON output");
 }
 
 /** The sampler's 64-bit seed: the given one (mod 2^64), else 64 random bits. */

@@ -145,7 +145,7 @@ function isFile(path: string): boolean {
  * 0..N-1 (a duplicate rank made Python's tiktoken panic; a gap would let a base id collide
  * with a special id).
  */
-function readTiktokenModel(path: string): string[] {
+export function readTiktokenModel(path: string): string[] {
   if (!isFile(path)) {
     throw new UserError(`${path} is missing; the model directory needs the tokenizer file tiktoken.model (rerun kvl pack)`);
   }
