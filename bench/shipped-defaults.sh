@@ -36,13 +36,15 @@ row() { # row LABEL FLAGS-LABEL COMMAND...
     local label=$1 flags=$2
     shift 2
     echo "== $label ($flags)" >&2
-    "$@" | node -e '
+    # through a file: Wine's node.exe cannot write to a pipe (EBADF)
+    "$@" < /dev/null > "$WORK/row.json" 2> "$WORK/row.err" || { tail -5 "$WORK/row.err" >&2; return 1; }
+    node -e '
       const r = JSON.parse(require("fs").readFileSync(0, "utf8"));
       const run = r.runs[0], d = run.decode_after_cold;
       console.log(JSON.stringify({ label: process.argv[1], flags: process.argv[2], backend: run.backend, kernels: run.info.kernels,
         ram_budget_mib: run.ram_budget_mib, chosen_by: run.ram_budget_chosen_by, plan_mib: Math.round(run.plan_total_bytes / 2 ** 20),
         s_per_token: d.s_per_token_median, hit_rate: d.expert_hit_rate ?? null, peak_rss_mib: run.peak_rss_bytes ? Math.round(run.peak_rss_bytes / 2 ** 20) : null }));
-    ' "$label" "$flags" | tee -a "$OUT"
+    ' "$label" "$flags" < "$WORK/row.json" | tee -a "$OUT"
 }
 
 for flags in default old; do
