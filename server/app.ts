@@ -21,7 +21,7 @@ import { validateReplyParams } from "../host/text/reply-params.js";
 import { UserError } from "../host/system/user-error.js";
 import * as anthropic from "./anthropic.js";
 import { KeyCheck } from "./auth.js";
-import { ClientGone, DEFAULT_READ_DEADLINES, type ReadDeadlines, readJsonBody } from "./body.js";
+import { ClientGone, DEFAULT_READ_DEADLINES, type ReadDeadlines, mayCloseAfterRefusal, readJsonBody } from "./body.js";
 import { ApiError, type Dialect, dialectOfPath, errorBody, invalid } from "./errors.js";
 import { type RequestMessage, loadImages } from "./images.js";
 import type { ServedModel } from "./model.js";
@@ -66,8 +66,10 @@ export function createApp(queue: EngineQueue, config: ServerConfig): Koa {
   const sendError = (ctx: Koa.Context, dialect: Dialect, error: ApiError): void => {
     ctx.status = error.status;
     ctx.set(error.headers());
-    // the rest of a refused body (drained, or never coming) must not be read as the next request
-    if (error.kind === "too_large" || error.kind === "request_timeout") ctx.set("connection", "close");
+    // the rest of a refused body (drained, or never coming) must not be read as the next request;
+    // but a body still arriving past the drain's bound keeps its connection until it has been
+    // read and dropped (closing now would reset the connection under the unread answer)
+    if ((error.kind === "too_large" || error.kind === "request_timeout") && mayCloseAfterRefusal(ctx.req)) ctx.set("connection", "close");
     ctx.body = errorBody(dialect, error);
   };
 
