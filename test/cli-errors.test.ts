@@ -6,7 +6,7 @@
  * run as root, so a chmod 000 folder would not): /proc and /sys, a symlink loop, a too-long name.
  */
 import { spawn } from "node:child_process";
-import { mkdirSync, readFileSync, symlinkSync, writeFileSync } from "node:fs";
+import { mkdirSync, readFileSync, readdirSync, symlinkSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -160,7 +160,67 @@ describe("kvl --version and a bad option value", () => {
   it("--backend bogus is one line with the valid choices, not the whole help", async () => {
     const r = await kvl(["doctor", "--backend", "bogus"]);
     expect(r.status).toBe(1);
-    expect(r.stderr).toBe("error: option '--backend <name>' argument 'bogus' is invalid. Allowed choices are auto, native, wasm.\n");
+    expect(r.stderr).toBe("kvl doctor: error: option '--backend <name>' argument 'bogus' is invalid. Allowed choices are auto, native, wasm.\n");
     expect(r.stdout).toBe("");
+  });
+
+  it("commander's own errors carry the `kvl CMD: error:` prefix as every other error does", async () => {
+    const cases: Array<[string[], string]> = [
+      [["chat", "--bogus"], "kvl chat: error: unknown option '--bogus'\n"],
+      [["chat", pack, "hi", "--max-new"], "kvl chat: error: option '--max-new <n>' argument missing\n"],
+      [["serve"], "kvl serve: error: missing required argument 'model'\n"],
+      [["synth", "a", "b"], "kvl synth: error: too many arguments for 'synth'. Expected 1 argument but got 2.\n"],
+      [["frob"], "kvl: error: unknown command 'frob'\n"],
+    ];
+    for (const [args, line] of cases) {
+      const r = await kvl(args);
+      expect(r.status, args.join(" ")).toBe(1);
+      expect(r.stderr, args.join(" ")).toBe(line);
+    }
+  });
+});
+
+describe("a bad count is one wording whatever is wrong with it", () => {
+  it.each(["0", "-1", "1e9", "1.5", "abc"])("kvl chat --max-new %s", async (value) => {
+    const r = await kvl(["chat", pack, "hi", "--max-new", value]);
+    expect(r.status).toBe(1);
+    expect(r.stderr).toBe(`kvl chat: error: option '--max-new <n>' argument '${value}' is invalid. expected a whole number of 1 or more, in digits (e.g. 256)\n`);
+  });
+});
+
+/** `kvl` run by /bin/sh, so its arguments can hold bytes that are not UTF-8 (Node's spawn takes
+ * only strings): `script` sees $KVL, $NODE, $PACK and $CKPT and runs in the test's folder. */
+function kvlShell(script: string): Promise<Run> {
+  const base = { ...process.env };
+  for (const name of ["KVL_BACKEND", "KVL_INSTANCES", "KVL_API_KEY"]) delete base[name];
+  const child = spawn("/bin/sh", ["-c", script], {
+    env: { ...base, KVL, NODE: process.execPath, PACK: pack, CKPT: ckpt }, timeout: 60_000, killSignal: "SIGKILL", cwd: tmp.dir,
+  });
+  let stdout = "";
+  let stderr = "";
+  child.stdout.setEncoding("utf8").on("data", (t: string) => (stdout += t));
+  child.stderr.setEncoding("utf8").on("data", (t: string) => (stderr += t));
+  return new Promise((resolve, reject) => {
+    child.on("error", reject);
+    child.on("close", (status, signal) => resolve({ status, signal, stdout, stderr }));
+  });
+}
+
+describe("an argument that is not UTF-8 is refused in one line before anything is written", () => {
+  const why = "is not valid UTF-8 text: Node.js reads command-line arguments as UTF-8, so kvl can neither open nor create a file of that name; " +
+    "rename the file or folder to a UTF-8 name (or pass a link that has one) and run the command again\n";
+
+  it("kvl pack into a folder named with bytes 0xff 0xfe: refused, nothing created", async () => {
+    const before = readdirSync(tmp.dir).sort();
+    const r = await kvlShell(`exec "$NODE" "$KVL" pack "$CKPT" "$(printf 'pack-\\377\\376')" --allow-revision`);
+    expectOneLine(r, "pack-\\xff\\xfe");
+    expect(r.stderr).toBe(`kvl pack: error: the argument 'pack-\\xff\\xfe' ${why}`);
+    expect(readdirSync(tmp.dir).sort()).toEqual(before);
+  });
+
+  it("kvl chat --image with a file that exists under such a name: refused as such, not 'not found'", async () => {
+    const r = await kvlShell(`f="$(printf 'img-\\377.png')"; cp "$PACK/config.json" "$f" && "$NODE" "$KVL" chat "$PACK" Hi --image "$f"; s=$?; rm -f "$f"; exit $s`);
+    expectOneLine(r, "img-\\xff.png");
+    expect(r.stderr).toBe(`kvl chat: error: the argument 'img-\\xff.png' ${why}`);
   });
 });
