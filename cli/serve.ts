@@ -8,7 +8,7 @@
  */
 import { type Command, InvalidArgumentError } from "commander";
 
-import { envString } from "../host/system/env.js";
+import { envRequiredText } from "../host/system/env.js";
 import { DEFAULT_MODEL_ID } from "../server/app.js";
 import { DEFAULT_HOST } from "../server/auth.js";
 import { runServer } from "../server/serve.js";
@@ -58,7 +58,7 @@ export function addServeCommand(program: Command): void {
     .option("--verbose", "also print the RAM plan's table")
     .action(async (model: string, opts: ServeCommandOptions) => {
       process.exitCode = await runServer({
-        model, host: opts.host, port: opts.port, apiKey: opts.apiKey ?? envString("KVL_API_KEY") ?? null, modelId: opts.modelId,
+        model, host: opts.host, port: opts.port, apiKey: opts.apiKey ?? envRequiredText("KVL_API_KEY") ?? null, modelId: opts.modelId,
         backend: opts.backend, ...modelSettings(opts), maxQueue: opts.maxQueue, maxBodyMib: opts.maxBodyMib ?? null,
         allowOrigins: opts.allowOrigin ?? [], allowHosts: opts.allowHost ?? [], verbose: opts.verbose ?? false,
       });

@@ -105,13 +105,31 @@ export function createHttpServer(app: RequestListener, config: ServerConfig, rul
   return server;
 }
 
+/** Why a listen failed and what to do, by the OS's code: the port (in use, privileged) or the
+ * address (not valid or no name resolves: ENOTFOUND; valid but not on this machine). */
+export function listenErrorText(host: string, port: number, err: NodeJS.ErrnoException): string {
+  const where = `cannot listen on ${host}:${port}`;
+  const hosts = "give --host an address of this machine (127.0.0.1, the default; 0.0.0.0 for all of its interfaces)";
+  switch (err.code) {
+    case "EADDRINUSE":
+      return `${where} (the port is in use); is another server using the port? choose another with --port`;
+    case "EACCES":
+      return `${where} (permission denied: ports below 1024 need privileges); choose a port of 1024 or more with --port`;
+    case "ENOTFOUND":
+    case "EAI_AGAIN":
+      return `${where} ('${host}' is not a valid IP address, nor a name that resolves to one); ${hosts}`;
+    case "EADDRNOTAVAIL":
+      return `${where} (${host} is not an address of this machine); ${hosts}`;
+    default:
+      return `${where} (${err.message}); check --host and --port`;
+  }
+}
+
 function listen(server: Server, host: string, port: number): Promise<AddressInfo> {
   return new Promise((resolve, reject) => {
     const onError = (err: NodeJS.ErrnoException): void => {
       server.off("listening", onListening);
-      const why = err.code === "EADDRINUSE" ? "the address is in use" : err.code === "EADDRNOTAVAIL" || err.code === "ENOTFOUND"
-        ? "no such address on this machine" : err.message;
-      reject(new UserError(`cannot listen on ${host}:${port} (${why}); is another server using the port? choose another with --port`));
+      reject(new UserError(listenErrorText(host, port, err)));
     };
     const onListening = (): void => {
       server.off("error", onError);
@@ -127,9 +145,6 @@ function listen(server: Server, host: string, port: number): Promise<AddressInfo
 export async function runServer(o: ServeOptions): Promise<number> {
   const rules = new AccessRules({ bindHost: o.host, allowHosts: o.allowHosts ?? [], allowOrigins: o.allowOrigins ?? [] });
   checkServeOptions(o);
-  if (!isLoopbackHost(o.host) && !o.apiKey) {
-    say(`kvl serve: warning: listening on ${o.host} without --api-key; anyone who can reach this port can use the model`);
-  }
   const record = chooseBackend({ option: o.backend });
   const queue = new EngineQueue(o.maxQueue);
   // bodies are read only once the model is ready (gateBodies answers 503 before), under the
@@ -141,6 +156,10 @@ export async function runServer(o: ServeOptions): Promise<number> {
   const app = createApp(queue, config);
   const server = createHttpServer(app.callback(), config, rules, new BodyGate(bodySlots(o.maxQueue)), () => queue.requireReady(), say);
   const address = await listen(server, o.host, o.port);
+  // once bound: an address that cannot be bound gets its own reason, not this warning
+  if (!isLoopbackHost(o.host) && !o.apiKey) {
+    say(`kvl serve: warning: listening on ${o.host} without --api-key; anyone who can reach this port can use the model`);
+  }
   const shown = address.family === "IPv6" ? `[${address.address}]` : address.address;
   const pages = rules.listedOrigins.length ? `web pages of ${rules.listedOrigins.join(", ")} allowed` : "web pages of other origins refused (--allow-origin)";
   say(`kvl serve: loading ${o.model}; listening on http://${shown}:${address.port} (GET /healthz says when the model is ready; ${pages})`);

@@ -188,6 +188,26 @@ describe("a bad count is one wording whatever is wrong with it", () => {
   });
 });
 
+describe("kvl serve: an empty key and an address it cannot bind", () => {
+  it("an empty KVL_API_KEY is refused as --api-key '' is, before anything listens", async () => {
+    const env = await kvl(["serve", pack, "--port", "0"], { KVL_API_KEY: "" });
+    expectOneLine(env, "KVL_API_KEY");
+    expect(env.stderr).toBe("kvl serve: error: KVL_API_KEY is set but empty; set it to the key, or unset it (unset KVL_API_KEY) to serve without one\n");
+    const option = await kvl(["serve", pack, "--port", "0", "--api-key", ""]);
+    expectOneLine(option, "--api-key must not be empty");
+  });
+
+  it.each([
+    ["999.1.1.1", "('999.1.1.1' is not a valid IP address, nor a name that resolves to one)"],
+    ["192.0.2.1", "(192.0.2.1 is not an address of this machine)"], // TEST-NET-1: never assigned
+  ])("--host %s names what is wrong with the address, not the port", async (host, why) => {
+    const r = await kvl(["serve", pack, "--port", "0", "--host", host, "--api-key", "k"]);
+    expectOneLine(r, why);
+    expect(r.stderr).toBe(`kvl serve: error: cannot listen on ${host}:0 ${why}; give --host an address of this machine ` +
+      "(127.0.0.1, the default; 0.0.0.0 for all of its interfaces)\n");
+  });
+});
+
 /** `kvl` run by /bin/sh, so its arguments can hold bytes that are not UTF-8 (Node's spawn takes
  * only strings): `script` sees $KVL, $NODE, $PACK and $CKPT and runs in the test's folder. */
 function kvlShell(script: string): Promise<Run> {
