@@ -12,6 +12,7 @@
  * Does not own: body reading (body.ts), the dialects (openai.ts, anthropic.ts, ollama.ts), images
  * (images.ts), the queue (queue.ts), streaming (reply.ts), binding and signals (serve.ts).
  */
+import type { ExpertDtype, TrunkDtype } from "../host/pack/pack-format.js";
 import Router from "@koa/router";
 import Koa from "koa";
 
@@ -32,6 +33,12 @@ import { NDJSON_CONTENT_TYPE, RequestLog, SSE_CONTENT_TYPE, type StreamShape, co
 import { WebPage } from "./web.js";
 
 export const DEFAULT_MODEL_ID = "kimi-vl-a3b-instruct-q8";
+
+/** The id served when --model-id is not given: it names what the routed experts are stored as
+ * (most of the weights), so a Q4 pack never calls itself Q8. */
+export function defaultModelId(expertDtype: ExpertDtype): string {
+  return `kimi-vl-a3b-instruct-${expertDtype}`;
+}
 /** A silent stream (a long prefill, a wait in the queue) still shows the client it is alive. */
 const KEEPALIVE_MS = 5000;
 
@@ -42,7 +49,7 @@ export interface ServerConfig {
   maxBodyBytes: number;
   vision: boolean;
   /** What /api/tags says of the pack. */
-  pack: { sizeBytes: number; digest: string; modifiedAt: string };
+  pack: { sizeBytes: number; digest: string; modifiedAt: string; expertDtype?: ExpertDtype; trunkDtype?: TrunkDtype };
   keepaliveMs?: number;
   /** How long headers and bodies may take to arrive (body.ts; default DEFAULT_READ_DEADLINES). */
   deadlines?: ReadDeadlines;

@@ -18,6 +18,7 @@ import { type ReplyParams, defaultReplyParams } from "../host/text/reply-params.
 import { type ApiError, invalid, ollamaErrorBody } from "./errors.js";
 import { type JsonObject, getBool, getInt, getNumber, getStr, isObject, jsonType, requireObject, stopList } from "./fields.js";
 import { type ImageData, type RequestMessage, decodeDataUrl, decodeImageBase64 } from "./images.js";
+import type { ExpertDtype, TrunkDtype } from "../host/pack/pack-format.js";
 import type { ModelFacts } from "./openai.js";
 
 const ROLES = ["system", "user", "assistant", "tool"];
@@ -204,21 +205,30 @@ export interface OllamaModelFacts extends ModelFacts {
   digest: string;
   /** When the pack was completed (ISO 8601). */
   modifiedAt: string;
+  /** What the routed experts and the trunk's Linear weights are stored as (default q8, bf16). */
+  expertDtype?: ExpertDtype;
+  trunkDtype?: TrunkDtype;
 }
 
-function details(): JsonObject {
-  return { parent_model: "", format: "kvl", family: "kimi-vl", families: ["kimi-vl", "deepseek2"], parameter_size: "", quantization_level: "Q8_0" };
+/** Ollama's quantization_level for what the pack holds: its routed experts, most of the weights
+ * (Q8 rows, or Q4 in groups of 32 with a scale each, as GGML's Q4_0 is). */
+const QUANTIZATION_LEVEL: Readonly<Record<ExpertDtype, string>> = { q8: "Q8_0", q4: "Q4_0" };
+
+function details(m: OllamaModelFacts): JsonObject {
+  return { parent_model: "", format: "kvl", family: "kimi-vl", families: ["kimi-vl", "deepseek2"], parameter_size: "",
+    quantization_level: QUANTIZATION_LEVEL[m.expertDtype ?? "q8"] };
 }
 
 export function tagsBody(m: OllamaModelFacts): JsonObject {
   const name = ollamaName(m.modelId);
-  return { models: [{ name, model: name, modified_at: m.modifiedAt, size: m.sizeBytes, digest: m.digest, details: details() }] };
+  return { models: [{ name, model: name, modified_at: m.modifiedAt, size: m.sizeBytes, digest: m.digest, details: details(m) }] };
 }
 
 export function showBody(m: OllamaModelFacts): JsonObject {
   return {
-    modelfile: "", parameters: "", template: "", details: details(),
-    model_info: { "general.architecture": "kimi-vl", "kimi-vl.context_length": m.maxContext },
+    modelfile: "", parameters: "", template: "", details: details(m),
+    model_info: { "general.architecture": "kimi-vl", "kimi-vl.context_length": m.maxContext,
+      "kvl.expert_dtype": m.expertDtype ?? "q8", "kvl.trunk_dtype": m.trunkDtype ?? "bf16" },
     capabilities: m.vision ? ["completion", "vision"] : ["completion"],
     modified_at: m.modifiedAt,
   };

@@ -24,7 +24,7 @@ import { MIB } from "../host/plan/core-bytes.js";
 import { BODY_BYTES_FLOOR, bodySlots } from "../host/plan/input-lines.js";
 import type { ModelOptions } from "../host/plan/settings.js";
 import { UserError } from "../host/system/user-error.js";
-import { type ServerConfig, createApp } from "./app.js";
+import { type ServerConfig, createApp, defaultModelId } from "./app.js";
 import { isLoopbackHost } from "./auth.js";
 import { BodyGate, DEFAULT_READ_DEADLINES, gateBodies } from "./body.js";
 import { AccessRules, guardRequests } from "./guard.js";
@@ -37,7 +37,8 @@ interface ServeOptions extends ModelOptions {
   host: string;
   port: number;
   apiKey: string | null;
-  modelId: string;
+  /** --model-id; absent: defaultModelId of what the pack's experts are stored as. */
+  modelId?: string | undefined;
   /** --backend; KVL_BACKEND applies when absent. */
   backend?: string | undefined;
   maxQueue: number;
@@ -63,10 +64,16 @@ function packFacts(dir: string): ServerConfig["pack"] {
   for (const entry of readdirSync(dir, { withFileTypes: true })) if (entry.isFile()) sizeBytes += statSync(join(dir, entry.name)).size;
   const marker = join(dir, "PACK_COMPLETE.json");
   try {
+    const text = readFileSync(marker);
+    // what the pack holds, as its marker says (the packer writes expert_dtype and trunk_dtype
+    // only when they are not the defaults, q8 and bf16; FORMAT.md "Completion marker")
+    const parsed = JSON.parse(text.toString("utf8")) as { expert_dtype?: unknown; trunk_dtype?: unknown };
     return {
       sizeBytes,
-      digest: createHash("sha256").update(readFileSync(marker)).digest("hex"),
+      digest: createHash("sha256").update(text).digest("hex"),
       modifiedAt: statSync(marker).mtime.toISOString(),
+      expertDtype: parsed.expert_dtype === "q4" ? "q4" : "q8",
+      trunkDtype: parsed.trunk_dtype === "q8" ? "q8" : "bf16",
     };
   } catch {
     return { sizeBytes, digest: "", modifiedAt: new Date(0).toISOString() };
@@ -83,7 +90,7 @@ function checkServeOptions(o: ServeOptions): void {
     if (!Number.isSafeInteger(value) || value < low || value > high) throw new UserError(`${name} ${value} is out of range (${low} to ${high})`);
   }
   if (o.apiKey !== null && o.apiKey.length === 0) throw new UserError("--api-key must not be empty");
-  if (!o.modelId) throw new UserError("--model-id must not be empty");
+  if (o.modelId !== undefined && !o.modelId) throw new UserError("--model-id must not be empty");
 }
 
 /**
@@ -149,9 +156,10 @@ export async function runServer(o: ServeOptions): Promise<number> {
   const queue = new EngineQueue(o.maxQueue);
   // bodies are read only once the model is ready (gateBodies answers 503 before), under the
   // plan's limit, which replaces this placeholder then
+  const pack = packFacts(o.model);
+  const modelId = o.modelId ?? defaultModelId(pack.expertDtype ?? "q8");
   const config: ServerConfig = {
-    modelId: o.modelId, apiKey: o.apiKey, maxContext: o.maxContext, maxBodyBytes: BODY_BYTES_FLOOR, vision: o.loadVision,
-    pack: packFacts(o.model),
+    modelId, apiKey: o.apiKey, maxContext: o.maxContext, maxBodyBytes: BODY_BYTES_FLOOR, vision: o.loadVision, pack,
   };
   const app = createApp(queue, config);
   const server = createHttpServer(app.callback(), config, rules, new BodyGate(bodySlots(o.maxQueue)), () => queue.requireReady(), say);
@@ -209,7 +217,7 @@ export async function runServer(o: ServeOptions): Promise<number> {
       config.maxBodyBytes = model.plan.requestBodies!.bodyBytes;
       say(loadLine("serve", model, o.verbose ?? false));
       if (o.verbose) say(model.plan.describe());
-      say(`kvl serve: model ready as '${o.modelId}'; chat in a browser at http://${shown}:${address.port}/`);
+      say(`kvl serve: model ready as '${modelId}'; chat in a browser at http://${shown}:${address.port}/`);
     }
     await closed;
   } finally {
