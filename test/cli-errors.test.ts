@@ -6,7 +6,7 @@
  * run as root, so a chmod 000 folder would not): /proc and /sys, a symlink loop, a too-long name.
  */
 import { spawn } from "node:child_process";
-import { mkdirSync, readFileSync, readdirSync, symlinkSync, writeFileSync } from "node:fs";
+import { mkdirSync, readFileSync, readdirSync, statSync, symlinkSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -205,6 +205,18 @@ describe("kvl serve: an empty key and an address it cannot bind", () => {
     expectOneLine(r, why);
     expect(r.stderr).toBe(`kvl serve: error: cannot listen on ${host}:0 ${why}; give --host an address of this machine ` +
       "(127.0.0.1, the default; 0.0.0.0 for all of its interfaces)\n");
+  });
+});
+
+describe("kvl synth --help", () => {
+  it("gives tiny's real size, and no wording of the machine it was written on", async () => {
+    const r = await kvl(["synth", "--help"]);
+    expect(r.status).toBe(0);
+    const help = r.stdout.replace(/\s+/g, " ");
+    let bytes = 0;
+    for (const name of readdirSync(ckpt)) bytes += statSync(join(ckpt, name)).size; // tiny, seed 0, as kvl synth writes it
+    expect(help).toContain(`tiny (about ${Math.round(bytes / 2 ** 20)} MiB,`);
+    expect(help).not.toMatch(/a few MB|\bhere\b/);
   });
 });
 
