@@ -5,7 +5,7 @@
  * loops forever under /proc: the child has a timeout). Paths that refuse even root (the tests
  * run as root, so a chmod 000 folder would not): /proc and /sys, a symlink loop, a too-long name.
  */
-import { spawn } from "node:child_process";
+import { spawn, spawnSync } from "node:child_process";
 import { mkdirSync, readFileSync, readdirSync, statSync, symlinkSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 
@@ -217,6 +217,30 @@ describe("kvl synth --help", () => {
     for (const name of readdirSync(ckpt)) bytes += statSync(join(ckpt, name)).size; // tiny, seed 0, as kvl synth writes it
     expect(help).toContain(`tiny (about ${Math.round(bytes / 2 ** 20)} MiB,`);
     expect(help).not.toMatch(/a few MB|\bhere\b/);
+  });
+});
+
+describe("kvl pack checks the destination's free space before it writes", () => {
+  it("a 20 MiB disk for a 41 MiB pack: one line naming both sizes, no .bin written", async () => {
+    const disk = join(tmp.dir, "small-disk");
+    mkdirSync(disk);
+    // a real small file system (the tests run as root, as they do for /proc and /sys above)
+    const mounted = spawnSync("mount", ["-t", "tmpfs", "-o", "size=20m", "tmpfs", disk], { encoding: "utf8" });
+    expect(mounted.status, `mount a 20 MiB tmpfs: ${mounted.stderr}`).toBe(0);
+    try {
+      const r = await kvl(["pack", ckpt, join(disk, "p"), "--allow-revision"]);
+      expectOneLine(r, join(disk, "p"));
+      const m = /: the pack needs (\d+) MiB but its disk has (\d+) MiB free; free some space or choose a destination on another disk/.exec(r.stderr);
+      expect(m, r.stderr).not.toBeNull();
+      let packBytes = 0;
+      for (const name of readdirSync(pack)) packBytes += statSync(join(pack, name)).size;
+      expect(Number(m![1])).toBeGreaterThanOrEqual(Math.floor(packBytes / 2 ** 20));
+      expect(Number(m![1])).toBeLessThanOrEqual(Math.ceil(packBytes / 2 ** 20) + 4);
+      expect(Number(m![2])).toBe(20);
+      expect(readdirSync(join(disk, "p")).filter((f) => f.endsWith(".bin"))).toEqual([]);
+    } finally {
+      spawnSync("umount", [disk]);
+    }
   });
 });
 
