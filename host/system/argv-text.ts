@@ -83,10 +83,14 @@ export function nonUtf8Argument(args: readonly string[]): UserError | null {
     const bytes = raw?.[i];
     const bad = bytes !== undefined ? !isUtf8(bytes) : args[i]!.includes("\uFFFD");
     if (!bad) continue;
-    const name = bytes !== undefined ? shown(bytes) : args[i]!;
-    return new UserError(`the argument '${name}' is not valid UTF-8 text: Node.js reads command-line arguments as UTF-8, ` +
-      "so kvl can neither open nor create a file of that name; rename the file or folder to a UTF-8 name " +
-      "(or pass a link that has one) and run the command again");
+    const todo = "rename the file or folder to a UTF-8 name (or pass a link that has one) and run the command again";
+    if (bytes === undefined) {
+      // the bytes are not known here, only that the OS or Node replaced some by U+FFFD
+      return new UserError(`the argument '${args[i]!}' holds characters that are not valid text (shown as \uFFFD): Node.js cannot ` +
+        `hold such a name, so kvl can neither open nor create a file of that name; ${todo}`);
+    }
+    return new UserError(`the argument '${shown(bytes)}' is not valid UTF-8 text: Node.js reads command-line arguments as UTF-8, ` +
+      `so kvl can neither open nor create a file of that name; ${todo}`);
   }
   return null;
 }
