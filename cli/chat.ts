@@ -21,7 +21,7 @@ import { type Command, InvalidArgumentError } from "commander";
 import { chooseBackend } from "../host/core/backend.js";
 import { type ChatImage, ChatModel, type Conversation, type ReplyReport, loadLine } from "../host/chat-model.js";
 import type { Message } from "../host/text/conversation.js";
-import type { EngineStats } from "../host/core/core-api.js";
+import { type EngineStats, PackReadError } from "../host/core/core-api.js";
 import { actModeJson } from "../host/plan/act-mode.js";
 import { MIB } from "../host/plan/core-bytes.js";
 import { DEFAULT_MAX_NEW_TOKENS, DEFAULT_TEMPERATURE, type ReplyParams } from "../host/text/reply-params.js";
@@ -338,7 +338,9 @@ async function interactive(model: ChatModel, images: ChatImage[], opts: ChatOpti
         }
         if (tty) {
           rl.prompt();
-          if (dropped) rl.write(line);
+          // a pack that could not be read (its disk gone, a file changed): the same text can be
+          // sent again once the pack is back
+          if (dropped || err instanceof PackReadError) rl.write(line);
         }
         continue;
       } finally {

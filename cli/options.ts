@@ -33,16 +33,22 @@ export function expertDtypeOption(): Option {
     .choices(EXPERT_DTYPES).default("q8");
 }
 
-export function nonNegativeInt(value: string): number {
+/** One wording for every count option, whatever is wrong with the value (0, -1, 1e9, 1.5, abc):
+ * the range and how to write it. */
+function wholeNumber(value: string, min: number): number {
   const n = Number(value);
-  if (!/^\d+$/.test(value) || !Number.isSafeInteger(n)) throw new InvalidArgumentError("expected a non-negative integer");
+  if (!/^\d+$/.test(value) || !Number.isSafeInteger(n) || n < min) {
+    throw new InvalidArgumentError(`expected a whole number of ${min} or more, in digits (e.g. 256)`);
+  }
   return n;
 }
 
+export function nonNegativeInt(value: string): number {
+  return wholeNumber(value, 0);
+}
+
 export function positiveInt(value: string): number {
-  const n = nonNegativeInt(value);
-  if (n < 1) throw new InvalidArgumentError("expected a positive integer");
-  return n;
+  return wholeNumber(value, 1);
 }
 
 /** --instances: split the decoder layers over at least N engines (env KVL_INSTANCES when absent;

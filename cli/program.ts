@@ -6,7 +6,8 @@
  * an error the user can fix (UserError, BackendError, a file-system error such as ENOSPC or
  * EACCES: user-error.ts fsUserError; a bad KVL_* variable, checked before any command runs) is
  * one line `kvl CMD: error: ...` and exit status 1; a mistyped command line is commander's one
- * line (no help dump: --help shows it); anything else is a bug and keeps its stack. Every command
+ * line with the same prefix (no help dump: --help shows it); an argument that is not UTF-8 is
+ * refused before any command runs (host/system/argv-text.ts); anything else is a bug and keeps its stack. Every command
  * is TypeScript: `chat`, `serve`, `bench`, `doctor` (with or without a model), `synth`, `pack`,
  * `prepare`.
  */
@@ -16,6 +17,7 @@ import { Command } from "commander";
 import { BackendError, chooseBackend } from "../host/core/backend.js";
 import { readBuildInfo } from "../host/system/build-info.js";
 import { UserError, fsUserError } from "../host/system/user-error.js";
+import { nonUtf8Argument } from "../host/system/argv-text.js";
 import { silentProgress, stderrProgress } from "../packer/progress.js";
 import { addBenchCommand } from "./bench.js";
 import { addChatCommand } from "./chat.js";
@@ -49,7 +51,15 @@ function versionLine(): string {
   return `kvl ${version} (commit ${commit ?? "unknown"}; Node ${process.version} ${process.platform}-${process.arch}; backend ${backend})`;
 }
 
-function buildProgram(): Command {
+/** `kvl CMD` as the prefix of every error line (the command the arguments name, else `kvl`). */
+function errorPrefix(argv: readonly string[]): string {
+  const command = argv.slice(2).find((a) => !a.startsWith("-"));
+  return command && COMMANDS.includes(command) ? `kvl ${command}` : "kvl";
+}
+
+const COMMANDS = ["doctor", "chat", "bench", "serve", "synth", "pack", "prepare"];
+
+function buildProgram(who: string): Command {
   const program = new Command("kvl")
     .description("CPU-first, low-RAM inference runtime for Kimi-VL-A3B-Instruct")
     .option("-V, --version", "print kvl's build: version, commit, Node and the backend it runs")
@@ -58,6 +68,9 @@ function buildProgram(): Command {
       process.exit(0);
     })
     .exitOverride()
+    // commander's own errors (an unknown option, a missing argument, a bad choice) get the prefix
+    // every other error has; set before the commands are added, which inherit it
+    .configureOutput({ outputError: (text, write) => write(text.startsWith("error: ") ? `${who}: ${text}` : text) })
     .hook("preAction", () => checkEnvironment());
 
   const doctor = program
@@ -97,7 +110,17 @@ function buildProgram(): Command {
 
 /** Runs `kvl` with these arguments (process.argv layout); sets process.exitCode. */
 export async function runKvl(argv: string[]): Promise<void> {
-  const program = buildProgram();
+  const who = errorPrefix(argv);
+  // before anything runs or is written: a name Node could not hold would be "not found", or
+  // created with U+FFFD in it
+  const notUtf8 = nonUtf8Argument(argv.slice(2));
+  if (notUtf8) {
+    process.stderr.write(`${who}: error: ${notUtf8.message}\n`);
+    process.exitCode = 1;
+    return;
+  }
+  const program = buildProgram(who);
+  if (program.commands.some((c) => !COMMANDS.includes(c.name()))) throw new Error("COMMANDS must list every command");
   try {
     await program.parseAsync(argv);
   } catch (err) {
@@ -106,8 +129,6 @@ export async function runKvl(argv: string[]): Promise<void> {
       process.exitCode = code;
       return;
     }
-    const command = argv.slice(2).find((a) => !a.startsWith("-"));
-    const who = command && program.commands.some((c) => c.name() === command) ? `kvl ${command}` : "kvl";
     const userError = err instanceof UserError || err instanceof BackendError ? err : fsUserError(err);
     if (userError !== null) {
       process.stderr.write(`${who}: error: ${userError.message}\n`);

@@ -8,7 +8,7 @@
  */
 import { type Command, InvalidArgumentError } from "commander";
 
-import { envString } from "../host/system/env.js";
+import { envRequiredText } from "../host/system/env.js";
 import { DEFAULT_MODEL_ID } from "../server/app.js";
 import { DEFAULT_HOST } from "../server/auth.js";
 import { runServer } from "../server/serve.js";
@@ -18,7 +18,7 @@ interface ServeCommandOptions extends ModelCliOptions {
   host: string;
   port: number;
   apiKey?: string;
-  modelId: string;
+  modelId?: string;
   maxQueue: number;
   maxBodyMib?: number;
   allowOrigin?: string[];
@@ -46,7 +46,7 @@ export function addServeCommand(program: Command): void {
     .option("--port <n>", "TCP port (0: any free port, printed at start)", port, 8000)
     .option("--api-key <key>", "require this key (x-api-key or Authorization: Bearer) on every endpoint except /healthz " +
       "(default: $KVL_API_KEY, which keeps the key out of the process list)")
-    .option("--model-id <id>", "the model id clients must send", DEFAULT_MODEL_ID)
+    .option("--model-id <id>", `the model id clients must send (default: ${DEFAULT_MODEL_ID}, or -q4 for a pack of 4-bit experts)`)
     .option("--allow-origin <origin>", "let web pages at this origin (e.g. http://localhost:3000; * matches any characters) use the " +
       "API from the browser; repeatable. Pages of other origins are refused (docs/SERVER.md)", collect)
     .option("--allow-host <name>", "also answer requests whose Host header is this name (a reverse proxy, a LAN name); repeatable. " +
@@ -58,7 +58,7 @@ export function addServeCommand(program: Command): void {
     .option("--verbose", "also print the RAM plan's table")
     .action(async (model: string, opts: ServeCommandOptions) => {
       process.exitCode = await runServer({
-        model, host: opts.host, port: opts.port, apiKey: opts.apiKey ?? envString("KVL_API_KEY") ?? null, modelId: opts.modelId,
+        model, host: opts.host, port: opts.port, apiKey: opts.apiKey ?? envRequiredText("KVL_API_KEY") ?? null, modelId: opts.modelId,
         backend: opts.backend, ...modelSettings(opts), maxQueue: opts.maxQueue, maxBodyMib: opts.maxBodyMib ?? null,
         allowOrigins: opts.allowOrigin ?? [], allowHosts: opts.allowHost ?? [], verbose: opts.verbose ?? false,
       });

@@ -14,9 +14,10 @@ import { backendOption, nonNegativeInt } from "./options.js";
 export function addSynthCommand(program: Command): void {
   program
     .command("synth")
-    .description("write a random-weight checkpoint in the official layout (tests and benchmarks; the real weights cannot be downloaded here)")
+    .description("write a random-weight checkpoint in the official layout: for tests, benchmarks, and trying kvl without the " +
+      "real weights (kvl prepare downloads those)")
     .argument("<out>", "output checkpoint directory")
-    .addOption(new Option("--preset <name>", "tiny (a few MB, every structural feature) or full (real dims, ~33 GB)").choices(PRESETS).default("tiny"))
+    .addOption(new Option("--preset <name>", "tiny (about 43 MiB, every structural feature at small dims) or full (the real dims, about 33 GB)").choices(PRESETS).default("tiny"))
     .option("--seed <n>", "weights are a function of seed and tensor name", nonNegativeInt, 0)
     .addOption(new Option("--bias-dtype <dtype>", "on-disk dtype of the router correction bias").choices(["bf16", "f32"]).default("bf16"))
     .option("--n-group <n>", "expert groups for group-limited routing (with --topk-group)", nonNegativeInt)

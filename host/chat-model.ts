@@ -21,13 +21,14 @@ import { readFile, stat } from "node:fs/promises";
 import { join } from "node:path";
 
 import type { BackendRecord } from "./core/backend.js";
-import { type BackendName, type EngineStats, roundToBf16 } from "./core/core-api.js";
+import { type BackendName, type EngineStats, PackReadError, roundToBf16 } from "./core/core-api.js";
 import { ChatTemplate } from "./text/chat-template.js";
 import { type Message, type Prompt, ImageInput, buildPrompt, mediaKeyStrings, sha256Hex } from "./text/conversation.js";
 import { EngineClient, type ClientSession } from "./engine/engine-client.js";
 import { DEFAULT_DECODE_LIMITS, type DecodeLimits, checkImage, decodeImageWith, imageHeader } from "./image/image-decode.js";
 import { type PreprocessorConfig, gridForSize, loadPreprocessorConfig, mediaTokens, preprocessImage } from "./image/image-preprocess.js";
 import { openRunnablePack } from "./pack/pack-check.js";
+import { packFileChange, packFileIdentities } from "./pack/pack-files.js";
 import { imageLimitsText } from "./image/image-budget.js";
 import { type ActMode, actModeFor, actModeText } from "./plan/act-mode.js";
 import { MIB } from "./plan/core-bytes.js";
@@ -137,7 +138,19 @@ export class ChatModel {
 
   private constructor(readonly packDir: string, readonly backendRecord: BackendRecord, readonly actMode: ActMode, readonly plan: RamPlan,
     readonly client: EngineClient, readonly tokenizer: Tokenizer, readonly template: ChatTemplate, readonly preprocess: PreprocessorConfig | null,
-    readonly loadSeconds: number) {}
+    readonly loadSeconds: number, readonly packFiles: ReturnType<typeof packFileIdentities>) {}
+
+  /**
+   * Refuses a turn (PackReadError) when a pack data file is no longer the one the engine opened:
+   * gone, replaced, resized or rewritten (host/pack/pack-files.ts says why it matters). Before
+   * each turn, so nothing is read from a changed pack and the conversation stays as it was.
+   */
+  checkPackFiles(): void {
+    const change = packFileChange(this.packFiles);
+    if (change === null) return;
+    throw new PackReadError(`${change}; kvl reads the pack while it runs, so this turn was not run: reconnect its disk or ` +
+      `put the pack back as it was, or restart kvl to use the new files (\`kvl doctor ${this.packDir}\` checks them)`);
+  }
 
   /** Checks the pack, resolves the act mode, plans with it (refusing a budget that does not fit,
    * saying what to lower) and opens the engine in its worker. */
@@ -171,6 +184,8 @@ export class ChatModel {
           options.onLoadProgress!(now === null || readAtStart === null ? null : now - readAtStart, expected);
         }, 250)
         : undefined;
+      // before the engine opens them: a file changed from here on is noticed at the next turn
+      const packFiles = packFileIdentities(packDir);
       try {
         client = await EngineClient.open(backend, packDir, {
           nThreads: ramPlan.nThreads, planned: ramPlan.instances, kernels: options.kernels, actDtype: actMode.actDtype,
@@ -180,7 +195,7 @@ export class ChatModel {
       } finally {
         if (timer) clearInterval(timer);
       }
-      return new ChatModel(packDir, options.backend, actMode, ramPlan, client, tokenizer, template, preprocess, (performance.now() - started) / 1000);
+      return new ChatModel(packDir, options.backend, actMode, ramPlan, client, tokenizer, template, preprocess, (performance.now() - started) / 1000, packFiles);
     } catch (err) {
       tokenizer.close();
       await client?.close().catch(() => undefined);
@@ -338,6 +353,7 @@ export class Conversation {
   async generate(messages: ReadonlyArray<Message<ChatImage>>, params: ReplyParams, onText: (text: string) => void): Promise<ReplyReport> {
     validateReplyParams(params);
     if (this.#running) throw new UserError("this conversation is already generating a reply");
+    this.model.checkPackFiles();
     const started = performance.now();
     const prompt = this.prompt(messages);
     const maxContext = this.model.plan.maxContext;

@@ -23,7 +23,7 @@
  * plus the journal batch's bookkeeping (keys and CRCs, not data).
  */
 import { createHash } from "node:crypto";
-import { closeSync, constants, fsyncSync, openSync, readFileSync, readdirSync, statSync, truncateSync, writeSync } from "node:fs";
+import { closeSync, constants, fsyncSync, openSync, readFileSync, readdirSync, statSync, statfsSync, truncateSync, writeSync } from "node:fs";
 import { type FileHandle, open, rm, unlink } from "node:fs/promises";
 import { join } from "node:path";
 
@@ -603,6 +603,36 @@ async function prepareDst(dst: string, print: string, digests: ReadonlyMap<strin
   return new Set();
 }
 
+/** Room for what is not in the .bin files: the indexes, the tokenizer and template files, the
+ * journal (a few MiB for the full model). */
+const SMALL_FILES_BYTES = 4 * 2 ** 20;
+
+function sizeText(bytes: number): string {
+  return bytes >= 2 ** 30 ? `${(bytes / 2 ** 30).toFixed(1)} GiB` : `${Math.ceil(bytes / 2 ** 20)} MiB`;
+}
+
+/**
+ * Refuses, before any .bin byte is written, a destination whose disk has less free space than
+ * what the pack still needs (its .bin files, less the items an earlier run wrote, and the small
+ * files), naming both sizes: otherwise the progress bar runs to 100 % and the write fails with
+ * ENOSPC at the end. The .bin files are sparse until written, so what they hold already is what
+ * the journal says is done.
+ */
+function checkFreeSpace(dst: string, layout: Layout, done: ReadonlySet<string>): void {
+  let total = SMALL_FILES_BYTES;
+  for (const size of layout.binSizes.values()) total += size;
+  let written = 0;
+  for (const it of layout.items) if (done.has(it.key)) written += it.nbytes;
+  const need = total - written;
+  const fs = statfsSync(dst);
+  const free = fs.bavail * fs.bsize;
+  if (free < need) {
+    const more = written > 0 ? ` more (${sizeText(total)} in all; an earlier run wrote ${sizeText(written)})` : "";
+    throw new UserError(`${dst}: the pack needs ${sizeText(need)}${more} but its disk has ${sizeText(free)} free; ` +
+      "free some space or choose a destination on another disk (an interrupted pack resumes where it stopped)");
+  }
+}
+
 /** Journaled items and their CRCs; a torn (newline-less) last line is ignored. */
 function readDoneCrcs(dst: string): Map<string, number> {
   const crcs = new Map<string, number>();
@@ -664,6 +694,7 @@ async function pack(source: TensorSource, dst: string, options: PackOptions, hoo
       for (const it of layout.records.get(store)!) done.delete(it.key);
     }
   }
+  checkFreeSpace(dst, layout, done);
   const handles = new Map<StoreName, FileHandle>();
   try {
     for (const [store, size] of layout.binSizes) {

@@ -5,7 +5,8 @@
 //
 //   node scripts/quickstart.mjs [MODEL_DIR]          install kvl (npm ci: TypeScript; the native
 //                                                    addon comes prebuilt, or is built where a C
-//                                                    compiler and CMake exist),
+//                                                    compiler and CMake exist; skipped when
+//                                                    node_modules is current: install-state.mjs),
 //                                                    run the doctor, download + pack the pinned
 //                                                    Kimi-VL-A3B-Instruct (~33 GB download, ~17 GB
 //                                                    packed; bounded scratch), run the doctor on
@@ -22,6 +23,8 @@ import { spawnSync } from "node:child_process";
 import { existsSync, writeSync } from "node:fs";
 import { dirname, join, resolve } from "node:path";
 import { fileURLToPath, pathToFileURL } from "node:url";
+
+import { installOutdated } from "./install-state.mjs";
 
 const ROOT = resolve(dirname(fileURLToPath(import.meta.url)), "..");
 const KVL = join(ROOT, "dist", "cli", "kvl.js");
@@ -52,9 +55,14 @@ const demo = args[0] === "--demo";
 if (demo) args.shift();
 if (args.length > 1 || args[0]?.startsWith("-")) fail("usage: quickstart [--demo] [MODEL_DIR]");
 
-say("installing kvl: npm ci (TypeScript; the native addon is prebuilt, or built where a C compiler and CMake exist)");
-// npm is npm.cmd on Windows, which only a shell runs
-step("npm", ["ci", "--no-audit", "--no-fund"], "npm ci", { cwd: ROOT, shell: process.platform === "win32" });
+const outdated = installOutdated(ROOT);
+if (outdated === null) {
+  say("kvl is installed and node_modules matches package-lock.json: npm ci skipped (delete node_modules to reinstall)");
+} else {
+  say(`installing kvl (${outdated}): npm ci (TypeScript; the native addon is prebuilt, or built where a C compiler and CMake exist)`);
+  // npm is npm.cmd on Windows, which only a shell runs
+  step("npm", ["ci", "--no-audit", "--no-fund"], "npm ci", { cwd: ROOT, shell: process.platform === "win32" });
+}
 
 const { kvlCacheDir } = await import(pathToFileURL(join(ROOT, "dist", "host", "system", "sea-assets.js")).href);
 const modelDir = args[0] !== undefined ? resolve(args[0]) : join(kvlCacheDir(), demo ? "demo-tiny" : "kimi-vl-a3b-instruct");

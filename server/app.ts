@@ -12,6 +12,7 @@
  * Does not own: body reading (body.ts), the dialects (openai.ts, anthropic.ts, ollama.ts), images
  * (images.ts), the queue (queue.ts), streaming (reply.ts), binding and signals (serve.ts).
  */
+import type { ExpertDtype, TrunkDtype } from "../host/pack/pack-format.js";
 import Router from "@koa/router";
 import Koa from "koa";
 
@@ -21,7 +22,7 @@ import { validateReplyParams } from "../host/text/reply-params.js";
 import { UserError } from "../host/system/user-error.js";
 import * as anthropic from "./anthropic.js";
 import { KeyCheck } from "./auth.js";
-import { ClientGone, DEFAULT_READ_DEADLINES, type ReadDeadlines, readJsonBody } from "./body.js";
+import { ClientGone, DEFAULT_READ_DEADLINES, type ReadDeadlines, mayCloseAfterRefusal, readJsonBody } from "./body.js";
 import { ApiError, type Dialect, dialectOfPath, errorBody, invalid } from "./errors.js";
 import { type RequestMessage, loadImages } from "./images.js";
 import type { ServedModel } from "./model.js";
@@ -33,6 +34,12 @@ import { checkGrammarBeforeReply } from "./tools.js";
 import { WebPage } from "./web.js";
 
 export const DEFAULT_MODEL_ID = "kimi-vl-a3b-instruct-q8";
+
+/** The id served when --model-id is not given: it names what the routed experts are stored as
+ * (most of the weights), so a Q4 pack never calls itself Q8. */
+export function defaultModelId(expertDtype: ExpertDtype): string {
+  return `kimi-vl-a3b-instruct-${expertDtype}`;
+}
 /** A silent stream (a long prefill, a wait in the queue) still shows the client it is alive. */
 const KEEPALIVE_MS = 5000;
 
@@ -43,7 +50,7 @@ export interface ServerConfig {
   maxBodyBytes: number;
   vision: boolean;
   /** What /api/tags says of the pack. */
-  pack: { sizeBytes: number; digest: string; modifiedAt: string };
+  pack: { sizeBytes: number; digest: string; modifiedAt: string; expertDtype?: ExpertDtype; trunkDtype?: TrunkDtype };
   keepaliveMs?: number;
   /** How long headers and bodies may take to arrive (body.ts; default DEFAULT_READ_DEADLINES). */
   deadlines?: ReadDeadlines;
@@ -67,8 +74,10 @@ export function createApp(queue: EngineQueue, config: ServerConfig): Koa {
   const sendError = (ctx: Koa.Context, dialect: Dialect, error: ApiError): void => {
     ctx.status = error.status;
     ctx.set(error.headers());
-    // the rest of a refused body (drained, or never coming) must not be read as the next request
-    if (error.kind === "too_large" || error.kind === "request_timeout") ctx.set("connection", "close");
+    // the rest of a refused body (drained, or never coming) must not be read as the next request;
+    // but a body still arriving past the drain's bound keeps its connection until it has been
+    // read and dropped (closing now would reset the connection under the unread answer)
+    if ((error.kind === "too_large" || error.kind === "request_timeout") && mayCloseAfterRefusal(ctx.req)) ctx.set("connection", "close");
     ctx.body = errorBody(dialect, error);
   };
 

@@ -11,7 +11,8 @@
  * after each large body); reading the body under the limit (one buffer of the declared length,
  * else raw-body), draining what a refused body still sends
  * before the 413 goes out (so a client that reads nothing until it has sent everything gets the
- * answer, not a broken pipe; one that sends far more than the limit is cut off), telling a client that went away mid-body (ClientGone) from bad input,
+ * answer, not a broken pipe; past a bound the answer goes out first and the rest is still read
+ * and dropped, the connection never reset under an unread answer), telling a client that went away mid-body (ClientGone) from bad input,
  * and the scan that finds the depth and bare NaN/Infinity tokens outside strings; the body's read
  * deadlines (ReadDeadlines: no byte for bodyIdleMs, or not complete after bodyTotalMs, is a 408 and
  * the connection closes, so a client that stalls mid-body frees its slot; the headers' deadline is
@@ -64,10 +65,28 @@ function tooLarge(size: number | null, limit: number): ApiError {
   return new ApiError("too_large", `the request body is ${what} ${limit}-byte limit (--max-body-mib); send smaller images`);
 }
 
-/** Reads and discards the rest of a refused body, so the client, which may read nothing until it
+/** Requests whose refused body is still being discarded after their answer went out (drain). */
+const lingering = new WeakSet<IncomingMessage>();
+
+/**
+ * Whether the answer to a refused request may close its connection. Not while its body is still
+ * arriving past the drain's bound: closing a socket with unread bytes makes the OS send a reset,
+ * which destroys the answer the client has not read yet (an SDK then reports "Connection error."
+ * and retries). Such a connection is kept until the body has been discarded (drain).
+ */
+export function mayCloseAfterRefusal(req: IncomingMessage): boolean {
+  return !lingering.has(req);
+}
+
+/**
+ * Reads and discards the rest of a refused body, so the client, which may read nothing until it
  * has sent everything, gets the answer instead of a broken pipe. Resolves when the body has ended,
  * or when no byte of it came for bodyIdleMs (a stalled client gets its answer then; the answer
- * closes the connection); past `cap` more bytes or bodyTotalMs the connection is destroyed instead. */
+ * closes the connection). Past `cap` more bytes it resolves at once, so the answer goes out while
+ * the body still arrives, and goes on discarding it (no memory held) with the connection kept
+ * open (mayCloseAfterRefusal) until it ends; a body still not done after bodyTotalMs, or that
+ * pauses for bodyIdleMs then, has its connection destroyed (its answer went out long before).
+ */
 function drain(req: IncomingMessage, cap: number, deadlines: ReadDeadlines): Promise<void> {
   return new Promise((resolve) => {
     if (req.complete || req.destroyed) {
@@ -75,22 +94,30 @@ function drain(req: IncomingMessage, cap: number, deadlines: ReadDeadlines): Pro
       return;
     }
     let seen = 0;
-    const done = (): void => {
+    const stop = (): void => {
       clearTimeout(idle);
       clearTimeout(total);
       req.off("data", onData);
+    };
+    const done = (): void => {
+      stop();
       resolve();
     };
     const cut = (): void => {
+      stop();
       req.socket.destroy();
-      done();
+      resolve();
     };
     const onData = (chunk: Buffer): void => {
       seen += chunk.length;
-      if (seen > cap) cut();
-      else idle.refresh();
+      idle.refresh();
+      if (seen > cap && !lingering.has(req)) {
+        lingering.add(req);
+        resolve(); // the answer goes out now; the rest of the body is still read and dropped
+      }
     };
-    const idle = setTimeout(done, deadlines.bodyIdleMs);
+    // while lingering, a stall no longer answers (that happened) but ends the connection
+    const idle = setTimeout(() => (lingering.has(req) ? cut() : done()), deadlines.bodyIdleMs);
     const total = setTimeout(cut, deadlines.bodyTotalMs);
     req.on("data", onData);
     req.once("end", done);
@@ -100,7 +127,7 @@ function drain(req: IncomingMessage, cap: number, deadlines: ReadDeadlines): Pro
   });
 }
 
-/** How much more of a refused body is read and discarded before the connection is cut. */
+/** How much more of a refused body is read and discarded before the answer goes out anyway. */
 function drainCap(maxBytes: number): number {
   return Math.max(maxBytes * 4, 64 << 20);
 }
@@ -357,7 +384,8 @@ export function refuseUnread(req: IncomingMessage, res: ServerResponse, error: A
     if (res.writableEnded || res.destroyed) return;
     const body = JSON.stringify(errorBody(dialectOfPath(path), error));
     res.writeHead(error.status, {
-      "content-type": "application/json; charset=utf-8", "content-length": String(Buffer.byteLength(body)), connection: "close", ...error.headers(),
+      "content-type": "application/json; charset=utf-8", "content-length": String(Buffer.byteLength(body)),
+      ...(mayCloseAfterRefusal(req) ? { connection: "close" } : {}), ...error.headers(),
     });
     res.end(body);
     log(`kvl serve: ${req.method} ${path} ${error.status} prompt=- reused=- images=- completion=- ` +

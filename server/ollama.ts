@@ -23,6 +23,7 @@ import { TOOL_RESULT_CLOSE, ToolCallParser, type ToolDef, checkTools, toolCallTe
 import { type ApiError, invalid, ollamaErrorBody } from "./errors.js";
 import { type JsonObject, getBool, getInt, getNumber, getStr, isObject, jsonType, requireObject, stopList } from "./fields.js";
 import { type ImageData, type RequestMessage, decodeDataUrl, decodeImageBase64 } from "./images.js";
+import type { ExpertDtype, TrunkDtype } from "../host/pack/pack-format.js";
 import type { ModelFacts } from "./openai.js";
 import { type ToolRequest, asApiError, replyCall, schemaGrammar, toolsActive, withToolsSystem } from "./tools.js";
 
@@ -280,10 +281,18 @@ export interface OllamaModelFacts extends ModelFacts {
   digest: string;
   /** When the pack was completed (ISO 8601). */
   modifiedAt: string;
+  /** What the routed experts and the trunk's Linear weights are stored as (default q8, bf16). */
+  expertDtype?: ExpertDtype;
+  trunkDtype?: TrunkDtype;
 }
 
-function details(): JsonObject {
-  return { parent_model: "", format: "kvl", family: "kimi-vl", families: ["kimi-vl", "deepseek2"], parameter_size: "", quantization_level: "Q8_0" };
+/** Ollama's quantization_level for what the pack holds: its routed experts, most of the weights
+ * (Q8 rows, or Q4 in groups of 32 with a scale each, as GGML's Q4_0 is). */
+const QUANTIZATION_LEVEL: Readonly<Record<ExpertDtype, string>> = { q8: "Q8_0", q4: "Q4_0" };
+
+function details(m: OllamaModelFacts): JsonObject {
+  return { parent_model: "", format: "kvl", family: "kimi-vl", families: ["kimi-vl", "deepseek2"], parameter_size: "",
+    quantization_level: QUANTIZATION_LEVEL[m.expertDtype ?? "q8"] };
 }
 
 /** What the model can do, as Ollama names it (an editor turns tools off when "tools" is missing). */
@@ -294,14 +303,15 @@ function capabilities(m: OllamaModelFacts): string[] {
 export function tagsBody(m: OllamaModelFacts): JsonObject {
   const name = ollamaName(m.modelId);
   return {
-    models: [{ name, model: name, modified_at: m.modifiedAt, size: m.sizeBytes, digest: m.digest, details: details(), capabilities: capabilities(m), context_length: m.maxContext }],
+    models: [{ name, model: name, modified_at: m.modifiedAt, size: m.sizeBytes, digest: m.digest, details: details(m), capabilities: capabilities(m), context_length: m.maxContext }],
   };
 }
 
 export function showBody(m: OllamaModelFacts): JsonObject {
   return {
-    modelfile: "", parameters: "", template: "", details: details(),
-    model_info: { "general.architecture": "kimi-vl", "kimi-vl.context_length": m.maxContext },
+    modelfile: "", parameters: "", template: "", details: details(m),
+    model_info: { "general.architecture": "kimi-vl", "kimi-vl.context_length": m.maxContext,
+      "kvl.expert_dtype": m.expertDtype ?? "q8", "kvl.trunk_dtype": m.trunkDtype ?? "bf16" },
     capabilities: capabilities(m),
     modified_at: m.modifiedAt,
   };

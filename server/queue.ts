@@ -9,14 +9,15 @@
  * skipped, a running one stops at the next token or inside prefill), turning what generation
  * throws into ApiErrors (a UserError is the client's 400; corrupt pack data, CorruptPackError,
  * is a logged 500 naming the file and tensor, as the server's fault, not the client's and not
- * transient; anything else a logged 500 — the queue goes on either way), and shutdown (the
+ * transient; a pack read that failed, PackReadError, is the same 500 naming the file, the read
+ * and the OS's reason; anything else a logged 500 — the queue goes on either way), and shutdown (the
  * running reply stops, waiting ones get 503).
  * Does not own: HTTP or the API dialects (app.ts and the dialect modules), the model itself
  * (model.ts / host/chat-model.ts).
  */
 import type { ReplyReport } from "../host/chat-model.js";
 import type { Message } from "../host/text/conversation.js";
-import { CorruptPackError } from "../host/core/core-api.js";
+import { CorruptPackError, PackReadError } from "../host/core/core-api.js";
 import type { ReplyParams } from "../host/text/reply-params.js";
 import { UserError } from "../host/system/user-error.js";
 import { ApiError, RETRY_AFTER_S } from "./errors.js";
@@ -196,8 +197,9 @@ export class EngineQueue {
         job.settle({ error: new JobCancelled() }); // whatever broke, nobody is waiting for it
       } else if (this.#stopping) {
         job.settle({ error: new ApiError("unavailable", "the server is shutting down") });
-      } else if (err instanceof CorruptPackError) {
-        // before UserError: the pack is damaged, which the client cannot fix; the engine stays up
+      } else if (err instanceof CorruptPackError || err instanceof PackReadError) {
+        // before UserError: the pack is damaged, or its files changed or its disk failed under
+        // the engine, which the client cannot fix; the engine stays up (the turn was rolled back)
         this.log(`kvl serve: ${err.message}`);
         job.settle({ error: new ApiError("server", err.message) });
       } else if (err instanceof UserError) {

@@ -24,7 +24,7 @@ import { MIB } from "../host/plan/core-bytes.js";
 import { BODY_BYTES_FLOOR, bodySlots } from "../host/plan/input-lines.js";
 import type { ModelOptions } from "../host/plan/settings.js";
 import { UserError } from "../host/system/user-error.js";
-import { type ServerConfig, createApp } from "./app.js";
+import { type ServerConfig, createApp, defaultModelId } from "./app.js";
 import { isLoopbackHost } from "./auth.js";
 import { BodyGate, DEFAULT_READ_DEADLINES, gateBodies } from "./body.js";
 import { AccessRules, guardRequests } from "./guard.js";
@@ -37,7 +37,8 @@ interface ServeOptions extends ModelOptions {
   host: string;
   port: number;
   apiKey: string | null;
-  modelId: string;
+  /** --model-id; absent: defaultModelId of what the pack's experts are stored as. */
+  modelId?: string | undefined;
   /** --backend; KVL_BACKEND applies when absent. */
   backend?: string | undefined;
   maxQueue: number;
@@ -63,10 +64,16 @@ function packFacts(dir: string): ServerConfig["pack"] {
   for (const entry of readdirSync(dir, { withFileTypes: true })) if (entry.isFile()) sizeBytes += statSync(join(dir, entry.name)).size;
   const marker = join(dir, "PACK_COMPLETE.json");
   try {
+    const text = readFileSync(marker);
+    // what the pack holds, as its marker says (the packer writes expert_dtype and trunk_dtype
+    // only when they are not the defaults, q8 and bf16; FORMAT.md "Completion marker")
+    const parsed = JSON.parse(text.toString("utf8")) as { expert_dtype?: unknown; trunk_dtype?: unknown };
     return {
       sizeBytes,
-      digest: createHash("sha256").update(readFileSync(marker)).digest("hex"),
+      digest: createHash("sha256").update(text).digest("hex"),
       modifiedAt: statSync(marker).mtime.toISOString(),
+      expertDtype: parsed.expert_dtype === "q4" ? "q4" : "q8",
+      trunkDtype: parsed.trunk_dtype === "q8" ? "q8" : "bf16",
     };
   } catch {
     return { sizeBytes, digest: "", modifiedAt: new Date(0).toISOString() };
@@ -83,7 +90,7 @@ function checkServeOptions(o: ServeOptions): void {
     if (!Number.isSafeInteger(value) || value < low || value > high) throw new UserError(`${name} ${value} is out of range (${low} to ${high})`);
   }
   if (o.apiKey !== null && o.apiKey.length === 0) throw new UserError("--api-key must not be empty");
-  if (!o.modelId) throw new UserError("--model-id must not be empty");
+  if (o.modelId !== undefined && !o.modelId) throw new UserError("--model-id must not be empty");
 }
 
 /**
@@ -105,13 +112,31 @@ export function createHttpServer(app: RequestListener, config: ServerConfig, rul
   return server;
 }
 
+/** Why a listen failed and what to do, by the OS's code: the port (in use, privileged) or the
+ * address (not valid or no name resolves: ENOTFOUND; valid but not on this machine). */
+export function listenErrorText(host: string, port: number, err: NodeJS.ErrnoException): string {
+  const where = `cannot listen on ${host}:${port}`;
+  const hosts = "give --host an address of this machine (127.0.0.1, the default; 0.0.0.0 for all of its interfaces)";
+  switch (err.code) {
+    case "EADDRINUSE":
+      return `${where} (the port is in use); is another server using the port? choose another with --port`;
+    case "EACCES":
+      return `${where} (permission denied: ports below 1024 need privileges); choose a port of 1024 or more with --port`;
+    case "ENOTFOUND":
+    case "EAI_AGAIN":
+      return `${where} ('${host}' is not a valid IP address, nor a name that resolves to one); ${hosts}`;
+    case "EADDRNOTAVAIL":
+      return `${where} (${host} is not an address of this machine); ${hosts}`;
+    default:
+      return `${where} (${err.message}); check --host and --port`;
+  }
+}
+
 function listen(server: Server, host: string, port: number): Promise<AddressInfo> {
   return new Promise((resolve, reject) => {
     const onError = (err: NodeJS.ErrnoException): void => {
       server.off("listening", onListening);
-      const why = err.code === "EADDRINUSE" ? "the address is in use" : err.code === "EADDRNOTAVAIL" || err.code === "ENOTFOUND"
-        ? "no such address on this machine" : err.message;
-      reject(new UserError(`cannot listen on ${host}:${port} (${why}); is another server using the port? choose another with --port`));
+      reject(new UserError(listenErrorText(host, port, err)));
     };
     const onListening = (): void => {
       server.off("error", onError);
@@ -127,20 +152,22 @@ function listen(server: Server, host: string, port: number): Promise<AddressInfo
 export async function runServer(o: ServeOptions): Promise<number> {
   const rules = new AccessRules({ bindHost: o.host, allowHosts: o.allowHosts ?? [], allowOrigins: o.allowOrigins ?? [] });
   checkServeOptions(o);
-  if (!isLoopbackHost(o.host) && !o.apiKey) {
-    say(`kvl serve: warning: listening on ${o.host} without --api-key; anyone who can reach this port can use the model`);
-  }
   const record = chooseBackend({ option: o.backend });
   const queue = new EngineQueue(o.maxQueue);
   // bodies are read only once the model is ready (gateBodies answers 503 before), under the
   // plan's limit, which replaces this placeholder then
+  const pack = packFacts(o.model);
+  const modelId = o.modelId ?? defaultModelId(pack.expertDtype ?? "q8");
   const config: ServerConfig = {
-    modelId: o.modelId, apiKey: o.apiKey, maxContext: o.maxContext, maxBodyBytes: BODY_BYTES_FLOOR, vision: o.loadVision,
-    pack: packFacts(o.model),
+    modelId, apiKey: o.apiKey, maxContext: o.maxContext, maxBodyBytes: BODY_BYTES_FLOOR, vision: o.loadVision, pack,
   };
   const app = createApp(queue, config);
   const server = createHttpServer(app.callback(), config, rules, new BodyGate(bodySlots(o.maxQueue)), () => queue.requireReady(), say);
   const address = await listen(server, o.host, o.port);
+  // once bound: an address that cannot be bound gets its own reason, not this warning
+  if (!isLoopbackHost(o.host) && !o.apiKey) {
+    say(`kvl serve: warning: listening on ${o.host} without --api-key; anyone who can reach this port can use the model`);
+  }
   const shown = address.family === "IPv6" ? `[${address.address}]` : address.address;
   const pages = rules.listedOrigins.length ? `web pages of ${rules.listedOrigins.join(", ")} allowed` : "web pages of other origins refused (--allow-origin)";
   say(`kvl serve: loading ${o.model}; listening on http://${shown}:${address.port} (GET /healthz says when the model is ready; ${pages})`);
@@ -190,7 +217,7 @@ export async function runServer(o: ServeOptions): Promise<number> {
       config.maxBodyBytes = model.plan.requestBodies!.bodyBytes;
       say(loadLine("serve", model, o.verbose ?? false));
       if (o.verbose) say(model.plan.describe());
-      say(`kvl serve: model ready as '${o.modelId}'; chat in a browser at http://${shown}:${address.port}/`);
+      say(`kvl serve: model ready as '${modelId}'; chat in a browser at http://${shown}:${address.port}/`);
     }
     await closed;
   } finally {

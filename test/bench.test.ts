@@ -285,7 +285,7 @@ describe("bad options", () => {
     [["--prompt-lens", "0,8"], /^kvl bench: error: --prompt-lens needs positive lengths and --decode-tokens >= 1/],
     [["--decode-tokens", "0"], /^kvl bench: error: --prompt-lens needs positive lengths and --decode-tokens >= 1/],
     [["--trunk-cache-mib", "lots"], /^kvl bench: error: --trunk-cache-mib "lots": use auto or a MiB number/],
-    [["--expert-lookahead", "on"], /^error: option '--expert-lookahead <mode>' argument 'on' is invalid\. Allowed choices are auto, off\./],
+    [["--expert-lookahead", "on"], /^kvl bench: error: option '--expert-lookahead <mode>' argument 'on' is invalid\. Allowed choices are auto, off\./],
     [["--limits", "/nonexistent/limits.jsonl"], /^kvl bench: error: --limits \/nonexistent\/limits.jsonl: unreadable \(ENOENT/],
     [["--membw", "/nonexistent/membw", "--limits", "LIMITS"], /^kvl bench: error: --membw \/nonexistent\/membw: not an executable file/],
     [["--ram-mib", "64", "--limits", "LIMITS"], /^kvl bench: error: the RAM plan needs .* over --ram-mib 64/],

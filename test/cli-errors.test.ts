@@ -6,7 +6,7 @@
  * run as root, so a chmod 000 folder would not): /proc and /sys, a symlink loop, a too-long name.
  */
 import { spawn, spawnSync } from "node:child_process";
-import { mkdirSync, readFileSync, symlinkSync, writeFileSync } from "node:fs";
+import { mkdirSync, readFileSync, readdirSync, statSync, symlinkSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -163,7 +163,123 @@ describe("kvl --version and a bad option value", () => {
   it("--backend bogus is one line with the valid choices, not the whole help", async () => {
     const r = await kvl(["doctor", "--backend", "bogus"]);
     expect(r.status).toBe(1);
-    expect(r.stderr).toBe("error: option '--backend <name>' argument 'bogus' is invalid. Allowed choices are auto, native, wasm.\n");
+    expect(r.stderr).toBe("kvl doctor: error: option '--backend <name>' argument 'bogus' is invalid. Allowed choices are auto, native, wasm.\n");
     expect(r.stdout).toBe("");
+  });
+
+  it("commander's own errors carry the `kvl CMD: error:` prefix as every other error does", async () => {
+    const cases: Array<[string[], string]> = [
+      [["chat", "--bogus"], "kvl chat: error: unknown option '--bogus'\n"],
+      [["chat", pack, "hi", "--max-new"], "kvl chat: error: option '--max-new <n>' argument missing\n"],
+      [["serve"], "kvl serve: error: missing required argument 'model'\n"],
+      [["synth", "a", "b"], "kvl synth: error: too many arguments for 'synth'. Expected 1 argument but got 2.\n"],
+      [["frob"], "kvl: error: unknown command 'frob'\n"],
+    ];
+    for (const [args, line] of cases) {
+      const r = await kvl(args);
+      expect(r.status, args.join(" ")).toBe(1);
+      expect(r.stderr, args.join(" ")).toBe(line);
+    }
+  });
+});
+
+describe("a bad count is one wording whatever is wrong with it", () => {
+  it.each(["0", "-1", "1e9", "1.5", "abc"])("kvl chat --max-new %s", async (value) => {
+    const r = await kvl(["chat", pack, "hi", "--max-new", value]);
+    expect(r.status).toBe(1);
+    expect(r.stderr).toBe(`kvl chat: error: option '--max-new <n>' argument '${value}' is invalid. expected a whole number of 1 or more, in digits (e.g. 256)\n`);
+  });
+});
+
+describe("kvl serve: an empty key and an address it cannot bind", () => {
+  it("an empty KVL_API_KEY is refused as --api-key '' is, before anything listens", async () => {
+    const env = await kvl(["serve", pack, "--port", "0"], { KVL_API_KEY: "" });
+    expectOneLine(env, "KVL_API_KEY");
+    expect(env.stderr).toBe("kvl serve: error: KVL_API_KEY is set but empty; set it to the key, or unset it (unset KVL_API_KEY) to serve without one\n");
+    const option = await kvl(["serve", pack, "--port", "0", "--api-key", ""]);
+    expectOneLine(option, "--api-key must not be empty");
+  });
+
+  it.each([
+    ["999.1.1.1", "('999.1.1.1' is not a valid IP address, nor a name that resolves to one)"],
+    ["192.0.2.1", "(192.0.2.1 is not an address of this machine)"], // TEST-NET-1: never assigned
+  ])("--host %s names what is wrong with the address, not the port", async (host, why) => {
+    const r = await kvl(["serve", pack, "--port", "0", "--host", host, "--api-key", "k"]);
+    expectOneLine(r, why);
+    expect(r.stderr).toBe(`kvl serve: error: cannot listen on ${host}:0 ${why}; give --host an address of this machine ` +
+      "(127.0.0.1, the default; 0.0.0.0 for all of its interfaces)\n");
+  });
+});
+
+describe("kvl synth --help", () => {
+  it("gives tiny's real size, and no wording of the machine it was written on", async () => {
+    const r = await kvl(["synth", "--help"]);
+    expect(r.status).toBe(0);
+    const help = r.stdout.replace(/\s+/g, " ");
+    let bytes = 0;
+    for (const name of readdirSync(ckpt)) bytes += statSync(join(ckpt, name)).size; // tiny, seed 0, as kvl synth writes it
+    expect(help).toContain(`tiny (about ${Math.round(bytes / 2 ** 20)} MiB,`);
+    expect(help).not.toMatch(/a few MB|\bhere\b/);
+  });
+});
+
+describe("kvl pack checks the destination's free space before it writes", () => {
+  it("a 20 MiB disk for a 41 MiB pack: one line naming both sizes, no .bin written", async () => {
+    const disk = join(tmp.dir, "small-disk");
+    mkdirSync(disk);
+    // a real small file system (the tests run as root, as they do for /proc and /sys above)
+    const mounted = spawnSync("mount", ["-t", "tmpfs", "-o", "size=20m", "tmpfs", disk], { encoding: "utf8" });
+    expect(mounted.status, `mount a 20 MiB tmpfs: ${mounted.stderr}`).toBe(0);
+    try {
+      const r = await kvl(["pack", ckpt, join(disk, "p"), "--allow-revision"]);
+      expectOneLine(r, join(disk, "p"));
+      const m = /: the pack needs (\d+) MiB but its disk has (\d+) MiB free; free some space or choose a destination on another disk/.exec(r.stderr);
+      expect(m, r.stderr).not.toBeNull();
+      let packBytes = 0;
+      for (const name of readdirSync(pack)) packBytes += statSync(join(pack, name)).size;
+      expect(Number(m![1])).toBeGreaterThanOrEqual(Math.floor(packBytes / 2 ** 20));
+      expect(Number(m![1])).toBeLessThanOrEqual(Math.ceil(packBytes / 2 ** 20) + 4);
+      expect(Number(m![2])).toBe(20);
+      expect(readdirSync(join(disk, "p")).filter((f) => f.endsWith(".bin"))).toEqual([]);
+    } finally {
+      spawnSync("umount", [disk]);
+    }
+  });
+});
+
+/** `kvl` run by /bin/sh, so its arguments can hold bytes that are not UTF-8 (Node's spawn takes
+ * only strings): `script` sees $KVL, $NODE, $PACK and $CKPT and runs in the test's folder. */
+function kvlShell(script: string): Promise<Run> {
+  const base = { ...process.env };
+  for (const name of ["KVL_BACKEND", "KVL_INSTANCES", "KVL_API_KEY"]) delete base[name];
+  const child = spawn("/bin/sh", ["-c", script], {
+    env: { ...base, KVL, NODE: process.execPath, PACK: pack, CKPT: ckpt }, timeout: 60_000, killSignal: "SIGKILL", cwd: tmp.dir,
+  });
+  let stdout = "";
+  let stderr = "";
+  child.stdout.setEncoding("utf8").on("data", (t: string) => (stdout += t));
+  child.stderr.setEncoding("utf8").on("data", (t: string) => (stderr += t));
+  return new Promise((resolve, reject) => {
+    child.on("error", reject);
+    child.on("close", (status, signal) => resolve({ status, signal, stdout, stderr }));
+  });
+}
+
+describe("an argument that is not UTF-8 is refused in one line before anything is written", () => {
+  const why = "is not valid UTF-8 text: Node.js reads command-line arguments as UTF-8, so kvl can neither open nor create a file of that name; " +
+    "rename the file or folder to a UTF-8 name (or pass a link that has one) and run the command again\n";
+
+  it("kvl pack into a folder named with bytes 0xff 0xfe: refused, nothing created", async () => {
+    const before = readdirSync(tmp.dir).sort();
+    const r = await kvlShell(`exec "$NODE" "$KVL" pack "$CKPT" "$(printf 'pack-\\377\\376')" --allow-revision`);
+    expectOneLine(r, "pack-\\xff\\xfe");
+    expect(r.stderr).toBe(`kvl pack: error: the argument 'pack-\\xff\\xfe' ${why}`);
+    expect(readdirSync(tmp.dir).sort()).toEqual(before);
+  });
+
+  it("kvl chat --image with a file that exists under such a name: refused as such, not 'not found'", async () => {
+    const r = await kvlShell(`f="$(printf 'img-\\377.png')"; cp "$PACK/config.json" "$f" && "$NODE" "$KVL" chat "$PACK" Hi --image "$f"; s=$?; rm -f "$f"; exit $s`);
+    expectOneLine(r, "img-\\xff.png");
+    expect(r.stderr).toBe(`kvl chat: error: the argument 'img-\\xff.png' ${why}`);
   });
 });

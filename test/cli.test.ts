@@ -46,7 +46,7 @@ describe("--act-dtype i16 (the removed two-term mode)", () => {
   it.each(["chat", "serve", "bench", "doctor"])("kvl %s refuses it in one line naming the modes there are, before looking at the model", (command) => {
     const r = kvl([command, join(tmpdir(), "kvl-no-such-model"), "--act-dtype", "i16"]);
     expect(r.status).toBe(1);
-    expect(r.stderr).toBe("error: option '--act-dtype <dtype>' argument 'i16' is invalid. Allowed choices are auto, f32, bf16, i16x1, i8.\n");
+    expect(r.stderr).toBe(`kvl ${command}: error: option '--act-dtype <dtype>' argument 'i16' is invalid. Allowed choices are auto, f32, bf16, i16x1, i8.\n`);
     expect(r.stdout).toBe("");
   });
 });

@@ -158,7 +158,7 @@ describe("kvl doctor MODEL on a good tiny pack", () => {
     expect(native.checks.get("engine")!.line).toContain("as planned (2 ranges)");
     const bad = doctor([pack, "--instances", "0"]);
     expect(bad.status).not.toBe(0);
-    expect(bad.stderr).toContain("argument '0' is invalid. expected a positive integer");
+    expect(bad.stderr).toContain("argument '0' is invalid. expected a whole number of 1 or more, in digits (e.g. 256)");
   }, 120_000);
 
   it("--json is one object with every check, the backend record and the plan", () => {

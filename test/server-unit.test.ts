@@ -696,6 +696,34 @@ describe("the app over a stand-in model", () => {
     expect(ok.json.choices[0].message.content).toBe("alpha ");
   });
 
+  it("a body far past the limit (100 MB) still gets its 413: the SDK reports it without retrying, a client that reads only after sending gets it", async () => {
+    const s = await serve({ http: {} });
+    const HUGE = 100 * 1000 * 1000;
+    // the OpenAI SDK with its retries on: a 413 is final, a dropped connection would be retried
+    const sdk = new OpenAI({ baseURL: `${s.url}/v1`, apiKey: KEY, maxRetries: 2 });
+    const err = await sdk.chat.completions.create({ model: MODEL, messages: [{ role: "user", content: "x".repeat(HUGE) }] }).catch((e: unknown) => e);
+    expect(err).toBeInstanceOf(OpenAI.APIError);
+    expect((err as InstanceType<typeof OpenAI.APIError>).status).toBe(413);
+    expect((err as InstanceType<typeof OpenAI.APIError>).message).toContain("--max-body-mib");
+    expect(s.lines.filter((l) => l.includes(" 413 "))).toHaveLength(1);
+    // a raw client that writes its whole body (Content-Length, no Expect) before it reads anything
+    const socket = connect((s.server.address() as AddressInfo).port, "127.0.0.1");
+    let answer = "";
+    socket.on("data", (d: Buffer) => (answer += d.toString("latin1")));
+    const closed = new Promise<void>((resolve) => socket.on("close", () => resolve()));
+    const socketError = new Promise<unknown>((resolve) => socket.on("error", resolve));
+    const write = (chunk: Buffer | string): Promise<void> => new Promise((resolve, reject) => socket.write(chunk, (e) => (e ? reject(e) : resolve())));
+    await write(`POST /v1/messages HTTP/1.1\r\nHost: 127.0.0.1\r\nx-api-key: ${KEY}\r\ncontent-type: application/json\r\ncontent-length: ${HUGE}\r\n\r\n`);
+    const block = Buffer.alloc(1 << 20, 0x20);
+    for (let sent = 0; sent < HUGE; sent += block.length) await write(block.subarray(0, Math.min(block.length, HUGE - sent)));
+    socket.end();
+    await Promise.race([closed, socketError]);
+    expect(answer).toMatch(/^HTTP\/1\.1 413 /);
+    expect(JSON.parse(answer.slice(answer.indexOf("\r\n\r\n") + 4))).toMatchObject({ type: "error", error: { type: "request_too_large" } });
+    // and the server goes on
+    expect((await post(s, "/v1/chat/completions", { model: MODEL, messages: [user("x")], max_tokens: 1 })).status).toBe(200);
+  }, 120_000);
+
   it("a full queue answers 429 with Retry-After; a client that leaves is skipped or cancelled", async () => {
     const s = await serve({ maxQueue: 1 });
     let open!: () => void;

@@ -351,6 +351,32 @@ describe("the web chat page's layout, at phone and desktop width", () => {
     { label: "desktop", viewport: { width: 1280, height: 800 } },
   ];
 
+  it("at phone width a finished reply's stats line is in view above the composer, not under it", async () => {
+    const viewport = { width: 390, height: 844 };
+    const page = await browser.newPage({ viewport });
+    try {
+      await page.goto(`${server.url}/`);
+      await enterKey(page, KEY);
+      await ready(page);
+      await settings(page, 160, 0);
+      // replies long enough that the conversation scrolls (greedy: the same every run)
+      await turn(page, "Tell me a long story.", 1);
+      const last = await turn(page, "And another one, please.", 2);
+      expect(last.state).not.toBe("error");
+      const log = await box(page, "#log");
+      const composer = await box(page, "#composer");
+      const overflow = await page.locator("#log").evaluate((el) => el.scrollHeight - el.clientHeight);
+      expect(overflow).toBeGreaterThan(0); // the case where it matters: the log scrolls
+      const stats = await box(page, ".msg.assistant:last-child .stats");
+      await page.screenshot({ path: join(SCREENSHOTS, "stats-phone.png") });
+      expect(stats.y).toBeGreaterThanOrEqual(log.y);
+      expect(stats.y + stats.height).toBeLessThanOrEqual(log.y + log.height);
+      expect(intersects(stats, composer)).toBe(false);
+    } finally {
+      await page.close();
+    }
+  });
+
   it.each(SIZES)("at $label width ($viewport.width px) the open settings lie inside the window, beside the messages, and the placeholder is whole", async ({ label, viewport }) => {
     const page = await browser.newPage({ viewport });
     try {

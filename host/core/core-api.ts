@@ -88,6 +88,8 @@ const KVL_STATUS_NAMES: Readonly<Record<number, string>> = {
 const KVL_ERR_FORMAT = 2;
 /** Pack data read at run time does not match its CRC-32 (kvl_core.h KVL_ERR_CORRUPT). */
 export const KVL_ERR_CORRUPT = 10;
+/** A read or open failed (kvl_core.h KVL_ERR_IO): a short read, EIO, a file or disk gone. */
+export const KVL_ERR_IO = 1;
 
 /** The kernel-set, packing and text-engine API of kvl_core.h. */
 export interface CoreBackend extends PackingCore {
@@ -411,6 +413,22 @@ export class CorruptPackError extends UserError {
   constructor(message: string) {
     super(message);
     this.name = "CorruptPackError";
+  }
+}
+
+/**
+ * Pack data the engine could not read (KVL_ERR_IO): the file shrank, was removed or replaced, or
+ * its disk failed or went away while kvl ran. The message is the core's one line: the file's
+ * path, what was being read, the bytes and offset, the OS's reason and what to do (reconnect the
+ * disk or put the pack back, `kvl doctor`). A UserError (no stack trace): the turn is rolled back
+ * and the engine stays usable, so the user can retry once the disk is back. Also what
+ * ChatModel's check before each turn throws when a pack file is no longer the one opened
+ * (host/pack/pack-files.ts). What the main thread gets for a CoreError with that status.
+ */
+export class PackReadError extends UserError {
+  constructor(message: string) {
+    super(message);
+    this.name = "PackReadError";
   }
 }
 

@@ -4,14 +4,14 @@
  *
  * Owns: starting and stopping the worker (the compiled dist/host/engine/engine-worker.js), matching
  * replies to requests (image encoding among them), rebuilding errors (CoreError, UserError, and
- * CorruptPackError for KVL_ERR_CORRUPT) from the worker's, and cancellation: a session's cancel() stores 1 in its shared cancel flags, which
+ * CorruptPackError for KVL_ERR_CORRUPT, PackReadError for KVL_ERR_IO) from the worker's, and cancellation: a session's cancel() stores 1 in its shared cancel flags, which
  * the core reads before each layer while the worker is busy inside it; every call clears them
  * first. The worker exiting fails every pending call with one clear error.
  */
 import { join } from "node:path";
 import { Worker } from "node:worker_threads";
 
-import { type BackendName, KVL_ERR_CORRUPT, CoreError, CorruptPackError, type EngineInfo, type EngineStats, type LogitsMode, type SessionOptions } from "../core/core-api.js";
+import { type BackendName, KVL_ERR_CORRUPT, KVL_ERR_IO, CoreError, CorruptPackError, PackReadError, type EngineInfo, type EngineStats, type LogitsMode, type SessionOptions } from "../core/core-api.js";
 import type { HostedEngineOptions } from "./engine-host.js";
 import type { EngineReply, EngineRequest, SerializedError } from "./engine-protocol.js";
 import type { GenerationRequest, GenerationResult } from "../text/generation.js";
@@ -28,7 +28,10 @@ function rebuild(error: SerializedError): Error {
   switch (error.kind) {
     case "core":
       // corrupt pack data is the user's to repair (kvl doctor), not a bug: a one-line error
-      return error.status === KVL_ERR_CORRUPT ? new CorruptPackError(error.message) : new CoreError(error.status, error.message);
+      if (error.status === KVL_ERR_CORRUPT) return new CorruptPackError(error.message);
+      // a read that failed (the file shrank or went away, the disk failed): the user's to fix too
+      if (error.status === KVL_ERR_IO) return new PackReadError(error.message);
+      return new CoreError(error.status, error.message);
     case "user":
       return new UserError(error.message);
     case "argument":

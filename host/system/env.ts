@@ -1,7 +1,8 @@
 /**
  * env.ts — how kvl reads its KVL_* environment variables: every one goes through these readers,
  * so a value that is set but not valid is a one-line UserError naming the variable and its valid
- * values, whichever command reads it. An empty value counts as unset.
+ * values, whichever command reads it. An empty value counts as unset, except for a key
+ * (envRequiredText).
  *
  * Owns: the readers (a choice, a positive whole number, free text). Does not own: which variable
  * means what (backend.ts: KVL_BACKEND, KVL_ADDON; engine-host.ts: KVL_INSTANCES; packer/pack.ts:
@@ -35,6 +36,14 @@ export function envPositiveInt(name: string, env: NodeJS.ProcessEnv = process.en
   const n = Number(value);
   if (!/^\d+$/.test(value) || !Number.isSafeInteger(n) || n < 1) throw invalid(name, value, "a whole number of at least 1");
   return n;
+}
+
+/** A variable that must not be empty when it is set (a key): `KVL_API_KEY=` is more likely a
+ * key that did not make it into the variable than a wish for none, so it is refused, as an empty
+ * option is. */
+export function envRequiredText(name: string, env: NodeJS.ProcessEnv = process.env): string | undefined {
+  if (env[name] === "") throw new UserError(`${name} is set but empty; set it to the key, or unset it (unset ${name}) to serve without one`);
+  return raw(name, env);
 }
 
 /** A variable that holds any text (a path, a key). */

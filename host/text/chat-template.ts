@@ -159,7 +159,7 @@ export function expandMedia(ids: ArrayLike<number>, mediaCounts: readonly number
   const found = countMediaPlaceholders(ids, mediaPad);
   if (found !== mediaCounts.length) {
     throw new UserError(`the prompt holds ${found} image placeholders but ${mediaCounts.length} images were given; ` +
-      "remove the literal '<|media_pad|>' text from messages");
+      "the pack's chat_template.jinja does not write one placeholder per image (text in messages never adds one); repack or fix the template");
   }
   for (const count of mediaCounts) {
     if (!Number.isInteger(count) || count < 0) throw new RangeError(`a media token count must be a whole number >= 0, not ${count}`);

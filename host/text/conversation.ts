@@ -12,7 +12,7 @@
  * Does not own: pixels and grids (image preprocessing), the vision forward, the sampling loop,
  * rendering (chat-template.ts), tokenizing (tokenizer.ts).
  */
-import { createHash } from "node:crypto";
+import { createHash, randomBytes } from "node:crypto";
 
 import { type ChatTemplate, type TemplateContentItem, type TemplateMessage, expandMedia } from "./chat-template.js";
 import { jsonText } from "../pack/json-file.js";
@@ -90,8 +90,9 @@ function pyTypeName(value: unknown): string {
   return typeof value;
 }
 
-/** HF-shaped messages: content is a string when the turn is one text part, else a list. */
-export function toTemplateMessages(messages: readonly Message[]): TemplateMessage[] {
+/** HF-shaped messages: content is a string when the turn is one text part, else a list.
+ * `text` maps each text the messages hold before it goes in (buildPrompt: a marker). */
+export function toTemplateMessages(messages: readonly Message[], text: (s: string) => string = (s) => s): TemplateMessage[] {
   const out: TemplateMessage[] = [];
   messages.forEach((message: unknown, index) => {
     if (typeof message !== "object" || message === null || !Array.isArray((message as Message).parts)) {
@@ -102,13 +103,13 @@ export function toTemplateMessages(messages: readonly Message[]): TemplateMessag
       throw new UserError(`message ${index} has role ${jsonText(role)}; use one of ${ROLES.join(", ")}`);
     }
     if (parts.length === 1 && typeof parts[0] === "string") {
-      out.push({ role, content: parts[0] });
+      out.push({ role, content: text(parts[0]) });
       return;
     }
     const items: TemplateContentItem[] = [];
     for (const part of parts) {
       if (typeof part === "string") {
-        items.push({ type: "text", text: part });
+        items.push({ type: "text", text: text(part) });
       } else if (part instanceof ImageInput) {
         if (role !== "user" && role !== "system") {
           throw new UserError(`message ${index} (${role}) has an image; images are only accepted in user or system messages`);
@@ -132,10 +133,17 @@ function messageImages<I extends ImageInput>(messages: ReadonlyArray<Message<I>>
 export function buildPrompt<I extends ImageInput>(messages: ReadonlyArray<Message<I>>, template: ChatTemplate, tokenizer: Tokenizer,
   options: { addGenerationPrompt?: boolean } = {}): Prompt<I> {
   if (messages.length === 0) throw new UserError("the conversation is empty; send at least one message");
-  const text = template.render(toTemplateMessages(messages), options.addGenerationPrompt ?? true);
+  // Every text of the messages goes into the render as a marker and comes out as plain text
+  // (Tokenizer.encodeRendered): a special-token string typed by a user or sent in a request is
+  // never a special id; only the template inserts those. The markers are private-use characters
+  // around a random nonce, which no text can guess.
+  const nonce = randomBytes(12).toString("hex");
+  const marked: string[] = [];
+  const templateMessages = toTemplateMessages(messages, (s) => `\uE000${nonce}:${marked.push(s) - 1}\uE001`);
+  const rendered = template.render(templateMessages, options.addGenerationPrompt ?? true);
   const images: Array<PromptImage<I>> = messageImages(messages).map((image) => ({ image, digest: image.digest, nTokens: image.nTokens, start: -1 }));
   const pad = tokenizer.mediaPad;
-  const tokens = expandMedia(tokenizer.encode(text), images.map((i) => i.nTokens), pad);
+  const tokens = expandMedia(tokenizer.encodeRendered(rendered, marked, new RegExp(`\uE000${nonce}:(\\d+)\uE001`)), images.map((i) => i.nTokens), pad);
   const keys: PositionKey[] = new Array<PositionKey>(tokens.length);
   let current = -1;
   let row = 0;

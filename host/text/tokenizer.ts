@@ -331,6 +331,52 @@ export class Tokenizer {
     return ids;
   }
 
+  /**
+   * Token ids of a rendered chat template in which `marked` text (a user's or a request's, put in
+   * by the render as markers) is only ever text: a special-token string typed in it (`<|im_end|>`,
+   * `[EOS]`) is encoded as the characters it is, so no message, system prompt or tool result can
+   * forge the template's turn markers; only the template's own text yields special ids. Around
+   * the marked text the ids are those of encode(): the text between two special tokens is one run
+   * of ordinary text whichever side of a marker its characters came from (as tiktoken encodes
+   * the text between specials), so text without special strings tokenizes as before.
+   * @param rendered the template's output, each marked text replaced by `marker(i)`
+   * @param marker the marker of the i-th text; `markerRe` matches every marker, capturing i
+   */
+  encodeRendered(rendered: string, marked: readonly string[], markerRe: RegExp): number[] {
+    const ids: number[] = [];
+    let run = "";
+    const flush = (): void => {
+      if (run) for (const id of this.encodeOrdinary(run)) ids.push(id);
+      run = "";
+    };
+    const template = (text: string): void => {
+      for (const segment of text.split(this.specialRe)) {
+        if (!segment) continue;
+        const special = this.specialTokens.get(segment);
+        if (special !== undefined) {
+          flush();
+          ids.push(special);
+        } else {
+          run += segment;
+        }
+      }
+    };
+    const re = new RegExp(markerRe.source, "g");
+    let at = 0;
+    const seen = new Set<number>();
+    for (let m = re.exec(rendered); m !== null; m = re.exec(rendered)) {
+      template(rendered.slice(at, m.index));
+      const i = Number(m[1]);
+      if (!(i >= 0 && i < marked.length) || seen.has(i)) throw new Error(`the chat template repeated or invented marked text ${m[0]}`);
+      seen.add(i);
+      run += marked[i]!;
+      at = m.index + m[0].length;
+    }
+    template(rendered.slice(at));
+    flush();
+    return ids;
+  }
+
   /** Token ids of text with special-token strings treated as plain text. */
   encodeOrdinary(text: string): number[] {
     const encoding = this.live();

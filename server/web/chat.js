@@ -190,6 +190,9 @@ function showStats(box, s) {
   line.dataset.promptTokens = String(s.promptTokens ?? "");
   line.dataset.cachedTokens = String(s.cachedTokens ?? "");
   box.append(line);
+  // the line comes after the last scroll of the reply: without this, a phone showed it half
+  // hidden at the bottom of the log, under the composer's edge
+  scrollToEnd();
 }
 
 /** The message of an error response in any of the server's shapes. */

@@ -14,6 +14,8 @@
 //     FILE_FLAG_NO_BUFFERING (the WebAssembly read port through libuv's UV_FS_O_DIRECT);
 //   - `kvl serve` on each backend answers one request of the `openai` SDK, sent from Linux to
 //     127.0.0.1, with the reply Linux's chat gives;
+//   - kvl pack into a folder named with bytes that are not UTF-8: refused in one line, nothing
+//     created (Wine hands node.exe U+FFFD for them);
 //   - the quickstart: `node.exe scripts\quickstart.mjs --demo` from an empty folder, with the
 //     checks of test/quickstart.test.ts (npm ci called through an npm.cmd stand-in, both doctors
 //     PASS, the demo model packed into %LOCALAPPDATA%\kvl\demo-tiny, the chat answers and quits);
@@ -32,7 +34,7 @@
 // Needs wine (Debian: apt-get install wine64 wine), mingw-w64, dist/ and node_modules (npm ci).
 // Ends with `windows under wine: N passed, N failed`; exit status 1 when anything failed.
 import { spawn, spawnSync } from "node:child_process";
-import { closeSync, existsSync, mkdirSync, mkdtempSync, openSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { closeSync, existsSync, mkdirSync, mkdtempSync, openSync, readFileSync, readdirSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
@@ -142,6 +144,27 @@ function quickstart(ctx, what, exe, args) {
     `banner ${/^kvl chat: .*$/m.exec(r.stderr)?.[0] ?? "missing"}; reply ${reply.length} characters`);
 }
 
+/**
+ * A destination named with bytes that are not UTF-8 (0xff 0xfe, from the Linux side): Wine hands
+ * node.exe U+FFFD for them, and kvl pack refuses the name in one line before it creates anything
+ * (host/system/argv-text.ts, whose Windows rule this is). Run by sh, since Node's spawn takes only
+ * strings; output through files (Wine gap: pipes).
+ */
+function nonUtf8Name(ctx, src) {
+  const dir = join(ctx.work, "non-utf8");
+  mkdirSync(dir, { recursive: true });
+  const out = join(dir, "stdout");
+  const err = join(dir, "stderr");
+  const r = spawnSync("sh", ["-c", 'exec wine "$0" "$1" pack "$2" "$3$(printf \'pack-\\377\\376\')" --allow-revision >"$4" 2>"$5"',
+    ctx.nodeExe, winPath(KVL), winPath(src), `${winPath(dir)}\\`, out, err], { env: ctx.wineEnv, timeout: 600_000 });
+  const said = existsSync(err) ? readFileSync(err, "utf8").trim() : "";
+  const made = readdirSync(dir).filter((f) => f !== "stdout" && f !== "stderr");
+  tally.check(r.status === 1 && said.split("\n").length === 1 &&
+    /^kvl pack: error: the argument '.*pack-.*' holds characters that are not valid text \(shown as \uFFFD\)/.test(said) && made.length === 0,
+  "kvl pack into a folder named with bytes that are not UTF-8: one line, nothing created",
+  `exit ${r.status}: ${said ? errorLine(said) : "no output"}; created: ${made.join(", ") || "nothing"}`);
+}
+
 async function main(ctx) {
   const doctor = kvlWin(ctx, ["doctor", "--json"]);
   const why = doctorBothBackends(doctor);
@@ -180,6 +203,8 @@ async function main(ctx) {
     if (tally.check(diff === null, name, diff, `${got.size} files`)) packs[backend] = join(dir, "pack");
   }
   const pack = packs.native ?? packs.wasm ?? linux;
+
+  nonUtf8Name(ctx, join(ctx.work, "linux", "src"));
 
   for (const backend of BACKENDS) {
     const r = kvlWin(ctx, ["doctor", winPath(pack), "--json", "--quiet", "--ram-mib", "1024", "--backend", backend]);

@@ -50,6 +50,21 @@ kvl_status kvl_engine_fail(kvl_engine *engine, kvl_status status, const char *fm
     return status;
 }
 
+kvl_status kvl_engine_read_failed(kvl_engine *e, kvl_status status, kvl_store *store,
+                                  const char *what)
+{
+    /* the store's record: "PATH: read of N bytes at offset O failed (REASON)"; a status other
+     * than KVL_ERR_IO (no memory, a bad range) is not the disk's doing and keeps its plain text */
+    char io[320] = "";
+    if (status != KVL_ERR_IO || !store)
+        return kvl_engine_fail(e, status, "reading %s failed: %s", what, kvl_strerror(status));
+    kvl_store_last_error(store, io, sizeof io);
+    return kvl_engine_fail(e, status, "%s, reading %s; the pack's files changed or its disk failed "
+                           "while kvl was running: reconnect the disk or put the pack back as it "
+                           "was, check it with `kvl doctor %s`, then try again", io, what,
+                           e && e->pack_dir ? e->pack_dir : "MODEL");
+}
+
 /* ---- CRC checks of pack data on first read --------------------------------------------------- */
 
 kvl_status kvl_engine_corrupt(kvl_engine *e, const char *file, const char *tensor)

@@ -10,6 +10,13 @@
 /* Set engine->last_error (printf-style) and return status; engine may be NULL (then only status). */
 kvl_status kvl_engine_fail(kvl_engine *engine, kvl_status status, const char *fmt, ...);
 
+/* A read of pack data that failed while the engine runs (a short read because the file shrank,
+ * EIO, a disk gone): last_error is one line with the store's own record of the read (the file's
+ * path, bytes, offset and the OS's reason), what was being read (`what`, e.g. "expert 2 of
+ * layer 3") and what to do (reconnect the disk or put the pack back; kvl doctor). Returns status. */
+kvl_status kvl_engine_read_failed(kvl_engine *engine, kvl_status status, kvl_store *store,
+                                  const char *what);
+
 /* Checks on first read (docs/FORMAT.md "Checks at run time").
  * kvl_engine_corrupt: the error of data that does not match its CRC-32 — last_error names the
  * file ("trunk.bin", "experts.bin", "vision.bin"), the tensor (with its layer, expert or vision

@@ -1125,7 +1125,9 @@ static kvl_status acquire_failed(kvl_engine *e, kvl_status st, int layer, int x)
         snprintf(name, sizeof name, "language_model.model.layers.%d.mlp.experts.%d", layer, x);
         return kvl_engine_corrupt(e, "experts.bin", name);
     }
-    return kvl_engine_fail(e, st, "reading expert %d of layer %d from experts.bin failed", x, layer);
+    char what[64];
+    snprintf(what, sizeof what, "expert %d of layer %d", x, layer);
+    return kvl_engine_read_failed(e, st, e->experts, what);
 }
 
 /* ---- lookahead: the next layer's experts, read while this layer computes ------------------
@@ -1321,9 +1323,11 @@ kvl_status kvl_model_forward(kvl_session *s, const int32_t *tokens, const float 
         }
         st = kvl_store_read_small(e->trunk, t->embed->offset + (uint64_t)tokens[i] * H * 2, H * 2,
                                   s->embed_row);
-        if (st != KVL_OK)
-            return kvl_engine_fail(e, st, "reading the embedding row of token %d from trunk.bin "
-                                   "failed", (int)tokens[i]);
+        if (st != KVL_OK) {
+            char what[64];
+            snprintf(what, sizeof what, "the embedding row of token %d", (int)tokens[i]);
+            return kvl_engine_read_failed(e, st, e->trunk, what);
+        }
         e->k->bf16_to_f32(dst, s->embed_row, H);
     }
     for (int l = t->layer_begin; l < t->layer_end; l++) {

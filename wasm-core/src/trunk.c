@@ -11,6 +11,7 @@
  * Layer: engine services, below engine.c and model.c; calls engine_errors.c, the store and crc32
  * (scripts/c-layers.mjs).
  */
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "trunk.h"
@@ -117,8 +118,9 @@ kvl_status kvl_trunk_get(kvl_engine *engine, int id, const uint16_t **out)
         st->state[slot] = SLOT_EMPTY;
         kvl_os_mutex_unlock(&st->mu);
         if (s == KVL_ERR_CORRUPT) return kvl_engine_corrupt(engine, "trunk.bin", tt->rec->name);
-        return kvl_engine_fail(engine, s, "reading trunk tensor '%s' from trunk.bin failed",
-                               tt->rec->name);
+        char what[160];
+        snprintf(what, sizeof what, "trunk tensor '%s'", tt->rec->name);
+        return kvl_engine_read_failed(engine, s, engine->trunk, what);
     }
     st->current = slot;
     /* the other slot held the previous tensor, which the caller no longer uses: fill it with

@@ -302,9 +302,11 @@ static kvl_status load_bf16(weight_loader *ld, const char *name, unsigned ndim,
         return kvl_engine_fail(ld->engine, KVL_ERR_INTERNAL,
                                "vision working buffer too small for '%s'", name);
     st = kvl_store_read(ld->engine->vision, rec->offset, rec->nbytes, ld->arena + ld->arena_used);
-    if (st != KVL_OK)
-        return kvl_engine_fail(ld->engine, st, "reading vision tensor '%s' failed: %s",
-                               name, kvl_strerror(st));
+    if (st != KVL_OK) {
+        char what[160];
+        snprintf(what, sizeof what, "vision tensor '%s'", name);
+        return kvl_engine_read_failed(ld->engine, st, ld->engine->vision, what);
+    }
     ld->engine->vision_bytes_read += rec->nbytes;
     /* first read of this tensor in this engine: its CRC, before any use */
     st = kvl_engine_check(ld->engine, ld->engine->vision, "vision.bin", rec,
