@@ -145,6 +145,15 @@ struct kvl_session {
     /* act_i16: the quantised inputs of one pool run (model.c mm_run) and their scales */
     int16_t *xq;
     float *xs;
+    /* kvl_session_set_routing (measurement only): KVL_ROUTING_*, the uniform draws' seed, the
+     * caller-owned rows [routing_cap][n_layers][topk] (ids, weights; NULL = none) and the row of
+     * the running chunk's first token (model.c route_override) */
+    int routing_mode;
+    uint32_t routing_seed;
+    int32_t *routing_ids;
+    float *routing_w;
+    int routing_cap;
+    int routing_row0;
 };
 
 #endif

@@ -1006,6 +1006,83 @@ static void route_token(const kvl_text_hparams *hp, const float *logits, const f
     }
 }
 
+/* ---- routing override (kvl_session_set_routing: kvl bench --routing, never chat or serve) ---
+ * After the router has chosen (seli/selw of the chunk), UNIFORM replaces each token's experts by
+ * topk distinct uniform draws and GIVEN by the caller's row; MODEL and UNIFORM write what was
+ * taken into the caller's rows when there are any. Weights of replaced experts are the router's
+ * own scores of them (sigmoid, normalised over the chosen, scaled), as route_token makes them, so
+ * the magnitudes of the MoE output stay those of the model. No allocation. */
+
+/* splitmix64's finaliser: the uniform draws are a pure function of (seed, position, layer, draw) */
+static uint64_t routing_mix(uint64_t z)
+{
+    z += 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static void route_weights(const kvl_text_hparams *hp, const float *logits, const int *idx, float *out_w)
+{
+    float sum = 0.0f;
+    for (int k = 0; k < hp->topk; k++) {
+        out_w[k] = 1.0f / (1.0f + expf(-logits[idx[k]]));
+        sum += out_w[k];
+    }
+    for (int k = 0; k < hp->topk; k++) {
+        if (hp->topk > 1 && hp->norm_topk) out_w[k] /= (sum + 1e-20f);
+        out_w[k] *= hp->routed_scale;
+    }
+}
+
+static kvl_status route_override(kvl_session *s, int layer, int n)
+{
+    kvl_engine *e = s->engine;
+    const kvl_text_hparams *hp = &e->text->hp;
+    const int E = hp->n_routed, K = hp->topk;
+    for (int i = 0; i < n; i++) {
+        int *idx = s->seli + (size_t)i * K;
+        float *w = s->selw + (size_t)i * K;
+        const float *logits = s->rlog + (size_t)i * E;
+        const size_t row = ((size_t)(s->routing_row0 + i) * (size_t)hp->n_layers + (size_t)layer) * (size_t)K;
+        if (s->routing_mode == KVL_ROUTING_UNIFORM) {
+            uint64_t key = ((uint64_t)s->routing_seed << 32) ^ ((uint64_t)(uint32_t)(s->position + i) << 8) ^
+                           (uint64_t)(uint32_t)layer;
+            for (int k = 0; k < K; k++) {
+                int x, dup;
+                do { /* rejection keeps the k draws distinct and uniform (K << E) */
+                    key = routing_mix(key);
+                    x = (int)((key >> 11) % (uint64_t)E);
+                    dup = 0;
+                    for (int j = 0; j < k; j++) dup |= idx[j] == x;
+                } while (dup);
+                idx[k] = x;
+            }
+            route_weights(hp, logits, idx, w);
+        } else if (s->routing_mode == KVL_ROUTING_GIVEN) {
+            const int32_t *gi = s->routing_ids + row;
+            const float *gw = s->routing_w + row;
+            for (int k = 0; k < K; k++) {
+                int x = (int)gi[k], dup = 0;
+                for (int j = 0; j < k; j++) dup |= idx[j] == x;
+                if (x < 0 || x >= E || dup)
+                    return kvl_engine_fail(e, KVL_ERR_INVALID_ARG, "given routing of token %d, "
+                                           "layer %d: expert %d is %s", s->routing_row0 + i, layer, x,
+                                           dup ? "chosen twice" : "outside [0, n_routed)");
+                idx[k] = x;
+            }
+            if (isnan(gw[0])) route_weights(hp, logits, idx, w);
+            else memcpy(w, gw, (size_t)K * sizeof(float));
+            continue;
+        }
+        if (s->routing_ids) {
+            for (int k = 0; k < K; k++) s->routing_ids[row + (size_t)k] = idx[k];
+            memcpy(s->routing_w + row, w, (size_t)K * sizeof(float));
+        }
+    }
+    return KVL_OK;
+}
+
 static int trunk_resident3(const kvl_engine_text *t, int base)
 {
     return t->tt[base + KVL_TT_MLP_GATE].resident && t->tt[base + KVL_TT_MLP_UP].resident &&
@@ -1183,6 +1260,8 @@ static kvl_status moe(kvl_session *s, int layer, int n)
     for (int i = 0; i < n; i++)
         route_token(hp, s->rlog + (size_t)i * E, lg->router_bias, s->thread_scratch,
                     s->seli + (size_t)i * K, s->selw + (size_t)i * K);
+    if (s->routing_mode != KVL_ROUTING_MODEL || s->routing_ids)
+        if ((st = route_override(s, layer, n)) != KVL_OK) return st;
     /* group (token, slot) pairs by expert: counting sort into elist */
     memset(s->ecount, 0, (E + 1) * sizeof(int));
     for (size_t p = 0; p < (size_t)n * K; p++) s->ecount[s->seli[p] + 1]++;
