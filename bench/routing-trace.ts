@@ -153,8 +153,16 @@ export function generateTrace(shape: TraceShape, p: GeneratorParams): Int32Array
   return ids;
 }
 
+/**
+ * Cache policies simulated: plain LRU; the expert cache's default (fewest recent uses, then least
+ * recently used); and candidates that mix the two, `mix:L`: the victim is the smallest
+ * last use + L x (recent uses) x (picks of one token), so each recent use buys L tokens of recency
+ * (L = 0 is LRU; a large L is the frequency policy).
+ */
+export type Policy = "lru" | "frequency" | `mix:${number}`;
+
 export interface PolicyCurve {
-  policy: "lru" | "frequency";
+  policy: Policy;
   /** resident extents / all extents of the MoE layers */
   resident: number[];
   hit: number[];
@@ -177,7 +185,8 @@ export const RESIDENT_FRACTIONS = [0.06, 0.12, 0.18, 0.25, 0.36, 0.5, 0.73];
  * Hit rate of one policy with `capacity` extents over the trace, accesses in decode order (token
  * by token, MoE layer by layer, a layer's K picks), the first `warm` tokens not counted.
  */
-export function simulatePolicy(ids: Int32Array, M: number, E: number, K: number, capacity: number, policy: "lru" | "frequency", warm: number): number {
+export function simulatePolicy(ids: Int32Array, M: number, E: number, K: number, capacity: number, policy: Policy, warm: number): number {
+  const mix = policy.startsWith("mix:") ? Number(policy.slice(4)) * M * K : -1;
   const tokens = ids.length / (M * K);
   const keys = M * E;
   const lastUse = new Float64Array(keys).fill(-1); // -1: not resident
@@ -201,7 +210,7 @@ export function simulatePolicy(ids: Int32Array, M: number, E: number, K: number,
           counted++;
           if (hit) hits++;
         }
-        if (policy === "frequency") {
+        if (policy !== "lru") {
           if (uses[key]! < 0xffffffff) uses[key]!++;
           if (++sinceAging >= 8 * keys) {
             for (let i = 0; i < keys; i++) uses[i] = uses[i]! >>> 1;
@@ -218,7 +227,8 @@ export function simulatePolicy(ids: Int32Array, M: number, E: number, K: number,
               if (pinned[v]) continue;
               if (slot < 0) { slot = s; continue; }
               const b = resident[slot]!;
-              const colder = policy === "frequency" && uses[v] !== uses[b] ? uses[v]! < uses[b]! : lastUse[v]! < lastUse[b]!;
+              const colder = mix >= 0 ? lastUse[v]! + mix * uses[v]! < lastUse[b]! + mix * uses[b]!
+                : policy === "frequency" && uses[v] !== uses[b] ? uses[v]! < uses[b]! : lastUse[v]! < lastUse[b]!;
               if (colder) slot = s;
             }
             if (slot < 0) continue; // every slot holds this layer's picks: read, not kept
