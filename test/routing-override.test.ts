@@ -13,7 +13,10 @@
  *     cache size, the read-ahead on or off and (native) plain LRU instead of the default policy
  *     give the same logits bit for bit;
  *   - uniform's hit rate over a long decode is the resident fraction within a tolerance stated
- *     below (no policy can beat it, and it must not fall far under it).
+ *     below (no policy can beat it, and it must not fall far under it);
+ *   - the read-ahead, which guesses from the hidden state, keeps reading under the model's
+ *     routing and mostly stops under uniform routing, where its guesses are chance
+ *     (model.c lookahead_worth_it).
  */
 import { join } from "node:path";
 
@@ -261,6 +264,37 @@ describe.each(BACKENDS)("routing override on %s", (backend) => {
         delete process.env.KVL_EXPERT_CACHE_POLICY;
       }
     }
+  });
+
+  it("the read-ahead stops reading where its guesses are not routed to (uniform), and keeps reading under the model's routing", () => {
+    const perToken: Record<string, { issued: number; used: number }> = {};
+    for (const mode of ["model", "uniform"] as const) {
+      withEngine(open(backend, CACHE_EXTENTS, "auto"), (engine) => {
+        const session = engine.newSession({ maxContext: 1024, maxBatch: 5 });
+        try {
+          if (mode === "uniform") session.setRouting({ mode: "uniform", seed: 5, capacity: 1 });
+          session.prefill(Int32Array.of(1), null, "none");
+          const before = engine.stats();
+          const steps = 400;
+          let token = 1;
+          for (let i = 0; i < steps; i++) {
+            const logits = session.step(token);
+            token = 0;
+            for (let v = 1; v < logits.length; v++) if (logits[v]! > logits[token]!) token = v;
+          }
+          const after = engine.stats();
+          perToken[mode] = { issued: (after.expertLookaheadIssued - before.expertLookaheadIssued) / steps,
+            used: (after.expertLookaheadUsed - before.expertLookaheadUsed) / steps };
+        } finally {
+          session.close();
+        }
+      });
+    }
+    console.log(`[read-ahead ${backend}] per token: model ${JSON.stringify(perToken.model)}, uniform ${JSON.stringify(perToken.uniform)}`);
+    // the model's routing follows the hidden state its router guesses from: most of what is read ahead is used
+    expect(perToken.model!.used).toBeGreaterThan(0.5 * perToken.model!.issued);
+    // uniform picks are independent of the guesses: the read-ahead reads a fraction of what it did
+    expect(perToken.uniform!.issued).toBeLessThan(0.5 * perToken.model!.issued);
   });
 
   it("uniform: the hit rate of a long decode is the resident fraction, within the tolerance", () => {

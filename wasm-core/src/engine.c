@@ -671,6 +671,7 @@ static kvl_status open_expert_cache(open_ctx *c, const kvl_engine_options *o, in
      * the prediction's top-k weights go to the session's yg scratch (hidden floats per token) */
     t->lookahead = o->expert_lookahead == KVL_LOOKAHEAD_AUTO && budget / t->extent_bytes <
                    (uint64_t)n_moe * (uint64_t)hp->n_routed && hp->topk <= hp->hidden;
+    t->la_layer = -1;
     char cerr[256] = "";
     /* readers share each extent's ~2 MiB pieces: 4 keeps a disk queue busy (measured: a
      * virtio disk gave ~270 MB/s with one 8 MiB read in flight, ~1.6-2 GB/s with four 2 MiB

@@ -1223,11 +1223,44 @@ static kvl_status acquire_failed(kvl_engine *e, kvl_status st, int layer, int x)
  * Scratch: everything it writes is free at this point of ffn / moe and rewritten before its
  * next use: xg (the normed rows), rlog (router logits), thread 0's routing scratch, seli (the
  * guesses, deduplicated in place) and yg (each token's discarded top-k weights). */
+/* Whether reading ahead is worth its reads. A guess the layer does not route to is a wasted
+ * read of a whole extent, taken from the disk's time when the disk is the limit. The router of
+ * the next layer guesses well when routing follows the hidden state (the model's own: 76-81 % of
+ * what it read was used on the full-size Q8 pack), and no better than chance when it does not:
+ * under kvl bench --routing uniform or a trace it read 128 extents a token of which 6-9 % were
+ * used, and 0.3-0.4 GB a token went to waste (bench/RESULTS.md "Routing a trained model would
+ * produce"). So the read-ahead keeps its own precision (distinct guesses the layer then routed
+ * to, over the last ~LA_WINDOW guesses) and reads ahead only while at least 30 % were right; it
+ * still guesses every 8th time to notice when routing becomes predictable again. It decides
+ * which extents are read, never what is computed. */
+static int lookahead_worth_it(kvl_engine_text *t)
+{
+    if (t->hp.n_routed > LA_MAX_EXPERTS || t->la_guessed < 32) return 1;
+    return 10u * t->la_right >= 3u * t->la_guessed || ++t->la_calls % 8u == 0;
+}
+
+/* After layer routes: how many of the read-ahead's distinct guesses for it were right. */
+static void lookahead_score(kvl_session *s, int layer, int n_used)
+{
+    kvl_engine_text *t = s->engine->text;
+    if (t->la_layer != layer) return;
+    int right = 0;
+    for (int u = 0; u < n_used; u++) right += t->la_guess[s->eorder[u]];
+    t->la_guessed += (uint32_t)t->la_pending;
+    t->la_right += (uint32_t)right;
+    if (t->la_guessed > LA_WINDOW) {
+        t->la_guessed >>= 1;
+        t->la_right >>= 1;
+    }
+    t->la_layer = -1;
+}
+
 static void predict_next(kvl_session *s, int layer, int n)
 {
-    const kvl_engine_text *t = s->engine->text;
+    kvl_engine_text *t = s->engine->text;
     const int next = layer + 1;
     if (!t->lookahead || next >= t->layer_end || !t->layers[next].is_moe) return;
+    if (!lookahead_worth_it(t)) return;
     const kvl_text_hparams *hp = &t->hp;
     const kvl_layer_globals *lg = &t->layers[next];
     const size_t H = (size_t)hp->hidden, E = (size_t)hp->n_routed, K = (size_t)hp->topk;
@@ -1244,6 +1277,12 @@ static void predict_next(kvl_session *s, int layer, int n)
         }
     }
     kvl_expert_cache_lookahead(t->ecache, next, s->seli, m);
+    if (hp->n_routed <= LA_MAX_EXPERTS) {
+        memset(t->la_guess, 0, (size_t)hp->n_routed);
+        for (int j = 0; j < m; j++) t->la_guess[s->seli[j]] = 1;
+        t->la_layer = next;
+        t->la_pending = m;
+    }
 }
 
 static kvl_status moe(kvl_session *s, int layer, int n)
@@ -1280,6 +1319,7 @@ static kvl_status moe(kvl_session *s, int layer, int n)
         s->ecount[0] = 0;
     }
     kvl_expert_cache_prefetch(t->ecache, layer, s->eorder, n_used);
+    lookahead_score(s, layer, n_used);
     predict_next(s, layer, n); /* seli is free now: elist holds the pairs */
 
     /* the shared experts run while the routed experts load: fused into the first wave when
