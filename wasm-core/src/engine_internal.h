@@ -107,9 +107,9 @@ typedef struct kvl_engine_text {
     /* the read-ahead's own precision (model.c lookahead_worth_it): the distinct guesses made for
      * layer la_layer (-1: none pending; la_guess[x] = 1 for a guess, models of at most
      * LA_MAX_EXPERTS experts), and of the guesses so far how many the layer then routed to
-     * (halved together past LA_WINDOW); la_calls counts predictions asked for */
+     * (halved together past LA_WINDOW) */
     int la_layer, la_pending;
-    uint32_t la_guessed, la_right, la_calls;
+    uint32_t la_guessed, la_right;
     uint8_t la_guess[LA_MAX_EXPERTS];
     uint64_t extent_bytes;               /* one routed expert's extent (Q8_EXPERT or Q4_EXPERT),
                                             padded */

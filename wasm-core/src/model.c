@@ -1230,13 +1230,15 @@ static kvl_status acquire_failed(kvl_engine *e, kvl_status st, int layer, int x)
  * under kvl bench --routing uniform or a trace it read 128 extents a token of which 6-9 % were
  * used, and 0.3-0.4 GB a token went to waste (bench/RESULTS.md "Routing a trained model would
  * produce"). So the read-ahead keeps its own precision (distinct guesses the layer then routed
- * to, over the last ~LA_WINDOW guesses) and reads ahead only while at least 30 % were right; it
- * still guesses every 8th time to notice when routing becomes predictable again. It decides
- * which extents are read, never what is computed. */
-static int lookahead_worth_it(kvl_engine_text *t)
+ * to, over the last ~LA_WINDOW guesses) and reads ahead only while at least 30 % were right. It
+ * keeps guessing (one router product per layer, no reads) and scoring its guesses while it does
+ * not read, so it reads again as soon as routing becomes predictable again. (A first version
+ * read on every 8th guess to notice that; those reads were 7-11 wasted extents a token.) It
+ * decides which extents are read, never what is computed. */
+static int lookahead_worth_it(const kvl_engine_text *t)
 {
     if (t->hp.n_routed > LA_MAX_EXPERTS || t->la_guessed < 32) return 1;
-    return 10u * t->la_right >= 3u * t->la_guessed || ++t->la_calls % 8u == 0;
+    return 10u * t->la_right >= 3u * t->la_guessed;
 }
 
 /* After layer routes: how many of the read-ahead's distinct guesses for it were right. */
@@ -1260,7 +1262,6 @@ static void predict_next(kvl_session *s, int layer, int n)
     kvl_engine_text *t = s->engine->text;
     const int next = layer + 1;
     if (!t->lookahead || next >= t->layer_end || !t->layers[next].is_moe) return;
-    if (!lookahead_worth_it(t)) return;
     const kvl_text_hparams *hp = &t->hp;
     const kvl_layer_globals *lg = &t->layers[next];
     const size_t H = (size_t)hp->hidden, E = (size_t)hp->n_routed, K = (size_t)hp->topk;
@@ -1276,7 +1277,7 @@ static void predict_next(kvl_session *s, int layer, int n)
             if (!seen) s->seli[m++] = x;
         }
     }
-    kvl_expert_cache_lookahead(t->ecache, next, s->seli, m);
+    if (lookahead_worth_it(t)) kvl_expert_cache_lookahead(t->ecache, next, s->seli, m);
     if (hp->n_routed <= LA_MAX_EXPERTS) {
         memset(t->la_guess, 0, (size_t)hp->n_routed);
         for (int j = 0; j < m; j++) t->la_guess[s->seli[j]] = 1;
