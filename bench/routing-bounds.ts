@@ -4,7 +4,7 @@
  * the compute of a token when reads and compute do not overlap.
  *
  *   npx vite-node bench/routing-bounds.ts PACK LIMITS.jsonl --compute-q8 S --compute-q4 S
- *       [--trace NAME=FILE ...] [--ram 4096,8192] [--backend native|wasm] [--act-dtype i16x1]
+ *       [--trace NAME=FILE ...] [--ram 4096,8192] [--backend native|wasm] [--act-dtype i16x1] [--max-context 4096]
  *
  * Per budget: the RAM plan of PACK (host/plan/planner.ts, as kvl bench plans it) gives the expert
  * cache's bytes; Q8 extents are PACK's, Q4 extents kvl_expert_q4_extent_bytes of the same shape
@@ -37,6 +37,7 @@ function main(argv: string[]): void {
   let ram = [4096, 8192];
   let backend: BackendName = "native";
   let act: ActDtype = "i16x1";
+  let maxContext = 4096;
   const compute: Record<"q8" | "q4", number> = { q8: NaN, q4: NaN };
   for (let i = 0; i < rest.length; i += 2) {
     const [k, v] = [rest[i]!, rest[i + 1]!];
@@ -44,15 +45,16 @@ function main(argv: string[]): void {
     else if (k === "--ram") ram = v.split(",").map(Number);
     else if (k === "--backend") backend = v as BackendName;
     else if (k === "--act-dtype") act = v as ActDtype;
+    else if (k === "--max-context") maxContext = Number(v);
     else if (k === "--compute-q8") compute.q8 = Number(v);
     else if (k === "--compute-q4") compute.q4 = Number(v);
     else throw new Error(`unknown flag ${k}`);
   }
-  return void run(pack, limitsFile, traces, ram, backend, act, compute);
+  return void run(pack, limitsFile, traces, ram, backend, act, maxContext, compute);
 }
 
 async function run(pack: string, limitsFile: string, traces: Array<[string, string]>, ram: number[], backend: BackendName, act: ActDtype,
-  compute: Record<"q8" | "q4", number>): Promise<void> {
+  maxContext: number, compute: Record<"q8" | "q4", number>): Promise<void> {
   const limits = loadLimits(limitsFile);
   const facts = await readPackFacts(pack);
   const hp = facts.hparams;
@@ -66,14 +68,14 @@ async function run(pack: string, limitsFile: string, traces: Array<[string, stri
   const M = N / hp.get("text.n_routed_experts")!;
   const E = hp.get("text.n_routed_experts")!;
   process.stdout.write(`direct read ${(limits.ssd_bytes_per_s / GB).toFixed(2)} GB/s (${limits.source}); ${N} extents, ${M} MoE layers x top-${K}; ` +
-    `compute in RAM q8 ${compute.q8} s, q4 ${compute.q4} s; plan: ${backend}, --act-dtype ${act}\n\n`);
+    `compute in RAM q8 ${compute.q8} s, q4 ${compute.q4} s; plan: ${backend}, --act-dtype ${act}, max context ${maxContext}\n\n`);
   const rows = ["| budget | experts | extents cached (of " + N + ") | routing | hit rate | GB missed a token | disk s/token | bound: overlapped (max) | bound: serial (sum) |",
     "|---|---|---|---|---|---|---|---|---|"];
   for (const mib of ram) {
     for (const dtype of ["q8", "q4"] as const) {
       const nbytes = dtype === "q8" ? facts.expertNbytes : q4Bytes;
       const padded = Math.ceil(nbytes / PAGE) * PAGE;
-      const p = planFromFacts({ ...facts, expertNbytes: nbytes }, { backend, ramMib: mib, loadVision: false, actDtype: act, threads: 2, maxContext: 4096, check: true });
+      const p = planFromFacts({ ...facts, expertNbytes: nbytes }, { backend, ramMib: mib, loadVision: false, actDtype: act, threads: 2, maxContext, maxBatch: Math.min(maxContext, 256), check: true });
       const C = p.instances.reduce((n, i) => n + (i.expertExtent ? Math.round(i.expertCache / i.expertExtent) : 0), 0);
       const modes: Array<[string, number]> = [["uniform (C/N, no policy beats it)", C / N]];
       for (const { name, trace } of loaded) {
