@@ -21,6 +21,7 @@ import type { BenchComparison, DecodeComparison, PromptComparison, SideMode } fr
 import { type Limits, loadLimits, measureLimits } from "../host/bench/bench-limits.js";
 import { type DecodeRecord, type PromptRecord, packBytes } from "../host/bench/bench-model.js";
 import { BENCH_PLANS, type BenchPlan, type BenchResult, type RunRecord, runBench } from "../host/bench/bench-run.js";
+import { OVERRIDDEN_NOTE, RoutingRecorder, type Trace, checkTraceFits, parseRoutingList, readTrace } from "../host/bench/bench-routing.js";
 import type { BackendName } from "../host/core/core-api.js";
 import { checkOutputFile } from "../host/system/output-path.js";
 import { UserError } from "../host/system/user-error.js";
@@ -42,6 +43,8 @@ interface BenchCliOptions extends ModelCliOptions {
   membw?: string;
   json?: boolean;
   out?: string;
+  routing: string;
+  routingOut?: string;
 }
 
 function integer(value: string): number {
@@ -115,7 +118,9 @@ function units(run: RunRecord): string {
 /** One run's block of text: backend and instances in its header, then each phase against its bound. */
 function formatRun(run: RunRecord): string {
   const info = run.info as Record<string, unknown>;
-  const lines = [`== prompt ${run.prompt_tokens} tokens [${run.backend}, ${units(run)}]: engine open ${run.open_s.toFixed(2)} s ` +
+  const routed = run.routing === "model" ? "" : `, routing ${run.routing}: ${OVERRIDDEN_NOTE}` +
+    (run.trace_wrapped ? " (the trace wrapped around)" : "");
+  const lines = [`== prompt ${run.prompt_tokens} tokens [${run.backend}, ${units(run)}${routed}]: engine open ${run.open_s.toFixed(2)} s ` +
     `(CRC checks ${run.open_verify_s.toFixed(2)} s of ${g(run.open_verify_bytes)}), ` +
     `RAM plan ${mibText(run.plan_total_bytes)} MiB of ${run.ram_budget_mib} (${run.ram_budget_chosen_by === "auto" ? "--ram-mib auto" : "--ram-mib"}), kernels ${String(info.kernels)} (Linear inputs ${String(info.act_dtype ?? "f32")}` +
     `${run.act_mode?.chosen_by === "auto" ? `, auto: ${run.act_mode.reason}` : ""}), ` +
@@ -149,6 +154,24 @@ function formatRun(run: RunRecord): string {
   return lines.join("\n");
 }
 
+/** Per backend and prompt length, each --routing mode's decode side by side (after the cold
+ * prompt, and warm with --warm). */
+export function formatRoutingTable(result: BenchResult): string {
+  const rows: string[][] = [["backend", "prompt", "routing", "decode", "hit rate", "SSD GB/token", "disk wait % of step",
+    "read ahead used / wasted per token", "s/token"]];
+  for (const r of result.runs) {
+    for (const [key, label] of [["decode_after_cold", "after cold"], ["decode_warm", "warm"]] as const) {
+      const d = r[key];
+      if (!d) continue;
+      const l = d.expert_lookahead;
+      rows.push([r.backend, String(r.prompt_tokens), `${r.routing}${r.routing_overridden ? " *" : ""}`, label, hitRateText(d),
+        (d.ssd_bytes_per_token / GB).toFixed(3), (100 * d.expert_stall_share).toFixed(1),
+        `${(l.used / d.tokens).toFixed(1)} / ${(l.wasted / d.tokens).toFixed(1)}`, d.s_per_token_mean.toFixed(3)]);
+    }
+  }
+  return `routing side by side (* ${OVERRIDDEN_NOTE}):\n${table(rows)}`;
+}
+
 function limitsLine(lim: Limits): string {
   return `limits (${lim.source}): DRAM ${g(lim.dram_bytes_per_s)}/s, direct read ${g(lim.ssd_bytes_per_s)}/s` +
     (lim.fma_flops_per_s ? `, FMA ${(lim.fma_flops_per_s / 1e9).toFixed(0)} GFLOP/s` : "");
@@ -164,7 +187,9 @@ function table(rows: string[][]): string {
 function formatComparison(result: BenchResult): string {
   const cmp = result.native_over_wasm as BenchComparison;
   const rows: string[][] = [["prompt", "measure", "native (ratio to bound)", "wasm (ratio to bound)", "native/wasm"]];
-  const run = (backend: BackendName, n: number): RunRecord | undefined => result.runs.find((r) => r.backend === backend && r.prompt_tokens === n);
+  const routing = result.runs[0]?.routing;
+  const run = (backend: BackendName, n: number): RunRecord | undefined =>
+    result.runs.find((r) => r.backend === backend && r.prompt_tokens === n && r.routing === routing);
   for (const entry of cmp.prompts) {
     const nat = run("native", entry.prompt_tokens)!;
     const was = run("wasm", entry.prompt_tokens)!;
@@ -262,18 +287,34 @@ async function runBenchCommand(model: string, opts: BenchCliOptions): Promise<vo
   const fileLimits = opts.limits !== undefined ? loadLimits(opts.limits) : null;
   if (opts.membw !== undefined) checkExecutable("--membw", opts.membw);
   if (opts.out !== undefined) checkOutputFile(opts.out, "--out"); // before the run, not after it
+  const routings = parseRoutingList(opts.routing);
+  if (opts.routingOut !== undefined) {
+    if (!routings.some((r) => r.kind === "model")) throw new UserError("--routing-out records the model's own routing: --routing must include model");
+    checkOutputFile(opts.routingOut, "--routing-out");
+  }
   const { backends, request, reason, record } = backendsFor(opts.backend);
   const pb = await packBytes(model);
+  const traces = new Map<string, Trace>();
+  for (const r of routings) {
+    if (r.kind !== "trace") continue;
+    const trace = readTrace(r.file);
+    checkTraceFits(trace, r.file, pb);
+    traces.set(r.file, trace);
+  }
+  const recorder = opts.routingOut === undefined ? undefined
+    : new RoutingRecorder(pb, `kvl bench ${model} --routing model, first run (${backends[0]}, prompt ${promptLens[0]} tokens, seed ${opts.seed}), ` +
+      `${new Date().toISOString()}`);
   const threads = opts.threads > 0 ? opts.threads : availableParallelism();
   const limits = fileLimits ?? await measureLimits({ model, extent: pb.extent_data, threads, dropCaches: opts.dropCaches === true, membw: opts.membw });
   const result = await runBench({
     model, backends, backendRequest: request, backendReason: reason, backendRecord: record, ramMib: opts.ramMib, cacheMib, trunkCacheMib,
     threads, promptLens, decodeTokens: opts.decodeTokens, warm: opts.warm === true, warmupTokens: opts.warmupTokens, maxBatch: opts.maxBatch, plan: opts.plan,
     seed: opts.seed, actDtype: opts.actDtype, kernels: opts.kernels, dropCaches: opts.dropCaches === true, membw: opts.membw, instances: opts.instances,
-    expertLookahead: opts.expertLookahead,
+    expertLookahead: opts.expertLookahead, routings, traces, recorder,
   }, pb, limits, (run) => {
     if (!opts.json) process.stdout.write(`${formatRun(run)}\n`);
   });
+  recorder?.write(opts.routingOut!);
   const text = JSON.stringify(result, null, 1);
   if (opts.out !== undefined) writeFileSync(opts.out, `${text}\n`, "utf8");
   if (opts.json) {
@@ -287,6 +328,7 @@ async function runBenchCommand(model: string, opts: BenchCliOptions): Promise<vo
   const lines = [planLine, limitsLine(result.limits), result.peak_rss_bytes === null ? "peak RSS n/a" : `peak RSS ${mibText(result.peak_rss_bytes)} MiB` +
     (result.peak_rss_reset ? " (VmHWM of the engine phases)" : " (since the process started: VmHWM cannot be reset here)")];
   if (result.native_over_wasm) lines.push(formatComparison(result));
+  if (routings.length > 1) lines.push(formatRoutingTable(result));
   process.stdout.write(`${lines.join("\n")}\n`);
 }
 
@@ -316,6 +358,11 @@ export function addBenchCommand(program: Command): void {
       "(--membw, else bench/membw.c built with the C compiler), else in Node")
     .option("--membw <binary>", "bench/membw.c binary: re-measure DRAM and direct-read bandwidth right before and after each decode, so its " +
       "ratio uses the machine's bandwidth of that moment (shared machines drift by 30% and more)")
+    .option("--routing <list>", "which experts the MoE layers take, for measurement only (comma list, each mode runs every backend " +
+      "and prompt length): model (the router's), uniform (k distinct experts at random per token and layer: the worst case for " +
+      "any cache), trace:FILE (replay a JSONL routing trace: --routing-out or bench/routing-trace.ts). Any but model is flagged: " +
+      "the tokens are not the model's", "model")
+    .option("--routing-out <file>", "write the routing the first --routing model run took, token by token (JSONL, replayable with trace:FILE)")
     .option("--json", "print one JSON object")
     .option("--out <file>", "also write the JSON to this file")
     .action(runBenchCommand);

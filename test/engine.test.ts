@@ -243,6 +243,7 @@ function stubEngine(begin: number, end: number, nLayers: number, failAt: { calls
         prefill: () => null,
         step: () => new Float32Array(3),
         cancelFlags: () => [],
+        setRouting: () => undefined,
         forward: (input: Int32Array | Float32Array, _media: Float32Array | null, logits: string) => {
           const n = input instanceof Int32Array ? input.length : input.length / 2;
           if (--failAt.calls === 0) throw new CoreError(1, `range [${begin}, ${end}) failed`);

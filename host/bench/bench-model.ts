@@ -48,6 +48,10 @@ export interface PackBytes {
   /** the same padded to 4 KiB (one direct read) */
   extent_padded: number;
   n_moe_layers: number;
+  /** the MoE layers, ascending (the official DeepseekV3DecoderLayer rule) */
+  moe_layers: number[];
+  /** routed experts per MoE layer */
+  n_routed: number;
   top_k: number;
   n_layers: number;
   /** kv_lora_rank + qk_rope_head_dim */
@@ -93,10 +97,11 @@ export async function packBytes(model: string): Promise<PackBytes> {
   if (!embed || !lmHead) throw new UserError(`${model}/trunk.idx lacks ${EMBED} or ${LM_HEAD}; rerun kvl pack`);
   const used = trunk.reduce((t, r) => (r.name === EMBED ? t : t + r.nbytes), 0);
   const nLayers = g("num_hidden_layers");
-  let nMoe = 0;
+  const moeLayers: number[] = [];
   for (let layer = 0; layer < nLayers; layer++) {
-    if (g("n_routed_experts") > 0 && layer >= g("first_k_dense_replace") && layer % Math.max(g("moe_layer_freq"), 1) === 0) nMoe++;
+    if (g("n_routed_experts") > 0 && layer >= g("first_k_dense_replace") && layer % Math.max(g("moe_layer_freq"), 1) === 0) moeLayers.push(layer);
   }
+  const nMoe = moeLayers.length;
   const elems = (shape: readonly number[]): number => shape.reduce((a, b) => a * b, 1);
   // weights multiplied per token: 2-D trunk matrices except embed/lm_head, routed experts
   const trunkElems = trunk.reduce((t, r) => (r.shape.length === 2 && r.name !== EMBED && r.name !== LM_HEAD ? t + elems(r.shape) : t), 0);
@@ -109,6 +114,8 @@ export async function packBytes(model: string): Promise<PackBytes> {
     extent_data: ext.nbytes,
     extent_padded: Math.ceil(ext.nbytes / PAGE) * PAGE,
     n_moe_layers: nMoe,
+    moe_layers: moeLayers,
+    n_routed: g("n_routed_experts"),
     top_k: g("num_experts_per_tok"),
     n_layers: nLayers,
     kv_row_elems: g("kv_lora_rank") + g("qk_rope_head_dim"),
@@ -181,6 +188,8 @@ export interface LookaheadRecord {
 
 export interface DecodeRecord {
   tokens: number;
+  /** the greedy tokens decoded, in order (under --routing uniform or a trace, not the model's) */
+  token_ids: number[];
   context_start: number;
   s_per_token_mean: number;
   s_per_token_median: number;

@@ -22,6 +22,7 @@ import { type BenchComparison, nativeOverWasm } from "./bench-compare.js";
 import { type Limits, dropPageCache, probeLimits } from "./bench-limits.js";
 import { type DecodeRecord, type LookaheadRecord, kvRowBytes, type PackBytes, type PromptRecord, adjacentBounds, decodeBounds, promptBounds } from "./bench-model.js";
 import { randomPrompt } from "./bench-prompt.js";
+import { OVERRIDDEN_NOTE, type RoutingRecorder, type RoutingSpec, RunRouting, type Trace, routingLabel } from "./bench-routing.js";
 import type { BackendRecord } from "../core/backend.js";
 import { type BackendName, CoreError, type CoreSession, type EngineStats, type ExpertLookahead, type KernelChoice } from "../core/core-api.js";
 import { type HostedEngine, openHostedEngine } from "../engine/engine-host.js";
@@ -69,10 +70,24 @@ interface BenchOptions {
   instances?: number | undefined;
   /** the engine option expertLookahead (--expert-lookahead; absent: auto) */
   expertLookahead?: ExpertLookahead | undefined;
+  /** --routing: each mode runs every backend and prompt length (absent: the model's only) */
+  routings?: readonly RoutingSpec[] | undefined;
+  /** the traces of trace:FILE modes, read and checked against the pack by the caller */
+  traces?: ReadonlyMap<string, Trace> | undefined;
+  /** --routing-out: records the first run under the model's routing */
+  recorder?: RoutingRecorder | undefined;
 }
 
 export interface RunRecord {
   backend: BackendName;
+  /** --routing: model, uniform or trace:FILE */
+  routing: string;
+  /** true unless the model routed: then the tokens are not the model's (note says so) */
+  routing_overridden: boolean;
+  routing_note?: string;
+  /** trace:FILE: the trace's tokens this run consumed, and whether it wrapped around */
+  trace_tokens_used?: number;
+  trace_wrapped?: boolean;
   instances: number;
   prompt_tokens: number;
   open_s: number;
@@ -177,10 +192,12 @@ function lookaheadOf(d: Delta): LookaheadRecord {
     pending: d.expertLookaheadPending, hit_rate: issued ? d.expertLookaheadUsed / issued : null };
 }
 
-function timePrompt(hosted: HostedEngine, tokens: Int32Array, maxContext: number, maxBatch: number): { session: CoreSession; record: PromptRecord } {
+function timePrompt(hosted: HostedEngine, tokens: Int32Array, maxContext: number, maxBatch: number, routing: RunRouting): { session: CoreSession; record: PromptRecord } {
   const engine = hosted.engine;
   const session = engine.newSession({ maxContext, maxBatch });
   try {
+    const hook = routing.nextHook();
+    if (hook !== null) session.setRouting(hook);
     const before = engine.stats();
     const t0 = now();
     const logits = session.prefill(tokens, null, "last")!;
@@ -202,6 +219,15 @@ function timePrompt(hosted: HostedEngine, tokens: Int32Array, maxContext: number
   }
 }
 
+/** Ends a session of the run: its routing (the trace cursor, the recorder), then the session. */
+function closeSession(session: CoreSession, routing: RunRouting): void {
+  try {
+    routing.endSession(session.position());
+  } finally {
+    session.close();
+  }
+}
+
 function median(sorted: number[]): number {
   const n = sorted.length;
   return n % 2 ? sorted[(n - 1) / 2]! : (sorted[n / 2 - 1]! + sorted[n / 2]!) / 2;
@@ -213,17 +239,19 @@ function timeDecode(hosted: HostedEngine, session: CoreSession, first: number, n
   const before = engine.stats();
   let token = first;
   const times: number[] = [];
+  const ids = new Array<number>(n); // allocated before the loop
   for (let i = 0; i < n; i++) {
     const t0 = now();
     const logits = session.step(token);
     token = argmax(logits);
     times.push(now() - t0);
+    ids[i] = token;
   }
   const d = delta(engine.stats(), before);
   const mean = times.reduce((a, b) => a + b, 0) / n;
   const sorted = [...times].sort((a, b) => a - b);
   return {
-    tokens: n, context_start: start, s_per_token_mean: mean, s_per_token_median: median(sorted), s_per_token_min: sorted[0]!,
+    tokens: n, token_ids: ids, context_start: start, s_per_token_mean: mean, s_per_token_median: median(sorted), s_per_token_min: sorted[0]!,
     tokens_per_s: 1 / mean, ssd_bytes_per_token: ssdBytes(d) / n, expert_hit_rate: hitRate(d),
     expert_stall_s_per_token: d.expertStallNs / 1e9 / n, expert_stall_share: d.expertStallNs / 1e9 / (mean * n),
     expert_lookahead: lookaheadOf(d), trunk_stall_s_per_token: d.trunkStallNs / 1e9 / n,
@@ -264,8 +292,11 @@ export function benchSizes(o: Pick<BenchOptions, "promptLens" | "decodeTokens" |
 
 /** One prompt length on one backend: a fresh engine from the plan, cold prompt, decode, optional warm repeat. */
 async function benchOne(o: BenchOptions, backend: BackendName, n: number, pb: PackBytes, limits: Limits, sizes: { maxBatch: number; maxContext: number },
-  rssReset: boolean): Promise<RunRecord> {
+  rssReset: boolean, spec: RoutingSpec, recorder: RoutingRecorder | null): Promise<RunRecord> {
   const { maxBatch, maxContext } = sizes;
+  const trace = spec.kind === "trace" ? o.traces?.get(spec.file) ?? null : null;
+  if (spec.kind === "trace" && trace === null) throw new Error(`bench: the trace ${spec.file} was not read`);
+  const routing = new RunRouting(spec, trace, pb, o.seed + n, maxBatch, recorder);
   if (o.dropCaches) dropPageCache();
   const mode = await actModeFor(o.actDtype, o.backendRecord, backend, o.kernels ?? "auto");
   const ramPlan = await plan(o.model, {
@@ -296,7 +327,8 @@ async function benchOne(o: BenchOptions, backend: BackendName, n: number, pb: Pa
     const kvRow = kvRowBytes(pb, info.kvDtype);
     const streamedTrunk = ramPlan.trunkCacheable - info.trunkCacheBytes;
     run = {
-      backend, instances: hosted.ranges.length, prompt_tokens: n, open_s: openS, open_verify_s: openStats.verifyNs / 1e9,
+      backend, routing: routingLabel(spec), routing_overridden: routing.overridden,
+      ...(routing.overridden ? { routing_note: OVERRIDDEN_NOTE } : {}), instances: hosted.ranges.length, prompt_tokens: n, open_s: openS, open_verify_s: openStats.verifyNs / 1e9,
       open_verify_bytes: openStats.verifyBytes, plan_total_bytes: ramPlan.total, ram_budget_mib: ramPlan.settings.ramMib,
       ram_budget_chosen_by: ramPlan.settings.ramChosenBy, ram_budget_detail: ramPlan.settings.ramDetail, plan: ramPlan.describe(),
       plan_differences: differences, open_ssd_bytes: ssdBytes(openStats),
@@ -311,26 +343,30 @@ async function benchOne(o: BenchOptions, backend: BackendName, n: number, pb: Pa
     };
     const avoid = [info.mediaPlaceholderTokenId];
     const tokens = randomPrompt(pb.vocab, n, o.seed + n, avoid);
-    const cold = timePrompt(hosted, tokens, maxContext, maxBatch);
+    const cold = timePrompt(hosted, tokens, maxContext, maxBatch, routing);
     try {
       const distinct = cold.record.expert_misses;
       promptBounds(cold.record, pb, limits, streamedTrunk, distinct, kvRow, true);
       run.cold_prompt = cold.record;
       run.decode_after_cold = boundedDecode(o, hosted, cold.session, cold.record.first_token, pb, limits, kvRow);
     } finally {
-      cold.session.close();
+      closeSession(cold.session, routing);
     }
     if (o.warm) {
       const warmTokens = randomPrompt(pb.vocab, o.warmupTokens, o.seed + 10_000, avoid);
-      timePrompt(hosted, warmTokens, maxContext, maxBatch).session.close();
-      const warm = timePrompt(hosted, tokens, maxContext, maxBatch);
+      closeSession(timePrompt(hosted, warmTokens, maxContext, maxBatch, routing).session, routing);
+      const warm = timePrompt(hosted, tokens, maxContext, maxBatch, routing);
       try {
         promptBounds(warm.record, pb, limits, streamedTrunk, run.cold_prompt.distinct_experts!, kvRow, false);
         run.warm_prompt = warm.record;
         run.decode_warm = boundedDecode(o, hosted, warm.session, warm.record.first_token, pb, limits, kvRow);
       } finally {
-        warm.session.close();
+        closeSession(warm.session, routing);
       }
+    }
+    if (spec.kind === "trace") {
+      run.trace_tokens_used = routing.traceTokensUsed;
+      run.trace_wrapped = routing.wrapped;
     }
   } catch (err) {
     if (err instanceof CoreError) throw new UserError(`${backend} engine: ${err.message}`);
@@ -363,18 +399,26 @@ export async function runBench(o: BenchOptions, pb: PackBytes, limits: Limits, o
       decode_tokens: o.decodeTokens, warm: o.warm, max_batch: sizes.maxBatch, max_context: sizes.maxContext, seed: o.seed,
       drop_caches: o.dropCaches, act_dtype: o.actDtype, kernels: o.kernels ?? "auto", backend: o.backendRequest, instances: o.instances ?? null,
       expert_lookahead: o.expertLookahead ?? "auto",
+      routing: (o.routings ?? [{ kind: "model" }]).map(routingLabel),
     },
     limits, pack_bytes: pb, runs: [], peak_rss_bytes: null, peak_rss_reset: rssReset, ru_maxrss_bytes: 0,
     transparent_huge_pages: readThpMode(),
   };
+  // the routing modes innermost: the runs a side-by-side compares follow each other in time
+  let recorder = o.recorder ?? null;
   for (const backend of o.backends) {
     for (const n of lens) {
-      const run = await benchOne(o, backend, n, pb, limits, sizes, rssReset);
-      result.runs.push(run);
-      onRun(run);
+      for (const spec of o.routings ?? [{ kind: "model" } as const]) {
+        const rec = spec.kind === "model" ? recorder : null;
+        if (rec !== null) recorder = null; // --routing-out: the first run under the model's routing
+        const run = await benchOne(o, backend, n, pb, limits, sizes, rssReset, spec, rec);
+        result.runs.push(run);
+        onRun(run);
+      }
     }
   }
-  if (o.backends.length > 1) result.native_over_wasm = nativeOverWasm(result.runs);
+  // native / wasm on the first routing mode's runs (the model's, unless --routing says otherwise)
+  if (o.backends.length > 1) result.native_over_wasm = nativeOverWasm(result.runs.filter((r) => r.routing === result.runs[0]!.routing));
   const peaks = result.runs.map((r) => r.peak_rss_bytes).filter((p): p is number => typeof p === "number");
   result.peak_rss_bytes = peaks.length ? Math.max(...peaks) : peakRssBytes();
   result.ru_maxrss_bytes = process.resourceUsage().maxRSS * 1024;

@@ -337,6 +337,33 @@ export interface SessionOptions {
 
 export type LogitsMode = "none" | "last" | "all";
 
+/**
+ * kvl_session_set_routing, for measurement only (`kvl bench --routing`; chat and serve never set
+ * it): which experts each MoE layer takes. model: the router's; uniform: topk distinct experts
+ * uniformly at random, a pure function of (seed, position, layer); given: the rows fill() writes.
+ */
+export type RoutingMode = "model" | "uniform" | "given";
+export const ROUTING_MODE_CODES: Readonly<Record<RoutingMode, number>> = { model: 0, uniform: 1, given: 2 };
+
+/** Routing rows [capacity][nLayers][topk], by absolute layer (views valid during the callback only). */
+export interface RoutingRows {
+  ids: Int32Array;
+  weights: Float32Array;
+}
+
+export interface RoutingHook {
+  mode: RoutingMode;
+  /** uniform: the draws' seed (uint32) */
+  seed: number;
+  /** the most tokens one forward (prefill, step) takes */
+  capacity: number;
+  /** given: before a forward, write row i for the token at position pos0 + i (i < n); a weight
+   * row starting with NaN takes the router's scores of the given ids */
+  fill?(pos0: number, n: number, rows: RoutingRows): void;
+  /** model / uniform: after a forward, the routing its tokens took in layers [layerBegin, layerEnd) */
+  taken?(pos0: number, n: number, rows: RoutingRows, layerBegin: number, layerEnd: number): void;
+}
+
 export interface CoreSession {
   /** Tokens in the KV timeline. */
   position(): number;
@@ -364,6 +391,8 @@ export interface CoreSession {
    * calls clears them (0) before each call. They can be posted to another thread.
    */
   cancelFlags(): Int32Array[];
+  /** Replaces the routing of every later forward (null: the model's again, nothing recorded). */
+  setRouting(hook: RoutingHook | null): void;
   close(): void;
 }
 

@@ -7,7 +7,8 @@
  * NativeSession: CoreEngine / CoreSession of core-api.ts: the text engine and the vision
  * encoder). Does not own: building it (scripts/build-addon.mjs).
  */
-import { type ConformanceReport, type CoreBackend, type KernelSet, type Pcg64State, type SamplerParams, checkPackExpertArgs, checkPackQ8RowsArgs, checkQ4ExpertDims, packExpertStatus, packQ8RowsStatus, parseConformanceReport, type CoreEngine, CoreError, type CoreSession, type EngineInfo, type EngineOptionCodes, type EngineOptions, type EngineStats, type FieldLayout, fieldKind, type StructId, type StructLayout, logitsModeCode, wholeRows, type LogitsMode, type SessionOptions, engineOptionCodes, sessionOptionCodes, checkGridsLength, visionShape } from "./core-api.js";
+import { type ConformanceReport, type CoreBackend, type KernelSet, type Pcg64State, type SamplerParams, checkPackExpertArgs, checkPackQ8RowsArgs, checkQ4ExpertDims, packExpertStatus, packQ8RowsStatus, parseConformanceReport, type CoreEngine, CoreError, type CoreSession, type EngineInfo, type EngineOptionCodes, type EngineOptions, type EngineStats, type FieldLayout, fieldKind, type StructId, type StructLayout, logitsModeCode, wholeRows, type LogitsMode, ROUTING_MODE_CODES, type RoutingHook, type SessionOptions, engineOptionCodes, sessionOptionCodes, checkGridsLength, visionShape } from "./core-api.js";
+import { RoutingBinding, routingRowLength } from "./routing-binding.js";
 import { q8RowsLayout } from "../pack/pack-format.js";
 import { nativeAddonPath, requireFile } from "../system/paths.js";
 
@@ -63,6 +64,7 @@ interface NativeAddon {
   ): number;
   sessionStep(session: NativeSessionHandle, token: number, logits: Float32Array): number;
   sessionWatchCancel(session: NativeSessionHandle, flag: Int32Array | null): void;
+  sessionSetRouting(session: NativeSessionHandle, mode: number, seed: number, ids: Int32Array | null, weights: Float32Array | null): number;
   visionBytes(engine: NativeEngineHandle, grids: Int32Array): number;
   visionEncode(engine: NativeEngineHandle, pixelValues: Float32Array, grids: Int32Array, out: Float32Array): void;
 }
@@ -275,9 +277,13 @@ class NativeSession implements CoreSession {
   readonly #lastRange: boolean;
   /** The shared flag the core watches (made on first use). */
   #cancelFlag: Int32Array | null = null;
+  /** A routing override's hook and rows (kvl bench --routing), else null. */
+  #routing: RoutingBinding | null = null;
+  readonly #info: EngineInfo;
 
   constructor(private readonly engine: NativeEngine, handle: NativeSessionHandle, info: EngineInfo, private readonly onClose: () => void) {
     this.#handle = handle;
+    this.#info = info;
     this.#vocab = info.vocabSize;
     this.#hidden = info.hiddenSize;
     this.#lastRange = info.layerEnd === info.nLayers;
@@ -300,8 +306,31 @@ class NativeSession implements CoreSession {
     const mode = logitsModeCode(logits);
     const nMedia = wholeRows("media rows", media, this.#hidden);
     const out = mode === 0 ? null : new Float32Array(mode === 1 ? this.#vocab : tokens.length * this.#vocab);
-    this.engine.check(this.engine.addon.sessionPrefill(session, tokens, media, nMedia, mode, out));
+    this.#routed(tokens.length, () => this.engine.check(this.engine.addon.sessionPrefill(session, tokens, media, nMedia, mode, out)));
     return out;
+  }
+
+  /** One forward with the routing hook's fill() before and taken() after it. */
+  #routed(n: number, call: () => void): void {
+    const r = this.#routing;
+    if (r === null) return call();
+    const pos0 = this.position();
+    r.before(pos0, n);
+    call();
+    r.after(pos0, n);
+  }
+
+  setRouting(hook: RoutingHook | null): void {
+    const session = this.#live;
+    if (hook === null) {
+      this.engine.check(this.engine.addon.sessionSetRouting(session, 0, 0, null, null));
+      this.#routing = null;
+      return;
+    }
+    const length = routingRowLength(hook, this.#info.nLayers, this.#info.numExpertsPerTok);
+    const rows = { ids: new Int32Array(length), weights: new Float32Array(length) };
+    this.engine.check(this.engine.addon.sessionSetRouting(session, ROUTING_MODE_CODES[hook.mode], hook.seed >>> 0, rows.ids, rows.weights));
+    this.#routing = new RoutingBinding(hook, () => rows, this.#info.layerBegin, this.#info.layerEnd);
   }
 
   forward(input: Int32Array | Float32Array, media: Float32Array | null, logits: LogitsMode, decode: boolean): Float32Array | null {
@@ -315,14 +344,15 @@ class NativeSession implements CoreSession {
     /* The last range writes the logits asked for, an earlier one its hidden states (both as
      * zero-length arrays for zero tokens, so that the core, not the addon, reports the misuse). */
     const out = this.#lastRange ? (mode === 0 ? null : new Float32Array(mode === 1 ? this.#vocab : n * this.#vocab)) : new Float32Array(n * H);
-    this.engine.check(this.engine.addon.sessionForward(session, isHidden ? null : input, isHidden ? input : null, media, nMedia,
-      this.#lastRange ? null : out, mode, this.#lastRange ? out : null, decode));
+    this.#routed(n, () => this.engine.check(this.engine.addon.sessionForward(session, isHidden ? null : input, isHidden ? input : null, media, nMedia,
+      this.#lastRange ? null : out, mode, this.#lastRange ? out : null, decode)));
     return out !== null && out.length > 0 ? out : null;
   }
 
   step(token: number): Float32Array {
     const out = new Float32Array(this.#vocab);
-    this.engine.check(this.engine.addon.sessionStep(this.#live, token, out));
+    const session = this.#live;
+    this.#routed(1, () => this.engine.check(this.engine.addon.sessionStep(session, token, out)));
     return out;
   }
 

@@ -11,7 +11,8 @@
  * instance's own threads through host_io_wasm.c.
  * Does not own: the instance (wasm-backend.ts) or the engine interfaces (core-api.ts).
  */
-import { type CoreEngine, CoreError, type CoreSession, type EngineInfo, type EngineOptions, type EngineStats, type FieldLayout, fieldKind, jsFieldName, KVL_STRUCTS, type StructId, type StructLayout, logitsModeCode, wholeRows, type LogitsMode, type SessionOptions, engineOptionCodes, sessionOptionCodes, checkGridsLength, checkPixelLength, visionShape } from "./core-api.js";
+import { type CoreEngine, CoreError, type CoreSession, type EngineInfo, type EngineOptions, type EngineStats, type FieldLayout, fieldKind, jsFieldName, KVL_STRUCTS, type StructId, type StructLayout, logitsModeCode, wholeRows, type LogitsMode, ROUTING_MODE_CODES, type RoutingHook, type SessionOptions, engineOptionCodes, sessionOptionCodes, checkGridsLength, checkPixelLength, visionShape } from "./core-api.js";
+import { RoutingBinding, routingRowLength } from "./routing-binding.js";
 
 /** The engine exports of the emscripten module (pointers are wasm32 addresses). */
 export interface EmscriptenEngineExports {
@@ -31,6 +32,7 @@ export interface EmscriptenEngineExports {
   _kvl_session_prefill(session: number, tokens: number, n: number, media: number, nMedia: number, mode: number, logits: number): number;
   _kvl_session_step(session: number, token: number, logits: number): number;
   _kvl_session_watch_cancel(session: number, flag: number): void;
+  _kvl_session_set_routing(session: number, mode: number, seed: number, ids: number, weights: number, capacity: number): number;
   _kvl_session_forward(session: number, tokens: number, hiddenIn: number, n: number, media: number, nMedia: number,
     hiddenOut: number, mode: number, logits: number, decode: number): number;
   _kvl_vision_bytes(engine: number, grids: number, nImages: number, outBytes: number): number;
@@ -310,10 +312,16 @@ class WasmSession implements CoreSession {
   readonly #hidden: number;
   readonly #layerEnd: number;
   readonly #nLayers: number;
+  readonly #info: EngineInfo;
+  /** A routing override's hook (kvl bench --routing) and its rows in the instance (ids, then
+   * weights: one malloc, freed with the session or the next setRouting), else null / 0. */
+  #routing: RoutingBinding | null = null;
+  #routingRows = 0;
 
   constructor(private readonly engine: WasmEngine, ptr: number, private readonly onClose: () => void) {
     this.#ptr = ptr;
     const info = engine.info();
+    this.#info = info;
     this.#vocab = info.vocabSize;
     this.#hidden = info.hiddenSize;
     this.#layerEnd = info.layerEnd;
@@ -362,8 +370,8 @@ class WasmSession implements CoreSession {
       }
       const count = !lastRange ? n * H : mode === 0 ? 0 : mode === 1 ? this.#vocab : n * this.#vocab;
       const out = count > 0 ? s.alloc(count * 4) : 0;
-      this.engine.check(core._kvl_session_forward(session, isHidden ? 0 : inPtr, isHidden ? inPtr : 0, n, mediaPtr, nMedia,
-        lastRange ? 0 : out, mode, lastRange ? out : 0, decode ? 1 : 0));
+      this.#routed(n, () => this.engine.check(core._kvl_session_forward(session, isHidden ? 0 : inPtr, isHidden ? inPtr : 0, n, mediaPtr, nMedia,
+        lastRange ? 0 : out, mode, lastRange ? out : 0, decode ? 1 : 0)));
       return count > 0 ? new Float32Array(buffer, out, count).slice() : null;
     });
   }
@@ -383,7 +391,7 @@ class WasmSession implements CoreSession {
   step(token: number): Float32Array {
     const session = this.#live;
     if (this.#stepLogits === 0) throw new RangeError("step() runs on the engine of the last layers; use forward() on the others");
-    this.engine.check(this.engine.core._kvl_session_step(session, token, this.#stepLogits));
+    this.#routed(1, () => this.engine.check(this.engine.core._kvl_session_step(session, token, this.#stepLogits)));
     return new Float32Array(this.engine.memory.buffer, this.#stepLogits, this.#vocab).slice();
   }
 
@@ -391,11 +399,46 @@ class WasmSession implements CoreSession {
     this.engine.check(this.engine.core._kvl_session_truncate(this.#live, n));
   }
 
+  /** One forward with the routing hook's fill() before and taken() after it. */
+  #routed(n: number, call: () => void): void {
+    const r = this.#routing;
+    if (r === null) return call();
+    const pos0 = this.position();
+    r.before(pos0, n);
+    call();
+    r.after(pos0, n);
+  }
+
+  setRouting(hook: RoutingHook | null): void {
+    const session = this.#live;
+    const core = this.engine.core;
+    let ptr = 0;
+    let length = 0;
+    if (hook !== null) {
+      length = routingRowLength(hook, this.#info.nLayers, this.#info.numExpertsPerTok);
+      ptr = core._malloc(length * 8) >>> 0;
+      if (ptr === 0) throw new CoreError(4, "out of WebAssembly memory for the routing rows");
+      new Uint8Array(this.engine.memory.buffer, ptr, length * 8).fill(0);
+    }
+    const code = hook === null ? 0 : ROUTING_MODE_CODES[hook.mode];
+    const status = core._kvl_session_set_routing(session, code, hook === null ? 0 : hook.seed >>> 0, ptr, ptr === 0 ? 0 : ptr + length * 4,
+      hook === null ? 0 : hook.capacity);
+    if (status !== 0 && ptr !== 0) core._free(ptr);
+    this.engine.check(status);
+    if (this.#routingRows !== 0) core._free(this.#routingRows);
+    this.#routingRows = ptr;
+    this.#routing = hook === null ? null : new RoutingBinding(hook, () => ({
+      ids: new Int32Array(this.engine.memory.buffer, ptr, length),
+      weights: new Float32Array(this.engine.memory.buffer, ptr + length * 4, length),
+    }), this.#info.layerBegin, this.#info.layerEnd);
+  }
+
   close(): void {
     if (this.#ptr === 0) return;
     this.engine.core._kvl_session_free(this.#ptr);
     if (this.#stepLogits !== 0) this.engine.core._free(this.#stepLogits);
     if (this.#cancelFlag !== 0) this.engine.core._free(this.#cancelFlag);
+    if (this.#routingRows !== 0) this.engine.core._free(this.#routingRows);
     this.#ptr = 0;
     this.onClose();
   }

@@ -11,7 +11,7 @@
  * (one WebAssembly instance each, or one native process: engine-host.ts) or how much memory
  * each gets (the planner).
  */
-import type { CoreEngine, CoreSession, EngineInfo, EngineStats, LogitsMode, SessionOptions } from "../core/core-api.js";
+import type { CoreEngine, CoreSession, EngineInfo, EngineStats, LogitsMode, RoutingHook, SessionOptions } from "../core/core-api.js";
 import { DEFAULT_MAX_BATCH } from "../plan/defaults.js";
 import { UserError } from "../system/user-error.js";
 
@@ -182,6 +182,13 @@ class SplitSession implements CoreSession {
 
   cancelFlags(): Int32Array[] {
     return this.parts.flatMap((p) => p.cancelFlags());
+  }
+
+  /** Every range gets the hook: each reads and reports its own layers of the same rows, for the
+   * same positions (the ranges run one chunk of at most maxBatch tokens at a time). */
+  setRouting(hook: RoutingHook | null): void {
+    const part = hook === null ? null : { ...hook, capacity: Math.min(hook.capacity, this.maxBatch) };
+    for (const p of this.parts) p.setRouting(part);
   }
 
   close(): void {

@@ -318,6 +318,31 @@ KVL_API void kvl_session_cancel(kvl_session *session);
  * call, and keeps it alive while it is watched. NULL stops watching. */
 KVL_API void kvl_session_watch_cancel(kvl_session *session, const volatile int32_t *flag);
 
+/* Routing override, for measurement only (`kvl bench --routing`; chat and serve never call it).
+ * The random-weight test models route nothing like a trained model, so the expert cache, read
+ * ahead and disk are measured under other routings: each MoE layer's router runs as usual, then
+ * its choice of experts is replaced; everything else (shared experts, the routed experts'
+ * products from the chosen extents, attention) is computed as usual, so the tokens that follow
+ * are not the model's.
+ *   KVL_ROUTING_MODEL: the router's own choice (the default; a session starts so).
+ *   KVL_ROUTING_UNIFORM: each token and MoE layer takes topk distinct experts uniformly at random,
+ *     a pure function of (seed, the token's position, layer), so every range of a split draws
+ *     the same as one engine would; weights are the router's sigmoid scores of those experts,
+ *     normalised and scaled as the router's.
+ *   KVL_ROUTING_GIVEN: token i of a forward (prefill or step) takes row i of ids/weights (ids in
+ *     [0, n_routed), distinct within a row, else the forward fails with KVL_ERR_INVALID_ARG and
+ *     is rolled back). A weight row whose first value is NaN takes the router's scores of those
+ *     ids as UNIFORM does.
+ * ids / weights: caller-owned rows [capacity][n_layers][topk] (int32 / float), indexed by the
+ * absolute layer (only this engine's MoE layers are read or written; the caller keeps them
+ * alive until the next call or kvl_session_free). Under MODEL and UNIFORM, non-NULL rows receive
+ * the routing each forward took (row i = its i-th token), which GIVEN replays bit for bit.
+ * A forward of more than capacity tokens then fails with KVL_ERR_INVALID_ARG. Both NULL with
+ * capacity 0: nothing is recorded (GIVEN needs them). */
+enum { KVL_ROUTING_MODEL = 0, KVL_ROUTING_UNIFORM = 1, KVL_ROUTING_GIVEN = 2 };
+KVL_API kvl_status kvl_session_set_routing(kvl_session *session, int32_t mode, uint32_t seed,
+                                           int32_t *ids, float *weights, int32_t capacity);
+
 typedef struct kvl_sampler {
     float temperature;             /* <= 0 means greedy */
     int32_t top_k;                 /* 0 = off */

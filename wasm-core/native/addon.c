@@ -81,6 +81,10 @@
  *   sessionWatchCancel(session, flag) kvl_session_watch_cancel on flag[0] of an Int32Array over a
  *                                     SharedArrayBuffer (or null): another thread (the Node main
  *                                     thread) stops a running call by setting it (Atomics.store).
+ *   sessionSetRouting(session, mode, seed, ids, weights)   kvl_session_set_routing -> status
+ *                                     (kvl bench --routing only): ids an Int32Array and weights a
+ *                                     Float32Array of capacity x n_layers x topk, or both null;
+ *                                     referenced until replaced or the session is freed.
  *
  * The vision encoder (kvl_vision_*). These two return a result, not a status, so a failed
  * kvl_status is thrown: an Error whose message is the core's detail (kvl_engine_last_error, else
@@ -595,6 +599,7 @@ struct session_box {
     session_box *prev, *next;
     napi_ref engine_ref;   /* strong reference on the owner's external; NULL once released */
     napi_ref cancel_ref;   /* the watched cancel flag's Int32Array, kept alive; NULL if none */
+    napi_ref routing_ref[2]; /* sessionSetRouting's ids and weights arrays, kept alive; NULL if none */
 };
 
 static const napi_type_tag ENGINE_TAG = {0x6b766c5f656e6769ULL, 0x6e655f68616e646cULL};
@@ -643,6 +648,9 @@ static void session_finalize(napi_env env, void *data, void *hint)
         napi_delete_reference(env, b->engine_ref); /* a finalizer has no one to report to */
     if (b->cancel_ref)
         napi_delete_reference(env, b->cancel_ref);
+    for (int i = 0; i < 2; i++)
+        if (b->routing_ref[i])
+            napi_delete_reference(env, b->routing_ref[i]);
     free(b);
 }
 
@@ -1208,6 +1216,12 @@ static napi_value js_session_free(napi_env env, napi_callback_info info)
         b->cancel_ref = NULL;
         NAPI_CALL(env, napi_delete_reference(env, ref));
     }
+    for (int i = 0; i < 2; i++)
+        if (b->routing_ref[i]) {
+            napi_ref ref = b->routing_ref[i];
+            b->routing_ref[i] = NULL;
+            NAPI_CALL(env, napi_delete_reference(env, ref));
+        }
     if (b->engine_ref) {
         napi_ref ref = b->engine_ref;
         b->engine_ref = NULL;
@@ -1497,6 +1511,61 @@ static napi_value js_session_watch_cancel(napi_env env, napi_callback_info info)
     return NULL;
 }
 
+/* sessionSetRouting(session, mode, seed, ids: Int32Array | null, weights: Float32Array | null)
+ * -> status: kvl_session_set_routing (measurement only: kvl bench --routing). The rows are
+ * [capacity][n_layers][topk]; capacity = ids.length / (n_layers * topk), and weights must be as
+ * long. The arrays are referenced until replaced or the session is freed, so the memory the core
+ * writes and reads outlives the call; the host never detaches them (plain ArrayBuffers it owns). */
+static napi_value js_session_set_routing(napi_env env, napi_callback_info info)
+{
+    const char *fn = "sessionSetRouting";
+    napi_value argv[5];
+    session_box *b;
+    int32_t mode;
+    int64_t seed;
+    if (!get_args(env, info, argv, 5, fn) || !(b = get_session(env, argv[0], 1, fn)) ||
+        !get_int32(env, argv[1], &mode, fn, "argument 2 (mode)") ||
+        !get_integer(env, argv[2], 0.0, 4294967295.0, &seed, fn, "argument 3 (seed)"))
+        return NULL;
+    void *ids = NULL, *weights = NULL;
+    size_t n_ids = 0, n_w = 0;
+    napi_valuetype t_ids = napi_undefined, t_w = napi_undefined;
+    NAPI_CALL(env, napi_typeof(env, argv[3], &t_ids));
+    NAPI_CALL(env, napi_typeof(env, argv[4], &t_w));
+    if (t_ids != napi_null && !get_typed_arg(env, argv[3], napi_int32_array, &ids, &n_ids, fn, 3))
+        return NULL;
+    if (t_w != napi_null && !get_typed_arg(env, argv[4], napi_float32_array, &weights, &n_w, fn, 4))
+        return NULL;
+    kvl_engine_info ei;
+    if (kvl_engine_get_info(b->owner->engine, &ei) != KVL_OK)
+        return throw_error(env, "ERR_KVL_STATUS", "kvl addon: sessionSetRouting: engine info failed");
+    size_t row = (size_t)ei.n_layers * (size_t)ei.num_experts_per_tok;
+    if ((ids == NULL) != (weights == NULL) || n_ids != n_w || row == 0 || n_ids % row != 0 ||
+        n_ids / row > (size_t)INT32_MAX || (ids && n_ids == 0)) {
+        char msg[200];
+        snprintf(msg, sizeof msg, "kvl addon: %s: ids (%llu) and weights (%llu) must both be null or "
+                 "equally long, a positive multiple of n_layers x topk (%llu)", fn,
+                 (unsigned long long)n_ids, (unsigned long long)n_w, (unsigned long long)row);
+        napi_throw_range_error(env, "ERR_OUT_OF_RANGE", msg);
+        return NULL;
+    }
+    kvl_status status = kvl_session_set_routing(b->session, mode, (uint32_t)seed, ids, weights,
+                                                (int32_t)(row ? n_ids / row : 0));
+    if (status != KVL_OK)
+        return make_status(env, status); /* the core kept its previous rows */
+    for (int i = 0; i < 2; i++)
+        if (b->routing_ref[i]) {
+            napi_ref ref = b->routing_ref[i];
+            b->routing_ref[i] = NULL;
+            NAPI_CALL(env, napi_delete_reference(env, ref));
+        }
+    if (ids) {
+        NAPI_CALL(env, napi_create_reference(env, argv[3], 1, &b->routing_ref[0]));
+        NAPI_CALL(env, napi_create_reference(env, argv[4], 1, &b->routing_ref[1]));
+    }
+    return make_status(env, KVL_OK);
+}
+
 /* ---------------------------------------------------------------- vision */
 
 /* Throws the failed kvl_status of a call on b's engine: an Error with the core's detail as its
@@ -1653,6 +1722,7 @@ static const kvl_function kvl_functions[] = {
     {"sessionForward", js_session_forward},
     {"sessionStep", js_session_step},
     {"sessionWatchCancel", js_session_watch_cancel},
+    {"sessionSetRouting", js_session_set_routing},
     {"visionBytes", js_vision_bytes},
     {"visionEncode", js_vision_encode},
 };

@@ -671,6 +671,7 @@ static kvl_status open_expert_cache(open_ctx *c, const kvl_engine_options *o, in
      * the prediction's top-k weights go to the session's yg scratch (hidden floats per token) */
     t->lookahead = o->expert_lookahead == KVL_LOOKAHEAD_AUTO && budget / t->extent_bytes <
                    (uint64_t)n_moe * (uint64_t)hp->n_routed && hp->topk <= hp->hidden;
+    t->la_layer = -1;
     char cerr[256] = "";
     /* readers share each extent's ~2 MiB pieces: 4 keeps a disk queue busy (measured: a
      * virtio disk gave ~270 MB/s with one 8 MiB read in flight, ~1.6-2 GB/s with four 2 MiB
@@ -1088,6 +1089,28 @@ void kvl_session_watch_cancel(kvl_session *s, const volatile int32_t *flag)
     if (s) s->cancel_watch = flag;
 }
 
+kvl_status kvl_session_set_routing(kvl_session *s, int32_t mode, uint32_t seed, int32_t *ids,
+                                   float *weights, int32_t capacity)
+{
+    if (!s) return KVL_ERR_INVALID_ARG;
+    kvl_engine *e = s->engine;
+    if (mode < KVL_ROUTING_MODEL || mode > KVL_ROUTING_GIVEN)
+        return kvl_engine_fail(e, KVL_ERR_INVALID_ARG, "routing mode %d is not one of "
+                               "KVL_ROUTING_MODEL, _UNIFORM, _GIVEN", (int)mode);
+    if (capacity < 0 || (!ids) != (!weights) || (!ids) != (capacity == 0))
+        return kvl_engine_fail(e, KVL_ERR_INVALID_ARG, "routing rows: ids and weights are both "
+                               "given with a positive capacity or both NULL with 0 (capacity %d)",
+                               (int)capacity);
+    if (mode == KVL_ROUTING_GIVEN && !ids)
+        return kvl_engine_fail(e, KVL_ERR_INVALID_ARG, "KVL_ROUTING_GIVEN needs routing rows");
+    s->routing_mode = mode;
+    s->routing_seed = seed;
+    s->routing_ids = ids;
+    s->routing_w = weights;
+    s->routing_cap = capacity;
+    return KVL_OK;
+}
+
 kvl_status kvl_session_forward(kvl_session *s, const int32_t *tokens, const float *hidden_in,
                                int32_t n, const float *media, int32_t n_media, float *hidden_out,
                                int32_t mode, float *logits, int32_t decode)
@@ -1142,6 +1165,9 @@ kvl_status kvl_session_forward(kvl_session *s, const int32_t *tokens, const floa
                                "+ %d new tokens exceeds max_context %d; truncate the session or "
                                "create one with a larger max_context", s->position, (int)n,
                                s->max_context);
+    if (s->routing_ids && n > s->routing_cap)
+        return kvl_engine_fail(e, KVL_ERR_INVALID_ARG, "forward: %d tokens but the routing rows "
+                               "hold %d (kvl_session_set_routing)", (int)n, s->routing_cap);
     kvl_atomic_store(&s->cancel_flag, 0);
     const int pos_before = s->position;
     int cursor = 0;
@@ -1155,6 +1181,7 @@ kvl_status kvl_session_forward(kvl_session *s, const int32_t *tokens, const floa
                     : (mode == KVL_LOGITS_LAST && last_chunk) ? KVL_LOGITS_LAST : KVL_LOGITS_NONE;
         float *out = mode == KVL_LOGITS_ALL ? logits + (size_t)start * (size_t)hp->vocab : logits;
         const size_t row0 = (size_t)start * (size_t)hp->hidden;
+        s->routing_row0 = start;
         st = kvl_model_forward(s, tokens ? tokens + start : NULL, hidden_in ? hidden_in + row0 : NULL,
                                m, n_media ? media : NULL, &cursor,
                                hidden_out ? hidden_out + row0 : NULL, cmode, out);

@@ -78,6 +78,11 @@ typedef struct kvl_layer_globals {
 
 struct kvl_stream;  /* trunk.c: the double-buffered trunk streamer */
 
+/* The read-ahead tracks its precision for models of at most this many routed experts (Kimi-VL
+ * 64, DeepSeek-V3 256); larger ones always read ahead. Halving window: LA_WINDOW guesses. */
+#define LA_MAX_EXPERTS 256
+#define LA_WINDOW 512
+
 typedef struct kvl_engine_text {
     kvl_text_hparams hp;
     int layer_begin, layer_end;          /* the decoder layers this engine runs */
@@ -99,6 +104,13 @@ typedef struct kvl_engine_text {
     int lookahead;                       /* read the next layer's predicted experts ahead
                                             (model.c predict_next): expert_lookahead AUTO and
                                             a cache smaller than every extent of the range */
+    /* the read-ahead's own precision (model.c lookahead_worth_it): the distinct guesses made for
+     * layer la_layer (-1: none pending; la_guess[x] = 1 for a guess, models of at most
+     * LA_MAX_EXPERTS experts), and of the guesses so far how many the layer then routed to
+     * (halved together past LA_WINDOW) */
+    int la_layer, la_pending;
+    uint32_t la_guessed, la_right;
+    uint8_t la_guess[LA_MAX_EXPERTS];
     uint64_t extent_bytes;               /* one routed expert's extent (Q8_EXPERT or Q4_EXPERT),
                                             padded */
     int kv_dtype;                        /* KVL_KV_F32, _BF16 or _I16 (never DEFAULT) */
@@ -145,6 +157,15 @@ struct kvl_session {
     /* act_i16: the quantised inputs of one pool run (model.c mm_run) and their scales */
     int16_t *xq;
     float *xs;
+    /* kvl_session_set_routing (measurement only): KVL_ROUTING_*, the uniform draws' seed, the
+     * caller-owned rows [routing_cap][n_layers][topk] (ids, weights; NULL = none) and the row of
+     * the running chunk's first token (model.c route_override) */
+    int routing_mode;
+    uint32_t routing_seed;
+    int32_t *routing_ids;
+    float *routing_w;
+    int routing_cap;
+    int routing_row0;
 };
 
 #endif

@@ -1006,6 +1006,83 @@ static void route_token(const kvl_text_hparams *hp, const float *logits, const f
     }
 }
 
+/* ---- routing override (kvl_session_set_routing: kvl bench --routing, never chat or serve) ---
+ * After the router has chosen (seli/selw of the chunk), UNIFORM replaces each token's experts by
+ * topk distinct uniform draws and GIVEN by the caller's row; MODEL and UNIFORM write what was
+ * taken into the caller's rows when there are any. Weights of replaced experts are the router's
+ * own scores of them (sigmoid, normalised over the chosen, scaled), as route_token makes them, so
+ * the magnitudes of the MoE output stay those of the model. No allocation. */
+
+/* splitmix64's finaliser: the uniform draws are a pure function of (seed, position, layer, draw) */
+static uint64_t routing_mix(uint64_t z)
+{
+    z += 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static void route_weights(const kvl_text_hparams *hp, const float *logits, const int *idx, float *out_w)
+{
+    float sum = 0.0f;
+    for (int k = 0; k < hp->topk; k++) {
+        out_w[k] = 1.0f / (1.0f + expf(-logits[idx[k]]));
+        sum += out_w[k];
+    }
+    for (int k = 0; k < hp->topk; k++) {
+        if (hp->topk > 1 && hp->norm_topk) out_w[k] /= (sum + 1e-20f);
+        out_w[k] *= hp->routed_scale;
+    }
+}
+
+static kvl_status route_override(kvl_session *s, int layer, int n)
+{
+    kvl_engine *e = s->engine;
+    const kvl_text_hparams *hp = &e->text->hp;
+    const int E = hp->n_routed, K = hp->topk;
+    for (int i = 0; i < n; i++) {
+        int *idx = s->seli + (size_t)i * K;
+        float *w = s->selw + (size_t)i * K;
+        const float *logits = s->rlog + (size_t)i * E;
+        const size_t row = ((size_t)(s->routing_row0 + i) * (size_t)hp->n_layers + (size_t)layer) * (size_t)K;
+        if (s->routing_mode == KVL_ROUTING_UNIFORM) {
+            uint64_t key = ((uint64_t)s->routing_seed << 32) ^ ((uint64_t)(uint32_t)(s->position + i) << 8) ^
+                           (uint64_t)(uint32_t)layer;
+            for (int k = 0; k < K; k++) {
+                int x, dup;
+                do { /* rejection keeps the k draws distinct and uniform (K << E) */
+                    key = routing_mix(key);
+                    x = (int)((key >> 11) % (uint64_t)E);
+                    dup = 0;
+                    for (int j = 0; j < k; j++) dup |= idx[j] == x;
+                } while (dup);
+                idx[k] = x;
+            }
+            route_weights(hp, logits, idx, w);
+        } else if (s->routing_mode == KVL_ROUTING_GIVEN) {
+            const int32_t *gi = s->routing_ids + row;
+            const float *gw = s->routing_w + row;
+            for (int k = 0; k < K; k++) {
+                int x = (int)gi[k], dup = 0;
+                for (int j = 0; j < k; j++) dup |= idx[j] == x;
+                if (x < 0 || x >= E || dup)
+                    return kvl_engine_fail(e, KVL_ERR_INVALID_ARG, "given routing of token %d, "
+                                           "layer %d: expert %d is %s", s->routing_row0 + i, layer, x,
+                                           dup ? "chosen twice" : "outside [0, n_routed)");
+                idx[k] = x;
+            }
+            if (isnan(gw[0])) route_weights(hp, logits, idx, w);
+            else memcpy(w, gw, (size_t)K * sizeof(float));
+            continue;
+        }
+        if (s->routing_ids) {
+            for (int k = 0; k < K; k++) s->routing_ids[row + (size_t)k] = idx[k];
+            memcpy(s->routing_w + row, w, (size_t)K * sizeof(float));
+        }
+    }
+    return KVL_OK;
+}
+
 static int trunk_resident3(const kvl_engine_text *t, int base)
 {
     return t->tt[base + KVL_TT_MLP_GATE].resident && t->tt[base + KVL_TT_MLP_UP].resident &&
@@ -1148,9 +1225,43 @@ static kvl_status acquire_failed(kvl_engine *e, kvl_status st, int layer, int x)
  * Scratch: everything it writes is free at this point of ffn / moe and rewritten before its
  * next use: xg (the normed rows), rlog (router logits), thread 0's routing scratch, seli (the
  * guesses, deduplicated in place) and yg (each token's discarded top-k weights). */
+/* Whether reading ahead is worth its reads. A guess the layer does not route to is a wasted
+ * read of a whole extent, taken from the disk's time when the disk is the limit. The router of
+ * the next layer guesses well when routing follows the hidden state (the model's own: 76-81 % of
+ * what it read was used on the full-size Q8 pack), and no better than chance when it does not:
+ * under kvl bench --routing uniform or a trace it read 128 extents a token of which 6-9 % were
+ * used, and 0.3-0.4 GB a token went to waste (bench/RESULTS.md "Routing a trained model would
+ * produce"). So the read-ahead keeps its own precision (distinct guesses the layer then routed
+ * to, over the last ~LA_WINDOW guesses) and reads ahead only while at least 30 % were right. It
+ * keeps guessing (one router product per layer, no reads) and scoring its guesses while it does
+ * not read, so it reads again as soon as routing becomes predictable again. (A first version
+ * read on every 8th guess to notice that; those reads were 7-11 wasted extents a token.) It
+ * decides which extents are read, never what is computed. */
+static int lookahead_worth_it(const kvl_engine_text *t)
+{
+    if (t->hp.n_routed > LA_MAX_EXPERTS || t->la_guessed < 32) return 1;
+    return 10u * t->la_right >= 3u * t->la_guessed;
+}
+
+/* After layer routes: how many of the read-ahead's distinct guesses for it were right. */
+static void lookahead_score(kvl_session *s, int layer, int n_used)
+{
+    kvl_engine_text *t = s->engine->text;
+    if (t->la_layer != layer) return;
+    int right = 0;
+    for (int u = 0; u < n_used; u++) right += t->la_guess[s->eorder[u]];
+    t->la_guessed += (uint32_t)t->la_pending;
+    t->la_right += (uint32_t)right;
+    if (t->la_guessed > LA_WINDOW) {
+        t->la_guessed >>= 1;
+        t->la_right >>= 1;
+    }
+    t->la_layer = -1;
+}
+
 static void predict_next(kvl_session *s, int layer, int n)
 {
-    const kvl_engine_text *t = s->engine->text;
+    kvl_engine_text *t = s->engine->text;
     const int next = layer + 1;
     if (!t->lookahead || next >= t->layer_end || !t->layers[next].is_moe) return;
     const kvl_text_hparams *hp = &t->hp;
@@ -1168,7 +1279,13 @@ static void predict_next(kvl_session *s, int layer, int n)
             if (!seen) s->seli[m++] = x;
         }
     }
-    kvl_expert_cache_lookahead(t->ecache, next, s->seli, m);
+    if (lookahead_worth_it(t)) kvl_expert_cache_lookahead(t->ecache, next, s->seli, m);
+    if (hp->n_routed <= LA_MAX_EXPERTS) {
+        memset(t->la_guess, 0, (size_t)hp->n_routed);
+        for (int j = 0; j < m; j++) t->la_guess[s->seli[j]] = 1;
+        t->la_layer = next;
+        t->la_pending = m;
+    }
 }
 
 static kvl_status moe(kvl_session *s, int layer, int n)
@@ -1185,6 +1302,8 @@ static kvl_status moe(kvl_session *s, int layer, int n)
     for (int i = 0; i < n; i++)
         route_token(hp, s->rlog + (size_t)i * E, lg->router_bias, s->thread_scratch,
                     s->seli + (size_t)i * K, s->selw + (size_t)i * K);
+    if (s->routing_mode != KVL_ROUTING_MODEL || s->routing_ids)
+        if ((st = route_override(s, layer, n)) != KVL_OK) return st;
     /* group (token, slot) pairs by expert: counting sort into elist */
     memset(s->ecount, 0, (E + 1) * sizeof(int));
     for (size_t p = 0; p < (size_t)n * K; p++) s->ecount[s->seli[p] + 1]++;
@@ -1203,6 +1322,7 @@ static kvl_status moe(kvl_session *s, int layer, int n)
         s->ecount[0] = 0;
     }
     kvl_expert_cache_prefetch(t->ecache, layer, s->eorder, n_used);
+    lookahead_score(s, layer, n_used);
     predict_next(s, layer, n); /* seli is free now: elist holds the pairs */
 
     /* the shared experts run while the routed experts load: fused into the first wave when
