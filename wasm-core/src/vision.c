@@ -37,10 +37,11 @@ enum {
     /* queries per attention tile: the scores of one tile are one matmul against the image's
      * keys, so the gathered keys/values are reused ATTN_QUERIES times */
     ATTN_QUERIES = 32,
-    /* tokens per matmul call: keeps the activation chunk cache-resident while each thread
-     * streams its rows of the weight (the kernels compute every output element on its own,
-     * so the chunking does not change results; test/vision-engine.test.ts checks batch invariance) */
-    MATMUL_TOKENS = 64,
+    /* rows per thread of a product come in multiples of this, a multiple of every table's
+     * gemm_nr, so only a product's last panel is a partial one (kvl_gemm_bf16 blocks the rest:
+     * tokens, columns; each output's sum is the same on any split, and
+     * test/vision-engine.test.ts checks batch invariance) */
+    GEMM_ROW_GRAIN = 32,
     /* gathered keys/queries are zero-padded to this many floats so the score product's short
      * contraction (the head size) has no scalar tail in any kernel (the zeros add exactly 0) */
     ATTN_PAD = 16
@@ -157,7 +158,8 @@ static kvl_status make_plan(const kvl_engine *engine, const int32_t *grids, int3
         double P = D * h->merge_h * h->merge_w, side = (double)pl->max_image_tokens;
         double weights = 4.0 * D * D + 2.0 * D * I + P * P + T * P + h->pos_h * D * h->pos_w;
         double acts = n * (3.0 * D + (3.0 * D > I ? 3.0 * D : I)) +
-                      pool_threads(engine) * side * (2.0 * D / h->n_heads + 16.0 + ATTN_QUERIES);
+                      pool_threads(engine) * (side * (2.0 * D / h->n_heads + 16.0 + ATTN_QUERIES) +
+                                              (double)KVL_GEMM_WORK_FLOATS);
         double estimate = 2.0 * weights + 4.0 * acts;
         if (estimate > (double)SIZE_MAX / 4) {
             snprintf(msg, sizeof msg, "vision: these %d image(s) would need about %.3g bytes of "
@@ -211,6 +213,9 @@ static kvl_status make_plan(const kvl_engine *engine, const int32_t *grids, int3
                                         pl->max_image_tokens * pl->head_dim +
                                         ATTN_QUERIES * pl->head_dim_padded +
                                         ATTN_QUERIES * pl->max_image_tokens;
+        /* the products' packed panels (kvl_gemm_bf16) use the same scratch between attentions */
+        if (pl->scratch_floats_per_thread < KVL_GEMM_WORK_FLOATS)
+            pl->scratch_floats_per_thread = KVL_GEMM_WORK_FLOATS;
     }
 #undef AL
     off = pl->arena_bytes;
@@ -597,13 +602,12 @@ static void vision_worker(void *ctx, int ti, int nt)
     attn_cache cached;
     cached.valid = 0;
     if (j->op == OP_MATMUL) {
-        kvl_split_range(j->rows, 16, ti, nt, &begin, &end);
+        /* whole panels of every table's gemm_nr per thread; the blocked GEMM sums each output
+         * in the same order on any split, so results do not depend on the thread count */
+        kvl_split_range(j->rows, GEMM_ROW_GRAIN, ti, nt, &begin, &end);
         if (end > begin)
-            for (t = 0; t < j->n; t += MATMUL_TOKENS) {
-                size_t n = j->n - t < MATMUL_TOKENS ? j->n - t : MATMUL_TOKENS;
-                j->k->matmul_bf16(j->Y + t * j->ldy + begin, j->ldy, j->W + begin * j->cols,
-                                  end - begin, j->cols, j->X + t * j->ldx, j->ldx, n);
-            }
+            kvl_gemm_bf16(j->k, j->Y + begin, j->ldy, j->W + begin * j->cols, end - begin,
+                          j->cols, j->X, j->ldx, j->n, scratch);
         return;
     }
     kvl_split_range(j->count, 1, ti, nt, &begin, &end);
