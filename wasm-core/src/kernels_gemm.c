@@ -36,14 +36,17 @@ static void pack_weights(float *Bp, const uint16_t *W, size_t cols, size_t r0, s
     for (size_t p = 0; p * nr < nc; p++) {
         float *dst = Bp + p * kc * nr;
         const size_t rn = nc - p * nr < nr ? nc - p * nr : nr;
-        for (size_t j = 0; j < rn; j++) {
-            const uint16_t *w = W + (r0 + p * nr + j) * cols + k0;
-            for (size_t k = 0; k < kc; k++)
-                dst[k * nr + j] = bf16f(w[k]);
+        const uint16_t *w = W + (r0 + p * nr) * cols + k0;
+        /* written in order, read from nr rows at once (each row's cache line serves 32
+         * columns): row by row, every write went to another line of a 400 KB panel block */
+        for (size_t k = 0; k < kc; k++) {
+            float *d = dst + k * nr;
+            size_t j = 0;
+            for (; j < rn; j++)
+                d[j] = bf16f(w[j * cols + k]);
+            for (; j < nr; j++)
+                d[j] = 0.0f;
         }
-        for (size_t j = rn; j < nr; j++)
-            for (size_t k = 0; k < kc; k++)
-                dst[k * nr + j] = 0.0f;
     }
 }
 
