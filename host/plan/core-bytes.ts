@@ -357,7 +357,7 @@ export function largestGrid(preprocessorConfig: unknown, merge: readonly [number
 }
 
 /** KVL_GEMM_WORK_FLOATS of wasm-core/src/kernels.h: KC x NC + MC x KC + the largest tile. */
-const GEMM_WORK_FLOATS = 256 * 384 + 96 * 256 + 512;
+const GEMM_WORK_FLOATS = 128 * 1536 + 96 * 128 + 512;
 
 /**
  * Working memory of one vision call (largest weight phase + FP32 activations), the shape of

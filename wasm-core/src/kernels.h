@@ -147,8 +147,8 @@ typedef struct kvl_kernels {
  * buffer. Each output is the sum of its KVL_GEMM_KC-column chunks, each chunk summed in column
  * order (gemm_tile): within (min(cols, KC) + ceil(cols / KC)) * u * sum|w x| of the exact sum,
  * and the same on every thread split and token count. */
-#define KVL_GEMM_KC 256
-#define KVL_GEMM_NC 384 /* a multiple of every gemm_nr (4, 8, 16, 32) */
+#define KVL_GEMM_KC 128
+#define KVL_GEMM_NC 1536 /* a multiple of every gemm_nr (4, 8, 16, 32) */
 #define KVL_GEMM_MC 96  /* a multiple of every gemm_mr (4, 6, 12) */
 #define KVL_GEMM_MAX_TILE 512 /* gemm_mr * gemm_nr of every table */
 /* floats of the work buffer kvl_gemm_bf16 needs, per calling thread (64-byte aligned) */

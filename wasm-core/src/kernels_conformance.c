@@ -657,7 +657,7 @@ KVL_API int kvl_kernels_conformance(const char *set_name, char *out, size_t out_
     oom |= test_q4(&rep, K, ref, &g, 12, 224, 1, 1);
     /* GEMM: one output; tails of every tile size; two row blocks (NC), three column chunks
      * (KC) with a tail, two token blocks (MC) with a tail */
-    static const size_t gemm_shapes[][3] = {{1, 1, 1}, {33, 37, 13}, {64, 256, 24}, {389, 521, 101}};
+    static const size_t gemm_shapes[][3] = {{1, 1, 1}, {33, 37, 13}, {64, 256, 24}, {389, 521, 101}, {1601, 130, 13}};
     for (size_t s = 0; s < sizeof gemm_shapes / sizeof gemm_shapes[0]; s++)
         oom |= test_gemm(&rep, K, &g, gemm_shapes[s][0], gemm_shapes[s][1], gemm_shapes[s][2]);
     static const size_t vec_sizes[] = {1, 3, 17, 64, 1027};

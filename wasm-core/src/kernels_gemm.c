@@ -58,14 +58,16 @@ static void pack_acts(float *Ap, const float *X, size_t ldx, size_t t0, size_t m
     for (size_t p = 0; p * mr < mc; p++) {
         float *dst = Ap + p * kc * mr;
         const size_t tn = mc - p * mr < mr ? mc - p * mr : mr;
-        for (size_t i = 0; i < tn; i++) {
-            const float *x = X + (t0 + p * mr + i) * ldx + k0;
-            for (size_t k = 0; k < kc; k++)
-                dst[k * mr + i] = x[k];
+        const float *x = X + (t0 + p * mr) * ldx + k0;
+        /* written in order, read from mr rows at once (as pack_weights) */
+        for (size_t k = 0; k < kc; k++) {
+            float *d = dst + k * mr;
+            size_t i = 0;
+            for (; i < tn; i++)
+                d[i] = x[i * ldx + k];
+            for (; i < mr; i++)
+                d[i] = 0.0f;
         }
-        for (size_t i = tn; i < mr; i++)
-            for (size_t k = 0; k < kc; k++)
-                dst[k * mr + i] = 0.0f;
     }
 }
 

@@ -1349,7 +1349,7 @@ int main(void)
         /* GEMM: tails of every tile, two row blocks (KVL_GEMM_NC), column chunks (KVL_GEMM_KC)
          * with and without a tail, two token blocks (KVL_GEMM_MC) and a tail */
         static const size_t gs[][3] = {{1, 1, 1}, {3, 5, 2}, {32, 256, 12}, {33, 257, 13},
-                                       {17, 300, 17}, {70, 600, 97}, {400, 512, 25}, {385, 37, 200}};
+                                       {17, 300, 17}, {70, 600, 97}, {1601, 200, 25}, {385, 37, 200}};
         for (size_t i = 0; i < sizeof gs / sizeof gs[0]; i++)
             test_gemm(K, gs[i][0], gs[i][1], gs[i][2]);
         printf("test_kernels: level %s tested\n", K->name);
