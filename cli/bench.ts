@@ -20,7 +20,7 @@ import { BACKEND_REQUESTS, BackendError, type BackendRecord, chooseBackend } fro
 import type { BenchComparison, DecodeComparison, PromptComparison, SideMode } from "../host/bench/bench-compare.js";
 import { type Limits, loadLimits, measureLimits } from "../host/bench/bench-limits.js";
 import { type DecodeRecord, type PromptRecord, packBytes } from "../host/bench/bench-model.js";
-import { BENCH_PLANS, type BenchPlan, type BenchResult, type RunRecord, runBench } from "../host/bench/bench-run.js";
+import { BENCH_PLANS, type BenchPlan, type BenchResult, type ImageRecord, type RunRecord, runBench } from "../host/bench/bench-run.js";
 import { OVERRIDDEN_NOTE, RoutingRecorder, type Trace, checkTraceFits, parseRoutingList, readTrace } from "../host/bench/bench-routing.js";
 import type { BackendName } from "../host/core/core-api.js";
 import { checkOutputFile } from "../host/system/output-path.js";
@@ -45,6 +45,7 @@ interface BenchCliOptions extends ModelCliOptions {
   out?: string;
   routing: string;
   routingOut?: string;
+  image: number;
 }
 
 function integer(value: string): number {
@@ -274,6 +275,14 @@ export function markdownReport(results: ReadonlyArray<[string, BenchResult]>): s
   return out.join("\n");
 }
 
+/** One --image record: `== image 448x448 [native]: grid 32x32, 256 media tokens, encode ...`. */
+export function formatImage(r: ImageRecord): string {
+  const peak = r.ratio_to_fma_peak === null ? "no FMA peak measured" : `${(100 * r.ratio_to_fma_peak).toFixed(1)}% of the FMA peak`;
+  return `== image ${r.side}x${r.side} [${r.backend}, ${r.kernels}]: grid ${r.grid.join("x")}, ${r.media_tokens} media tokens, ` +
+    `encode ${r.encode_s[0].toFixed(2)} s (first, with CRC checks) / ${r.encode_s[1].toFixed(2)} s, ` +
+    `${(r.flops / 1e9).toFixed(1)} GFLOP at ${(r.flops_per_s / 1e9).toFixed(1)} GFLOP/s = ${peak}`;
+}
+
 // ---- the command ----------------------------------------------------------------------------
 
 async function runBenchCommand(model: string, opts: BenchCliOptions): Promise<void> {
@@ -310,9 +319,11 @@ async function runBenchCommand(model: string, opts: BenchCliOptions): Promise<vo
     model, backends, backendRequest: request, backendReason: reason, backendRecord: record, ramMib: opts.ramMib, cacheMib, trunkCacheMib,
     threads, promptLens, decodeTokens: opts.decodeTokens, warm: opts.warm === true, warmupTokens: opts.warmupTokens, maxBatch: opts.maxBatch, plan: opts.plan,
     seed: opts.seed, actDtype: opts.actDtype, kernels: opts.kernels, dropCaches: opts.dropCaches === true, membw: opts.membw, instances: opts.instances,
-    expertLookahead: opts.expertLookahead, routings, traces, recorder,
+    expertLookahead: opts.expertLookahead, routings, traces, recorder, imageSide: opts.image,
   }, pb, limits, (run) => {
     if (!opts.json) process.stdout.write(`${formatRun(run)}\n`);
+  }, (image) => {
+    if (!opts.json) process.stdout.write(`${formatImage(image)}\n`);
   });
   recorder?.write(opts.routingOut!);
   const text = JSON.stringify(result, null, 1);
@@ -363,6 +374,8 @@ export function addBenchCommand(program: Command): void {
       "any cache), trace:FILE (replay a JSONL routing trace: --routing-out or bench/routing-trace.ts). Any but model is flagged: " +
       "the tokens are not the model's", "model")
     .option("--routing-out <file>", "write the routing the first --routing model run took, token by token (JSONL, replayable with trace:FILE)")
+    .option("--image <side>", "after each backend's prompts, encode a random side x side image (the official preprocessing) twice: " +
+      "encode time and GFLOP/s of the vision tower and projector against the FMA peak (0 = no image)", nonNegativeInt, 0)
     .option("--json", "print one JSON object")
     .option("--out <file>", "also write the JSON to this file")
     .action(runBenchCommand);

@@ -279,6 +279,44 @@ describe("the plan a bench runs", () => {
   });
 });
 
+describe("--image", () => {
+  it("encodes a random image on each backend and reports its grid, media tokens, FLOP count and rate against the FMA peak", async () => {
+    const withFma = join(tmp.dir, "limits-fma.jsonl");
+    writeFileSync(withFma, `${readFileSync(limitsFile, "utf8")}${JSON.stringify({ mode: "fma", flops_per_s: 1e11 })}\n`);
+    const backend = nativeBuilt ? "both" : "wasm";
+    const result = benchJson(["--backend", backend, "--threads", "2", "--prompt-lens", "8", "--decode-tokens", "2", "--limits", withFma, "--image", "100"]);
+    expect(result.settings.image).toBe(100);
+    expect(result.images.map((r: Json) => r.backend)).toEqual(nativeBuilt ? ["native", "wasm"] : ["wasm"]);
+    const reader = await PackReader.open(pack);
+    const hp = (k: string): number => reader.hparams.get(k)!;
+    const patch = hp("vision.patch_size");
+    const [mh, mw] = [hp("vision.merge_kernel_h"), hp("vision.merge_kernel_w")];
+    // the official rule for a 100x100 image well under the token limit: padded up to whole merges
+    const side = Math.ceil(100 / (patch * mh)) * mh;
+    const d = hp("vision.hidden_size");
+    const n = side * side;
+    const width = d * mh * mw;
+    const flops = 2 * n * d * 3 * patch * patch +
+      hp("vision.num_hidden_layers") * (2 * n * (4 * d * d + 2 * d * hp("vision.intermediate_size")) + 4 * n * n * d) +
+      2 * (n / (mh * mw)) * (width * width + hp("text.hidden_size") * width);
+    const visionBytes = reader.stores.get("vision")!.records.reduce((t, r) => t + r.nbytes, 0);
+    for (const r of result.images) {
+      expect(r.side).toBe(100);
+      expect(r.grid).toEqual([side, side]);
+      expect(r.media_tokens).toBe(n / (mh * mw));
+      expect(r.flops).toBe(flops);
+      expect(r.encode_s).toHaveLength(2);
+      expect(r.flops_per_s).toBe(flops / r.encode_s[1]);
+      expect(r.ratio_to_fma_peak).toBe(r.flops_per_s / 1e11);
+      expect(r.vision_bytes_read).toBe(visionBytes); // every vision tensor once per encode
+    }
+    const text = bench([pack, "--backend", "wasm", "--threads", "2", "--prompt-lens", "8", "--decode-tokens", "2", "--limits", withFma, "--image", "100"]);
+    expect(text.status, text.stderr).toBe(0);
+    expect(text.stdout).toMatch(new RegExp(`^== image 100x100 \\[wasm, simd128(-relaxed)?\\]: grid ${side}x${side}, ${n / (mh * mw)} media tokens, ` +
+      "encode \\d+\\.\\d\\d s \\(first, with CRC checks\\) / \\d+\\.\\d\\d s, \\d+\\.\\d GFLOP at \\d+\\.\\d GFLOP/s = \\d+\\.\\d% of the FMA peak$", "m"));
+  });
+});
+
 describe("bad options", () => {
   it.each([
     [["--prompt-lens", "a,b"], /^kvl bench: error: --prompt-lens "a,b": give comma-separated integers/],

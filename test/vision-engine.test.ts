@@ -22,7 +22,8 @@
  *   (e) through the engine worker, encodeImages gives the direct call's bits; errors come back as
  *       the same classes; a model opened without vision refuses images with one clear UserError;
  *   (f) on one engine: grids at the position table's own size (bicubic = identity), with fewer
- *       rows and more columns, and with many more rows, within 1e-3 of the reference; an image's
+ *       rows and more columns, with many more rows, and with 612 patches (several blocks of
+ *       attention keys and query tiles), within 1e-3 of the reference; an image's
  *       rows are bit-identical whatever image precedes or follows it in the call; 4x3, 2x0,
  *       512x2 and 2x512 grids are refused naming the grid; every vision tensor is read from the
  *       store exactly once per call (the bytes of vision.idx's records); a vision index that
@@ -451,8 +452,11 @@ describe.each(BACKENDS)("more of the vision encoder's contract on %s", (backend)
   it("matches the reference where the position table is used as is, shrunk and stretched", () => {
     const { init_pos_emb_height: th, init_pos_emb_width: tw } = vision.cfg;
     const [mh, mw] = vision.cfg.merge_kernel_size;
-    // bicubic at the table's own size is the identity; fewer rows and more columns; many more rows
-    const grids: Array<[number, number]> = [[th, tw], [Math.max(mh, Math.floor(th / 2 / mh) * mh), tw + 2 * mw], [th + 4 * mh, mw]];
+    // bicubic at the table's own size is the identity; fewer rows and more columns; many more rows;
+    // 18x34 = 612 patches: attention over three blocks of keys (vision.c's ATTN_KEYS, 256, the
+    // last one partial) and seven tiles of queries (ATTN_QUERIES, 96, the last one partial), so
+    // the online softmax's rescaling across blocks is checked against the reference
+    const grids: Array<[number, number]> = [[th, tw], [Math.max(mh, Math.floor(th / 2 / mh) * mh), tw + 2 * mw], [th + 4 * mh, mw], [18, 34]];
     const engine = openEngine(backend);
     try {
       grids.forEach(([rows, cols], k) => {

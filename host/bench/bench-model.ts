@@ -79,6 +79,33 @@ function prefillFlops(pb: PackBytes, tokens: number): number {
   return 2.0 * tokens * pb.active_weight_elems + 2.0 * pb.hidden * pb.vocab;
 }
 
+/** MoonViT's shape, as the pack's hparams give it (vision.*), for visionFlops. */
+export interface VisionShape {
+  hidden: number;
+  intermediate: number;
+  layers: number;
+  patch: number;
+  merge: [number, number];
+  textHidden: number;
+}
+
+/**
+ * Multiply-adds x 2 of one image's encode (wasm-core/src/vision.c): the patch embedding, per
+ * block the QKV, output and MLP products plus attention's two products over the image's own
+ * patches (scores and values: 2 x 2 x patches^2 x hidden), and the projector's two products per
+ * merged token. The small ops (norms, GELU, softmax, RoPE) are not counted.
+ */
+export function visionFlops(v: VisionShape, grid: readonly [number, number]): number {
+  const n = grid[0] * grid[1];
+  const d = v.hidden;
+  const width = d * v.merge[0] * v.merge[1];
+  const merged = n / (v.merge[0] * v.merge[1]);
+  const embed = 2 * n * d * 3 * v.patch * v.patch;
+  const block = 2 * n * (4 * d * d + 2 * d * v.intermediate) + 4 * n * n * d;
+  const projector = 2 * merged * (width * width + v.textHidden * width);
+  return embed + v.layers * block + projector;
+}
+
 /** Reads the pack's indexes (validated by pack-format.ts) into PackBytes. */
 export async function packBytes(model: string): Promise<PackBytes> {
   const reader = await PackReader.open(model);

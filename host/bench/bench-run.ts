@@ -11,7 +11,9 @@
  * of each phase (the CRC checks of first reads among them: their share of the decode step); --membw probes around each decode; --drop-caches before each open; the peak
  * RSS of each run (VmHWM, reset before each engine open where Linux allows, after a garbage
  * collection so a closed run's WebAssembly memories are gone) against its plan; and the --json
- * record these make. Does not own: the bounds (bench-model.ts), the limits (bench-limits.ts),
+ * record these make; with --image SIDE, after a backend's prompts, a fresh engine with the vision
+ * tower encodes a random SIDE x SIDE image (the official preprocessing) twice: encode time and
+ * GFLOP/s of MoonViT + projector against the FMA peak. Does not own: the bounds (bench-model.ts), the limits (bench-limits.ts),
  * the native/wasm ratios (bench-compare.ts), rendering (cli/bench.ts).
  */
 import { writeFileSync } from "node:fs";
@@ -20,13 +22,15 @@ import { runInNewContext } from "node:vm";
 
 import { type BenchComparison, nativeOverWasm } from "./bench-compare.js";
 import { type Limits, dropPageCache, probeLimits } from "./bench-limits.js";
-import { type DecodeRecord, type LookaheadRecord, kvRowBytes, type PackBytes, type PromptRecord, adjacentBounds, decodeBounds, promptBounds } from "./bench-model.js";
+import { type DecodeRecord, type LookaheadRecord, kvRowBytes, type PackBytes, type PromptRecord, adjacentBounds, decodeBounds, promptBounds, visionFlops } from "./bench-model.js";
 import { randomPrompt } from "./bench-prompt.js";
 import { OVERRIDDEN_NOTE, type RoutingRecorder, type RoutingSpec, RunRouting, type Trace, routingLabel } from "./bench-routing.js";
 import type { BackendRecord } from "../core/backend.js";
 import { type BackendName, CoreError, type CoreSession, type EngineStats, type ExpertLookahead, type KernelChoice } from "../core/core-api.js";
 import { type HostedEngine, openHostedEngine } from "../engine/engine-host.js";
 import { type ThpMode, readThpMode } from "../core/huge-pages.js";
+import { loadPreprocessorConfig, preprocessImage } from "../image/image-preprocess.js";
+import { PackReader } from "../pack/pack-format.js";
 import { type ActDtypeChoice, actModeFor, actModeJson } from "../plan/act-mode.js";
 import { DEFAULT_MAX_BATCH, DEFAULT_MAX_CONTEXT } from "../plan/defaults.js";
 import { plan } from "../plan/planner.js";
@@ -76,6 +80,26 @@ interface BenchOptions {
   traces?: ReadonlyMap<string, Trace> | undefined;
   /** --routing-out: records the first run under the model's routing */
   recorder?: RoutingRecorder | undefined;
+  /** --image SIDE: also encode a random SIDE x SIDE image on each backend (0 or absent: no) */
+  imageSide?: number | undefined;
+}
+
+/** One image encode on one backend (--image): MoonViT + projector, timed twice. */
+export interface ImageRecord {
+  backend: BackendName;
+  /** the random image's side in pixels, and the patch grid the official preprocessing made */
+  side: number;
+  grid: [number, number];
+  media_tokens: number;
+  kernels: string;
+  /** the first includes the CRC checks of the vision tensors' first reads; the second does not */
+  encode_s: [number, number];
+  /** visionFlops (bench-model.ts): the products of the tower and projector */
+  flops: number;
+  flops_per_s: number;
+  /** flops_per_s / the FMA peak (null without one) */
+  ratio_to_fma_peak: number | null;
+  vision_bytes_read: number;
 }
 
 export interface RunRecord {
@@ -123,6 +147,8 @@ export interface BenchResult {
   limits: Limits;
   pack_bytes: PackBytes;
   runs: RunRecord[];
+  /** --image: one record per backend */
+  images?: ImageRecord[];
   native_over_wasm?: BenchComparison;
   peak_rss_bytes: number | null;
   /** whether VmHWM could be reset before each run (Linux); else peaks include all before */
@@ -380,12 +406,75 @@ async function benchOne(o: BenchOptions, backend: BackendName, n: number, pb: Pa
   return run;
 }
 
+/** A random RGB image (a seeded LCG, as bench/vision-bench.mjs draws it) through the official preprocessing. */
+function randomImage(model: string, side: number, merge: [number, number]): { pixelValues: Float32Array; grid: [number, number] } {
+  let state = side >>> 0;
+  const data = new Uint8Array(side * side * 3);
+  for (let i = 0; i < data.length; i++) {
+    state = (Math.imul(state, 1664525) + 1013904223) >>> 0;
+    data[i] = state >>> 24;
+  }
+  return preprocessImage({ width: side, height: side, mode: "RGB", data }, loadPreprocessorConfig(model, merge));
+}
+
+/** --image: a fresh engine with the vision tower, one random image encoded twice. */
+async function benchImage(o: BenchOptions, backend: BackendName, side: number, limits: Limits): Promise<ImageRecord> {
+  const hp = (await PackReader.open(o.model)).hparams;
+  const g = (key: string): number => {
+    const v = hp.get(key);
+    if (v === undefined) throw new UserError(`${o.model}: the pack's hparams lack '${key}'; rerun kvl pack`);
+    return v;
+  };
+  const merge: [number, number] = [g("vision.merge_kernel_h"), g("vision.merge_kernel_w")];
+  const { pixelValues, grid } = randomImage(o.model, side, merge);
+  const ramPlan = await plan(o.model, {
+    backend, ramMib: o.ramMib, loadVision: true, threads: o.threads, check: true, ...(o.instances !== undefined ? { instances: o.instances } : {}),
+  });
+  let hosted: HostedEngine;
+  try {
+    hosted = await openHostedEngine(backend, o.model, {
+      nThreads: ramPlan.nThreads, planned: ramPlan.instances, ...(o.kernels !== undefined ? { kernels: o.kernels } : {}),
+    });
+  } catch (err) {
+    if (err instanceof CoreError) throw new UserError(`the ${backend} engine refused ${o.model}: ${err.message}`);
+    throw err;
+  }
+  try {
+    const engine = hosted.engine;
+    const before = engine.stats().visionBytesRead;
+    const times: number[] = [];
+    let rows: Float32Array<ArrayBufferLike> = new Float32Array(0);
+    for (let r = 0; r < 2; r++) {
+      const t0 = now();
+      rows = engine.encodeImages(pixelValues, Int32Array.from(grid));
+      times.push(now() - t0);
+    }
+    const flops = visionFlops({
+      hidden: g("vision.hidden_size"), intermediate: g("vision.intermediate_size"), layers: g("vision.num_hidden_layers"),
+      patch: g("vision.patch_size"), merge, textHidden: g("text.hidden_size"),
+    }, grid);
+    const perS = flops / times[1]!;
+    return {
+      backend, side, grid, media_tokens: rows.length / engine.info().hiddenSize, kernels: engine.info().kernels,
+      encode_s: [times[0]!, times[1]!], flops, flops_per_s: perS,
+      ratio_to_fma_peak: limits.fma_flops_per_s ? perS / limits.fma_flops_per_s : null,
+      vision_bytes_read: (engine.stats().visionBytesRead - before) / 2,
+    };
+  } catch (err) {
+    if (err instanceof CoreError) throw new UserError(`${backend} engine: ${err.message}`);
+    throw err;
+  } finally {
+    hosted.close();
+  }
+}
+
 /**
  * Runs the benchmark: every prompt length on every backend asked for (native first), calling
  * onRun after each run. Limits and pack bytes are measured once by the caller, so both backends
  * are held against the same limits.
  */
-export async function runBench(o: BenchOptions, pb: PackBytes, limits: Limits, onRun: (run: RunRecord) => void = () => undefined): Promise<BenchResult> {
+export async function runBench(o: BenchOptions, pb: PackBytes, limits: Limits, onRun: (run: RunRecord) => void = () => undefined,
+  onImage: (image: ImageRecord) => void = () => undefined): Promise<BenchResult> {
   const lens = [...o.promptLens];
   if (!lens.length || Math.min(...lens) < 1 || o.decodeTokens < 1) throw new UserError("--prompt-lens needs positive lengths and --decode-tokens >= 1");
   const sizes = benchSizes(o);
@@ -398,7 +487,7 @@ export async function runBench(o: BenchOptions, pb: PackBytes, limits: Limits, o
       ram_mib: o.ramMib, plan: o.plan, cache_mib: o.cacheMib === "auto" ? o.cacheMib : Number(o.cacheMib), trunk_cache_mib: o.trunkCacheMib, threads: o.threads, prompt_lens: lens,
       decode_tokens: o.decodeTokens, warm: o.warm, max_batch: sizes.maxBatch, max_context: sizes.maxContext, seed: o.seed,
       drop_caches: o.dropCaches, act_dtype: o.actDtype, kernels: o.kernels ?? "auto", backend: o.backendRequest, instances: o.instances ?? null,
-      expert_lookahead: o.expertLookahead ?? "auto",
+      expert_lookahead: o.expertLookahead ?? "auto", image: o.imageSide ?? 0,
       routing: (o.routings ?? [{ kind: "model" }]).map(routingLabel),
     },
     limits, pack_bytes: pb, runs: [], peak_rss_bytes: null, peak_rss_reset: rssReset, ru_maxrss_bytes: 0,
@@ -415,6 +504,11 @@ export async function runBench(o: BenchOptions, pb: PackBytes, limits: Limits, o
         result.runs.push(run);
         onRun(run);
       }
+    }
+    if (o.imageSide) {
+      const image = await benchImage(o, backend, o.imageSide, limits);
+      (result.images ??= []).push(image);
+      onImage(image);
     }
   }
   // native / wasm on the first routing mode's runs (the model's, unless --routing says otherwise)

@@ -356,6 +356,9 @@ export function largestGrid(preprocessorConfig: unknown, merge: readonly [number
   return [...bestGrid];
 }
 
+/** KVL_GEMM_WORK_FLOATS of wasm-core/src/kernels.h: KC x NC + MC x KC + the largest tile. */
+const GEMM_WORK_FLOATS = 128 * 1536 + 96 * 128 + 512;
+
 /**
  * Working memory of one vision call (largest weight phase + FP32 activations), the shape of
  * wasm-core/src/vision.c's layout; the engine's
@@ -373,7 +376,8 @@ function visionCallEstimate(hp: ReadonlyMap<string, number>, patches: number, nT
   const block = 6 * bf16(d) + bf16(3 * d * d) + bf16(3 * d) + bf16(d * d) + bf16(inter * d) + bf16(inter) + bf16(d * inter);
   const proj = Math.max(4 * bf16(d) + bf16(width * width) + bf16(width), bf16(textHidden * width));
   const headDim = Math.floor(d / g("num_attention_heads"));
-  const activations = 4 * (2 * patches * d + patches * Math.max(3 * d, inter) + patches * headDim + nThreads * patches + 9 * d + inter + width);
+  // + each thread's packed panels of the blocked GEMM (KVL_GEMM_WORK_FLOATS, wasm-core/src/kernels.h)
+  const activations = 4 * (2 * patches * d + patches * Math.max(3 * d, inter) + patches * headDim + nThreads * (patches + GEMM_WORK_FLOATS) + 9 * d + inter + width);
   return Math.max(embed, block, proj) + activations;
 }
 

@@ -126,7 +126,38 @@ typedef struct kvl_kernels {
      * vectorised exp; agree with them to a few ulp. */
     void (*softmax)(float *x, size_t n);
     void (*gelu_tanh)(float *x, size_t n);
+
+    /* The register tile of the blocked GEMM (kernels_gemm.c, the vision tower's products):
+     * C[i*ldc + j] = (accumulate ? C[i*ldc + j] : 0) + sum_{k < kc} A[k*gemm_mr + i] * B[k*gemm_nr + j]
+     * for i < gemm_mr tokens, j < gemm_nr outputs, from packed panels (A: kc x mr, B: kc x nr,
+     * FP32). The sum over k runs in k order in one FP32 accumulator per output (fused multiply-add
+     * where the ISA has it, else a rounded product then the add) and is added to C once at the
+     * end, so every set computes the same order and differs only by fusing. gemm_nr is a whole
+     * number of the ISA's vectors; gemm_mr * gemm_nr accumulators fill its register file. */
+    int gemm_mr, gemm_nr;
+    void (*gemm_tile)(size_t kc, const float *A, const float *B, float *C, size_t ldc,
+                      int accumulate);
 } kvl_kernels;
+
+/* ---- blocked GEMM (kernels_gemm.c) -------------------------------------------------------
+ * Goto-style blocking over a table's gemm_tile: weights packed KVL_GEMM_KC columns x
+ * KVL_GEMM_NC rows at a time into FP32 panels of gemm_nr rows (once per call, reused by every
+ * token), activations KVL_GEMM_MC tokens x KVL_GEMM_KC columns at a time into panels of gemm_mr
+ * tokens (reused by every row panel); tiles at the edges run on zero-padded panels into a small
+ * buffer. Each output is the sum of its KVL_GEMM_KC-column chunks, each chunk summed in column
+ * order (gemm_tile): within (min(cols, KC) + ceil(cols / KC)) * u * sum|w x| of the exact sum,
+ * and the same on every thread split and token count. */
+#define KVL_GEMM_KC 128
+#define KVL_GEMM_NC 1536 /* a multiple of every gemm_nr (4, 8, 16, 32) */
+#define KVL_GEMM_MC 96  /* a multiple of every gemm_mr (4, 6, 12) */
+#define KVL_GEMM_MAX_TILE 512 /* gemm_mr * gemm_nr of every table */
+/* floats of the work buffer kvl_gemm_bf16 needs, per calling thread (64-byte aligned) */
+#define KVL_GEMM_WORK_FLOATS \
+    ((size_t)KVL_GEMM_KC * KVL_GEMM_NC + (size_t)KVL_GEMM_MC * KVL_GEMM_KC + KVL_GEMM_MAX_TILE)
+/* Y[t*ldy + r] = sum_c bf16(W[r, c]) * X[t*ldx + c], as matmul_bf16 (kernels.h layouts), on
+ * k's gemm_tile; work: KVL_GEMM_WORK_FLOATS floats of the caller's. */
+void kvl_gemm_bf16(const kvl_kernels *k, float *Y, size_t ldy, const uint16_t *W, size_t rows,
+                   size_t cols, const float *X, size_t ldx, size_t n, float *work);
 
 #define KVL_I16_MAX 16383    /* activation range of matmul_i16_i16 (4 products exact in int32) */
 #define KVL_I16_Q8_MAX 32767 /* activation range of matmul_q8_i16 */

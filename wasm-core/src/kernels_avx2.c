@@ -1051,6 +1051,37 @@ static void avx2_f32_to_bf16(uint16_t *dst, const float *src, size_t n)
         dst[i] = kvl_float_to_bf16(src[i]);
 }
 
+/* gemm_tile (kernels.h) on 6 tokens x 16 outputs: 12 ymm accumulators, 2 weight vectors and a
+ * broadcast in the 16 registers (the 6 x 16 tile of BLIS's Haswell kernel). */
+enum { GEMM_MR = 6, GEMM_NR = 16 };
+static void avx2_gemm_tile(size_t kc, const float *A, const float *B, float *C, size_t ldc,
+                           int accumulate)
+{
+    __m256 acc[GEMM_MR][2];
+    KVL_UNROLL
+    for (int i = 0; i < GEMM_MR; i++)
+        acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+    for (size_t k = 0; k < kc; k++) {
+        const __m256 b0 = _mm256_loadu_ps(B + k * GEMM_NR), b1 = _mm256_loadu_ps(B + k * GEMM_NR + 8);
+        KVL_UNROLL
+        for (int i = 0; i < GEMM_MR; i++) {
+            const __m256 a = _mm256_broadcast_ss(A + k * GEMM_MR + (size_t)i);
+            acc[i][0] = _mm256_fmadd_ps(a, b0, acc[i][0]);
+            acc[i][1] = _mm256_fmadd_ps(a, b1, acc[i][1]);
+        }
+    }
+    KVL_UNROLL
+    for (int i = 0; i < GEMM_MR; i++) {
+        float *c = C + (size_t)i * ldc;
+        if (accumulate) {
+            acc[i][0] = _mm256_add_ps(_mm256_loadu_ps(c), acc[i][0]);
+            acc[i][1] = _mm256_add_ps(_mm256_loadu_ps(c + 8), acc[i][1]);
+        }
+        _mm256_storeu_ps(c, acc[i][0]);
+        _mm256_storeu_ps(c + 8, acc[i][1]);
+    }
+}
+
 const kvl_kernels kvl_kernels_avx2_table = {
     "avx2",
     0,
@@ -1075,4 +1106,5 @@ const kvl_kernels kvl_kernels_avx2_table = {
     avx2_f32_to_bf16,
     kvl_softmax,   /* no AVX2 exp yet: the scalar references */
     kvl_gelu_tanh,
+    GEMM_MR, GEMM_NR, avx2_gemm_tile,
 };

@@ -17,7 +17,9 @@
  * edge of the 8-bit dot products' int16 pairs: an engine that computes relaxed SIMD wrongly is
  * caught here, and the host runs this report before it picks simd128-relaxed. The Q4 products
  * (matmul_q4*: cols a multiple of 32) are checked the same ways on shapes of their own, the 8-bit
- * one also on nibbles 0 and 15 with activations of +-127.
+ * one also on nibbles 0 and 15 with activations of +-127. The blocked GEMM (gemm_bf16: the
+ * driver of kernels_gemm.c over the set's gemm_tile) sums chunks of KVL_GEMM_KC columns in column
+ * order, so its bound is that order's (test_gemm).
  */
 #include "kernels.h"
 #include "kvl_core.h"
@@ -429,6 +431,59 @@ static int test_q4(report *rep, const kvl_kernels *K, const kvl_kernels *ref, rn
     return 0;
 }
 
+/* ---- blocked GEMM (kvl_gemm_bf16 over the table's gemm_tile) ----------------------------- */
+
+/* Against the double-precision sum, with the bound of its order (kernels.h): each chunk of
+ * KVL_GEMM_KC columns summed in column order, chunk sums added, so (min(cols, KC) + chunks + 16)
+ * u S; on shapes whose rows, columns and tokens end inside a tile, a panel and a block. */
+static int test_gemm(report *rep, const kvl_kernels *K, rng *g, size_t rows, size_t cols, size_t n)
+{
+    const size_t ldx = cols + 3, ldy = rows + 5;
+    uint16_t *w = malloc(rows * cols * sizeof *w);
+    float *x = malloc(n * ldx * sizeof *x), *y = malloc(n * ldy * sizeof *y);
+    float *work = malloc(KVL_GEMM_WORK_FLOATS * sizeof *work);
+    if (!w || !x || !y || !work) {
+        free(w), free(x), free(y), free(work);
+        return -1;
+    }
+    for (size_t i = 0; i < rows * cols; i++)
+        w[i] = kvl_float_to_bf16(rndf(g) * 0.05f);
+    for (size_t i = 0; i < n * ldx; i++)
+        x[i] = rndf(g);
+    for (size_t i = 0; i < n * ldy; i++)
+        y[i] = 12345.0f; /* every output must be written, the gaps left alone */
+    kvl_gemm_bf16(K, y, ldy, w, rows, cols, x, ldx, n, work);
+    const size_t chunks = (cols + KVL_GEMM_KC - 1) / KVL_GEMM_KC;
+    const double factor = (double)(cols < KVL_GEMM_KC ? cols : KVL_GEMM_KC) + (double)chunks + 16.0;
+    double worst = 0.0, worst_abs = 0.0, worst_bound = 0.0, gaps = 0.0;
+    for (size_t t = 0; t < n; t++) {
+        for (size_t r = 0; r < rows; r++) {
+            double exact = 0.0, mag = 0.0;
+            for (size_t c = 0; c < cols; c++) {
+                const double v = bf16_value(w[r * cols + c]) * (double)x[t * ldx + c];
+                exact += v;
+                mag += fabs(v);
+            }
+            const double bound = factor * U * mag + 1e-37;
+            const double err = fabs((double)y[t * ldy + r] - exact);
+            if (!(err / bound <= worst)) {
+                worst = isfinite(err) ? err / bound : INFINITY;
+                worst_abs = err;
+                worst_bound = bound;
+            }
+        }
+        for (size_t r = rows; r < ldy; r++)
+            gaps = fmax(gaps, fabs((double)y[t * ldy + r] - 12345.0));
+    }
+    char shape[80];
+    snprintf(shape, sizeof shape, "rows=%zu cols=%zu n=%zu", rows, cols, n);
+    check(rep, "gemm_bf16", shape, worst_abs, worst_bound);
+    snprintf(shape, sizeof shape, "rows=%zu cols=%zu n=%zu: Y outside the rows untouched", rows, cols, n);
+    check(rep, "gemm_bf16", shape, gaps, 0.0);
+    free(w), free(x), free(y), free(work);
+    return 0;
+}
+
 /* ---- vector ops ------------------------------------------------------------------------ */
 
 static int test_vectors(report *rep, const kvl_kernels *K, rng *g, size_t n)
@@ -600,6 +655,12 @@ KVL_API int kvl_kernels_conformance(const char *set_name, char *out, size_t out_
     for (size_t s = 0; s < sizeof q4_shapes / sizeof q4_shapes[0]; s++)
         oom |= test_q4(&rep, K, ref, &g, q4_shapes[s][0], q4_shapes[s][1], q4_shapes[s][2], 0);
     oom |= test_q4(&rep, K, ref, &g, 12, 224, 1, 1);
+    /* GEMM: one output; tails of every tile size; three column chunks (KC) with a tail and two
+     * token blocks (MC) with a tail; two row blocks (NC). Small, since the relaxed build's
+     * start-up self-test runs this report (tests/test_kernels.c has the large shapes). */
+    static const size_t gemm_shapes[][3] = {{1, 1, 1}, {33, 37, 13}, {50, 300, 100}, {1540, 3, 2}};
+    for (size_t s = 0; s < sizeof gemm_shapes / sizeof gemm_shapes[0]; s++)
+        oom |= test_gemm(&rep, K, &g, gemm_shapes[s][0], gemm_shapes[s][1], gemm_shapes[s][2]);
     static const size_t vec_sizes[] = {1, 3, 17, 64, 1027};
     for (size_t s = 0; s < sizeof vec_sizes / sizeof vec_sizes[0]; s++)
         oom |= test_vectors(&rep, K, &g, vec_sizes[s]);

@@ -359,6 +359,20 @@ static void ref_axpy_rows_f32(float *Y, size_t ldy, const float *A, size_t lda, 
             ref_axpy_f32(Y + h * ldy, A[h * lda + p], X + p * ldx, cols);
 }
 
+/* gemm_tile (kernels.h) on 4 tokens x 4 outputs: per output one FP32 sum in k order (product
+ * rounded, then added), added to C at the end. */
+static void ref_gemm_tile(size_t kc, const float *A, const float *B, float *C, size_t ldc,
+                          int accumulate)
+{
+    for (size_t i = 0; i < 4; i++)
+        for (size_t j = 0; j < 4; j++) {
+            float acc = 0.0f;
+            for (size_t k = 0; k < kc; k++)
+                acc += A[k * 4 + i] * B[k * 4 + j];
+            C[i * ldc + j] = accumulate ? C[i * ldc + j] + acc : acc;
+        }
+}
+
 const kvl_kernels kvl_kernels_scalar_table = {
     "scalar",
     0,
@@ -383,6 +397,7 @@ const kvl_kernels kvl_kernels_scalar_table = {
     ref_f32_to_bf16,
     kvl_softmax,
     kvl_gelu_tanh,
+    4, 4, ref_gemm_tile,
 };
 
 /* ---- scalar helpers -------------------------------------------------------------------- */

@@ -1278,6 +1278,38 @@ static void simd128_gelu_tanh(float *x, size_t n)
     }
 }
 
+/* gemm_tile (kernels.h) on 4 tokens x 8 outputs: 8 accumulators, 2 weight vectors, a broadcast
+ * and a product in the 16 registers V8 maps v128 onto on x86-64 (a 6-token tile spills there).
+ * No FMA in SIMD128: each product is rounded, then added, as the scalar reference does. */
+enum { GEMM_MR = 4, GEMM_NR = 8 };
+static void simd128_gemm_tile(size_t kc, const float *A, const float *B, float *C, size_t ldc,
+                              int accumulate)
+{
+    v128_t acc[GEMM_MR][2];
+    KVL_UNROLL
+    for (int i = 0; i < GEMM_MR; i++)
+        acc[i][0] = acc[i][1] = wasm_f32x4_splat(0.0f);
+    for (size_t k = 0; k < kc; k++) {
+        const v128_t b0 = wasm_v128_load(B + k * GEMM_NR), b1 = wasm_v128_load(B + k * GEMM_NR + 4);
+        KVL_UNROLL
+        for (int i = 0; i < GEMM_MR; i++) {
+            const v128_t a = wasm_v128_load32_splat(A + k * GEMM_MR + (size_t)i);
+            acc[i][0] = wasm_f32x4_add(acc[i][0], wasm_f32x4_mul(a, b0));
+            acc[i][1] = wasm_f32x4_add(acc[i][1], wasm_f32x4_mul(a, b1));
+        }
+    }
+    KVL_UNROLL
+    for (int i = 0; i < GEMM_MR; i++) {
+        float *c = C + (size_t)i * ldc;
+        if (accumulate) {
+            acc[i][0] = wasm_f32x4_add(wasm_v128_load(c), acc[i][0]);
+            acc[i][1] = wasm_f32x4_add(wasm_v128_load(c + 4), acc[i][1]);
+        }
+        wasm_v128_store(c, acc[i][0]);
+        wasm_v128_store(c + 4, acc[i][1]);
+    }
+}
+
 const kvl_kernels kvl_kernels_simd128_table = {
     "simd128",
     0,
@@ -1302,6 +1334,7 @@ const kvl_kernels kvl_kernels_simd128_table = {
     simd128_f32_to_bf16,
     simd128_softmax,
     simd128_gelu_tanh,
+    GEMM_MR, GEMM_NR, simd128_gemm_tile,
 };
 
 #if defined(KVL_WASM_RELAXED)
@@ -1331,6 +1364,7 @@ const kvl_kernels kvl_kernels_simd128_relaxed_table = {
     simd128_f32_to_bf16,
     simd128_softmax,
     simd128_gelu_tanh,
+    GEMM_MR, GEMM_NR, simd128_gemm_tile,
 };
 #endif
 

@@ -34,23 +34,25 @@
 
 enum {
     BF16_BYTES = 2,
-    /* queries per attention tile: the scores of one tile are one matmul against the image's
-     * keys, so the gathered keys/values are reused ATTN_QUERIES times */
-    ATTN_QUERIES = 32,
-    /* tokens per matmul call: keeps the activation chunk cache-resident while each thread
-     * streams its rows of the weight (the kernels compute every output element on its own,
-     * so the chunking does not change results; test/vision-engine.test.ts checks batch invariance) */
-    MATMUL_TOKENS = 64,
-    /* gathered keys/queries are zero-padded to this many floats so the score product's short
-     * contraction (the head size) has no scalar tail in any kernel (the zeros add exactly 0) */
-    ATTN_PAD = 16
+    /* queries per attention work item, a multiple of every table's gemm_mr: each block of
+     * keys and values is read from L2 once for this many queries */
+    ATTN_QUERIES = 96,
+    /* keys per block of the online softmax, a multiple of every gemm_nr: a block's scores are
+     * gemm_mr x ATTN_KEYS floats, whatever the image's size */
+    ATTN_KEYS = 256,
+    /* rows per thread of a product come in multiples of this, a multiple of every table's
+     * gemm_nr, so only a product's last panel is a partial one (kvl_gemm_bf16 blocks the rest:
+     * tokens, columns; each output's sum is the same on any split, and
+     * test/vision-engine.test.ts checks batch invariance) */
+    GEMM_ROW_GRAIN = 32,
 };
 
 static size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
 /* Dimensions and the byte layout of the single working allocation of one call. */
 typedef struct vision_plan {
-    size_t hidden, inter, heads, head_dim, head_dim_padded, patch_values, text_hidden;
+    size_t hidden, inter, heads, head_dim, head_dim_v, patch_values, text_hidden;
+    size_t mr, nr; /* the kernel table's GEMM tile */
     size_t merge_area, proj_width;
     size_t pos_h, pos_w, merge_h, merge_w;
     size_t n_images, n_tokens, n_merged, max_image_tokens;
@@ -93,6 +95,11 @@ static kvl_status check_hparams(const kvl_engine *engine)
                  (double)h->rope_theta);
         return fail(engine, KVL_ERR_CONFIG, msg);
     }
+    /* attention's blocks are whole tiles of the table's GEMM (job_attention) */
+    if (!engine->k || engine->k->gemm_mr <= 0 || engine->k->gemm_nr <= 0 ||
+        ATTN_QUERIES % engine->k->gemm_mr != 0 || ATTN_KEYS % engine->k->gemm_nr != 0)
+        return fail(engine, KVL_ERR_INTERNAL, "vision: no kernels selected, or a GEMM tile "
+                    "that does not divide the attention blocks");
     if (h->hidden % h->n_heads != 0 || (h->hidden / h->n_heads) % 4 != 0) {
         snprintf(msg, sizeof msg,
                  "vision hidden size %d with %d heads: the head size must be a whole multiple "
@@ -157,7 +164,8 @@ static kvl_status make_plan(const kvl_engine *engine, const int32_t *grids, int3
         double P = D * h->merge_h * h->merge_w, side = (double)pl->max_image_tokens;
         double weights = 4.0 * D * D + 2.0 * D * I + P * P + T * P + h->pos_h * D * h->pos_w;
         double acts = n * (3.0 * D + (3.0 * D > I ? 3.0 * D : I)) +
-                      pool_threads(engine) * side * (2.0 * D / h->n_heads + 16.0 + ATTN_QUERIES);
+                      pool_threads(engine) * (side * (2.0 * D / h->n_heads + 64.0) +
+                                              (double)KVL_GEMM_WORK_FLOATS);
         double estimate = 2.0 * weights + 4.0 * acts;
         if (estimate > (double)SIZE_MAX / 4) {
             snprintf(msg, sizeof msg, "vision: these %d image(s) would need about %.3g bytes of "
@@ -170,7 +178,9 @@ static kvl_status make_plan(const kvl_engine *engine, const int32_t *grids, int3
     pl->inter = (size_t)h->intermediate;
     pl->heads = (size_t)h->n_heads;
     pl->head_dim = pl->hidden / pl->heads;
-    pl->head_dim_padded = align_up(pl->head_dim, ATTN_PAD);
+    pl->mr = (size_t)engine->k->gemm_mr;
+    pl->nr = (size_t)engine->k->gemm_nr;
+    pl->head_dim_v = align_up(pl->head_dim, pl->nr);
     pl->patch_values = 3u * (size_t)h->patch * (size_t)h->patch;
     pl->text_hidden = (size_t)h->text_hidden;
     pl->merge_h = (size_t)h->merge_h;
@@ -205,12 +215,17 @@ static kvl_status make_plan(const kvl_engine *engine, const int32_t *grids, int3
         if (4 * D + P > pl->vec_floats) pl->vec_floats = 4 * D + P;
         if (T > pl->vec_floats) pl->vec_floats = T;
         pl->big_floats = pl->n_tokens * (3 * D > I ? 3 * D : I);
-        /* per thread: one head's keys [len, hd] and values transposed [hd, len] of an image,
-         * a tile of queries [ATTN_QUERIES, hd] and its scores [ATTN_QUERIES, len] */
-        pl->scratch_floats_per_thread = pl->max_image_tokens * pl->head_dim_padded +
-                                        pl->max_image_tokens * pl->head_dim +
-                                        ATTN_QUERIES * pl->head_dim_padded +
-                                        ATTN_QUERIES * pl->max_image_tokens;
+        /* per thread (job_attention): one head's keys and values of an image as GEMM panels,
+         * a work item's queries as panels, one panel's scores and probabilities for a block of
+         * keys, the item's outputs and its softmax state: O(image tokens), never tokens^2 */
+        pl->scratch_floats_per_thread = align_up(pl->max_image_tokens, pl->nr) * pl->head_dim +
+                                        pl->max_image_tokens * pl->head_dim_v +
+                                        ATTN_QUERIES * pl->head_dim +
+                                        2 * pl->mr * ATTN_KEYS +
+                                        ATTN_QUERIES * pl->head_dim_v + 2 * ATTN_QUERIES;
+        /* the products' packed panels (kvl_gemm_bf16) use the same scratch between attentions */
+        if (pl->scratch_floats_per_thread < KVL_GEMM_WORK_FLOATS)
+            pl->scratch_floats_per_thread = KVL_GEMM_WORK_FLOATS;
     }
 #undef AL
     off = pl->arena_bytes;
@@ -521,58 +536,116 @@ static void job_rope(const vision_job *j, size_t t)
     }
 }
 
-/* Attention of one image's tokens among themselves, tiled so both products are kernel matmuls.
+/* Attention of one image's tokens among themselves (flash-style): per work item (image, head,
+ * ATTN_QUERIES queries) the keys are taken ATTN_KEYS at a time, and for each panel of gemm_mr
+ * queries the block's scores S = Q K^T are GEMM tiles, the probabilities of the block are the
+ * table's softmax of each row (exp(s - m_b) / l_b), and O += P V (GEMM tiles) with P rescaled
+ * so that O, l and m stay those of the keys seen so far (the online softmax of FlashAttention):
+ *   M' = max(M, m_b), O *= e^(M - M'), P = softmax_b * l_b e^(m_b - M'), L = L e^(M - M') +
+ *   l_b e^(m_b - M'), with l_b = 1 / (softmax_b at its maximum, where exp gave exactly 1);
+ * at the end O / L. Nothing grows with tokens^2: the scores of one block of one panel only.
  * Items are (image, head, query tile) in that order, so a thread's consecutive items mostly share
- * the gathered keys/values; `cached` remembers which (image, head) the scratch holds. */
+ * the packed keys/values; `cached` remembers which (image, head) the scratch holds. */
 typedef struct attn_cache { size_t img, head; int valid; } attn_cache;
 
 static void job_attention(const vision_job *j, size_t item, float *scratch, attn_cache *cached)
 {
     const vision_plan *pl = j->pl;
-    size_t D = pl->hidden, hd = pl->head_dim, hdp = pl->head_dim_padded, stride = 3 * D;
-    size_t max_len = pl->max_image_tokens;
-    size_t img = find_image(j->img_qoff, pl->n_images, item);
-    size_t first = j->img_off[img], len = j->img_off[img + 1] - first;
-    size_t tiles = (len + ATTN_QUERIES - 1) / ATTN_QUERIES;
-    size_t local = item - j->img_qoff[img], head = local / tiles, tile = local % tiles;
-    size_t q0 = tile * ATTN_QUERIES, nq = len - q0 < ATTN_QUERIES ? len - q0 : ATTN_QUERIES;
-    float *keys = scratch;                        /* [len, hdp], zero padded */
-    float *vals_t = keys + max_len * hdp;         /* [hd, len] */
-    float *queries = vals_t + max_len * hd;       /* [nq, hdp], zero padded */
-    float *scores = queries + ATTN_QUERIES * hdp; /* [nq, len] */
-    float scale = (float)(1.0 / sqrt((double)hd));
-    size_t s, t, d;
+    const kvl_kernels *K = j->k;
+    const size_t D = pl->hidden, hd = pl->head_dim, hdv = pl->head_dim_v, stride = 3 * D;
+    const size_t mr = pl->mr, nr = pl->nr, max_len = pl->max_image_tokens;
+    const size_t img = find_image(j->img_qoff, pl->n_images, item);
+    const size_t first = j->img_off[img], len = j->img_off[img + 1] - first;
+    const size_t tiles = (len + ATTN_QUERIES - 1) / ATTN_QUERIES;
+    const size_t local = item - j->img_qoff[img], head = local / tiles, tile = local % tiles;
+    const size_t q0 = tile * ATTN_QUERIES;
+    const size_t nq = len - q0 < ATTN_QUERIES ? len - q0 : ATTN_QUERIES;
+    float *kp = scratch;                               /* key panels [len/nr][hd][nr] */
+    float *vp = kp + align_up(max_len, nr) * hd;      /* value panels [hdv/nr][len][nr] */
+    float *qp = vp + max_len * hdv;                   /* query panels [ATTN_QUERIES/mr][hd][mr] */
+    float *S = qp + ATTN_QUERIES * hd;                /* one panel's scores [mr][ATTN_KEYS] */
+    float *P = S + mr * ATTN_KEYS;                    /* its probabilities [ATTN_KEYS][mr] */
+    float *O = P + mr * ATTN_KEYS;                    /* outputs [ATTN_QUERIES][hdv] */
+    float *M = O + ATTN_QUERIES * hdv, *L = M + ATTN_QUERIES; /* running max and sum */
+    const float scale = (float)(1.0 / sqrt((double)hd));
+    size_t s, t, d, i;
     if (!cached->valid || cached->img != img || cached->head != head) {
-        for (s = 0; s < len; s++) {
-            const float *row = j->qkv + (first + s) * stride + head * hd;
-            memcpy(keys + s * hdp, row + D, hd * sizeof(float));
-            memset(keys + s * hdp + hd, 0, (hdp - hd) * sizeof(float));
+        const size_t lp = align_up(len, nr);
+        for (s = 0; s < lp; s++) {
+            const float *row = s < len ? j->qkv + (first + s) * stride + D + head * hd : NULL;
+            float *kdst = kp + (s / nr) * hd * nr + s % nr;
             for (d = 0; d < hd; d++)
-                vals_t[d * len + s] = row[2 * D + d];
+                kdst[d * nr] = row ? row[d] : 0.0f;
+        }
+        for (s = 0; s < len; s++) {
+            const float *row = j->qkv + (first + s) * stride + 2 * D + head * hd;
+            for (d = 0; d < hdv; d++)
+                vp[(d / nr) * len * nr + s * nr + d % nr] = d < hd ? row[d] : 0.0f;
         }
         cached->img = img;
         cached->head = head;
         cached->valid = 1;
     }
-    for (t = 0; t < nq; t++) {
-        memcpy(queries + t * hdp, j->qkv + (first + q0 + t) * stride + head * hd,
-               hd * sizeof(float));
-        memset(queries + t * hdp + hd, 0, (hdp - hd) * sizeof(float));
+    for (t = 0; t < align_up(nq, mr); t++) {
+        const float *row = t < nq ? j->qkv + (first + q0 + t) * stride + head * hd : NULL;
+        float *qdst = qp + (t / mr) * hd * mr + t % mr;
+        for (d = 0; d < hd; d++)
+            qdst[d * mr] = row ? row[d] : 0.0f;
     }
-    j->k->matmul_f32(scores, len, keys, len, hdp, queries, hdp, nq);
-    for (t = 0; t < nq; t++) {
-        float *row = scores + t * len;
-        for (s = 0; s < len; s++)
-            row[s] *= scale;
-        j->k->softmax(row, len);
-        /* Probabilities this small cannot change a sum that has a term >= 1/len, but as
-         * subnormal floats they make the next product many times slower on x86. */
-        for (s = 0; s < len; s++)
-            if (row[s] < ATTN_PROB_FLOOR)
-                row[s] = 0.0f;
+    memset(O, 0, ATTN_QUERIES * hdv * sizeof(float));
+    for (t = 0; t < ATTN_QUERIES; t++) {
+        M[t] = -INFINITY;
+        L[t] = 0.0f;
     }
-    j->k->matmul_f32(j->attn_out + (first + q0) * D + head * hd, D, vals_t, hd, len, scores, len,
-                     nq);
+    for (size_t k0 = 0; k0 < len; k0 += ATTN_KEYS) {
+        const size_t kb = len - k0 < ATTN_KEYS ? len - k0 : ATTN_KEYS;
+        for (size_t i0 = 0; i0 < nq; i0 += mr) {
+            const float *A = qp + (i0 / mr) * hd * mr;
+            for (size_t c = 0; c < kb; c += nr)
+                K->gemm_tile(hd, A, kp + ((k0 + c) / nr) * hd * nr, S + c, ATTN_KEYS, 0);
+            for (i = 0; i < mr; i++) {
+                float *row = S + i * ATTN_KEYS;
+                float m_b = -INFINITY, pmax, Mn, alpha, beta;
+                size_t arg = 0;
+                if (i0 + i >= nq) { /* a padding query: no probabilities */
+                    for (s = 0; s < kb; s++)
+                        P[s * mr + i] = 0.0f;
+                    continue;
+                }
+                for (s = 0; s < kb; s++) {
+                    row[s] *= scale;
+                    if (row[s] > m_b) {
+                        m_b = row[s];
+                        arg = s;
+                    }
+                }
+                K->softmax(row, kb);
+                pmax = row[arg]; /* exp(0) / l_b */
+                Mn = M[i0 + i] > m_b ? M[i0 + i] : m_b;
+                alpha = expf(M[i0 + i] - Mn); /* 0 on the first block (M = -inf) */
+                beta = expf(m_b - Mn) / pmax;
+                L[i0 + i] = L[i0 + i] * alpha + beta;
+                M[i0 + i] = Mn;
+                if (alpha != 1.0f)
+                    for (d = 0; d < hd; d++)
+                        O[(i0 + i) * hdv + d] *= alpha;
+                for (s = 0; s < kb; s++) {
+                    /* Probabilities this small cannot change a sum that has a term near 1, but
+                     * as subnormal floats they make the next product many times slower on x86. */
+                    const float p = row[s] * beta;
+                    P[s * mr + i] = p < ATTN_PROB_FLOOR ? 0.0f : p;
+                }
+            }
+            for (d = 0; d < hdv; d += nr)
+                K->gemm_tile(kb, P, vp + (d / nr) * len * nr + k0 * nr, O + i0 * hdv + d, hdv, 1);
+        }
+    }
+    for (t = 0; t < nq; t++) {
+        float *dst = j->attn_out + (first + q0 + t) * D + head * hd;
+        const float inv = 1.0f / L[t];
+        for (d = 0; d < hd; d++)
+            dst[d] = O[t * hdv + d] * inv;
+    }
 }
 
 static void job_merge(const vision_job *j, size_t m)
@@ -599,13 +672,12 @@ static void vision_worker(void *ctx, int ti, int nt)
     attn_cache cached;
     cached.valid = 0;
     if (j->op == OP_MATMUL) {
-        kvl_split_range(j->rows, 16, ti, nt, &begin, &end);
+        /* whole panels of every table's gemm_nr per thread; the blocked GEMM sums each output
+         * in the same order on any split, so results do not depend on the thread count */
+        kvl_split_range(j->rows, GEMM_ROW_GRAIN, ti, nt, &begin, &end);
         if (end > begin)
-            for (t = 0; t < j->n; t += MATMUL_TOKENS) {
-                size_t n = j->n - t < MATMUL_TOKENS ? j->n - t : MATMUL_TOKENS;
-                j->k->matmul_bf16(j->Y + t * j->ldy + begin, j->ldy, j->W + begin * j->cols,
-                                  end - begin, j->cols, j->X + t * j->ldx, j->ldx, n);
-            }
+            kvl_gemm_bf16(j->k, j->Y + begin, j->ldy, j->W + begin * j->cols, end - begin,
+                          j->cols, j->X, j->ldx, j->n, scratch);
         return;
     }
     kvl_split_range(j->count, 1, ti, nt, &begin, &end);

@@ -922,6 +922,84 @@ static void test_exp_based(const kvl_kernels *K, size_t n)
     free(y);
 }
 
+/* ---- blocked GEMM (kvl_gemm_bf16 over the table's gemm_tile) ---------------------------- */
+
+/* kernels.h defines the GEMM's order exactly: per output, each chunk of KVL_GEMM_KC columns
+ * summed in column order from 0 (fused on the x86 sets, product rounded then added on scalar and
+ * SIMD128), chunk sums added to the output in order. So every table must match this evaluation
+ * of the definition bit for bit, give the same bits for any row range and token subset (the
+ * engine's thread split and batching), and be within (min(cols, KC) + chunks + 1) u S of the
+ * exact sum. */
+static float gemm_definition(int fused, const uint16_t *w, const float *x, size_t cols)
+{
+    float y = 0.0f;
+    for (size_t k0 = 0; k0 < cols; k0 += KVL_GEMM_KC) {
+        float acc = 0.0f;
+        for (size_t k = k0; k < cols && k < k0 + KVL_GEMM_KC; k++) {
+            const float wv = (float)bf16_value(w[k]);
+            if (fused) {
+                acc = fmaf(wv, x[k], acc);
+            } else {
+                const float p = wv * x[k];
+                acc = acc + p;
+            }
+        }
+        y = k0 == 0 ? acc : y + acc;
+    }
+    return y;
+}
+
+static void test_gemm(const kvl_kernels *K, size_t rows, size_t cols, size_t n)
+{
+    const int fused = strncmp(K->name, "avx", 3) == 0;
+    const size_t ldx = cols + 5, ldy = rows + 3;
+    uint16_t *w = xmalloc(rows * cols * sizeof *w);
+    float *x = xmalloc(n * ldx * sizeof *x), *y = xmalloc(n * ldy * sizeof *y);
+    float *y2 = xmalloc(n * ldy * sizeof *y2);
+    float *work = xmalloc(KVL_GEMM_WORK_FLOATS * sizeof *work);
+    for (size_t i = 0; i < rows * cols; i++)
+        w[i] = (uint16_t)(f_to_bits(rnd_normalish() * 0.05f) >> 16);
+    for (size_t i = 0; i < n * ldx; i++)
+        x[i] = rnd_normalish();
+    kvl_gemm_bf16(K, y, ldy, w, rows, cols, x, ldx, n, work);
+    /* the same product cut as a thread split (rows from an odd offset) and in token batches */
+    const size_t rsplit = rows / 3, tsplit = n / 2;
+    kvl_gemm_bf16(K, y2, ldy, w, rsplit, cols, x, ldx, tsplit, work);
+    kvl_gemm_bf16(K, y2 + rsplit, ldy, w + rsplit * cols, rows - rsplit, cols, x, ldx, tsplit, work);
+    kvl_gemm_bf16(K, y2 + tsplit * ldy, ldy, w, rows, cols, x + tsplit * ldx, ldx, n - tsplit, work);
+    const double chunks = (double)((cols + KVL_GEMM_KC - 1) / KVL_GEMM_KC);
+    const double factor = (double)(cols < KVL_GEMM_KC ? cols : KVL_GEMM_KC) + chunks + 1.0;
+    int exact_ok = 1, split_ok = 1, bound_ok = 1;
+    double worst = 0.0;
+    for (size_t t = 0; t < n; t++)
+        for (size_t r = 0; r < rows; r++) {
+            const float got = y[t * ldy + r];
+            const float def = gemm_definition(fused, w + r * cols, x + t * ldx, cols);
+            if (f_to_bits(got) != f_to_bits(def))
+                exact_ok = 0;
+            if (f_to_bits(got) != f_to_bits(y2[t * ldy + r]))
+                split_ok = 0;
+            double exact = 0.0, mag = 0.0;
+            for (size_t c = 0; c < cols; c++) {
+                const double v = bf16_value(w[r * cols + c]) * (double)x[t * ldx + c];
+                exact += v;
+                mag += fabs(v);
+            }
+            const double err = fabs((double)got - exact), bound = factor * U * mag + 1e-37;
+            if (!(err <= bound))
+                bound_ok = 0;
+            worst = fmax(worst, err / bound);
+        }
+    char what[96];
+    snprintf(what, sizeof what, "gemm_bf16 rows=%zu cols=%zu n=%zu: the definition's bits", rows, cols, n);
+    check(exact_ok, K->name, what, "(%g %g)", 0, 0);
+    snprintf(what, sizeof what, "gemm_bf16 rows=%zu cols=%zu n=%zu: same bits split", rows, cols, n);
+    check(split_ok, K->name, what, "(%g %g)", 0, 0);
+    snprintf(what, sizeof what, "gemm_bf16 rows=%zu cols=%zu n=%zu: bound", rows, cols, n);
+    check(bound_ok, K->name, what, "worst err/bound %g (%g)", worst, 0);
+    free(w), free(x), free(y), free(y2), free(work);
+}
+
 static void test_bf16(const kvl_kernels *K, const kvl_kernels *ref)
 {
     size_t ncase = sizeof bf16_cases / sizeof bf16_cases[0];
@@ -1268,6 +1346,12 @@ int main(void)
         for (size_t i = 0; i < sizeof vn / sizeof vn[0]; i++)
             test_exp_based(K, vn[i]);
         test_bf16(K, ref);
+        /* GEMM: tails of every tile, two row blocks (KVL_GEMM_NC), column chunks (KVL_GEMM_KC)
+         * with and without a tail, two token blocks (KVL_GEMM_MC) and a tail */
+        static const size_t gs[][3] = {{1, 1, 1}, {3, 5, 2}, {32, 256, 12}, {33, 257, 13},
+                                       {17, 300, 17}, {70, 600, 97}, {1601, 200, 25}, {385, 37, 200}};
+        for (size_t i = 0; i < sizeof gs / sizeof gs[0]; i++)
+            test_gemm(K, gs[i][0], gs[i][1], gs[i][2]);
         printf("test_kernels: level %s tested\n", K->name);
     }
     printf("test_kernels: %d passed, %d failed\n", g_pass, g_fail);
