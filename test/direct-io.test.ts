@@ -67,7 +67,7 @@ describe("advice when a model's reads came out buffered", () => {
 describe("kvl doctor's text on each platform", () => {
   const record = {
     chosen: "native", requested: "auto", requestedBy: "default", reason: "auto: test",
-    native: { path: "kvl_core.node", present: true, loads: true, error: null, kernelSets: [{ name: "avx2", supported: true }], defaultKernelSet: "avx2" },
+    native: { path: "kvl_core.node", origin: "local build", skipped: [], present: true, loads: true, error: null, kernelSets: [{ name: "avx2", supported: true }], defaultKernelSet: "avx2" },
     wasm: { dist: "dist", present: true, features: { simd128: true, threads: true, relaxedSimd: true }, usable: true, error: null },
     cpu: { model: "test CPU", cores: 2, flags: ["avx2"] }, node: "v20.0.0", platform: "win32 x64",
   } as unknown as BackendRecord;

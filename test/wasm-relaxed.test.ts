@@ -82,7 +82,7 @@ describe("the relaxed build's self-test", () => {
     expect(selfTestsPass([row("simd128", 1, "softmax (n=3): 1 > 2e-06", false), row("simd128-relaxed", 0, null, true)])).toBe(false);
     const record = {
       chosen: "wasm", requested: "auto", requestedBy: "default", reason: "auto: test",
-      native: { path: "kvl_core.node", present: false, loads: false, error: "no addon", kernelSets: [], defaultKernelSet: null },
+      native: { path: "kvl_core.node", origin: null, skipped: [], present: false, loads: false, error: "no addon", kernelSets: [], defaultKernelSet: null },
       wasm: { dist: "dist", present: true, features: { simd128: true, threads: true, relaxedSimd: true }, usable: true, error: null },
       cpu: { model: "test CPU", cores: 2, flags: [] }, node: "v26.0.0", platform: "linux x64",
     } as unknown as BackendRecord;
