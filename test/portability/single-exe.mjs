@@ -11,7 +11,7 @@
 //   - the extracted files: one content-addressed folder, written by the first run and reused as it
 //     is by every later one (same inodes, no partial folder left), and an unwritable cache folder
 //     is a one-line error;
-//   - with the addon (build/addon/kvl_core.node) copied beside the executable: `kvl doctor` loads
+//   - with an addon (build/addon/kvl_core.node, else prebuilds/linux-x64's) copied beside the executable: `kvl doctor` loads
 //     that one instead and `kvl chat --backend native` gives the npm install's tokens.
 // kvl-linux-x64 natively; kvl-win-x64.exe under Wine (wine.mjs), copied alone into an empty folder
 // and run with no KVL_ADDON or NODE_PATH (sharp comes from the executable), its extracted files
@@ -39,7 +39,9 @@ import { mingwAddon, startWine, stopWine, wineLocalAppData, winPath, wineRun } f
 
 const tally = new Tally("single executables");
 const OUT = join(ROOT, "build", "exe");
-const ADDON = join(ROOT, "build", "addon", "kvl_core.node");
+/** The Linux addon a user would put beside the executable: a local build where there is one, else
+ * the committed prebuilt (a clean checkout's npm ci builds none when the prebuilt loads). */
+const ADDON = [join(ROOT, "build", "addon", "kvl_core.node"), join(ROOT, "prebuilds", "linux-x64", "kvl_core.node")].find((p) => existsSync(p));
 
 /** The sea-* folders under cacheDir/kvl (extracted or partial) and the inode of each file in them
  * (a rewrite makes new ones). */
