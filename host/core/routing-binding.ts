@@ -22,6 +22,16 @@ export class RoutingBinding {
   after(pos0: number, n: number): void {
     this.hook.taken?.(pos0, n, this.rows(), this.layerBegin, this.layerEnd);
   }
+
+  /** One forward of n tokens from pos0 with fill() before and taken() after it; without a
+   * binding, the forward alone (what both backends' sessions run every forward through). */
+  static around(binding: RoutingBinding | null, pos0: () => number, n: number, call: () => void): void {
+    if (binding === null) return call();
+    const start = pos0();
+    binding.before(start, n);
+    call();
+    binding.after(start, n);
+  }
 }
 
 /** Values in the rows of one hook: capacity x nLayers x topk. */

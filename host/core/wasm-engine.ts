@@ -401,12 +401,7 @@ class WasmSession implements CoreSession {
 
   /** One forward with the routing hook's fill() before and taken() after it. */
   #routed(n: number, call: () => void): void {
-    const r = this.#routing;
-    if (r === null) return call();
-    const pos0 = this.position();
-    r.before(pos0, n);
-    call();
-    r.after(pos0, n);
+    RoutingBinding.around(this.#routing, () => this.position(), n, call);
   }
 
   setRouting(hook: RoutingHook | null): void {
