@@ -21,18 +21,6 @@ import { type JsonObject, decodeUtf8Strict, isJsonObject, jsonText, parseJson } 
 import { requireFolder } from "./file-kind.js";
 import { UserError } from "../system/user-error.js";
 
-/** The version a pack with a BF16 trunk is written with (every pack before Q8_ROWS existed). */
-const FORMAT_VERSION = 1;
-/** The version of a pack holding Q8_ROWS records (`kvl pack --trunk-dtype q8`): a reader that
- * predates the dtype stops at the version ("repack with this kvl version") instead of calling
- * the index corrupt. This reader reads both. */
-const FORMAT_VERSION_Q8_ROWS = 2;
-/** The version of a pack holding Q4_EXPERT records (`kvl pack --expert-dtype q4`), whatever its
- * trunk: the same stop for readers that predate dtype 5. */
-const FORMAT_VERSION_Q4_EXPERT = 3;
-const FORMAT_VERSIONS: readonly number[] = [FORMAT_VERSION, FORMAT_VERSION_Q8_ROWS, FORMAT_VERSION_Q4_EXPERT];
-/** "1, 2 and 3": the versions this reader reads, as its refusals list them. */
-const VERSIONS_TEXT = `${FORMAT_VERSIONS.slice(0, -1).join(", ")} and ${FORMAT_VERSIONS.at(-1)}`;
 const IDX_MAGIC = "KVLIDX01";
 const HEADER_BYTES = 128;
 const HPARAM_RECORD_BYTES = 64;
@@ -59,7 +47,6 @@ export const DTYPE_Q8_EXPERT = 3;
 export const DTYPE_Q8_ROWS = 4;
 /** One routed expert's extent in 4 bits, groups of 32 with BF16 scales (format version 3): see q4ExpertLayout. */
 export const DTYPE_Q4_EXPERT = 5;
-export const DTYPE_NAMES: Readonly<Record<number, string>> = { 1: "BF16", 2: "F32", 3: "Q8_EXPERT", 4: "Q8_ROWS", 5: "Q4_EXPERT" };
 /** What `kvl pack --trunk-dtype` stores the trunk's Linear weights as. */
 export type TrunkDtype = "bf16" | "q8";
 export const TRUNK_DTYPES: readonly TrunkDtype[] = ["bf16", "q8"];
@@ -68,7 +55,6 @@ export type ExpertDtype = "q8" | "q4";
 export const EXPERT_DTYPES: readonly ExpertDtype[] = ["q8", "q4"];
 /** Q4_EXPERT: columns per scale group; I and H must be multiples of it. */
 export const Q4_GROUP = 32;
-const DTYPE_ITEMSIZE: Readonly<Record<number, number>> = { 1: 2, 2: 4 };
 
 /** Files copied verbatim from the source checkpoint (those that exist), in this order. */
 export const ASSET_FILES = [
@@ -161,6 +147,67 @@ export function q8RowsLayout(rows: number, cols: number): { scale: number; nbyte
   return { scale: Number(big.scale), nbytes: Number(big.nbytes) };
 }
 
+// ---------------------------------------------------------------------------------------------
+// Record dtypes
+
+/** One row per record dtype: everything decodeIndex checks that depends on the dtype. A new
+ * dtype is one row here, one in wasm-core/src/store.c dtype_rows, and its section of
+ * docs/FORMAT.md. */
+interface DtypeRow {
+  /** as FORMAT.md and the messages spell it */
+  readonly name: string;
+  /** the lowest format_version whose index may hold it (packs holding it say at least this) */
+  readonly minVersion: number;
+  /** the stores the packer writes it to (the engine checks which tensors may have it; the index
+   * readers accept any store) */
+  readonly stores: readonly StoreName[];
+  /** What is wrong with this shape for the dtype (the message after the record's label), or
+   * undefined; shape has ndim (1..4) entries. */
+  readonly shapeProblem: (shape: readonly bigint[]) => string | undefined;
+  /** data bytes of a record of this shape (one shapeProblem accepts) */
+  readonly nbytes: (shape: readonly bigint[]) => bigint;
+}
+
+const shapeText = (shape: readonly bigint[]): string => `[${shape.join(", ")}]`;
+const zeroDimension = (shape: readonly bigint[]): string | undefined =>
+  shape.some((d) => d === 0n) ? ` has a zero dimension in shape ${shapeText(shape)}` : undefined;
+const denseBytes = (itemsize: number) => (shape: readonly bigint[]): bigint => BigInt(itemsize) * shape.reduce((a, d) => a * d, 1n);
+
+const DTYPE_ROWS: Readonly<Record<number, DtypeRow>> = {
+  [DTYPE_BF16]: { name: "BF16", minVersion: 1, stores: ["trunk", "vision"], shapeProblem: zeroDimension, nbytes: denseBytes(2) },
+  [DTYPE_F32]: { name: "F32", minVersion: 1, stores: ["trunk"], shapeProblem: zeroDimension, nbytes: denseBytes(4) },
+  [DTYPE_Q8_EXPERT]: {
+    name: "Q8_EXPERT", minVersion: 1, stores: ["experts"],
+    shapeProblem: (shape) => shape.length !== 4 || shape[2] === 0n || shape[3] === 0n
+      ? `: Q8 expert records need shape [layer, expert, I, H] with I, H > 0, found ${shapeText(shape)}` : undefined,
+    nbytes: (shape) => expertLayoutBig(shape[2]!, shape[3]!).nbytes,
+  },
+  [DTYPE_Q8_ROWS]: {
+    name: "Q8_ROWS", minVersion: 2, stores: ["trunk"],
+    // store.c's bound: keeps rows * cols far from u64 overflow in both readers
+    shapeProblem: (shape) => zeroDimension(shape) ?? (shape.length !== 2 || shape[0]! > MAX_QUANT_DIM || shape[1]! > MAX_QUANT_DIM
+      ? `: Q8_ROWS records need shape [rows, cols] with 1 <= rows, cols <= ${MAX_QUANT_DIM}, found ${shapeText(shape)}` : undefined),
+    nbytes: (shape) => q8RowsLayoutBig(shape[0]!, shape[1]!).nbytes,
+  },
+  [DTYPE_Q4_EXPERT]: {
+    name: "Q4_EXPERT", minVersion: 3, stores: ["experts"],
+    // store.c's bounds: whole groups of 32, I and H at most MAX_EXPERT_DIM
+    shapeProblem: (shape) => shape.length !== 4 || shape[2] === 0n || shape[3] === 0n || shape[2]! % BigInt(Q4_GROUP) !== 0n ||
+        shape[3]! % BigInt(Q4_GROUP) !== 0n || shape[2]! > MAX_QUANT_DIM || shape[3]! > MAX_QUANT_DIM
+      ? `: Q4 expert records need shape [layer, expert, I, H] with I, H positive multiples of ${Q4_GROUP} ` +
+        `up to ${MAX_QUANT_DIM}, found ${shapeText(shape)}` : undefined,
+    nbytes: (shape) => q4ExpertLayoutBig(shape[2]!, shape[3]!).nbytes,
+  },
+};
+
+export const DTYPE_NAMES: Readonly<Record<number, string>> =
+  Object.fromEntries(Object.entries(DTYPE_ROWS).map(([dtype, row]) => [dtype, row.name]));
+/** The format versions this reader reads: 1 up to the newest a dtype needs. */
+const FORMAT_VERSIONS: readonly number[] = Array.from(
+  { length: Math.max(...Object.values(DTYPE_ROWS).map((row) => row.minVersion)) }, (_, i) => i + 1);
+/** "1, 2 and 3": the versions this reader reads, as its refusals list them. */
+const VERSIONS_TEXT = FORMAT_VERSIONS.length === 1 ? "1" : `${FORMAT_VERSIONS.slice(0, -1).join(", ")} and ${FORMAT_VERSIONS.at(-1)}`;
+
 export function expertRecordName(layer: number, expert: number): string {
   return `language_model.model.layers.${layer}.mlp.experts.${expert}`;
 }
@@ -213,10 +260,9 @@ interface StoreIndex {
 }
 
 function recordNbytesBig(dtype: number, shape: readonly bigint[]): bigint {
-  if (dtype === DTYPE_Q8_EXPERT) return expertLayoutBig(shape[2]!, shape[3]!).nbytes;
-  if (dtype === DTYPE_Q4_EXPERT) return q4ExpertLayoutBig(shape[2]!, shape[3]!).nbytes;
-  if (dtype === DTYPE_Q8_ROWS) return q8RowsLayoutBig(shape[0]!, shape[1]!).nbytes;
-  return BigInt(DTYPE_ITEMSIZE[dtype]!) * shape.reduce((a, d) => a * d, 1n);
+  const row = DTYPE_ROWS[dtype];
+  if (row === undefined) throw new Error(`unknown dtype ${dtype}`);
+  return row.nbytes(shape);
 }
 
 /** Exact data bytes of a record of this dtype and shape. */
@@ -229,21 +275,18 @@ function asciiBytes(text: string, what: string): Uint8Array {
   return Buffer.from(text, "latin1");
 }
 
-/** The format version of a pack holding these records: 3 as soon as one is Q4_EXPERT, else 2 as
- * soon as one is Q8_ROWS, else 1 (so a pack without them stays byte-identical to one written
- * before they existed). */
+/** The format version of a pack holding these records: the highest minVersion of their dtypes
+ * (3 as soon as one is Q4_EXPERT, else 2 as soon as one is Q8_ROWS, else 1), so a pack without
+ * a newer dtype stays byte-identical to one written before it existed. */
 export function formatVersionOf(records: Iterable<{ readonly dtype: number }>): number {
-  let version = FORMAT_VERSION;
-  for (const rec of records) {
-    if (rec.dtype === DTYPE_Q4_EXPERT) return FORMAT_VERSION_Q4_EXPERT;
-    if (rec.dtype === DTYPE_Q8_ROWS) version = FORMAT_VERSION_Q8_ROWS;
-  }
+  let version = 1;
+  for (const rec of records) version = Math.max(version, DTYPE_ROWS[rec.dtype]?.minVersion ?? 1);
   return version;
 }
 
 /** The complete .idx file bytes, CRC included (format_version as given: the pack's, formatVersionOf). */
 export function encodeIndex(kind: number, binSize: number, hparams: Iterable<readonly [string, number]>,
-  records: readonly TensorRecord[], configText: string, revision: string | null, version = FORMAT_VERSION): Uint8Array {
+  records: readonly TensorRecord[], configText: string, revision: string | null, version = 1): Uint8Array {
   const config = Buffer.from(configText, "utf8");
   const rev = asciiBytes(revision ?? "", "source revision");
   if (rev.length && rev.length !== 40) throw new Error(`source revision must be 40 hex characters, got ${jsonText(revision)}`);
@@ -375,36 +418,20 @@ export function decodeIndex(data: Uint8Array, where: string, expectedKind?: numb
     // names quoted as the C reader's messages quote them (cstr: ASCII, no NUL)
     const label = `${where}: tensor '${name}'`;
     if (byName.has(name)) throw new UserError(`${label} appears twice — ${corrupt}`);
-    if (DTYPE_NAMES[dtype] === undefined) throw new UserError(`${label} has unknown dtype ${dtype} — ${corrupt}`);
-    if (dtype === DTYPE_Q8_ROWS && version < FORMAT_VERSION_Q8_ROWS) {
-      throw new UserError(`${label} is Q8_ROWS, which needs format version ${FORMAT_VERSION_Q8_ROWS} (the index says ${version}) — ${corrupt}`);
-    }
-    if (dtype === DTYPE_Q4_EXPERT && version < FORMAT_VERSION_Q4_EXPERT) {
-      throw new UserError(`${label} is Q4_EXPERT, which needs format version ${FORMAT_VERSION_Q4_EXPERT} (the index says ${version}) — ${corrupt}`);
+    const row = DTYPE_ROWS[dtype];
+    if (row === undefined) throw new UserError(`${label} has unknown dtype ${dtype} — ${corrupt}`);
+    if (version < row.minVersion) {
+      throw new UserError(`${label} is ${row.name}, which needs format version ${row.minVersion} (the index says ${version}) — ${corrupt}`);
     }
     if (!(ndim >= 1 && ndim <= MAX_NDIM) || dims.slice(ndim).some((d) => d !== 0n)) {
       throw new UserError(`${label} has an invalid shape (ndim ${ndim}, dims [${dims.join(", ")}]) — ${corrupt}`);
     }
     const shape = dims.slice(0, ndim);
-    if (dtype !== DTYPE_Q8_EXPERT && dtype !== DTYPE_Q4_EXPERT && shape.some((d) => d === 0n)) {
-      throw new UserError(`${label} has a zero dimension in shape [${shape.join(", ")}] — ${corrupt}`);
-    }
-    if (dtype === DTYPE_Q8_EXPERT && (ndim !== 4 || shape[2] === 0n || shape[3] === 0n)) {
-      throw new UserError(`${label}: Q8 expert records need shape [layer, expert, I, H] with I, H > 0, found [${shape.join(", ")}] — ${corrupt}`);
-    }
-    // store.c's bounds: whole groups of 32, I and H at most MAX_EXPERT_DIM
-    if (dtype === DTYPE_Q4_EXPERT && (ndim !== 4 || shape[2] === 0n || shape[3] === 0n || shape[2]! % BigInt(Q4_GROUP) !== 0n ||
-        shape[3]! % BigInt(Q4_GROUP) !== 0n || shape[2]! > MAX_QUANT_DIM || shape[3]! > MAX_QUANT_DIM)) {
-      throw new UserError(`${label}: Q4 expert records need shape [layer, expert, I, H] with I, H positive multiples of ${Q4_GROUP} ` +
-        `up to ${MAX_QUANT_DIM}, found [${shape.join(", ")}] — ${corrupt}`);
-    }
-    // store.c's bound: keeps rows * cols far from u64 overflow in both readers
-    if (dtype === DTYPE_Q8_ROWS && (ndim !== 2 || shape[0]! > MAX_QUANT_DIM || shape[1]! > MAX_QUANT_DIM)) {
-      throw new UserError(`${label}: Q8_ROWS records need shape [rows, cols] with 1 <= rows, cols <= ${MAX_QUANT_DIM}, found [${shape.join(", ")}] — ${corrupt}`);
-    }
+    const shapeProblem = row.shapeProblem(shape);
+    if (shapeProblem !== undefined) throw new UserError(`${label}${shapeProblem} — ${corrupt}`);
     if (flags !== 0) throw new UserError(`${label} has nonzero flags ${flags} — ${corrupt}`);
     if (offset % BigInt(BIN_ALIGN)) throw new UserError(`${label} offset ${offset} is not a multiple of ${BIN_ALIGN} — ${corrupt}`);
-    const want = recordNbytesBig(dtype, shape);
+    const want = row.nbytes(shape);
     if (nbytes !== want) throw new UserError(`${label} is ${nbytes} bytes but its dtype and shape need ${want} — ${corrupt}`);
     if (offset < prevEnd) {
       throw new UserError(`${label} at offset ${offset} overlaps or precedes the previous record (which ends at ${prevEnd}) — ${corrupt}`);

@@ -22,14 +22,9 @@
 #define IDX_TENSOR_BYTES 192u
 #define IDX_HPARAM_KEY_BYTES 56u
 #define IDX_NAME_BYTES 128u
-#define IDX_FORMAT_VERSION 1u
-/* Packs holding Q8_ROWS records (kvl pack --trunk-dtype q8) say version 2, so a reader that
- * predates the dtype stops at the version instead of calling the index corrupt; this reader
- * reads both. */
-#define IDX_FORMAT_VERSION_Q8_ROWS 2u
-/* Packs holding Q4_EXPERT records (kvl pack --expert-dtype q4) say version 3, for the same
- * reason; this reader reads 1, 2 and 3. */
-#define IDX_FORMAT_VERSION_Q4_EXPERT 3u
+/* The versions this reader reads run from 1 to the highest min_version of dtype_rows below: a
+ * dtype that older readers cannot read raises the version packs holding it say, so such a reader
+ * stops at the version instead of calling the index corrupt (FORMAT.md "Versions"). */
 /* Q4_EXPERT: I and H are whole numbers of groups of this many columns */
 #define Q4_GROUP 32u
 /* Upper bound for an expert or Q8_ROWS dimension: keeps every layout product far from u64
@@ -203,6 +198,163 @@ static int cmp_rec_name(const void *a, const void *b) {
     return strcmp(ra->name, rb->name);
 }
 
+/* ------------------------------------------------------------------ dtype rows */
+
+/* Store kinds as bits, for dtype_row.stores */
+#define IN_TRUNK (1u << 1)
+#define IN_EXPERTS (1u << 2)
+#define IN_VISION (1u << 3)
+
+/* Fills *bytes with the data bytes a record of this dtype and shape holds; or returns 0 with the
+ * broken shape rule (the message after "<idx>: ") in why. Dimensions past ndim are already 0. */
+typedef int (*layout_bytes_fn)(const kvl_tensor_rec *t, uint32_t itemsize, uint64_t *bytes,
+                               char *why, size_t why_len);
+
+/* One row per record dtype: everything the reader checks that depends on the dtype. A new dtype
+ * is one row here (and its layout function), one in host/pack/pack-format.ts DTYPE_ROWS, and its
+ * section of docs/FORMAT.md. */
+typedef struct dtype_row {
+    uint32_t dtype;
+    const char *name;        /* as FORMAT.md and the messages spell it */
+    uint32_t min_version;    /* the lowest format_version whose index may hold it */
+    uint32_t stores;         /* IN_* bits: the stores the packer writes it to (the engine checks
+                              * which tensors may have it; the index reader accepts any store) */
+    uint32_t itemsize;       /* bytes an element, for dense dtypes (0: a packed layout) */
+    layout_bytes_fn layout_bytes;
+} dtype_row;
+
+/* BF16, F32: any shape of 1..4 nonzero dimensions, itemsize bytes an element */
+static int dense_bytes(const kvl_tensor_rec *t, uint32_t itemsize, uint64_t *bytes, char *why,
+                       size_t why_len) {
+    uint64_t elems = 1;
+    uint32_t d;
+    for (d = 0; d < t->ndim; d++) {
+        if (t->shape[d] == 0 || !mul_ok(elems, t->shape[d], &elems)) {
+            set_err(why, why_len, "tensor '%s' has an invalid shape (zero or overflowing dimension %u)",
+                    t->name, d);
+            return 0;
+        }
+    }
+    if (!mul_ok(elems, itemsize, bytes)) *bytes = 0;
+    return 1;
+}
+
+/* 1 if shape [L, E, I, H] has 1 <= I, H <= MAX_EXPERT_DIM (L and E identify the record; 0 is valid) */
+static int expert_shape_ok(const kvl_tensor_rec *t) {
+    return t->ndim == 4 && t->shape[2] != 0 && t->shape[3] != 0 && t->shape[2] <= MAX_EXPERT_DIM &&
+           t->shape[3] <= MAX_EXPERT_DIM;
+}
+
+static int q8_expert_bytes(const kvl_tensor_rec *t, uint32_t itemsize, uint64_t *bytes, char *why,
+                           size_t why_len) {
+    kvl_q8_layout lay;
+    (void)itemsize;
+    if (!expert_shape_ok(t)) {
+        set_err(why, why_len, "Q8 expert '%s' must have shape [L, E, I, H] with 1 <= I, H <= %u",
+                t->name, MAX_EXPERT_DIM);
+        return 0;
+    }
+    kvl_q8_layout_of(t->shape[2], t->shape[3], &lay);
+    *bytes = lay.nbytes;
+    return 1;
+}
+
+static int q4_expert_bytes(const kvl_tensor_rec *t, uint32_t itemsize, uint64_t *bytes, char *why,
+                           size_t why_len) {
+    kvl_q4_layout lay;
+    (void)itemsize;
+    if (!expert_shape_ok(t) || t->shape[2] % Q4_GROUP != 0 || t->shape[3] % Q4_GROUP != 0) {
+        set_err(why, why_len, "Q4 expert '%s' must have shape [L, E, I, H] with 1 <= I, H <= %u, "
+                "both multiples of %u; the index is corrupt, rerun `kvl pack`", t->name,
+                MAX_EXPERT_DIM, Q4_GROUP);
+        return 0;
+    }
+    kvl_q4_layout_of(t->shape[2], t->shape[3], &lay);
+    *bytes = lay.nbytes;
+    return 1;
+}
+
+static int q8_rows_bytes(const kvl_tensor_rec *t, uint32_t itemsize, uint64_t *bytes, char *why,
+                         size_t why_len) {
+    kvl_q8_rows_layout lay;
+    (void)itemsize;
+    if (t->ndim != 2 || t->shape[0] == 0 || t->shape[1] == 0 || t->shape[0] > MAX_EXPERT_DIM ||
+        t->shape[1] > MAX_EXPERT_DIM) {
+        set_err(why, why_len, "Q8_ROWS tensor '%s' must have shape [rows, cols] with 1 <= rows, "
+                "cols <= %u", t->name, MAX_EXPERT_DIM);
+        return 0;
+    }
+    kvl_q8_rows_layout_of(t->shape[0], t->shape[1], &lay);
+    *bytes = lay.nbytes;
+    return 1;
+}
+
+static const dtype_row dtype_rows[] = {
+    {KVL_DTYPE_BF16, "BF16", 1, IN_TRUNK | IN_VISION, 2, dense_bytes},
+    {KVL_DTYPE_F32, "F32", 1, IN_TRUNK, 4, dense_bytes},
+    {KVL_DTYPE_Q8_EXPERT, "Q8_EXPERT", 1, IN_EXPERTS, 0, q8_expert_bytes},
+    {KVL_DTYPE_Q8_ROWS, "Q8_ROWS", 2, IN_TRUNK, 0, q8_rows_bytes},
+    {KVL_DTYPE_Q4_EXPERT, "Q4_EXPERT", 3, IN_EXPERTS, 0, q4_expert_bytes},
+};
+#define N_DTYPE_ROWS (sizeof dtype_rows / sizeof dtype_rows[0])
+
+static const dtype_row *dtype_row_of(uint32_t dtype) {
+    size_t i;
+    for (i = 0; i < N_DTYPE_ROWS; i++)
+        if (dtype_rows[i].dtype == dtype) return &dtype_rows[i];
+    return NULL;
+}
+
+/* The newest format_version this reader reads (versions 1 up to it). */
+static uint32_t newest_format_version(void) {
+    uint32_t v = 1;
+    size_t i;
+    for (i = 0; i < N_DTYPE_ROWS; i++)
+        if (dtype_rows[i].min_version > v) v = dtype_rows[i].min_version;
+    return v;
+}
+
+/* "1, 2 and 3": the versions read, as the version refusal lists them */
+static void versions_text(char *out, size_t out_len) {
+    uint32_t v, newest = newest_format_version();
+    size_t used = 0;
+    out[0] = 0;
+    for (v = 1; v <= newest && used < out_len; v++) {
+        int n = snprintf(out + used, out_len - used, "%s%u", v == 1 ? "" : v == newest ? " and " : ", ", v);
+        if (n < 0) break;
+        used += (size_t)n;
+    }
+}
+
+/* Checks one tensor record's dtype-dependent fields: known dtype, allowed in this version, shape
+ * rule, nbytes from the layout. */
+static kvl_status check_record_dtype(const char *path, const kvl_tensor_rec *t, uint32_t version,
+                                     char *err, size_t err_len) {
+    const dtype_row *row = dtype_row_of(t->dtype);
+    char why[256];
+    uint64_t want = 0;
+    if (!row) {
+        set_err(err, err_len, "%s: tensor '%s' has unknown dtype %u", path, t->name, t->dtype);
+        return KVL_ERR_FORMAT;
+    }
+    if (version < row->min_version) {
+        set_err(err, err_len, "%s: tensor '%s' is %s, which needs format version %u (the index says "
+                "%u); the index is corrupt, rerun `kvl pack`", path, t->name, row->name,
+                row->min_version, version);
+        return KVL_ERR_FORMAT;
+    }
+    if (!row->layout_bytes(t, row->itemsize, &want, why, sizeof why)) {
+        set_err(err, err_len, "%s: %s", path, why);
+        return KVL_ERR_FORMAT;
+    }
+    if (want == 0 || t->nbytes != want) {
+        set_err(err, err_len, "%s: tensor '%s' has nbytes %llu but its dtype and shape need %llu",
+                path, t->name, (unsigned long long)t->nbytes, (unsigned long long)want);
+        return KVL_ERR_FORMAT;
+    }
+    return KVL_OK;
+}
+
 /* Reads a whole (small) file into a malloc'd buffer. */
 static kvl_status read_whole_file(const char *path, unsigned char **out, uint64_t *out_len,
                                   char *err, size_t err_len) {
@@ -273,11 +425,11 @@ static kvl_status parse_index(kvl_store *s, const unsigned char *buf, uint64_t s
         return KVL_ERR_FORMAT;
     }
     version = rd32(buf + 8);
-    if (version != IDX_FORMAT_VERSION && version != IDX_FORMAT_VERSION_Q8_ROWS &&
-        version != IDX_FORMAT_VERSION_Q4_EXPERT) {
-        set_err(err, err_len, "%s: format version %u, this runtime reads versions %u, %u and %u; "
-                "repack with this version's `kvl pack`", path, version, IDX_FORMAT_VERSION,
-                IDX_FORMAT_VERSION_Q8_ROWS, IDX_FORMAT_VERSION_Q4_EXPERT);
+    if (version < 1 || version > newest_format_version()) {
+        char versions[64];
+        versions_text(versions, sizeof versions);
+        set_err(err, err_len, "%s: format version %u, this runtime reads versions %s; "
+                "repack with this version's `kvl pack`", path, version, versions);
         return KVL_ERR_FORMAT;
     }
     kind = rd32(buf + 12);
@@ -391,7 +543,7 @@ static kvl_status parse_index(kvl_store *s, const unsigned char *buf, uint64_t s
                                  (size_t)i * IDX_TENSOR_BYTES;
         kvl_tensor_rec *t = &s->recs[i];
         uint32_t d;
-        uint64_t want = 0;
+        kvl_status st;
         if (!has_nul((const char *)r, IDX_NAME_BYTES) || r[0] == 0) {
             set_err(err, err_len, "%s: tensor record %u has an empty or unterminated name", path, i);
             return KVL_ERR_FORMAT;
@@ -419,70 +571,7 @@ static kvl_status parse_index(kvl_store *s, const unsigned char *buf, uint64_t s
                 return KVL_ERR_FORMAT;
             }
         }
-        if (t->dtype == KVL_DTYPE_BF16 || t->dtype == KVL_DTYPE_F32) {
-            uint64_t elems = 1;
-            for (d = 0; d < t->ndim; d++) {
-                if (t->shape[d] == 0 || !mul_ok(elems, t->shape[d], &elems)) {
-                    set_err(err, err_len, "%s: tensor '%s' has an invalid shape (zero or overflowing "
-                            "dimension %u)", path, t->name, d);
-                    return KVL_ERR_FORMAT;
-                }
-            }
-            if (!mul_ok(elems, t->dtype == KVL_DTYPE_BF16 ? 2u : 4u, &want)) want = 0;
-        } else if (t->dtype == KVL_DTYPE_Q8_EXPERT) {
-            kvl_q8_layout lay;
-            /* shape [L, E, I, H]: L and E identify the record (0 is valid); I, H size it */
-            if (t->ndim != 4 || t->shape[2] == 0 || t->shape[3] == 0 ||
-                t->shape[2] > MAX_EXPERT_DIM || t->shape[3] > MAX_EXPERT_DIM) {
-                set_err(err, err_len, "%s: Q8 expert '%s' must have shape [L, E, I, H] with "
-                        "1 <= I, H <= %u", path, t->name, MAX_EXPERT_DIM);
-                return KVL_ERR_FORMAT;
-            }
-            kvl_q8_layout_of(t->shape[2], t->shape[3], &lay);
-            want = lay.nbytes;
-        } else if (t->dtype == KVL_DTYPE_Q4_EXPERT) {
-            kvl_q4_layout lay;
-            if (version < IDX_FORMAT_VERSION_Q4_EXPERT) {
-                set_err(err, err_len, "%s: tensor '%s' is Q4_EXPERT, which needs format version %u "
-                        "(the index says %u); the index is corrupt, rerun `kvl pack`", path,
-                        t->name, IDX_FORMAT_VERSION_Q4_EXPERT, version);
-                return KVL_ERR_FORMAT;
-            }
-            if (t->ndim != 4 || t->shape[2] == 0 || t->shape[3] == 0 ||
-                t->shape[2] > MAX_EXPERT_DIM || t->shape[3] > MAX_EXPERT_DIM ||
-                t->shape[2] % Q4_GROUP != 0 || t->shape[3] % Q4_GROUP != 0) {
-                set_err(err, err_len, "%s: Q4 expert '%s' must have shape [L, E, I, H] with "
-                        "1 <= I, H <= %u, both multiples of %u; the index is corrupt, rerun "
-                        "`kvl pack`", path, t->name, MAX_EXPERT_DIM, Q4_GROUP);
-                return KVL_ERR_FORMAT;
-            }
-            kvl_q4_layout_of(t->shape[2], t->shape[3], &lay);
-            want = lay.nbytes;
-        } else if (t->dtype == KVL_DTYPE_Q8_ROWS) {
-            kvl_q8_rows_layout lay;
-            if (version < IDX_FORMAT_VERSION_Q8_ROWS) {
-                set_err(err, err_len, "%s: tensor '%s' is Q8_ROWS, which needs format version %u "
-                        "(the index says %u); the index is corrupt, rerun `kvl pack`", path,
-                        t->name, IDX_FORMAT_VERSION_Q8_ROWS, version);
-                return KVL_ERR_FORMAT;
-            }
-            if (t->ndim != 2 || t->shape[0] == 0 || t->shape[1] == 0 ||
-                t->shape[0] > MAX_EXPERT_DIM || t->shape[1] > MAX_EXPERT_DIM) {
-                set_err(err, err_len, "%s: Q8_ROWS tensor '%s' must have shape [rows, cols] with "
-                        "1 <= rows, cols <= %u", path, t->name, MAX_EXPERT_DIM);
-                return KVL_ERR_FORMAT;
-            }
-            kvl_q8_rows_layout_of(t->shape[0], t->shape[1], &lay);
-            want = lay.nbytes;
-        } else {
-            set_err(err, err_len, "%s: tensor '%s' has unknown dtype %u", path, t->name, t->dtype);
-            return KVL_ERR_FORMAT;
-        }
-        if (want == 0 || t->nbytes != want) {
-            set_err(err, err_len, "%s: tensor '%s' has nbytes %llu but its dtype and shape need %llu",
-                    path, t->name, (unsigned long long)t->nbytes, (unsigned long long)want);
-            return KVL_ERR_FORMAT;
-        }
+        if ((st = check_record_dtype(path, t, version, err, err_len)) != KVL_OK) return st;
         if (t->offset % KVL_PAGE != 0) {
             set_err(err, err_len, "%s: tensor '%s' offset %llu is not a multiple of %u", path,
                     t->name, (unsigned long long)t->offset, KVL_PAGE);
