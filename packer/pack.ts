@@ -35,7 +35,7 @@ import {
   type CompleteMarker, PackReader, crc32, encodeCompleteMarker, encodeIndex, expertRecordName, formatVersionOf, q8RowsLayout,
   recordNbytes,
 } from "../host/pack/pack-format.js";
-import { JsonTextError, decodeUtf8Strict, isJsonObject, parseJson } from "../host/pack/json-file.js";
+import { JsonTextError, decodeUtf8Strict, isJsonObject, parseJson } from "../host/system/json-file.js";
 import { UserError } from "../host/system/user-error.js";
 import { fsyncDir, writeAllAt, writeAtomic } from "./durable-io.js";
 import { PINNED_REPO, PINNED_REVISION } from "./hub.js";

@@ -16,7 +16,7 @@ import { closeSync, fsyncSync, openSync, readFileSync, readdirSync, renameSync, 
 import { type FileHandle, open, stat } from "node:fs/promises";
 import { basename, join, resolve, sep } from "node:path";
 
-import { JsonTextError, isJsonObject, jsonText, parseJson } from "../host/pack/json-file.js";
+import { JsonTextError, isJsonObject, jsonText, parseJson } from "../host/system/json-file.js";
 import { UserError } from "../host/system/user-error.js";
 import { isDir, isFile } from "../host/pack/file-kind.js";
 

@@ -17,7 +17,7 @@ import { open } from "node:fs/promises";
 import { join } from "node:path";
 
 import { type TensorInfo, formatShape } from "../host/pack/model-spec.js";
-import { JsonTextError, isJsonObject, parseJson } from "../host/pack/json-file.js";
+import { JsonTextError, isJsonObject, parseJson } from "../host/system/json-file.js";
 import { UserError } from "../host/system/user-error.js";
 import { ASSET_NAMES, INDEX_NAME, SINGLE_NAME, SafetensorsFile, findRevision, readIndex } from "./safetensors.js";
 import { isDir, isFile } from "../host/pack/file-kind.js";

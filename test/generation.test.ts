@@ -1,5 +1,5 @@
 /**
- * Replies generated in the engine worker (host/text/generation.ts through host/engine/engine-client.ts), on
+ * Replies generated in the engine worker (host/engine/generation.ts through host/engine/engine-client.ts), on
  * both backends and on a forced 2-instance split: greedy replies equal the float64 reference's,
  * the prefix of a resent conversation is reused and changes nothing, stop ids end a reply
  * without emitting or stepping them, banned ids are never sampled, the stop flag ends a reply
@@ -9,7 +9,7 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 
 import { EngineClient, type ClientSession } from "../host/engine/engine-client.js";
-import type { GenerationRequest } from "../host/text/generation.js";
+import type { GenerationRequest } from "../host/engine/generation.js";
 import { argmax } from "./reference/math.js";
 import { TextReference } from "./reference/text.js";
 import { tempDir, tinyPack } from "./support/pack-fixtures.js";

@@ -13,7 +13,7 @@ const ROOT = join(dirname(fileURLToPath(import.meta.url)), "..");
 const SOURCE_DIRS = ["host", "cli", "server", "packer"];
 
 /** The wings of host/, bottom first: a wing may import its own files and the wings before it. */
-const HOST_WINGS = ["system", "pack", "core", "image", "text", "plan", "engine", "bench"];
+const HOST_WINGS = ["system", "image", "text", "pack", "core", "plan", "engine", "bench"];
 
 function sourceFiles(dir: string): string[] {
   return readdirSync(join(ROOT, dir), { recursive: true, encoding: "utf8" })

@@ -14,7 +14,7 @@ import { Worker } from "node:worker_threads";
 import { type BackendName, KVL_ERR_CORRUPT, KVL_ERR_IO, CoreError, CorruptPackError, PackReadError, type EngineInfo, type EngineStats, type LogitsMode, type SessionOptions } from "../core/core-api.js";
 import type { HostedEngineOptions } from "./engine-host.js";
 import type { EngineReply, EngineRequest, SerializedError } from "./engine-protocol.js";
-import type { GenerationRequest, GenerationResult } from "../text/generation.js";
+import type { GenerationRequest, GenerationResult } from "./generation.js";
 import { packageRoot } from "../system/paths.js";
 import { UserError } from "../system/user-error.js";
 

@@ -16,7 +16,7 @@ import { readFileSync } from "node:fs";
 import { join } from "node:path";
 
 import type { BackendName, CoreBackend, CoreEngine, EngineOptions } from "../core/core-api.js";
-import { parseJson } from "../pack/json-file.js";
+import { parseJson } from "../system/json-file.js";
 import { textDims } from "../pack/model-spec.js";
 import { NativeBackend, loadNativeAddon } from "../core/native-backend.js";
 import { nativeAddonPath } from "../system/paths.js";

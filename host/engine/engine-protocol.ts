@@ -5,7 +5,7 @@
  */
 import type { BackendName, EngineInfo, EngineStats, LogitsMode, SessionOptions } from "../core/core-api.js";
 import type { HostedEngineOptions } from "./engine-host.js";
-import type { GenerationRequest, GenerationResult } from "../text/generation.js";
+import type { GenerationRequest, GenerationResult } from "./generation.js";
 
 export type EngineRequest =
   | { id: number; type: "open"; backend: BackendName; packDir: string; options: HostedEngineOptions }

@@ -13,7 +13,7 @@ import { parentPort } from "node:worker_threads";
 
 import { CoreError } from "../core/core-api.js";
 import { type HostedEngine, openHostedEngine } from "./engine-host.js";
-import { GenerationSession } from "../text/generation.js";
+import { GenerationSession } from "./generation.js";
 import { GrammarEngine } from "../text/grammar/token-mask.js";
 import type { EngineReply, EngineRequest, SerializedError } from "./engine-protocol.js";
 import { UserError, fsUserError } from "../system/user-error.js";

@@ -28,7 +28,7 @@ import { join } from "node:path";
 
 import type { DecodedImage } from "./image-decode.js";
 import { ROPE_GRID_LIMIT } from "./image-budget.js";
-import { JsonTextError, isJsonObject, jsonText, parseJson } from "../pack/json-file.js";
+import { JsonTextError, isJsonObject, jsonText, parseJson } from "../system/json-file.js";
 import { UserError } from "../system/user-error.js";
 
 

@@ -13,7 +13,7 @@
  * config.json is parsed with JSON.parse (json-file.ts), which has one number type: an integer field
  * takes any integral number (`2048.0` is 2048), a number field any number; a boolean is neither.
  */
-import { type JsonObject, isJsonObject, jsonText } from "./json-file.js";
+import { type JsonObject, isJsonObject, jsonText } from "../system/json-file.js";
 import { UserError } from "../system/user-error.js";
 
 // Fixed by the official modelling code, not present in config.json.

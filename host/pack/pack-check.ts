@@ -14,7 +14,7 @@ import { isDeepStrictEqual } from "node:util";
 import { isFile } from "./file-kind.js";
 import { expectedTensors, hparams, isTrunkLinear, textDims } from "./model-spec.js";
 import { COMPLETE_FILE, DTYPE_BF16, DTYPE_F32, DTYPE_NAMES, DTYPE_Q4_EXPERT, DTYPE_Q8_EXPERT, DTYPE_Q8_ROWS, PackReader } from "./pack-format.js";
-import { parseJson } from "./json-file.js";
+import { parseJson } from "../system/json-file.js";
 import { UserError } from "../system/user-error.js";
 
 /** Files besides the stores that the runtime reads (tokenizer, template, vision preprocessing). */

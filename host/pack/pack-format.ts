@@ -17,7 +17,7 @@ import { open } from "node:fs/promises";
 import { join } from "node:path";
 import { crc32 as zlibCrc32 } from "node:zlib";
 
-import { type JsonObject, decodeUtf8Strict, isJsonObject, jsonText, parseJson } from "./json-file.js";
+import { type JsonObject, decodeUtf8Strict, isJsonObject, jsonText, parseJson } from "../system/json-file.js";
 import { requireFolder } from "./file-kind.js";
 import { UserError } from "../system/user-error.js";
 

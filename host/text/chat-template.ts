@@ -18,7 +18,7 @@ import { join } from "node:path";
 
 import { Environment, Interpreter, Template } from "@huggingface/jinja";
 
-import { decodeUtf8Strict, isJsonObject, parseJson } from "../pack/json-file.js";
+import { decodeUtf8Strict, isJsonObject, parseJson } from "../system/json-file.js";
 import { UserError } from "../system/user-error.js";
 
 /** One item of a list content: {"type": "text", "text": ...}, {"type": "image"}, or any HF shape. */

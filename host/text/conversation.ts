@@ -15,7 +15,7 @@
 import { createHash, randomBytes } from "node:crypto";
 
 import { type ChatTemplate, type TemplateContentItem, type TemplateMessage, expandMedia } from "./chat-template.js";
-import { jsonText } from "../pack/json-file.js";
+import { jsonText } from "../system/json-file.js";
 import type { Tokenizer } from "./tokenizer.js";
 import { UserError } from "../system/user-error.js";
 
@@ -179,7 +179,7 @@ export function commonPrefix(a: readonly PositionKey[], b: readonly PositionKey[
 }
 
 /** One string per media position, in prompt order (`digest:row`): the media keys of a
- * GenerationRequest (host/text/generation.ts), which compares keys as strings. */
+ * GenerationRequest (host/engine/generation.ts), which compares keys as strings. */
 export function mediaKeyStrings(prompt: Prompt): string[] {
   const out: string[] = [];
   for (const key of prompt.keys) if (typeof key !== "number") out.push(`${key.digest}:${key.row}`);

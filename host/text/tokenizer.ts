@@ -23,7 +23,7 @@ import { join } from "node:path";
 import type { Tiktoken } from "tiktoken";
 
 import { requireDependency } from "../system/paths.js";
-import { isJsonObject, jsonText, parseJson } from "../pack/json-file.js";
+import { isJsonObject, jsonText, parseJson } from "../system/json-file.js";
 import { PATTERN } from "./tokenizer-pattern.js";
 import { UserError } from "../system/user-error.js";
 

@@ -7,7 +7,7 @@
  * TokenMask, one reply's matcher: the mask before each sample, each sampled token fed back.
  * Everything here lives in the worker's own xgrammar instance; after an xgrammar abort it is all
  * rebuilt on the next use.
- * Does not own: the token loop (generation.ts), what a spec means (grammar-spec.ts).
+ * Does not own: the token loop (host/engine/generation.ts), what a spec means (grammar-spec.ts).
  */
 import { type GrammarSpec, grammarKey, grammarSource } from "./grammar-spec.js";
 import { Utf8State, Utf8Tables } from "./utf8-mask.js";

@@ -18,8 +18,8 @@
  * reply that ends on a stop id is complete, and one cut by max_new_tokens ends "length".
  */
 import { type CoreBackend, type SamplerParams, CoreError, type CoreSession } from "../core/core-api.js";
-import type { GrammarSpec } from "./grammar/grammar-spec.js";
-import type { GrammarEngine, TokenMask } from "./grammar/token-mask.js";
+import type { GrammarSpec } from "../text/grammar/grammar-spec.js";
+import type { GrammarEngine, TokenMask } from "../text/grammar/token-mask.js";
 
 export interface GenerationRequest {
   /** The whole conversation's prompt, generation prompt included. */
