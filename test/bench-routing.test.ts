@@ -197,6 +197,21 @@ describe("trace statistics and the generator", () => {
     const skewed = trace(Array.from({ length: 400 }, (_, t) => [[t % 3 === 0 ? 0 : 1 + ((t - Math.floor(t / 3) - 1) % 3)]]));
     expect(simulatePolicy(skewed, 1, 4, 1, 2, "lru", 8)).toBe(0);
     expect(simulatePolicy(skewed, 1, 4, 1, 2, "frequency", 8)).toBe(131 / 392);
+    // adaptive: the LRU shadow never hits here, the frequency one does, so it evicts by frequency
+    expect(simulatePolicy(skewed, 1, 4, 1, 2, "adaptive", 8)).toBe(131 / 392);
+  });
+
+  it("policy simulation: adaptive follows the better rule at each size, on calibrated and uniform routing", () => {
+    const M = KIMI_SHAPE.moeLayers.length;
+    const E = KIMI_SHAPE.nRouted;
+    const K = KIMI_SHAPE.topk;
+    const calibrated = generateTrace(KIMI_SHAPE, { ...DEFAULT_PARAMS, tokens: 600 });
+    const uniform = generateTrace(KIMI_SHAPE, { ...DEFAULT_PARAMS, tokens: 600, zipf: 0, keep: 0, recall: 0, cross: 0 });
+    for (const [ids, fraction] of [[calibrated, 0.06], [calibrated, 0.18], [uniform, 0.18]] as const) {
+      const capacity = Math.round(fraction * M * E);
+      const [lru, frequency, adaptive] = (["lru", "frequency", "adaptive"] as const).map((p) => simulatePolicy(ids, M, E, K, capacity, p, 64));
+      expect(adaptive, `${fraction}: lru ${lru}, frequency ${frequency}`).toBeGreaterThanOrEqual(Math.max(lru!, frequency!) - 0.01);
+    }
   });
 
   it("the defaults meet the published figures they are calibrated to", () => {
