@@ -11,7 +11,7 @@
  * (a Q4 pack's plan differs only in the slot size: trunk and KV are the same). Resident extents
  * C of all N; a token reads K extents in each of the M MoE layers. Hit rates:
  *   - uniform: C / N, the most any policy can hit when picks are independent of the past;
- *   - each trace: the plain-LRU and frequency-policy hit rates simulated on it with exactly C
+ *   - each trace: the plain-LRU, frequency and adaptive (default) policies' hit rates simulated on it with exactly C
  *     (bench/routing-trace.ts simulatePolicy: the policy alone, no pins or read-ahead).
  * Missed bytes a token = (1 - hit) x M x K x the padded extent; the read rate is the limits
  * file's direct read (what kvl bench divides by). `serial` adds compute (no overlap), `overlap`
@@ -80,7 +80,8 @@ async function run(pack: string, limitsFile: string, traces: Array<[string, stri
       const modes: Array<[string, number]> = [["uniform (C/N, no policy beats it)", C / N]];
       for (const { name, trace } of loaded) {
         modes.push([`${name}, LRU`, simulatePolicy(trace.ids, M, E, K, C, "lru", 64)]);
-        modes.push([`${name}, frequency (default policy)`, simulatePolicy(trace.ids, M, E, K, C, "frequency", 64)]);
+        modes.push([`${name}, frequency`, simulatePolicy(trace.ids, M, E, K, C, "frequency", 64)]);
+        modes.push([`${name}, adaptive (default policy)`, simulatePolicy(trace.ids, M, E, K, C, "adaptive", 64)]);
       }
       for (const [label, hit] of modes) {
         const missed = (1 - hit) * M * K * padded;

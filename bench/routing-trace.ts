@@ -154,12 +154,14 @@ export function generateTrace(shape: TraceShape, p: GeneratorParams): Int32Array
 }
 
 /**
- * Cache policies simulated: plain LRU; the expert cache's default (fewest recent uses, then least
- * recently used); and candidates that mix the two, `mix:L`: the victim is the smallest
- * last use + L x (recent uses) x (picks of one token), so each recent use buys L tokens of recency
- * (L = 0 is LRU; a large L is the frequency policy).
+ * Cache policies simulated: plain LRU; the frequency rule (fewest recent uses, then least
+ * recently used); `adaptive`, the expert cache's default (expert_cache.c duel_record): two
+ * key-only shadows of the same capacity, one by each rule, and evictions by whichever shadow hit
+ * more lately (hits halved every (layers x experts) acquisitions); and candidates that mix the
+ * two rules, `mix:L`: the victim is the smallest last use + L x (recent uses) x (picks of one
+ * token), so each recent use buys L tokens of recency (L = 0 is LRU; a large L is frequency).
  */
-export type Policy = "lru" | "frequency" | `mix:${number}`;
+export type Policy = "lru" | "frequency" | "adaptive" | `mix:${number}`;
 
 export interface PolicyCurve {
   policy: Policy;
@@ -181,6 +183,39 @@ export interface TraceStats {
 
 export const RESIDENT_FRACTIONS = [0.06, 0.12, 0.18, 0.25, 0.36, 0.5, 0.73];
 
+/** A set of at most `capacity` keys (a cache's directory: no data). */
+class Directory {
+  readonly resident: Int32Array;
+  readonly slotOf: Int32Array;
+  used = 0;
+  constructor(readonly capacity: number, keys: number) {
+    this.resident = new Int32Array(capacity).fill(-1);
+    this.slotOf = new Int32Array(keys).fill(-1);
+  }
+
+  has(key: number): boolean {
+    return this.slotOf[key]! >= 0;
+  }
+
+  /** Takes key in (it is not in): a free place, else the coldest unpinned key's; none: not kept. */
+  insert(key: number, pinned: Uint8Array, colder: (a: number, b: number) => boolean): void {
+    let slot: number;
+    if (this.used < this.capacity) slot = this.used++;
+    else {
+      slot = -1;
+      for (let s = 0; s < this.capacity; s++) {
+        const v = this.resident[s]!;
+        if (pinned[v]) continue;
+        if (slot < 0 || colder(v, this.resident[slot]!)) slot = s;
+      }
+      if (slot < 0) return; // every place holds this layer's picks: read, not kept
+      this.slotOf[this.resident[slot]!] = -1;
+    }
+    this.resident[slot] = key;
+    this.slotOf[key] = slot;
+  }
+}
+
 /**
  * Hit rate of one policy with `capacity` extents over the trace, accesses in decode order (token
  * by token, MoE layer by layer, a layer's K picks), the first `warm` tokens not counted.
@@ -189,23 +224,28 @@ export function simulatePolicy(ids: Int32Array, M: number, E: number, K: number,
   const mix = policy.startsWith("mix:") ? Number(policy.slice(4)) * M * K : -1;
   const tokens = ids.length / (M * K);
   const keys = M * E;
-  const lastUse = new Float64Array(keys).fill(-1); // -1: not resident
+  const lastUse = new Float64Array(keys).fill(-1);
   const uses = new Uint32Array(keys);
-  const resident = new Int32Array(capacity).fill(-1);
-  const slotOf = new Int32Array(keys).fill(-1);
-  let used = 0;
+  const pinned = new Uint8Array(keys);
+  const lru = (a: number, b: number): boolean => lastUse[a]! < lastUse[b]!;
+  const frequency = (a: number, b: number): boolean => (uses[a] !== uses[b] ? uses[a]! < uses[b]! : lastUse[a]! < lastUse[b]!);
+  const mixed = (a: number, b: number): boolean => lastUse[a]! + mix * uses[a]! < lastUse[b]! + mix * uses[b]!;
+  const cache = new Directory(capacity, keys);
+  // adaptive: the two shadows and their recent hits
+  const shadows = policy === "adaptive" ? [new Directory(capacity, keys), new Directory(capacity, keys)] : [];
+  const shadowHits = [0, 0];
+  let sinceHalving = 0;
   let clock = 0;
   let sinceAging = 0;
   let hits = 0;
   let counted = 0;
-  const pinned = new Uint8Array(keys);
   for (let t = 0; t < tokens; t++) {
     for (let m = 0; m < M; m++) {
       const at = (t * M + m) * K;
       for (let k = 0; k < K; k++) pinned[m * E + ids[at + k]!] = 1; // a layer never evicts its own picks
       for (let k = 0; k < K; k++) {
         const key = m * E + ids[at + k]!;
-        const hit = slotOf[key]! >= 0;
+        const hit = cache.has(key);
         if (t >= warm) {
           counted++;
           if (hit) hits++;
@@ -217,25 +257,19 @@ export function simulatePolicy(ids: Int32Array, M: number, E: number, K: number,
             sinceAging = 0;
           }
         }
+        shadows.forEach((shadow, i) => {
+          if (shadow.has(key)) shadowHits[i]!++;
+          else shadow.insert(key, pinned, i === 0 ? lru : frequency);
+        });
+        if (shadows.length && ++sinceHalving >= keys) {
+          shadowHits[0] = shadowHits[0]! >>> 1;
+          shadowHits[1] = shadowHits[1]! >>> 1;
+          sinceHalving = 0;
+        }
         if (!hit) {
-          let slot: number;
-          if (used < capacity) slot = used++;
-          else {
-            slot = -1;
-            for (let s = 0; s < capacity; s++) {
-              const v = resident[s]!;
-              if (pinned[v]) continue;
-              if (slot < 0) { slot = s; continue; }
-              const b = resident[slot]!;
-              const colder = mix >= 0 ? lastUse[v]! + mix * uses[v]! < lastUse[b]! + mix * uses[b]!
-                : policy === "frequency" && uses[v] !== uses[b] ? uses[v]! < uses[b]! : lastUse[v]! < lastUse[b]!;
-              if (colder) slot = s;
-            }
-            if (slot < 0) continue; // every slot holds this layer's picks: read, not kept
-            slotOf[resident[slot]!] = -1;
-          }
-          resident[slot] = key;
-          slotOf[key] = slot;
+          const colder = policy === "lru" ? lru : policy === "frequency" ? frequency : mix >= 0 ? mixed
+            : shadowHits[1]! >= shadowHits[0]! ? frequency : lru;
+          cache.insert(key, pinned, colder);
         }
         lastUse[key] = ++clock;
       }
@@ -284,7 +318,7 @@ export function traceStats(ids: Int32Array, M: number, E: number, K: number, fra
     top += sorted.slice(0, per).reduce((a, b) => a + b, 0) / (tokens * K);
   }
   const warm = Math.min(64, Math.floor(tokens / 10));
-  const curves: PolicyCurve[] = (["lru", "frequency"] as const).map((policy) => ({
+  const curves: PolicyCurve[] = (["lru", "frequency", "adaptive"] as const).map((policy) => ({
     policy, resident: [...fractions],
     hit: fractions.map((f) => simulatePolicy(ids, M, E, K, Math.max(K, Math.round(f * M * E)), policy, warm)),
   }));

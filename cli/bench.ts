@@ -22,7 +22,7 @@ import { type Limits, loadLimits, measureLimits } from "../host/bench/bench-limi
 import { type DecodeRecord, type PromptRecord, packBytes } from "../host/bench/bench-model.js";
 import { BENCH_PLANS, type BenchPlan, type BenchResult, type ImageRecord, type RunRecord, runBench } from "../host/bench/bench-run.js";
 import { OVERRIDDEN_NOTE, RoutingRecorder, type Trace, checkTraceFits, parseRoutingList, readTrace } from "../host/bench/bench-routing.js";
-import type { BackendName } from "../host/core/core-api.js";
+import { type BackendName, CACHE_POLICIES, type CachePolicy } from "../host/core/core-api.js";
 import { checkOutputFile } from "../host/system/output-path.js";
 import { UserError } from "../host/system/user-error.js";
 import { type ModelCliOptions, addModelOptions, nonNegativeInt, positiveInt } from "./options.js";
@@ -45,7 +45,21 @@ interface BenchCliOptions extends ModelCliOptions {
   out?: string;
   routing: string;
   routingOut?: string;
+  cachePolicy: string;
   image: number;
+}
+
+/** --cache-policy: a comma list of adaptive, frequency and lru, each named once. */
+export function parseCachePolicyList(text: string): CachePolicy[] {
+  const out: CachePolicy[] = [];
+  for (const raw of text.split(",")) {
+    const item = raw.trim();
+    const policy = CACHE_POLICIES.find((p) => p === item);
+    if (policy === undefined) throw new UserError(`--cache-policy ${JSON.stringify(text)}: ${JSON.stringify(item)} is not ${CACHE_POLICIES.join(", ")}`);
+    if (out.includes(policy)) throw new UserError(`--cache-policy ${JSON.stringify(text)} names ${policy} twice`);
+    out.push(policy);
+  }
+  return out;
 }
 
 function integer(value: string): number {
@@ -119,8 +133,8 @@ function units(run: RunRecord): string {
 /** One run's block of text: backend and instances in its header, then each phase against its bound. */
 function formatRun(run: RunRecord): string {
   const info = run.info as Record<string, unknown>;
-  const routed = run.routing === "model" ? "" : `, routing ${run.routing}: ${OVERRIDDEN_NOTE}` +
-    (run.trace_wrapped ? " (the trace wrapped around)" : "");
+  const routed = (run.routing === "model" ? "" : `, routing ${run.routing}: ${OVERRIDDEN_NOTE}` +
+    (run.trace_wrapped ? " (the trace wrapped around)" : "")) + `, expert cache ${run.cache_policy}`;
   const lines = [`== prompt ${run.prompt_tokens} tokens [${run.backend}, ${units(run)}${routed}]: engine open ${run.open_s.toFixed(2)} s ` +
     `(CRC checks ${run.open_verify_s.toFixed(2)} s of ${g(run.open_verify_bytes)}), ` +
     `RAM plan ${mibText(run.plan_total_bytes)} MiB of ${run.ram_budget_mib} (${run.ram_budget_chosen_by === "auto" ? "--ram-mib auto" : "--ram-mib"}), kernels ${String(info.kernels)} (Linear inputs ${String(info.act_dtype ?? "f32")}` +
@@ -158,14 +172,14 @@ function formatRun(run: RunRecord): string {
 /** Per backend and prompt length, each --routing mode's decode side by side (after the cold
  * prompt, and warm with --warm). */
 export function formatRoutingTable(result: BenchResult): string {
-  const rows: string[][] = [["backend", "prompt", "routing", "decode", "hit rate", "SSD GB/token", "disk wait % of step",
+  const rows: string[][] = [["backend", "prompt", "routing", "cache policy", "decode", "hit rate", "SSD GB/token", "disk wait % of step",
     "read ahead used / wasted per token", "s/token"]];
   for (const r of result.runs) {
     for (const [key, label] of [["decode_after_cold", "after cold"], ["decode_warm", "warm"]] as const) {
       const d = r[key];
       if (!d) continue;
       const l = d.expert_lookahead;
-      rows.push([r.backend, String(r.prompt_tokens), `${r.routing}${r.routing_overridden ? " *" : ""}`, label, hitRateText(d),
+      rows.push([r.backend, String(r.prompt_tokens), `${r.routing}${r.routing_overridden ? " *" : ""}`, r.cache_policy, label, hitRateText(d),
         (d.ssd_bytes_per_token / GB).toFixed(3), (100 * d.expert_stall_share).toFixed(1),
         `${(l.used / d.tokens).toFixed(1)} / ${(l.wasted / d.tokens).toFixed(1)}`, d.s_per_token_mean.toFixed(3)]);
     }
@@ -297,6 +311,7 @@ async function runBenchCommand(model: string, opts: BenchCliOptions): Promise<vo
   if (opts.membw !== undefined) checkExecutable("--membw", opts.membw);
   if (opts.out !== undefined) checkOutputFile(opts.out, "--out"); // before the run, not after it
   const routings = parseRoutingList(opts.routing);
+  const cachePolicies = parseCachePolicyList(opts.cachePolicy);
   if (opts.routingOut !== undefined) {
     if (!routings.some((r) => r.kind === "model")) throw new UserError("--routing-out records the model's own routing: --routing must include model");
     checkOutputFile(opts.routingOut, "--routing-out");
@@ -319,7 +334,7 @@ async function runBenchCommand(model: string, opts: BenchCliOptions): Promise<vo
     model, backends, backendRequest: request, backendReason: reason, backendRecord: record, ramMib: opts.ramMib, cacheMib, trunkCacheMib,
     threads, promptLens, decodeTokens: opts.decodeTokens, warm: opts.warm === true, warmupTokens: opts.warmupTokens, maxBatch: opts.maxBatch, plan: opts.plan,
     seed: opts.seed, actDtype: opts.actDtype, kernels: opts.kernels, dropCaches: opts.dropCaches === true, membw: opts.membw, instances: opts.instances,
-    expertLookahead: opts.expertLookahead, routings, traces, recorder, imageSide: opts.image,
+    expertLookahead: opts.expertLookahead, routings, cachePolicies, traces, recorder, imageSide: opts.image,
   }, pb, limits, (run) => {
     if (!opts.json) process.stdout.write(`${formatRun(run)}\n`);
   }, (image) => {
@@ -339,7 +354,7 @@ async function runBenchCommand(model: string, opts: BenchCliOptions): Promise<vo
   const lines = [planLine, limitsLine(result.limits), result.peak_rss_bytes === null ? "peak RSS n/a" : `peak RSS ${mibText(result.peak_rss_bytes)} MiB` +
     (result.peak_rss_reset ? " (VmHWM of the engine phases)" : " (since the process started: VmHWM cannot be reset here)")];
   if (result.native_over_wasm) lines.push(formatComparison(result));
-  if (routings.length > 1) lines.push(formatRoutingTable(result));
+  if (routings.length > 1 || cachePolicies.length > 1) lines.push(formatRoutingTable(result));
   process.stdout.write(`${lines.join("\n")}\n`);
 }
 
@@ -373,6 +388,9 @@ export function addBenchCommand(program: Command): void {
       "and prompt length): model (the router's), uniform (k distinct experts at random per token and layer: the worst case for " +
       "any cache), trace:FILE (replay a JSONL routing trace: --routing-out or bench/routing-trace.ts). Any but model is flagged: " +
       "the tokens are not the model's", "model")
+    .option("--cache-policy <list>", "what the expert cache evicts by, for measurement (comma list, each runs every routing mode, " +
+      "backend and prompt length): adaptive (the default: whichever of the other two its key-only shadow caches show hitting more " +
+      "lately), frequency (fewest recent uses, then least recently used), lru (least recently used). Never changes a token", "adaptive")
     .option("--routing-out <file>", "write the routing the first --routing model run took, token by token (JSONL, replayable with trace:FILE)")
     .option("--image <side>", "after each backend's prompts, encode a random side x side image (the official preprocessing) twice: " +
       "encode time and GFLOP/s of the vision tower and projector against the FMA peak (0 = no image)", nonNegativeInt, 0)

@@ -77,6 +77,17 @@ describe.each(RUNS)("kvl bench --routing on $backend, $instances instance(s)", (
     expect(replay.cold_prompt.first_token).toBe(model.cold_prompt.first_token);
     expect(uniform.decode_after_cold.token_ids).not.toEqual(model.decode_after_cold.token_ids);
   });
+
+  it("--cache-policy runs each policy; none changes a token", () => {
+    const r = bench([...where, "--routing", "model", "--cache-policy", "lru,adaptive,frequency", "--json"]);
+    expect(r.status, r.stderr).toBe(0);
+    const rec = JSON.parse(r.stdout);
+    expect(rec.settings.cache_policy).toEqual(["lru", "adaptive", "frequency"]);
+    expect(rec.runs.map((run: { cache_policy: string }) => run.cache_policy)).toEqual(["lru", "adaptive", "frequency"]);
+    const [lru, adaptive, frequency] = rec.runs;
+    expect(adaptive.decode_after_cold.token_ids).toEqual(lru.decode_after_cold.token_ids);
+    expect(frequency.decode_after_cold.token_ids).toEqual(lru.decode_after_cold.token_ids);
+  });
 });
 
 describe("kvl bench --routing as text and its errors", () => {
@@ -86,8 +97,8 @@ describe("kvl bench --routing as text and its errors", () => {
     expect(r.stdout).toContain("routing uniform: routing overridden: tokens are not the model's");
     const table = r.stdout.slice(r.stdout.indexOf("routing side by side"));
     expect(table).toMatch(/hit rate\s+SSD GB\/token\s+disk wait % of step\s+read ahead used \/ wasted per token\s+s\/token/);
-    expect(table).toMatch(/\n\s*\S+\s+5\s+model\s+after cold/);
-    expect(table).toMatch(/\n\s*\S+\s+5\s+uniform \*\s+after cold/);
+    expect(table).toMatch(/\n\s*\S+\s+5\s+model\s+adaptive\s+after cold/);
+    expect(table).toMatch(/\n\s*\S+\s+5\s+uniform \*\s+adaptive\s+after cold/);
   });
 
   it("a malformed trace, a trace of another shape, a bad list: one line each", () => {
@@ -104,6 +115,12 @@ describe("kvl bench --routing as text and its errors", () => {
     r = bench(["--routing", "model,random"]);
     expect(r.status).toBe(1);
     expect(r.stderr).toContain('"random" is not model, uniform or trace:FILE');
+    r = bench(["--cache-policy", "lru,clock"]);
+    expect(r.status).toBe(1);
+    expect(r.stderr.trim()).toBe('kvl bench: error: --cache-policy "lru,clock": "clock" is not adaptive, frequency, lru');
+    r = bench(["--cache-policy", "lru,lru"]);
+    expect(r.status).toBe(1);
+    expect(r.stderr.trim()).toBe('kvl bench: error: --cache-policy "lru,lru" names lru twice');
     r = bench(["--routing", "uniform", "--routing-out", join(tmp.dir, "x.jsonl")]);
     expect(r.status).toBe(1);
     expect(r.stderr).toContain("--routing must include model");
@@ -180,6 +197,21 @@ describe("trace statistics and the generator", () => {
     const skewed = trace(Array.from({ length: 400 }, (_, t) => [[t % 3 === 0 ? 0 : 1 + ((t - Math.floor(t / 3) - 1) % 3)]]));
     expect(simulatePolicy(skewed, 1, 4, 1, 2, "lru", 8)).toBe(0);
     expect(simulatePolicy(skewed, 1, 4, 1, 2, "frequency", 8)).toBe(131 / 392);
+    // adaptive: the LRU shadow never hits here, the frequency one does, so it evicts by frequency
+    expect(simulatePolicy(skewed, 1, 4, 1, 2, "adaptive", 8)).toBe(131 / 392);
+  });
+
+  it("policy simulation: adaptive follows the better rule at each size, on calibrated and uniform routing", () => {
+    const M = KIMI_SHAPE.moeLayers.length;
+    const E = KIMI_SHAPE.nRouted;
+    const K = KIMI_SHAPE.topk;
+    const calibrated = generateTrace(KIMI_SHAPE, { ...DEFAULT_PARAMS, tokens: 600 });
+    const uniform = generateTrace(KIMI_SHAPE, { ...DEFAULT_PARAMS, tokens: 600, zipf: 0, keep: 0, recall: 0, cross: 0 });
+    for (const [ids, fraction] of [[calibrated, 0.06], [calibrated, 0.18], [uniform, 0.18]] as const) {
+      const capacity = Math.round(fraction * M * E);
+      const [lru, frequency, adaptive] = (["lru", "frequency", "adaptive"] as const).map((p) => simulatePolicy(ids, M, E, K, capacity, p, 64));
+      expect(adaptive, `${fraction}: lru ${lru}, frequency ${frequency}`).toBeGreaterThanOrEqual(Math.max(lru!, frequency!) - 0.01);
+    }
   });
 
   it("the defaults meet the published figures they are calibrated to", () => {

@@ -23,7 +23,7 @@ import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 
 import { packBytes } from "../host/bench/bench-model.js";
-import { type CoreEngine, CoreError, type RoutingHook, type RoutingRows } from "../host/core/core-api.js";
+import { type CachePolicy, type CoreEngine, CoreError, type RoutingHook, type RoutingRows } from "../host/core/core-api.js";
 import { openHostedEngine } from "../host/engine/engine-host.js";
 import { promptIds } from "./support/engine-checks.js";
 import { BACKENDS, type BackendName, BothBackends } from "./support/backends.js";
@@ -133,8 +133,9 @@ function storeBytes(s: Store): Buffer {
   return Buffer.concat(keys.flatMap((k) => [Buffer.from(s.get(k)!.ids.buffer), Buffer.from(s.get(k)!.weights.buffer)]));
 }
 
-function open(backend: BackendName, cacheExtents = CACHE_EXTENTS, lookahead: "auto" | "off" = "auto"): CoreEngine {
-  return backends.openEngine(backend, pack, { actDtype: backends.autoAct(backend), expertCacheBytes: cacheExtents * extent, expertLookahead: lookahead });
+function open(backend: BackendName, cacheExtents = CACHE_EXTENTS, lookahead: "auto" | "off" = "auto", policy?: CachePolicy): CoreEngine {
+  return backends.openEngine(backend, pack, { actDtype: backends.autoAct(backend), expertCacheBytes: cacheExtents * extent, expertLookahead: lookahead,
+    ...(policy !== undefined ? { expertCachePolicy: policy } : {}) });
 }
 
 async function withSplit<T>(backend: BackendName, f: (engine: CoreEngine) => T): Promise<T> {
@@ -256,25 +257,21 @@ describe.each(BACKENDS)("routing override on %s", (backend) => {
         for (const l of moeLayers) for (let k = 0; k < K; k++) ids[l * K + k] = (ids[l * K + k]! + 1) % E;
       })));
     });
-    const settings: Array<{ extents: number; lookahead: "auto" | "off"; lru: boolean }> = [
-      { extents: K, lookahead: "off", lru: false }, { extents: CACHE_EXTENTS, lookahead: "auto", lru: false },
-      { extents: CACHE_EXTENTS, lookahead: "off", lru: false }, { extents: 17, lookahead: "auto", lru: false },
-      // KVL_EXPERT_CACHE_POLICY is read from the process environment, which the native core shares
-      ...(backend === "native" ? [{ extents: CACHE_EXTENTS, lookahead: "auto" as const, lru: true }] : []),
+    const settings: Array<{ extents: number; lookahead: "auto" | "off"; policy?: CachePolicy }> = [
+      { extents: K, lookahead: "off" }, { extents: CACHE_EXTENTS, lookahead: "auto" },
+      { extents: CACHE_EXTENTS, lookahead: "off" }, { extents: 17, lookahead: "auto" },
+      { extents: CACHE_EXTENTS, lookahead: "auto", policy: "lru" }, { extents: CACHE_EXTENTS, lookahead: "auto", policy: "frequency" },
+      { extents: 17, lookahead: "off", policy: "adaptive" },
     ];
     for (const s of settings) {
-      if (s.lru) process.env.KVL_EXPERT_CACHE_POLICY = "lru";
-      try {
-        withEngine(open(backend, s.extents, s.lookahead), (engine) => {
-          const fresh: Store = new Map();
-          expect(bytesOf(run(engine, recordInto(fresh, "uniform", 11))).equals(want.uniform!), JSON.stringify(s)).toBe(true);
-          expect(bytesOf(run(engine, replay(rec, (_pos, ids) => {
-            for (const l of moeLayers) for (let k = 0; k < K; k++) ids[l * K + k] = (ids[l * K + k]! + 1) % E;
-          }))).equals(want.trace!), JSON.stringify(s)).toBe(true);
-        });
-      } finally {
-        delete process.env.KVL_EXPERT_CACHE_POLICY;
-      }
+      withEngine(open(backend, s.extents, s.lookahead, s.policy), (engine) => {
+        expect(engine.info().expertCachePolicy).toBe(s.policy ?? "adaptive");
+        const fresh: Store = new Map();
+        expect(bytesOf(run(engine, recordInto(fresh, "uniform", 11))).equals(want.uniform!), JSON.stringify(s)).toBe(true);
+        expect(bytesOf(run(engine, replay(rec, (_pos, ids) => {
+          for (const l of moeLayers) for (let k = 0; k < K; k++) ids[l * K + k] = (ids[l * K + k]! + 1) % E;
+        }))).equals(want.trace!), JSON.stringify(s)).toBe(true);
+      });
     }
   });
 

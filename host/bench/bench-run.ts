@@ -26,7 +26,7 @@ import { type DecodeRecord, type LookaheadRecord, kvRowBytes, type PackBytes, ty
 import { randomPrompt } from "./bench-prompt.js";
 import { OVERRIDDEN_NOTE, type RoutingRecorder, type RoutingSpec, RunRouting, type Trace, routingLabel } from "./bench-routing.js";
 import type { BackendRecord } from "../core/backend.js";
-import { type BackendName, CoreError, type CoreSession, type EngineStats, type ExpertLookahead, type KernelChoice } from "../core/core-api.js";
+import { type BackendName, type CachePolicy, CoreError, type CoreSession, type EngineStats, type ExpertLookahead, type KernelChoice } from "../core/core-api.js";
 import { type HostedEngine, openHostedEngine } from "../engine/engine-host.js";
 import { type ThpMode, readThpMode } from "../core/huge-pages.js";
 import { loadPreprocessorConfig, preprocessImage } from "../image/image-preprocess.js";
@@ -76,6 +76,9 @@ interface BenchOptions {
   expertLookahead?: ExpertLookahead | undefined;
   /** --routing: each mode runs every backend and prompt length (absent: the model's only) */
   routings?: readonly RoutingSpec[] | undefined;
+  /** --cache-policy: each policy runs every routing mode, backend and prompt length (absent: the
+   * engine's default, adaptive) */
+  cachePolicies?: readonly CachePolicy[] | undefined;
   /** the traces of trace:FILE modes, read and checked against the pack by the caller */
   traces?: ReadonlyMap<string, Trace> | undefined;
   /** --routing-out: records the first run under the model's routing */
@@ -106,6 +109,8 @@ export interface RunRecord {
   backend: BackendName;
   /** --routing: model, uniform or trace:FILE */
   routing: string;
+  /** --cache-policy: what the expert cache evicts by (the engine's kvl_engine_info) */
+  cache_policy: string;
   /** true unless the model routed: then the tokens are not the model's (note says so) */
   routing_overridden: boolean;
   routing_note?: string;
@@ -318,7 +323,7 @@ export function benchSizes(o: Pick<BenchOptions, "promptLens" | "decodeTokens" |
 
 /** One prompt length on one backend: a fresh engine from the plan, cold prompt, decode, optional warm repeat. */
 async function benchOne(o: BenchOptions, backend: BackendName, n: number, pb: PackBytes, limits: Limits, sizes: { maxBatch: number; maxContext: number },
-  rssReset: boolean, spec: RoutingSpec, recorder: RoutingRecorder | null): Promise<RunRecord> {
+  rssReset: boolean, spec: RoutingSpec, policy: CachePolicy | undefined, recorder: RoutingRecorder | null): Promise<RunRecord> {
   const { maxBatch, maxContext } = sizes;
   const trace = spec.kind === "trace" ? o.traces?.get(spec.file) ?? null : null;
   if (spec.kind === "trace" && trace === null) throw new Error(`bench: the trace ${spec.file} was not read`);
@@ -338,6 +343,7 @@ async function benchOne(o: BenchOptions, backend: BackendName, n: number, pb: Pa
       nThreads: ramPlan.nThreads, planned: ramPlan.instances, actDtype: mode.actDtype, ...(o.kernels !== undefined ? { kernels: o.kernels } : {}),
       ...(backend === "native" && o.backendRecord.native.loads ? { nativeAddon: o.backendRecord.native.path } : {}),
       ...(o.expertLookahead !== undefined ? { expertLookahead: o.expertLookahead } : {}),
+      ...(policy !== undefined ? { expertCachePolicy: policy } : {}),
     });
   } catch (err) {
     if (err instanceof CoreError) throw new UserError(`the ${backend} engine refused ${o.model}: ${err.message}`);
@@ -353,7 +359,7 @@ async function benchOne(o: BenchOptions, backend: BackendName, n: number, pb: Pa
     const kvRow = kvRowBytes(pb, info.kvDtype);
     const streamedTrunk = ramPlan.trunkCacheable - info.trunkCacheBytes;
     run = {
-      backend, routing: routingLabel(spec), routing_overridden: routing.overridden,
+      backend, routing: routingLabel(spec), cache_policy: info.expertCachePolicy, routing_overridden: routing.overridden,
       ...(routing.overridden ? { routing_note: OVERRIDDEN_NOTE } : {}), instances: hosted.ranges.length, prompt_tokens: n, open_s: openS, open_verify_s: openStats.verifyNs / 1e9,
       open_verify_bytes: openStats.verifyBytes, plan_total_bytes: ramPlan.total, ram_budget_mib: ramPlan.settings.ramMib,
       ram_budget_chosen_by: ramPlan.settings.ramChosenBy, ram_budget_detail: ramPlan.settings.ramDetail, plan: ramPlan.describe(),
@@ -489,6 +495,7 @@ export async function runBench(o: BenchOptions, pb: PackBytes, limits: Limits, o
       drop_caches: o.dropCaches, act_dtype: o.actDtype, kernels: o.kernels ?? "auto", backend: o.backendRequest, instances: o.instances ?? null,
       expert_lookahead: o.expertLookahead ?? "auto", image: o.imageSide ?? 0,
       routing: (o.routings ?? [{ kind: "model" }]).map(routingLabel),
+      cache_policy: o.cachePolicies ?? ["adaptive"],
     },
     limits, pack_bytes: pb, runs: [], peak_rss_bytes: null, peak_rss_reset: rssReset, ru_maxrss_bytes: 0,
     transparent_huge_pages: readThpMode(),
@@ -498,11 +505,13 @@ export async function runBench(o: BenchOptions, pb: PackBytes, limits: Limits, o
   for (const backend of o.backends) {
     for (const n of lens) {
       for (const spec of o.routings ?? [{ kind: "model" } as const]) {
-        const rec = spec.kind === "model" ? recorder : null;
-        if (rec !== null) recorder = null; // --routing-out: the first run under the model's routing
-        const run = await benchOne(o, backend, n, pb, limits, sizes, rssReset, spec, rec);
-        result.runs.push(run);
-        onRun(run);
+        for (const policy of o.cachePolicies ?? [undefined]) {
+          const rec = spec.kind === "model" ? recorder : null;
+          if (rec !== null) recorder = null; // --routing-out: the first run under the model's routing
+          const run = await benchOne(o, backend, n, pb, limits, sizes, rssReset, spec, policy, rec);
+          result.runs.push(run);
+          onRun(run);
+        }
       }
     }
     if (o.imageSide) {
@@ -511,8 +520,12 @@ export async function runBench(o: BenchOptions, pb: PackBytes, limits: Limits, o
       onImage(image);
     }
   }
-  // native / wasm on the first routing mode's runs (the model's, unless --routing says otherwise)
-  if (o.backends.length > 1) result.native_over_wasm = nativeOverWasm(result.runs.filter((r) => r.routing === result.runs[0]!.routing));
+  // native / wasm on the first routing mode's and policy's runs (the model's routing and the
+  // default policy, unless --routing and --cache-policy say otherwise)
+  if (o.backends.length > 1) {
+    const first = result.runs[0]!;
+    result.native_over_wasm = nativeOverWasm(result.runs.filter((r) => r.routing === first.routing && r.cache_policy === first.cache_policy));
+  }
   const peaks = result.runs.map((r) => r.peak_rss_bytes).filter((p): p is number => typeof p === "number");
   result.peak_rss_bytes = peaks.length ? Math.max(...peaks) : peakRssBytes();
   result.ru_maxrss_bytes = process.resourceUsage().maxRSS * 1024;

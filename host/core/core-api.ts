@@ -173,6 +173,11 @@ type IoMode = "auto" | "direct" | "buffered";
 /** kvl_core.h KVL_LOOKAHEAD_*: auto reads the next layer's predicted experts ahead whenever the
  * expert cache cannot hold every extent; off never does (results are the same either way). */
 export type ExpertLookahead = "auto" | "off";
+/** kvl_core.h KVL_CACHE_POLICY_*: what the expert cache evicts by (expert_cache.c pick_victim):
+ * adaptive (the default) follows whichever of lru and frequency its key-only shadows show hitting
+ * more lately. A measurement choice (kvl bench --cache-policy): results are the same under each. */
+export type CachePolicy = "adaptive" | "frequency" | "lru";
+export const CACHE_POLICIES: readonly CachePolicy[] = ["adaptive", "frequency", "lru"];
 /** --kernels: simd128 and simd128-relaxed also pick the WebAssembly build (wasm-relaxed.ts). */
 export type KernelChoice = "auto" | "scalar" | "avx2" | "avx512" | "simd128" | "simd128-relaxed";
 export const KERNEL_CHOICES: readonly KernelChoice[] = ["auto", "scalar", "avx2", "avx512", "simd128", "simd128-relaxed"];
@@ -261,6 +266,8 @@ export interface EngineOptions {
   layerEnd?: number;
   /** Absent = auto. */
   expertLookahead?: ExpertLookahead;
+  /** Absent = adaptive. */
+  expertCachePolicy?: CachePolicy;
 }
 
 /** kvl_engine_info, camel-cased; byte counts as numbers (exact below 2^53). */
@@ -297,6 +304,8 @@ export interface EngineInfo {
   /** Whether the next layer's predicted experts are read ahead (expertLookahead auto and a cache
    * smaller than every extent of the engine's layers). */
   expertLookahead: boolean;
+  /** What the expert cache evicts by: "adaptive", "frequency" or "lru". */
+  expertCachePolicy: string;
 }
 
 /** kvl_stats, camel-cased. */
@@ -472,6 +481,7 @@ const KV_DTYPES: Record<KvDtype, number> = { f32: 1, bf16: 2, i16: 3 };
 /** 3 was i16 (two integer terms per input), which the core refuses now. */
 const ACT_DTYPES: Record<ActDtype, number> = { f32: 1, bf16: 2, i16x1: 4, i8: 5 };
 const LOOKAHEADS: Record<ExpertLookahead, number> = { auto: 0, off: 1 };
+const CACHE_POLICY_CODES: Record<CachePolicy, number> = { adaptive: 1, frequency: 2, lru: 3 };
 
 function nonNegativeInteger(name: string, value: number | undefined, min = 0): number {
   const v = value ?? 0;
@@ -499,6 +509,7 @@ export function engineOptionCodes(options: EngineOptions = {}): EngineOptionCode
     layerBegin: nonNegativeInteger("layerBegin", options.layerBegin),
     layerEnd: nonNegativeInteger("layerEnd", options.layerEnd),
     expertLookahead: pick("expertLookahead", LOOKAHEADS, options.expertLookahead, 0),
+    expertCachePolicy: pick("expertCachePolicy", CACHE_POLICY_CODES, options.expertCachePolicy, 0),
   };
 }
 

@@ -96,6 +96,13 @@ enum { KVL_ACT_DEFAULT = 0, KVL_ACT_F32 = 1, KVL_ACT_BF16 = 2, KVL_ACT_I16_REMOV
 /* kvl_engine_options.expert_lookahead: reading the next layer's predicted experts ahead while a
  * layer computes (model.c predict_next). */
 enum { KVL_LOOKAHEAD_AUTO = 0, KVL_LOOKAHEAD_OFF = 1 };
+/* kvl_engine_options.expert_cache_policy: which resident extent the expert cache evicts
+ * (expert_cache.c pick_victim). DEFAULT is ADAPTIVE. FREQUENCY: fewest recent acquisitions, then
+ * least recently used; LRU: least recently used; ADAPTIVE: keeps key-only shadow copies of both
+ * (the same capacity, no data) and evicts as the one that hit more over the recent past (set
+ * dueling). Reads only: logits and tokens are the same under every policy. */
+enum { KVL_CACHE_POLICY_DEFAULT = 0, KVL_CACHE_POLICY_ADAPTIVE = 1, KVL_CACHE_POLICY_FREQUENCY = 2,
+       KVL_CACHE_POLICY_LRU = 3 };
 
 /* ---- The structs that cross into JavaScript, described once ----
  * kvl_engine_options, kvl_engine_info and kvl_stats are each declared by one X-macro list below,
@@ -161,7 +168,8 @@ typedef enum kvl_field_kind {
      * (its router applied to the current hidden state) whenever the expert cache cannot hold     \
      * every extent of the engine's layers; OFF never does (for A/B runs). Reads only: logits     \
      * and tokens are the same either way. */                                                    \
-    X(I32, expert_lookahead, 52, 4)
+    X(I32, expert_lookahead, 52, 4)                                                               \
+    X(I32, expert_cache_policy, 56, 4) /* KVL_CACHE_POLICY_* */
 
 typedef struct kvl_engine_options {
     KVL_ENGINE_OPTIONS_FIELDS(KVL_FIELD_MEMBER)
@@ -205,7 +213,8 @@ typedef struct kvl_engine_options {
     X(I32, layer_end, 148, 4)                                                                     \
     X(BOOL32, expert_lookahead, 152, 4)    /* 1: the next layer's predicted experts are read      \
                                               ahead (expert_lookahead AUTO and a cache smaller    \
-                                              than every extent of the engine's layers) */
+                                              than every extent of the engine's layers) */        \
+    X(CHARS, expert_cache_policy, 156, 12) /* "adaptive" | "frequency" | "lru" */
 
 typedef struct kvl_engine_info {
     KVL_ENGINE_INFO_FIELDS(KVL_FIELD_MEMBER)

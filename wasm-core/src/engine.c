@@ -672,12 +672,13 @@ static kvl_status open_expert_cache(open_ctx *c, const kvl_engine_options *o, in
     t->lookahead = o->expert_lookahead == KVL_LOOKAHEAD_AUTO && budget / t->extent_bytes <
                    (uint64_t)n_moe * (uint64_t)hp->n_routed && hp->topk <= hp->hidden;
     t->la_layer = -1;
+    t->cache_policy = o->expert_cache_policy;
     char cerr[256] = "";
     /* readers share each extent's ~2 MiB pieces: 4 keeps a disk queue busy (measured: a
      * virtio disk gave ~270 MB/s with one 8 MiB read in flight, ~1.6-2 GB/s with four 2 MiB
      * reads); they sleep when idle and do no math, so they do not compete with the pool */
     kvl_status st = kvl_expert_cache_create(e->experts, hp->n_layers, hp->n_routed, budget, hp->topk,
-                                            4, &t->ecache, cerr, sizeof cerr);
+                                            4, o->expert_cache_policy, &t->ecache, cerr, sizeof cerr);
     if (st != KVL_OK) return oerr(c, st, "experts.bin: %s", cerr);
     return KVL_OK;
 }
@@ -848,6 +849,9 @@ kvl_status kvl_engine_open(const char *pack_dir, const kvl_engine_options *optio
     if (o.expert_lookahead != KVL_LOOKAHEAD_AUTO && o.expert_lookahead != KVL_LOOKAHEAD_OFF)
         return oerr(&c, KVL_ERR_INVALID_ARG, "expert_lookahead = %d is invalid (0 auto, 1 off)",
                     (int)o.expert_lookahead);
+    if (o.expert_cache_policy < KVL_CACHE_POLICY_DEFAULT || o.expert_cache_policy > KVL_CACHE_POLICY_LRU)
+        return oerr(&c, KVL_ERR_INVALID_ARG, "expert_cache_policy = %d is invalid (0 default, 1 adaptive, "
+                    "2 frequency, 3 lru)", (int)o.expert_cache_policy);
     if (o.act_dtype == KVL_ACT_I16_REMOVED)
         return oerr(&c, KVL_ERR_INVALID_ARG, "act_dtype = 3 (i16, two integer terms per input) was removed: "
                     "use i16x1 (4), faster on every kernel set, or f32 (1), the exact mode");
@@ -947,6 +951,8 @@ kvl_status kvl_engine_get_info(const kvl_engine *e, kvl_engine_info *out)
     out->layer_begin = t->layer_begin;
     out->layer_end = t->layer_end;
     out->expert_lookahead = t->lookahead;
+    snprintf(out->expert_cache_policy, sizeof out->expert_cache_policy, "%s",
+             kvl_expert_cache_policy_name(t->cache_policy));
     return KVL_OK;
 }
 

@@ -104,6 +104,7 @@ typedef struct kvl_engine_text {
     int lookahead;                       /* read the next layer's predicted experts ahead
                                             (model.c predict_next): expert_lookahead AUTO and
                                             a cache smaller than every extent of the range */
+    int cache_policy;                    /* expert_cache_policy as opened (KVL_CACHE_POLICY_*) */
     /* the read-ahead's own precision (model.c lookahead_worth_it): the distinct guesses made for
      * layer la_layer (-1: none pending; la_guess[x] = 1 for a guess, models of at most
      * LA_MAX_EXPERTS experts), and of the guesses so far how many the layer then routed to

@@ -119,7 +119,16 @@ struct kvl_expert_cache {
      * AGING_PER_KEY * n_keys acquisitions so popularity follows the recent past. */
     uint32_t *uses;                /* [n_keys] */
     uint64_t uses_since_aging;
-    int by_frequency;              /* 0: plain LRU (KVL_EXPERT_CACHE_POLICY=lru) */
+    int policy;                    /* KVL_CACHE_POLICY_ADAPTIVE, _FREQUENCY or _LRU */
+    /* ADAPTIVE (see duel_record): two shadow directories of n_slots keys each, no data, one run
+     * by plain LRU and one by the frequency rule, fed every acquisition; each one's hits, halved
+     * every n_keys acquisitions, decide which rule the real cache evicts by. */
+    uint8_t *in_shadow[2];         /* [n_keys] each: 1 if the key is in that shadow */
+    int shadow_n[2];
+    uint32_t shadow_hits[2];
+    uint64_t *acquired_at;         /* [n_keys]: acquisition clock of the key's latest acquire */
+    uint64_t acq_clock, batch_start, duel_since;
+    int batch_layer;               /* layer of the latest acquisition: a new one starts a batch */
     kvl_expert_cache_counters ctr; /* prefetch_unclaimed and extent_bytes filled on read-out */
 };
 
@@ -135,6 +144,64 @@ static void set_err(char *err, size_t err_len, const char *fmt, ...) {
 
 #define AGING_PER_KEY 8
 
+enum { SHADOW_LRU = 0, SHADOW_FREQUENCY = 1 };
+
+/* 1 if key a is a better victim than key b under shadow rule `which` (the real cache's rules on
+ * acquisition times instead of slot times). */
+static int shadow_colder(const kvl_expert_cache *c, int which, int a, int b) {
+    if (which == SHADOW_FREQUENCY && c->uses[a] != c->uses[b]) return c->uses[a] < c->uses[b];
+    return c->acquired_at[a] < c->acquired_at[b];
+}
+
+/* key enters shadow `which` (it was not in it): into a free place, else in place of the coldest
+ * key the current layer batch has not acquired (a real layer never evicts its own picks); with
+ * none, it is read and not kept, as in the real cache. O(n_keys), a few thousand at most. */
+static void shadow_insert(kvl_expert_cache *c, int which, int key) {
+    uint8_t *in = c->in_shadow[which];
+    if (c->shadow_n[which] < c->n_slots) {
+        in[key] = 1;
+        c->shadow_n[which]++;
+        return;
+    }
+    int victim = -1;
+    for (int k = 0; k < c->n_keys; k++) {
+        if (!in[k] || c->acquired_at[k] >= c->batch_start) continue;
+        if (victim < 0 || shadow_colder(c, which, k, victim)) victim = k;
+    }
+    if (victim < 0) return;
+    in[victim] = 0;
+    in[key] = 1;
+}
+
+/* ADAPTIVE's bookkeeping for one acquisition of key (lock held, after count_use's counts): each
+ * shadow scores a hit if it holds key, then takes it in. Set dueling (as CPU caches choose
+ * between insertion policies): the real cache follows whichever shadow hit more lately. Chosen
+ * by simulation on bench/routing-trace.ts's traces (bench/RESULTS.md "Expert cache policy"):
+ * plain LRU hits nothing once a token's picks outgrow the cache and beats the frequency rule on
+ * calibrated routing above that, while frequency is best on uniform routing; the duel follows
+ * the better of the two at every size. */
+static void duel_record(kvl_expert_cache *c, int key) {
+    int layer = key / c->n_experts;
+    c->acq_clock++;
+    if (layer != c->batch_layer) {
+        c->batch_layer = layer;
+        c->batch_start = c->acq_clock;
+    }
+    for (int which = 0; which < 2; which++) {
+        if (c->in_shadow[which][key]) {
+            if (c->shadow_hits[which] < UINT32_MAX) c->shadow_hits[which]++;
+        } else {
+            shadow_insert(c, which, key);
+        }
+    }
+    c->acquired_at[key] = c->acq_clock;
+    if (++c->duel_since >= (uint64_t)c->n_keys) {
+        c->shadow_hits[0] >>= 1;
+        c->shadow_hits[1] >>= 1;
+        c->duel_since = 0;
+    }
+}
+
 /* One acquisition of key (lock held). */
 static void count_use(kvl_expert_cache *c, int key) {
     if (c->uses[key] < UINT32_MAX) c->uses[key]++;
@@ -142,25 +209,35 @@ static void count_use(kvl_expert_cache *c, int key) {
         for (int k = 0; k < c->n_keys; k++) c->uses[k] >>= 1;
         c->uses_since_aging = 0;
     }
+    if (c->policy == KVL_CACHE_POLICY_ADAPTIVE) duel_record(c, key);
+}
+
+/* Whether evictions go by frequency now: always (FREQUENCY), never (LRU), or as the duel says. */
+static int evict_by_frequency(const kvl_expert_cache *c) {
+    if (c->policy == KVL_CACHE_POLICY_ADAPTIVE)
+        return c->shadow_hits[SHADOW_FREQUENCY] >= c->shadow_hits[SHADOW_LRU];
+    return c->policy == KVL_CACHE_POLICY_FREQUENCY;
 }
 
 /* What a victim is chosen for (pick_victim). */
 enum { FOR_ACQUIRE = 0, FOR_PREFETCH = 1, FOR_LOOKAHEAD = 2 };
 
 /* 1 if slot a is a better victim than slot b: fewer recent uses of its key, then older. */
-static int colder(const kvl_expert_cache *c, const cache_slot *a, const cache_slot *b) {
-    if (c->by_frequency && c->uses[a->key] != c->uses[b->key])
+static int colder(const kvl_expert_cache *c, int by_frequency, const cache_slot *a, const cache_slot *b) {
+    if (by_frequency && c->uses[a->key] != c->uses[b->key])
         return c->uses[a->key] < c->uses[b->key];
     return a->last_use < b->last_use;
 }
 
 /* The eviction policy, in one place: a FREE slot if any, else the READY slot with no pins whose
- * extent was acquired least often recently (halved counts, see count_use), the least recently
- * used among equals. Chosen by measurement: decoding streams each token's top-k experts of every
- * layer through the cache, a cycle far larger than a small cache, so LRU evicts every extent
- * before its next use (0 % hits with --cache-mib 512 on the full-size model) while frequency
- * keeps the popular ones (14.8 % hits, 0.43-0.45 s per token against 0.50-0.51 s; bench/RESULTS.md).
- * KVL_EXPERT_CACHE_POLICY=lru restores plain LRU for such comparisons. For a prefetch, slots the current prefetch batch still wants are excluded
+ * extent is coldest: by the frequency rule, acquired least often recently (halved counts, see
+ * count_use), the least recently used among equals; by LRU, the least recently used. The policy
+ * (kvl_engine_options.expert_cache_policy) picks the rule: ADAPTIVE (the default) the one its
+ * shadow duel favours now (duel_record). Why not one fixed rule: decoding streams each token's
+ * top-k experts of every layer through the cache; when that cycle is larger than the cache, LRU
+ * evicts every extent before its next use (0 % hits with --cache-mib 512 on the full-size
+ * model, where frequency kept the popular ones: 14.8 %, bench/RESULTS.md), but when it fits,
+ * recency is what trained routing rewards. For a prefetch, slots the current prefetch batch still wants are excluded
  * too, so a batch never evicts its own members. LOADING slots are never victims. An unused
  * prediction (stale) goes before any other READY extent, the oldest first: it was read for a
  * layer that did not route to it. A lookahead (purpose FOR_LOOKAHEAD, for layer la_layer) also
@@ -169,6 +246,7 @@ static int colder(const kvl_expert_cache *c, const cache_slot *a, const cache_sl
  * multi-MB read. */
 static int pick_victim(const kvl_expert_cache *c, int purpose, int la_layer) {
     int i, best = -1, stale = -1;
+    const int by_frequency = evict_by_frequency(c);
     for (i = 0; i < c->n_slots; i++) {
         const cache_slot *s = &c->slots[i];
         if (s->state == SLOT_FREE) return i;
@@ -178,7 +256,7 @@ static int pick_victim(const kvl_expert_cache *c, int purpose, int la_layer) {
             continue;
         }
         if (purpose == FOR_LOOKAHEAD && (s->predicted || s->key / c->n_experts == la_layer)) continue;
-        if (best < 0 || colder(c, s, &c->slots[best])) best = i;
+        if (best < 0 || colder(c, by_frequency, s, &c->slots[best])) best = i;
     }
     return stale >= 0 ? stale : best;
 }
@@ -346,7 +424,7 @@ static KVL_THREAD_RET KVL_THREAD_CALL reader_main(void *arg) {
 /* ------------------------------------------------------------------ create / free */
 
 kvl_status kvl_expert_cache_create(kvl_store *experts, int n_layers_total, int n_experts,
-                                   uint64_t budget_bytes, int min_slots, int n_io_threads,
+                                   uint64_t budget_bytes, int min_slots, int n_io_threads, int policy,
                                    kvl_expert_cache **out, char *err, size_t err_len) {
     kvl_expert_cache *c;
     const char *path;
@@ -374,6 +452,10 @@ kvl_status kvl_expert_cache_create(kvl_store *experts, int n_layers_total, int n
     }
     if (n_io_threads < 0) n_io_threads = 0;
     if (n_io_threads > MAX_IO_THREADS) n_io_threads = MAX_IO_THREADS;
+    if (policy < KVL_CACHE_POLICY_DEFAULT || policy > KVL_CACHE_POLICY_LRU) {
+        set_err(err, err_len, "expert cache: policy %d is invalid (0 default, 1 adaptive, 2 frequency, 3 lru)", policy);
+        return KVL_ERR_INVALID_ARG;
+    }
 
     c = (kvl_expert_cache *)calloc(1, sizeof *c);
     if (!c) {
@@ -387,11 +469,15 @@ kvl_status kvl_expert_cache_create(kvl_store *experts, int n_layers_total, int n
     c->rec_of = (const kvl_tensor_rec **)calloc((size_t)c->n_keys, sizeof *c->rec_of);
     c->slot_of = (int32_t *)malloc((size_t)c->n_keys * sizeof *c->slot_of);
     c->uses = (uint32_t *)calloc((size_t)c->n_keys, sizeof *c->uses);
-    {
-        const char *policy = getenv("KVL_EXPERT_CACHE_POLICY");
-        c->by_frequency = !(policy && strcmp(policy, "lru") == 0);
+    c->policy = policy == KVL_CACHE_POLICY_DEFAULT ? KVL_CACHE_POLICY_ADAPTIVE : policy;
+    c->batch_layer = -1;
+    if (c->policy == KVL_CACHE_POLICY_ADAPTIVE) {
+        c->in_shadow[0] = (uint8_t *)calloc((size_t)c->n_keys, 1);
+        c->in_shadow[1] = (uint8_t *)calloc((size_t)c->n_keys, 1);
+        c->acquired_at = (uint64_t *)calloc((size_t)c->n_keys, sizeof *c->acquired_at);
     }
-    if (!c->rec_of || !c->slot_of || !c->uses) {
+    if (!c->rec_of || !c->slot_of || !c->uses ||
+        (c->policy == KVL_CACHE_POLICY_ADAPTIVE && (!c->in_shadow[0] || !c->in_shadow[1] || !c->acquired_at))) {
         set_err(err, err_len, "expert cache: out of memory");
         kvl_expert_cache_free(c);
         return KVL_ERR_NOMEM;
@@ -542,11 +628,22 @@ void kvl_expert_cache_free(kvl_expert_cache *c) {
     free(c->slots);
     free(c->slot_of);
     free(c->uses);
+    free(c->in_shadow[0]);
+    free(c->in_shadow[1]);
+    free(c->acquired_at);
     free((void *)c->rec_of);
     free(c);
 }
 
 uint64_t kvl_expert_cache_bytes(const kvl_expert_cache *c) { return (uint64_t)c->n_slots * c->extent_bytes; }
+const char *kvl_expert_cache_policy_name(int policy) {
+    switch (policy) {
+    case KVL_CACHE_POLICY_FREQUENCY: return "frequency";
+    case KVL_CACHE_POLICY_LRU: return "lru";
+    default: return "adaptive";
+    }
+}
+
 int kvl_expert_cache_slots(const kvl_expert_cache *c) { return c->n_slots; }
 
 /* ------------------------------------------------------------------ prefetch / acquire */

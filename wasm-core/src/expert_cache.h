@@ -36,10 +36,13 @@ typedef struct kvl_expert_view {
 typedef struct kvl_expert_cache kvl_expert_cache;
 
 /* budget_bytes is rounded down to whole extents; at least min_slots slots are required. The
- * store's extents must all be Q8_EXPERT or all Q4_EXPERT, of one shape (KVL_ERR_FORMAT otherwise). */
+ * store's extents must all be Q8_EXPERT or all Q4_EXPERT, of one shape (KVL_ERR_FORMAT otherwise).
+ * policy: KVL_CACHE_POLICY_* (kvl_core.h; DEFAULT is ADAPTIVE). */
 kvl_status kvl_expert_cache_create(kvl_store *experts, int n_layers_total, int n_experts,
-                                   uint64_t budget_bytes, int min_slots, int n_io_threads,
+                                   uint64_t budget_bytes, int min_slots, int n_io_threads, int policy,
                                    kvl_expert_cache **out, char *err, size_t err_len);
+/* "adaptive", "frequency" or "lru": what a KVL_CACHE_POLICY_* value evicts by (DEFAULT: adaptive). */
+const char *kvl_expert_cache_policy_name(int policy);
 void kvl_expert_cache_free(kvl_expert_cache *cache);
 uint64_t kvl_expert_cache_bytes(const kvl_expert_cache *cache);   /* slab bytes allocated */
 int kvl_expert_cache_slots(const kvl_expert_cache *cache);

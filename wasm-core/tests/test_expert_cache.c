@@ -171,13 +171,17 @@ static kvl_store *open_store(void) {
     return s;
 }
 
-static kvl_expert_cache *make_cache(kvl_store *s, int slots, int io_threads) {
+static kvl_expert_cache *make_cache_policy(kvl_store *s, int slots, int io_threads, int policy) {
     char err[512];
     kvl_expert_cache *c = NULL;
     kvl_status st = kvl_expert_cache_create(s, N_LAYERS, N_EXPERTS, (uint64_t)slots * extent_padded + 100, 1,
-                                            io_threads, &c, err, sizeof err);
-    CHECK(st == KVL_OK && c, "create %d slots: %s", slots, err);
+                                            io_threads, policy, &c, err, sizeof err);
+    CHECK(st == KVL_OK && c, "create %d slots (policy %d): %s", slots, policy, err);
     return c;
+}
+
+static kvl_expert_cache *make_cache(kvl_store *s, int slots, int io_threads) {
+    return make_cache_policy(s, slots, io_threads, KVL_CACHE_POLICY_DEFAULT);
 }
 
 /* ------------------------------------------------------------------ single-thread checks */
@@ -186,16 +190,18 @@ static void check_create_errors(kvl_store *s) {
     char err[512], trunk_idx[512], trunk_bin[512];
     kvl_expert_cache *c = (kvl_expert_cache *)err;
     kvl_store *t = NULL;
-    kvl_status st = kvl_expert_cache_create(s, N_LAYERS, N_EXPERTS, 7 * extent_padded, 8, 2, &c, err, sizeof err);
+    kvl_status st = kvl_expert_cache_create(s, N_LAYERS, N_EXPERTS, 7 * extent_padded, 8, 2, 0, &c, err, sizeof err);
     CHECK(st == KVL_ERR_INVALID_ARG && c == NULL && strstr(err, "budget"), "budget below min_slots: %d %s",
           (int)st, err);
-    st = kvl_expert_cache_create(s, N_LAYERS, N_EXPERTS, extent_padded - 1, 0, 2, &c, err, sizeof err);
+    st = kvl_expert_cache_create(s, N_LAYERS, N_EXPERTS, extent_padded - 1, 0, 2, 0, &c, err, sizeof err);
     CHECK(st == KVL_ERR_INVALID_ARG && c == NULL, "budget below one extent: %s", err);
     /* config says 4 experts per layer: experts 4..7 of the file match nothing */
-    st = kvl_expert_cache_create(s, N_LAYERS, 4, 100 * extent_padded, 1, 2, &c, err, sizeof err);
+    st = kvl_expert_cache_create(s, N_LAYERS, 4, 100 * extent_padded, 1, 2, 0, &c, err, sizeof err);
     CHECK(st == KVL_ERR_CONFIG && c == NULL && strstr(err, bin_path), "config mismatch: %s", err);
-    st = kvl_expert_cache_create(s, 0, N_EXPERTS, 100 * extent_padded, 1, 2, &c, err, sizeof err);
+    st = kvl_expert_cache_create(s, 0, N_EXPERTS, 100 * extent_padded, 1, 2, 0, &c, err, sizeof err);
     CHECK(st == KVL_ERR_CONFIG && c == NULL, "zero layers: %s", err);
+    st = kvl_expert_cache_create(s, N_LAYERS, N_EXPERTS, 100 * extent_padded, 1, 2, 4, &c, err, sizeof err);
+    CHECK(st == KVL_ERR_INVALID_ARG && c == NULL && strstr(err, "policy 4"), "unknown policy: %s", err);
     /* the same records in a store of kind trunk are refused */
     CHECK(write_store(dir_path, 1, "trunk") == 0, "write trunk-kind store");
     snprintf(trunk_idx, sizeof trunk_idx, "%s/trunk.idx", dir_path);
@@ -203,7 +209,7 @@ static void check_create_errors(kvl_store *s) {
     st = kvl_store_open(trunk_idx, trunk_bin, 0, KVL_IO_BUFFERED, &t, err, sizeof err);
     CHECK(st == KVL_OK, "open trunk-kind store: %s", err);
     if (t) {
-        st = kvl_expert_cache_create(t, N_LAYERS, N_EXPERTS, 100 * extent_padded, 1, 2, &c, err, sizeof err);
+        st = kvl_expert_cache_create(t, N_LAYERS, N_EXPERTS, 100 * extent_padded, 1, 2, 0, &c, err, sizeof err);
         CHECK(st == KVL_ERR_CONFIG && c == NULL && strstr(err, trunk_bin), "wrong kind: %s", err);
         kvl_store_close(t);
     }
@@ -278,8 +284,8 @@ static void check_lru(kvl_store *s) {
  * fourth round. Between two uses of A more distinct extents arrive than fit, so LRU evicts A
  * every round (the cyclic pattern of decode with a cache smaller than one token's experts);
  * eviction by frequency keeps A. Returns A's hits in rounds 2..11. */
-static int hot_extent_hits(kvl_store *s) {
-    kvl_expert_cache *c = make_cache(s, 2, 0);
+static int hot_extent_hits(kvl_store *s, int policy) {
+    kvl_expert_cache *c = make_cache_policy(s, 2, 0, policy);
     int hits = 0;
     if (!c) return -1;
     for (int round = 0; round < 12; round++) {
@@ -292,15 +298,40 @@ static int hot_extent_hits(kvl_store *s) {
     return hits;
 }
 
-static void check_frequency_policy(kvl_store *s) {
-    int hits = hot_extent_hits(s);
+/* Two slots. Phase 1 acquires (1,0) and (2,0) alternately 10 times, so both are frequent; phase 2
+ * alternates (1,1) and (2,1), which fit together. LRU keeps the new pair and hits from phase 2's
+ * second round on; by frequency the old pair's counts keep one of them resident, so the new pair
+ * evict each other and never hit. Returns the hits of phase 2's rounds 1..9 (18 acquisitions). */
+static int shifting_pair_hits(kvl_store *s, int policy) {
+    kvl_expert_cache *c = make_cache_policy(s, 2, 0, policy);
+    int hits = 0;
+    if (!c) return -1;
+    for (int round = 0; round < 10; round++) {
+        probe(c, 1, 0);
+        probe(c, 2, 0);
+    }
+    for (int round = 0; round < 10; round++) {
+        int a = probe(c, 1, 1), b = probe(c, 2, 1);
+        if (round >= 1) hits += (a == 1) + (b == 1);
+    }
+    kvl_expert_cache_free(c);
+    return hits;
+}
+
+static void check_policies(kvl_store *s) {
+    int hits = hot_extent_hits(s, KVL_CACHE_POLICY_FREQUENCY);
     CHECK(hits == 10, "by frequency the hot extent stays resident: %d hits of 10", hits);
-#ifndef _WIN32
-    setenv("KVL_EXPERT_CACHE_POLICY", "lru", 1);
-    hits = hot_extent_hits(s);
-    unsetenv("KVL_EXPERT_CACHE_POLICY");
+    hits = hot_extent_hits(s, KVL_CACHE_POLICY_LRU);
     CHECK(hits == 0, "plain LRU evicts it every round: %d hits", hits);
-#endif
+    hits = hot_extent_hits(s, KVL_CACHE_POLICY_DEFAULT);
+    CHECK(hits == 10, "adaptive (the default) follows frequency here: %d hits of 10", hits);
+    hits = shifting_pair_hits(s, KVL_CACHE_POLICY_LRU);
+    CHECK(hits == 18, "plain LRU keeps the new pair: %d hits of 18", hits);
+    hits = shifting_pair_hits(s, KVL_CACHE_POLICY_FREQUENCY);
+    CHECK(hits == 0, "by frequency the new pair evict each other: %d hits", hits);
+    /* the duel needs one LRU-shadow hit to switch: phase 2's round 1 still misses once */
+    hits = shifting_pair_hits(s, KVL_CACHE_POLICY_ADAPTIVE);
+    CHECK(hits >= 16, "adaptive follows LRU here: %d hits of 18", hits);
 }
 
 static void check_pinning(kvl_store *s, int io_threads) {
@@ -751,7 +782,7 @@ static void check_q4(int mixed) {
     CHECK(st == KVL_OK && s, "open q4 store: %s", err);
     if (s) {
         kvl_expert_cache *c = NULL;
-        st = kvl_expert_cache_create(s, 2, 2, 2 * 4096, 1, 2, &c, err, sizeof err);
+        st = kvl_expert_cache_create(s, 2, 2, 2 * 4096, 1, 2, 0, &c, err, sizeof err);
         if (mixed) {
             CHECK(st == KVL_ERR_FORMAT && c == NULL && strstr(err, qbin) &&
                       strstr(err, "language_model.model.layers.1.mlp.experts.1") && strstr(err, "all Q8 or all Q4"),
@@ -822,7 +853,7 @@ int main(void) {
             if (slots == 1 || slots == 7 || slots == N_EXTENTS) check_sequential(s, slots, 2);
         }
         check_lru(s);
-        check_frequency_policy(s);
+        check_policies(s);
         check_pinning(s, 0);
         check_pinning(s, 2);
         check_prefetch(s);
