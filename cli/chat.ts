@@ -325,7 +325,9 @@ async function interactive(model: ChatModel, images: ChatImage[], opts: ChatOpti
           pending = [];
           emit(opts, { event: "reset" }, "(conversation cleared)");
         } else if (command === "/stats") {
-          const stats = { ...snakeStats(await model.stats()), session_tokens: conversation.position, peak_rss_bytes: peakRssBytes() };
+          const images = model.embeddings;
+          const stats = { ...snakeStats(await model.stats()), session_tokens: conversation.position, peak_rss_bytes: peakRssBytes(),
+            image_cache_hits: images.counts.hits, image_cache_misses: images.counts.misses, image_cache_images: images.size, image_cache_bytes: images.bytes };
           emit(opts, { event: "stats", stats }, Object.entries(stats).map(([k, v]) => `${k}=${v}`).join("  "));
         } else if (command === "/image") {
           if (!rest) {

@@ -139,7 +139,7 @@ function firstReadCheckNote(backend: BackendName): string | null {
 /**
  * The one line `kvl chat` and `kvl serve` print once the model is loaded: the backend and who
  * asked for it, the instances, the kernel set and the act mode with why, the RAM plan against
- * --ram-mib, a server's body and image limits, the load time, what the first reads' checks cost
+ * --ram-mib, a server's body and image limits, a smaller image budget (--max-image-tokens), the load time, what the first reads' checks cost
  * where that is noticeable, and (without --verbose) where the plan's table is.
  */
 export function loadLine(command: string, model: ChatModel, verbose: boolean): string {
@@ -150,9 +150,12 @@ export function loadLine(command: string, model: ChatModel, verbose: boolean): s
   const bodies = p.requestBodies;
   const limits = bodies ? `; bodies up to ${(bodies.bodyBytes / MIB).toFixed(0)} MiB${p.imageBudget ? `, images ${imageLimitsText(p.imageBudget, "first")}` : ""}` : "";
   const note = firstReadCheckNote(record.chosen);
+  const official = model.preprocess?.inTokenLimit;
+  const budget = official !== undefined && model.defaultInTokenLimit !== official
+    ? `; images downscaled to ~${model.defaultInTokenLimit / (model.preprocess!.mergeKernel[0] * model.preprocess!.mergeKernel[1])} media tokens (--max-image-tokens)` : "";
   return `kvl ${command}: ${record.chosen}${by}, ${n} ${record.chosen === "wasm" ? "instance" : "engine"}${n > 1 ? "s" : ""}, ` +
     `kernels ${model.client.info.kernels}, Linear inputs ${actModeText(model.actMode)}; ` +
-    `RAM plan ${(p.total / MIB).toFixed(0)} MiB of ${p.budgetText}${limits}; loaded in ${model.loadSeconds.toFixed(1)} s` +
+    `RAM plan ${(p.total / MIB).toFixed(0)} MiB of ${p.budgetText}${limits}${budget}; loaded in ${model.loadSeconds.toFixed(1)} s` +
     `${note ? `; ${note}` : ""}${verbose ? "" : " (--verbose shows the plan)"}`;
 }
 
@@ -440,7 +443,8 @@ export class Conversation {
         }
         const key = imageContentKey(pixelValues, grid);
         cache.rememberFile(image.sha256, image.inTokenLimit, key);
-        found = cache.get(key);
+        // the same pixels from another file (one lookup counted per image: a known key was looked up)
+        if (key !== known) found = cache.get(key);
         if (found === undefined) {
           const timer = onImage ? setInterval(() => event("encoding"), IMAGE_PROGRESS_MS) : undefined;
           let out: Float32Array;

@@ -18,6 +18,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import sharp from "sharp";
 
 import { roundToBf16 } from "../host/core/core-api.js";
+import { EmbeddingCache, imageContentKey } from "../host/image/embedding-cache.js";
 import { packageRoot } from "../host/system/paths.js";
 import { type RgbImage, loadPreprocessorConfig, numMediaTokens, preprocess } from "./reference/preprocess.js";
 import { TextReference } from "./reference/text.js";
@@ -88,6 +89,42 @@ function referenceReply(ids: number[], media: Float64Array): number[] {
   const stop = out.findIndex((t) => STOP_IDS.includes(t));
   return stop < 0 ? out : out.slice(0, stop);
 }
+
+describe("EmbeddingCache", () => {
+  const rows = (n: number, v = 1): Float32Array => new Float32Array(n).fill(v);
+
+  it("evicts the least recently used by bytes, never holds more than its capacity, and counts lookups", () => {
+    const cache = new EmbeddingCache(100); // 25 floats
+    cache.set("a", rows(10));
+    cache.set("b", rows(10));
+    expect(cache.get("a")).toBeDefined(); // a is now the most recent
+    cache.set("c", rows(10)); // 120 bytes > 100: b (least recent) goes
+    expect([cache.get("b"), cache.get("a") !== undefined, cache.get("c") !== undefined]).toEqual([undefined, true, true]);
+    expect(cache.bytes).toBe(80);
+    cache.touch("a"); // c is now the oldest
+    cache.set("d", rows(6)); // 104 bytes > 100: c goes
+    expect(cache.get("c")).toBeUndefined();
+    expect(cache.bytes).toBe(64);
+    cache.set("huge", rows(26)); // larger than the whole cache: not kept, nothing evicted for it
+    expect(cache.get("huge")).toBeUndefined();
+    expect(cache.size).toBe(2);
+    expect(cache.counts).toEqual({ hits: 3, misses: 3 });
+  });
+
+  it("the content key is the pixels' and the grid's: equal pixels agree, another grid or one changed value does not", () => {
+    const pixels = Float32Array.from({ length: 48 }, (_, i) => i / 7);
+    const key = imageContentKey(pixels, [2, 2]);
+    expect(imageContentKey(Float32Array.from(pixels), [2, 2])).toBe(key);
+    expect(imageContentKey(pixels, [1, 4])).not.toBe(key);
+    const changed = Float32Array.from(pixels);
+    changed[47] = changed[47]! + 1e-6;
+    expect(imageContentKey(changed, [2, 2])).not.toBe(key);
+    const cache = new EmbeddingCache(1000);
+    cache.rememberFile("f", 4096, key);
+    expect(cache.keyOfFile("f", 4096)).toBe(key);
+    expect(cache.keyOfFile("f", 1024)).toBeUndefined(); // the same file at another budget is other media
+  });
+});
 
 describe("the official rule for a smaller in_token_limit, by hand", () => {
   it("84x56 with in_token_limit 4 (--max-image-tokens 1 at a 2x2 merge) is resized to 34x22, padded to 56x28: a 2x4 grid, 2 tokens", () => {
