@@ -489,19 +489,20 @@ export class Conversation {
     this.#cancelled = false;
     const timings = { prefillS: 0, firstTokenS: 0, decodeSPerToken: 0, visionS: 0 };
     const images: ReplyReport["images"] = prompt.images.map((i) => ({ sha256: i.image.sha256, grid: [...i.image.grid] as [number, number],
-      mediaTokens: i.nTokens, inTokenLimit: i.image.inTokenLimit, cached: true, encodeS: 0 }));
+      mediaTokens: i.nTokens, inTokenLimit: i.image.inTokenLimit, cached: false, encodeS: 0 }));
     try {
       await checkReplyGrammar(params); // after #running is set: a cancel meanwhile still counts
       const visionStart = performance.now();
       const { rows, encoded: imagesEncoded, seconds } = await this.#encodeImages(prompt, hooks.onImage);
       timings.visionS = (performance.now() - visionStart) / 1000;
-      // an image shown twice is encoded once: the first showing reports the encode
+      // an image shown twice is encoded once: the first showing reports the encode, later ones
+      // (and images found in the cache) are cached; one a cancel left unencoded is neither
       const reported = new Set<string>();
       prompt.images.forEach(({ digest }, n) => {
         const s = seconds.get(digest);
-        if (s === undefined || reported.has(digest)) return;
-        reported.add(digest);
-        images[n] = { ...images[n]!, cached: false, encodeS: s };
+        const first = s !== undefined && !reported.has(digest);
+        if (first) reported.add(digest);
+        images[n] = { ...images[n]!, cached: rows.has(digest) && !first, encodeS: first ? s : 0 };
       });
       const base = { promptTokenIds: prompt.tokens, images, stopSequence: null };
       if (this.#cancelled) {

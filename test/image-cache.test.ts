@@ -157,6 +157,19 @@ describe.each(RUNS)("images in kvl chat on $label", ({ env }) => {
     expect(first.output_token_ids).toEqual(referenceReply(first.prompt_token_ids, referenceMedia().media));
   });
 
+  it("one image twice in a message is encoded once, its second showing reported cached; the reply is the reference's", () => {
+    const r = chat([pack, "Compare.", "--image", image.path, "--image", image.path, "--json", ...COMMON], env);
+    expect(r.status, r.stderr).toBe(0);
+    const report = JSON.parse(r.stdout) as Reply;
+    expect(report.usage.images_encoded).toBe(1);
+    expect(report.images.map((i) => i.cached)).toEqual([false, true]);
+    const { media } = referenceMedia();
+    const both = new Float64Array(media.length * 2);
+    both.set(media);
+    both.set(media, media.length);
+    expect(report.output_token_ids).toEqual(referenceReply(report.prompt_token_ids, both));
+  });
+
   it("--max-image-tokens 1: the reference's grid for in_token_limit 4 and its reply over those embeddings", () => {
     const r = chat([pack, "Describe this.", "--image", image.path, "--json", "--max-image-tokens", "1", ...COMMON], env);
     expect(r.status, r.stderr).toBe(0);
