@@ -19,7 +19,7 @@ import { createInterface } from "node:readline";
 import { type Command, InvalidArgumentError } from "commander";
 
 import { chooseBackend } from "../host/core/backend.js";
-import { type ChatImage, ChatModel, type Conversation, type ReplyReport, loadLine } from "../host/chat-model.js";
+import { type ChatImage, ChatModel, type Conversation, type ImageEvent, type ReplyHooks, type ReplyReport, loadLine } from "../host/chat-model.js";
 import type { Message } from "../host/text/conversation.js";
 import { type EngineStats, PackReadError } from "../host/core/core-api.js";
 import { actModeJson } from "../host/plan/act-mode.js";
@@ -103,7 +103,8 @@ function replyJson(model: ChatModel, report: ReplyReport, stats: EngineStats, be
     io: { trunk_direct_io: info.trunkDirectIo, expert_direct_io: info.expertDirectIo, vision_direct_io: info.visionDirectIo,
       kernels: info.kernels, act_dtype: info.actDtype, act_mode: actModeJson(model.actMode), threads: info.nThreads, backend: model.backend,
       instances: model.client.ranges.length },
-    images: report.images.map((i) => ({ sha256: i.sha256, grid: i.grid, media_tokens: i.mediaTokens })),
+    images: report.images.map((i) => ({ sha256: i.sha256, grid: i.grid, media_tokens: i.mediaTokens, in_token_limit: i.inTokenLimit,
+      cached: i.cached, encode_s: i.encodeS })),
     peak_rss_bytes: peakRssBytes(),
     plan_bytes: model.plan.total,
     // the budget the plan is held to and who chose it: --ram-mib N, or auto from the machine's free memory
@@ -120,7 +121,7 @@ function showTokens(json: Record<string, unknown>): string {
   const r = json as {
     usage: Record<string, number>; prompt_token_ids: number[]; output_token_ids: number[]; finish_reason: string;
     timings: Record<string, number>; cache: Record<string, number>; io: Record<string, string | number | boolean>;
-    peak_rss_bytes: number | null; plan_bytes: number; images: Array<{ grid: number[]; media_tokens: number }>;
+    peak_rss_bytes: number | null; plan_bytes: number; images: Array<{ grid: number[]; media_tokens: number; cached: boolean; encode_s: number }>;
   };
   const how = (direct: unknown): string => (direct ? "direct" : "buffered");
   const lines = [
@@ -133,7 +134,8 @@ function showTokens(json: Record<string, unknown>): string {
     `[io] trunk ${how(r.io.trunk_direct_io)}, experts ${how(r.io.expert_direct_io)}, vision ${how(r.io.vision_direct_io)}; ` +
       `${r.io.backend} (${r.io.instances} instance${r.io.instances === 1 ? "" : "s"}), kernels ${r.io.kernels}, Linear inputs ${r.io.act_dtype}, ${r.io.threads} threads`,
     `[memory] peak RSS ${r.peak_rss_bytes === null ? "n/a" : `${(r.peak_rss_bytes / MIB).toFixed(1)} MiB`} (plan ${(r.plan_bytes / MIB).toFixed(1)} MiB)`,
-    ...r.images.map((image, n) => `[image] ${n + 1}: grid ${image.grid[0]}x${image.grid[1]} patches, ${image.media_tokens} media tokens`),
+    ...r.images.map((image, n) => `[image] ${n + 1}: grid ${image.grid[0]}x${image.grid[1]} patches, ${image.media_tokens} media tokens, ` +
+      (image.cached ? "embeddings from the cache" : `encoded in ${image.encode_s.toFixed(3)} s`)),
   ];
   return `${lines.join("\n")}\n`;
 }
@@ -203,6 +205,33 @@ function systemMessages(opts: ChatOptions): Array<Message<ChatImage>> {
   return opts.system !== undefined ? [{ role: "system", parts: [opts.system] }] : [];
 }
 
+/**
+ * What `kvl chat` shows of a turn's images on stderr (nothing with --json or --quiet: --json has
+ * them in its report): on a terminal, a progress line redrawn every second while an image
+ * encodes (the engine's "encoding" events start after a second, so a quick encode shows none),
+ * and for every image, once it is ready, a line with its media tokens and its encode time or
+ * that it came from the cache.
+ */
+function imageLines(opts: ChatOptions): ReplyHooks {
+  if (opts.json || opts.quiet) return {};
+  const tty = Boolean(process.stderr.isTTY);
+  let drawn = false;
+  return {
+    onImage: (e: ImageEvent): void => {
+      const which = `[image ${e.index + 1}/${e.count}] ${escapeControls(e.name)}`;
+      if (e.phase === "encoding" && tty) {
+        process.stderr.write(`\r\x1b[K${which}: encoding ${e.mediaTokens} media tokens... ${Math.floor(e.elapsedS)} s`);
+        drawn = true;
+      } else if (e.phase === "done") {
+        if (drawn) process.stderr.write("\r\x1b[K");
+        drawn = false;
+        const how = e.cached ? "embeddings from the cache" : `encoded in ${e.elapsedS.toFixed(1)} s`;
+        process.stderr.write(`${which}: ${e.mediaTokens} media tokens (grid ${e.grid[0]}x${e.grid[1]}), ${how}\n`);
+      }
+    },
+  };
+}
+
 /** Runs one reply, streaming text to stdout unless --json; `stopped` says whether Ctrl-C came
  * before the reply started running (then it is stopped as soon as it does). */
 async function runReply(model: ChatModel, conversation: Conversation, messages: Array<Message<ChatImage>>, opts: ChatOptions,
@@ -210,7 +239,7 @@ async function runReply(model: ChatModel, conversation: Conversation, messages: 
   const before = await model.stats();
   const running = conversation.generate(messages, replyParams(opts), (text) => {
     if (!opts.json) process.stdout.write(escapeControls(text));
-  });
+  }, imageLines(opts));
   // generate runs synchronously up to its first await, so the conversation is running here
   if (stopped()) conversation.cancel();
   const report = await running;
@@ -296,7 +325,9 @@ async function interactive(model: ChatModel, images: ChatImage[], opts: ChatOpti
           pending = [];
           emit(opts, { event: "reset" }, "(conversation cleared)");
         } else if (command === "/stats") {
-          const stats = { ...snakeStats(await model.stats()), session_tokens: conversation.position, peak_rss_bytes: peakRssBytes() };
+          const images = model.embeddings;
+          const stats = { ...snakeStats(await model.stats()), session_tokens: conversation.position, peak_rss_bytes: peakRssBytes(),
+            image_cache_hits: images.counts.hits, image_cache_misses: images.counts.misses, image_cache_images: images.size, image_cache_bytes: images.bytes };
           emit(opts, { event: "stats", stats }, Object.entries(stats).map(([k, v]) => `${k}=${v}`).join("  "));
         } else if (command === "/image") {
           if (!rest) {

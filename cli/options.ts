@@ -139,6 +139,7 @@ export interface ModelCliOptions {
   /** --no-vision sets it false; absent where the command takes no vision options. */
   vision?: boolean;
   maxImageMp?: number;
+  maxImageTokens?: number;
   expertLookahead: ExpertLookahead;
 }
 
@@ -157,7 +158,11 @@ export function addModelOptions(command: Command, set: ModelOptionSet = {}): Com
     .option("--threads <n>", "compute threads (0 = every core)", nonNegativeInt, DEFAULT_THREADS);
   if (set.context ?? true) command.option("--max-context <n>", "context length in tokens", positiveInt, DEFAULT_MAX_CONTEXT);
   command.addOption(kernelsOption()).addOption(actDtypeOption()).addOption(expertLookaheadOption());
-  if (set.vision ?? true) command.option("--no-vision", "do not load the vision tower").addOption(maxImageMpOption());
+  if (set.vision ?? true) {
+    command.option("--no-vision", "do not load the vision tower").addOption(maxImageMpOption())
+      .option("--max-image-tokens <n>", "media tokens an image may become (default: the model's own 1024): a smaller budget " +
+        "downscales images as the official processor would for it, trading detail for encode time", positiveInt);
+  }
   return command;
 }
 
@@ -167,5 +172,6 @@ export function modelSettings(o: ModelCliOptions): ModelOptions {
     ramMib: o.ramMib, cacheMib: o.cacheMib === "auto" ? undefined : o.cacheMib, trunkCacheMib: o.trunkCacheMib === "auto" ? null : o.trunkCacheMib,
     maxContext: o.maxContext ?? DEFAULT_MAX_CONTEXT, threads: o.threads, kernels: o.kernels, actDtype: o.actDtype, loadVision: o.vision ?? true,
     instances: o.instances, imageMaxPixels: megapixelsToPixels(o.maxImageMp), expertLookahead: o.expertLookahead,
+    ...(o.maxImageTokens !== undefined ? { maxImageTokens: o.maxImageTokens } : {}),
   };
 }

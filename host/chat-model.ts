@@ -8,8 +8,11 @@
  * engine is opened from; the load line both commands print (loadLine); images as the prompt sees them (ChatImage: the file's bytes, its size
  * from the header, grid and media tokens — pixels are decoded only when the image is encoded;
  * an image over the plan's image decode line is refused from its header, when it is attached);
- * encoding each image once per conversation (embeddings kept by digest while the conversation
- * still shows the image, rounded to BF16 as the official model feeds them); the reply's text
+ * the media-token budget an image is preprocessed for (--max-image-tokens, per request in the
+ * server: the official in_token_limit rule with a smaller limit); encoding each image once per
+ * model (embeddings, rounded to BF16 as the official model feeds them, kept by content in an LRU
+ * the size of the plan's "image embeddings" line: image/embedding-cache.ts), with progress
+ * events while an image encodes (ImageEvent); the reply's text
  * (UTF-8-safe deltas, stop strings held back and never emitted), its token budget
  * (max_new_tokens within the context), and its report (finish reason, usage, timings).
  * Does not own: the token loop and prefix reuse (generation.ts, in the worker), pixels
@@ -27,6 +30,7 @@ import { type Message, type Prompt, ImageInput, buildPrompt, mediaKeyStrings, sh
 import { EngineClient, type ClientSession } from "./engine/engine-client.js";
 import { DEFAULT_DECODE_LIMITS, type DecodeLimits, checkImage, decodeImageWith, imageHeader } from "./image/image-decode.js";
 import { type PreprocessorConfig, gridForSize, loadPreprocessorConfig, mediaTokens, preprocessImage } from "./image/image-preprocess.js";
+import { EmbeddingCache, imageContentKey } from "./image/embedding-cache.js";
 import { openRunnablePack } from "./pack/pack-check.js";
 import { packFileChange, packFileIdentities } from "./pack/pack-files.js";
 import { imageLimitsText } from "./image/image-budget.js";
@@ -52,14 +56,42 @@ export interface ChatModelOptions extends ModelOptions {
   onLoadProgress?: (readBytes: number | null, expectedBytes: number) => void;
 }
 
-/** An image as a conversation holds it: its encoded bytes (the digest is theirs), its size from
- * the file header, and the patch grid and media tokens that size gives. */
+/** An image as a conversation holds it: its encoded bytes (sha256 is theirs), its size from the
+ * file header, the token limit (patches, the official in_token_limit or a smaller one) it is
+ * preprocessed for, and the patch grid and media tokens that gives. Its identity for prefix reuse
+ * (digest) is the file's sha256, with the limit appended when it is not the pack's own — the same
+ * file at another budget is other media. */
 export class ChatImage extends ImageInput {
   constructor(readonly bytes: Uint8Array, readonly name: string, readonly width: number, readonly height: number,
-    readonly grid: [number, number], nTokens: number) {
-    super(nTokens, sha256Hex(bytes));
+    readonly grid: [number, number], nTokens: number, readonly inTokenLimit: number, officialLimit: boolean,
+    readonly sha256: string = sha256Hex(bytes)) {
+    super(nTokens, officialLimit ? sha256 : `${sha256}@${inTokenLimit}`);
   }
 }
+
+/** What happens to one image of a turn, for a progress line: "start" before it is looked up,
+ * "encoding" about every second while the engine encodes it, "done" when its embeddings are there. */
+export interface ImageEvent {
+  phase: "start" | "encoding" | "done";
+  /** 0-based, in prompt order, and how many images the prompt shows. */
+  index: number;
+  count: number;
+  name: string;
+  grid: [number, number];
+  mediaTokens: number;
+  /** Seconds since this image's turn began looking it up (decode, preprocess and encode). */
+  elapsedS: number;
+  /** "done": whether the embeddings came from the cache (nothing was encoded). */
+  cached: boolean;
+}
+
+/** Hooks of one reply beyond its text. */
+export interface ReplyHooks {
+  onImage?: (event: ImageEvent) => void;
+}
+
+/** How often an "encoding" event repeats while the engine encodes an image. */
+const IMAGE_PROGRESS_MS = 1000;
 
 type FinishReason = "stop" | "length" | "cancelled";
 
@@ -73,7 +105,10 @@ export interface ReplyReport {
   outputTokenIds: number[];
   usage: { promptTokens: number; completionTokens: number; reusedPromptTokens: number; imagesEncoded: number };
   timings: { prefillS: number; firstTokenS: number; decodeSPerToken: number; visionS: number };
-  images: Array<{ sha256: string; grid: [number, number]; mediaTokens: number }>;
+  /** Each image the prompt shows: its file's sha256, grid, media tokens, the token limit it was
+   * preprocessed for (patches), whether its embeddings came from the cache, and the seconds its
+   * decode + preprocessing + encode took this turn (0 when cached). */
+  images: Array<{ sha256: string; grid: [number, number]; mediaTokens: number; inTokenLimit: number; cached: boolean; encodeS: number }>;
 }
 
 /** Linux: bytes this process has read through read(2)/pread(2) so far (rchar), else null. */
@@ -104,7 +139,7 @@ function firstReadCheckNote(backend: BackendName): string | null {
 /**
  * The one line `kvl chat` and `kvl serve` print once the model is loaded: the backend and who
  * asked for it, the instances, the kernel set and the act mode with why, the RAM plan against
- * --ram-mib, a server's body and image limits, the load time, what the first reads' checks cost
+ * --ram-mib, a server's body and image limits, a smaller image budget (--max-image-tokens), the load time, what the first reads' checks cost
  * where that is noticeable, and (without --verbose) where the plan's table is.
  */
 export function loadLine(command: string, model: ChatModel, verbose: boolean): string {
@@ -115,9 +150,12 @@ export function loadLine(command: string, model: ChatModel, verbose: boolean): s
   const bodies = p.requestBodies;
   const limits = bodies ? `; bodies up to ${(bodies.bodyBytes / MIB).toFixed(0)} MiB${p.imageBudget ? `, images ${imageLimitsText(p.imageBudget, "first")}` : ""}` : "";
   const note = firstReadCheckNote(record.chosen);
+  const official = model.preprocess?.inTokenLimit;
+  const budget = official !== undefined && model.defaultInTokenLimit !== official
+    ? `; images downscaled to ~${model.defaultInTokenLimit / (model.preprocess!.mergeKernel[0] * model.preprocess!.mergeKernel[1])} media tokens (--max-image-tokens)` : "";
   return `kvl ${command}: ${record.chosen}${by}, ${n} ${record.chosen === "wasm" ? "instance" : "engine"}${n > 1 ? "s" : ""}, ` +
     `kernels ${model.client.info.kernels}, Linear inputs ${actModeText(model.actMode)}; ` +
-    `RAM plan ${(p.total / MIB).toFixed(0)} MiB of ${p.budgetText}${limits}; loaded in ${model.loadSeconds.toFixed(1)} s` +
+    `RAM plan ${(p.total / MIB).toFixed(0)} MiB of ${p.budgetText}${limits}${budget}; loaded in ${model.loadSeconds.toFixed(1)} s` +
     `${note ? `; ${note}` : ""}${verbose ? "" : " (--verbose shows the plan)"}`;
 }
 
@@ -132,13 +170,55 @@ export async function checkReplyGrammar(params: ReplyParams): Promise<void> {
   }
 }
 
+/** The most media tokens an image may be given a budget of: the pack's own in_token_limit in merged tokens. */
+function maxImageTokensOf(config: PreprocessorConfig): number {
+  return Math.floor(config.inTokenLimit / (config.mergeKernel[0] * config.mergeKernel[1]));
+}
+
+/**
+ * The in_token_limit (patches) for a budget of `maxImageTokens` media tokens: the official
+ * processor's rule (image-preprocess.ts) is applied with in_token_limit = tokens x merge area, so
+ * the image is downscaled as the official processor would downscale it for that limit (then padded
+ * to whole merges, which can add a row or column of tokens, as it does at the default). null: the
+ * pack's own limit. UserError naming `what` for a budget that is not 1..the pack's own.
+ */
+function inTokenLimitOf(config: PreprocessorConfig, maxImageTokens: number | null, what: string): number {
+  if (maxImageTokens === null) return config.inTokenLimit;
+  const most = maxImageTokensOf(config);
+  if (!Number.isInteger(maxImageTokens) || maxImageTokens < 1 || maxImageTokens > most) {
+    throw new UserError(`${what} must be a whole number from 1 to ${most} (the model's own limit, ${config.inTokenLimit} patches ` +
+      `= ${most} media tokens, is the default), got ${maxImageTokens}`);
+  }
+  return maxImageTokens * config.mergeKernel[0] * config.mergeKernel[1];
+}
+
 export class ChatModel {
   /** Digests of images that decoded whole, oldest first (a Set keeps insertion order). */
   readonly #checkedImages = new Set<string>();
+  /** Images' embeddings by content, within the plan's "image embeddings" line: that line holds a
+   * full context of media rows, so the images of any one prompt always fit together. */
+  readonly embeddings: EmbeddingCache;
 
   private constructor(readonly packDir: string, readonly backendRecord: BackendRecord, readonly actMode: ActMode, readonly plan: RamPlan,
     readonly client: EngineClient, readonly tokenizer: Tokenizer, readonly template: ChatTemplate, readonly preprocess: PreprocessorConfig | null,
-    readonly loadSeconds: number, readonly packFiles: ReturnType<typeof packFileIdentities>) {}
+    readonly loadSeconds: number, readonly packFiles: ReturnType<typeof packFileIdentities>,
+    /** The token limit (patches) images are preprocessed for unless a request says otherwise (--max-image-tokens). */
+    readonly defaultInTokenLimit: number) {
+    this.embeddings = new EmbeddingCache(plan.components.mediaCache);
+  }
+
+  /** The most media tokens an image may be given a budget of: the pack's own in_token_limit in merged tokens. */
+  get maxImageTokens(): number {
+    return this.preprocess ? maxImageTokensOf(this.preprocess) : 0;
+  }
+
+  /** The in_token_limit (patches) for a request's budget of media tokens (inTokenLimitOf), or the
+   * model's default when the request gives none. */
+  inTokenLimitFor(maxImageTokens: number | undefined | null, what: string): number {
+    if (!this.preprocess) return 0;
+    if (maxImageTokens === undefined || maxImageTokens === null) return this.defaultInTokenLimit;
+    return inTokenLimitOf(this.preprocess, maxImageTokens, what);
+  }
 
   /**
    * Refuses a turn (PackReadError) when a pack data file is no longer the one the engine opened:
@@ -175,6 +255,8 @@ export class ChatModel {
       const preprocess = options.loadVision
         ? loadPreprocessorConfig(packDir, Array.isArray(merge) && merge.length === 2 ? [Number(merge[0]), Number(merge[1])] : undefined)
         : null;
+      // a bad --max-image-tokens is refused before the engine loads
+      const defaultInTokenLimit = preprocess ? inTokenLimitOf(preprocess, options.maxImageTokens ?? null, "--max-image-tokens") : 0;
       const expected = ramPlan.instances.reduce((n, i) => n + i.globals + i.trunkCache, 0);
       const readAtStart = processReadBytes();
       const started = performance.now();
@@ -195,7 +277,8 @@ export class ChatModel {
       } finally {
         if (timer) clearInterval(timer);
       }
-      return new ChatModel(packDir, options.backend, actMode, ramPlan, client, tokenizer, template, preprocess, (performance.now() - started) / 1000, packFiles);
+      return new ChatModel(packDir, options.backend, actMode, ramPlan, client, tokenizer, template, preprocess, (performance.now() - started) / 1000, packFiles,
+        defaultInTokenLimit);
     } catch (err) {
       tokenizer.close();
       await client?.close().catch(() => undefined);
@@ -207,11 +290,14 @@ export class ChatModel {
     return this.plan.backend;
   }
 
-  /** Reads an image file (or takes encoded bytes), sizes it from its header and checks that it
-   * decodes whole (checkImage, once per digest); its pixels are kept only when a conversation
-   * first encodes it. UserError for anything that is not a usable image. */
-  async loadImage(source: string | Uint8Array, name = typeof source === "string" ? source : "image data"): Promise<ChatImage> {
+  /** Reads an image file (or takes encoded bytes), sizes it from its header for the token limit
+   * (inTokenLimitFor: the model's default, or a request's) and checks that it decodes whole
+   * (checkImage, once per digest); its pixels are kept only when a conversation first encodes it.
+   * UserError for anything that is not a usable image. */
+  async loadImage(source: string | Uint8Array, name = typeof source === "string" ? source : "image data",
+    inTokenLimit = this.defaultInTokenLimit): Promise<ChatImage> {
     if (!this.preprocess) throw new UserError("this model was opened without vision (--no-vision); images are not accepted");
+    const config = { ...this.preprocess, inTokenLimit };
     let bytes: Uint8Array;
     if (typeof source === "string") {
       let size: number;
@@ -242,18 +328,19 @@ export class ChatModel {
     }
     let grid: [number, number];
     try {
-      grid = gridForSize(width, height, this.preprocess);
+      grid = gridForSize(width, height, config);
     } catch (err) {
       if (err instanceof UserError) throw new UserError(`${name}: ${err.message}`);
       throw err;
     }
-    const image = new ChatImage(bytes, name, width, height, grid, mediaTokens(grid, this.preprocess.mergeKernel));
+    const image = new ChatImage(bytes, name, width, height, grid, mediaTokens(grid, this.preprocess.mergeKernel), inTokenLimit,
+      inTokenLimit === this.preprocess.inTokenLimit);
     // decoded whole once now (keeping no pixels), so a damaged image is refused when it is given —
     // before a server's stream has started, before a chat turn joins the history — never when
     // the turn that carries it is encoded
-    if (!this.#checkedImages.has(image.digest)) {
+    if (!this.#checkedImages.has(image.sha256)) {
       await checkImage(bytes, this.decodeLimits());
-      this.#checkedImages.add(image.digest);
+      this.#checkedImages.add(image.sha256);
       if (this.#checkedImages.size > CHECKED_IMAGES_KEPT) this.#checkedImages.delete(this.#checkedImages.values().next().value!);
     }
     return image;
@@ -282,9 +369,8 @@ export class ChatModel {
   }
 }
 
-/** One conversation: a session's KV and the embeddings of the images it shows. */
+/** One conversation: a session's KV (its images' embeddings are the model's, by content). */
 export class Conversation {
-  readonly #embeddings = new Map<string, Float32Array>();
   #running = false;
   #cancelled = false;
   #position = 0;
@@ -309,10 +395,9 @@ export class Conversation {
     this.session.cancel();
   }
 
-  /** Forgets the conversation: KV, keys and image embeddings. */
+  /** Forgets the conversation: KV and keys (image embeddings stay in the model's cache, by content). */
   async reset(): Promise<void> {
     await this.session.reset();
-    this.#embeddings.clear();
     this.#position = 0;
   }
 
@@ -320,29 +405,68 @@ export class Conversation {
     await this.session.close();
   }
 
-  async #encodeImages(prompt: Prompt<ChatImage>): Promise<number> {
-    const shown = new Set(prompt.images.map((i) => i.digest));
-    for (const digest of [...this.#embeddings.keys()]) if (!shown.has(digest)) this.#embeddings.delete(digest);
-    const config = this.model.preprocess;
-    let encoded = 0;
+  /**
+   * The embeddings of every image the prompt shows, by digest: from the model's cache (by
+   * content: a resent file is found by its digest and token limit without decoding; other bytes
+   * are decoded and preprocessed, then found if their pixels are), else encoded and kept there.
+   * The prompt's cached images are marked recent first, so encoding the others never evicts them.
+   */
+  async #encodeImages(prompt: Prompt<ChatImage>, onImage: ((event: ImageEvent) => void) | undefined):
+    Promise<{ rows: Map<string, Float32Array>; encoded: number; seconds: Map<string, number> }> {
+    const cache = this.model.embeddings;
     for (const { image } of prompt.images) {
-      if (this.#embeddings.has(image.digest)) continue;
+      const key = cache.keyOfFile(image.sha256, image.inTokenLimit);
+      if (key !== undefined) cache.touch(key);
+    }
+    const config = this.model.preprocess;
+    const rows = new Map<string, Float32Array>();
+    const seconds = new Map<string, number>();
+    let encoded = 0;
+    for (const [index, { image }] of prompt.images.entries()) {
+      if (rows.has(image.digest)) continue;
       if (this.#cancelled) break;
       if (!config) throw new UserError("this model was opened without vision (--no-vision); images are not accepted");
-      const { pixelValues, grid } = await decodeImageWith(image.bytes, this.model.decodeLimits(), (decoded) => preprocessImage(decoded, config));
-      if (grid[0] !== image.grid[0] || grid[1] !== image.grid[1]) {
-        throw new UserError(`${image.name}: the decoded image gives a ${grid[0]}x${grid[1]} patch grid, its header promised ` +
-          `${image.grid[0]}x${image.grid[1]}; the file is inconsistent, re-export it`);
+      const started = performance.now();
+      const event = (phase: ImageEvent["phase"], cached = false): void => onImage?.({
+        phase, index, count: prompt.images.length, name: image.name, grid: [...image.grid], mediaTokens: image.nTokens,
+        elapsedS: (performance.now() - started) / 1000, cached,
+      });
+      event("start");
+      const known = cache.keyOfFile(image.sha256, image.inTokenLimit);
+      let found = known === undefined ? undefined : cache.get(known);
+      if (found === undefined) {
+        const limited = { ...config, inTokenLimit: image.inTokenLimit };
+        const { pixelValues, grid } = await decodeImageWith(image.bytes, this.model.decodeLimits(), (decoded) => preprocessImage(decoded, limited));
+        if (grid[0] !== image.grid[0] || grid[1] !== image.grid[1]) {
+          throw new UserError(`${image.name}: the decoded image gives a ${grid[0]}x${grid[1]} patch grid, its header promised ` +
+            `${image.grid[0]}x${image.grid[1]}; the file is inconsistent, re-export it`);
+        }
+        const key = imageContentKey(pixelValues, grid);
+        cache.rememberFile(image.sha256, image.inTokenLimit, key);
+        // the same pixels from another file (one lookup counted per image: a known key was looked up)
+        if (key !== known) found = cache.get(key);
+        if (found === undefined) {
+          const timer = onImage ? setInterval(() => event("encoding"), IMAGE_PROGRESS_MS) : undefined;
+          let out: Float32Array;
+          try {
+            out = await this.model.client.encodeImages(pixelValues, Int32Array.from(grid));
+          } finally {
+            if (timer) clearInterval(timer);
+          }
+          const hidden = this.model.client.info.hiddenSize;
+          if (out.length !== image.nTokens * hidden) {
+            throw new Error(`vision produced ${out.length / hidden} rows for ${image.nTokens} media tokens (grid ${grid.join("x")})`);
+          }
+          found = roundToBf16(out);
+          cache.set(key, found);
+          encoded++;
+          seconds.set(image.digest, (performance.now() - started) / 1000);
+        }
       }
-      const rows = await this.model.client.encodeImages(pixelValues, Int32Array.from(grid));
-      const hidden = this.model.client.info.hiddenSize;
-      if (rows.length !== image.nTokens * hidden) {
-        throw new Error(`vision produced ${rows.length / hidden} rows for ${image.nTokens} media tokens (grid ${grid.join("x")})`);
-      }
-      this.#embeddings.set(image.digest, roundToBf16(rows));
-      encoded++;
+      rows.set(image.digest, found);
+      event("done", !seconds.has(image.digest));
     }
-    return encoded;
+    return { rows, encoded, seconds };
   }
 
   /**
@@ -350,7 +474,8 @@ export class Conversation {
    * the session already holds is reused): onText gets each piece of text as soon as it is
    * certain (never part of a stop string, never half a UTF-8 character).
    */
-  async generate(messages: ReadonlyArray<Message<ChatImage>>, params: ReplyParams, onText: (text: string) => void): Promise<ReplyReport> {
+  async generate(messages: ReadonlyArray<Message<ChatImage>>, params: ReplyParams, onText: (text: string) => void,
+    hooks: ReplyHooks = {}): Promise<ReplyReport> {
     validateReplyParams(params);
     if (this.#running) throw new UserError("this conversation is already generating a reply");
     this.model.checkPackFiles();
@@ -363,12 +488,22 @@ export class Conversation {
     this.#running = true;
     this.#cancelled = false;
     const timings = { prefillS: 0, firstTokenS: 0, decodeSPerToken: 0, visionS: 0 };
-    const images = prompt.images.map((i) => ({ sha256: i.digest, grid: [...i.image.grid] as [number, number], mediaTokens: i.nTokens }));
+    const images: ReplyReport["images"] = prompt.images.map((i) => ({ sha256: i.image.sha256, grid: [...i.image.grid] as [number, number],
+      mediaTokens: i.nTokens, inTokenLimit: i.image.inTokenLimit, cached: false, encodeS: 0 }));
     try {
       await checkReplyGrammar(params); // after #running is set: a cancel meanwhile still counts
       const visionStart = performance.now();
-      const imagesEncoded = await this.#encodeImages(prompt);
+      const { rows, encoded: imagesEncoded, seconds } = await this.#encodeImages(prompt, hooks.onImage);
       timings.visionS = (performance.now() - visionStart) / 1000;
+      // an image shown twice is encoded once: the first showing reports the encode, later ones
+      // (and images found in the cache) are cached; one a cancel left unencoded is neither
+      const reported = new Set<string>();
+      prompt.images.forEach(({ digest }, n) => {
+        const s = seconds.get(digest);
+        const first = s !== undefined && !reported.has(digest);
+        if (first) reported.add(digest);
+        images[n] = { ...images[n]!, cached: rows.has(digest) && !first, encodeS: first ? s : 0 };
+      });
       const base = { promptTokenIds: prompt.tokens, images, stopSequence: null };
       if (this.#cancelled) {
         return { ...base, reply: "", finishReason: "cancelled", outputTokenIds: [], timings,
@@ -381,7 +516,7 @@ export class Conversation {
         media = new Float32Array(mediaKeys.length * hidden);
         let row = 0;
         for (const { digest, nTokens } of prompt.images) {
-          media.set(this.#embeddings.get(digest)!.subarray(0, nTokens * hidden), row * hidden);
+          media.set(rows.get(digest)!.subarray(0, nTokens * hidden), row * hidden);
           row += nTokens;
         }
       }

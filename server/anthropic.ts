@@ -24,7 +24,7 @@ import {
 } from "../host/text/tool-format.js";
 import { type ApiError, anthropicErrorBody, invalid } from "./errors.js";
 import { type JsonObject, getBool, getInt, getNumber, getStr, isObject, jsonType, maxTokensValue, requireObject, stopList } from "./fields.js";
-import { IMAGE_MEDIA_TYPES, ImageData, type RequestMessage, decodeImageBase64 } from "./images.js";
+import { IMAGE_MEDIA_TYPES, ImageData, MAX_IMAGE_TOKENS_FIELD, type RequestMessage, decodeImageBase64, withImageBudget } from "./images.js";
 import { type ToolRequest, asApiError, callId, replyCall, toolsActive, withToolsSystem } from "./tools.js";
 
 const ROLES = ["user", "assistant"];
@@ -217,7 +217,8 @@ export function parseMessagesRequest(body: unknown, maxContext: number): Message
   const tools = parseTools(obj);
   params.grammar = tools ? toolGrammar(tools.tools, tools.choice) : null;
   const stream = getBool(obj, "stream", "stream");
-  return { model, messages: withToolsSystem(messages, tools), params, stream, tools };
+  const budget = getInt(obj, MAX_IMAGE_TOKENS_FIELD, MAX_IMAGE_TOKENS_FIELD, 1, 2 ** 30); // an extension (kvl)
+  return { model, messages: withImageBudget(withToolsSystem(messages, tools), budget), params, stream, tools };
 }
 
 /** The prompt count_tokens measures: the messages with the tools' description, as a reply sees them. */
@@ -225,7 +226,8 @@ export function parseCountTokensRequest(body: unknown): { model: string; message
   const obj = requireObject(body, "request body");
   const model = parseModel(obj);
   const messages = parseConversation(obj);
-  return { model, messages: withToolsSystem(messages, parseTools(obj)) };
+  const budget = getInt(obj, MAX_IMAGE_TOKENS_FIELD, MAX_IMAGE_TOKENS_FIELD, 1, 2 ** 30); // an extension (kvl)
+  return { model, messages: withImageBudget(withToolsSystem(messages, parseTools(obj)), budget) };
 }
 
 // -- responses ------------------------------------------------------------------------------

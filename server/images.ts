@@ -17,9 +17,24 @@ import { invalid } from "./errors.js";
 
 export const IMAGE_MEDIA_TYPES = ["image/jpeg", "image/png", "image/webp", "image/gif"] as const;
 
-/** An image of a request, still encoded; `where` names it in errors (e.g. messages[0].content[1]). */
+/** An image of a request, still encoded; `where` names it in errors (e.g. messages[0].content[1]);
+ * maxImageTokens: the request's max_image_tokens (withImageBudget), null for the server's default. */
 export class ImageData {
+  maxImageTokens: number | null = null;
+
   constructor(readonly bytes: Uint8Array, readonly where: string) {}
+}
+
+/** The request field every API accepts (an extension): the media tokens each of its images may become. */
+export const MAX_IMAGE_TOKENS_FIELD = "max_image_tokens";
+
+/**
+ * A request's max_image_tokens (already checked to be a positive integer, or null) given to each
+ * of its images, so loadImages sizes them for it; returns the messages.
+ */
+export function withImageBudget(messages: RequestMessage[], maxImageTokens: number | null): RequestMessage[] {
+  for (const m of messages) for (const p of m.parts) if (p instanceof ImageData) p.maxImageTokens = maxImageTokens;
+  return messages;
 }
 
 /** A message as a request gives it: text and still-encoded images. */
@@ -28,9 +43,12 @@ export interface RequestMessage {
   parts: Array<string | ImageData>;
 }
 
-/** What can turn encoded bytes into a model image (ChatModel.loadImage). */
+/** What can turn encoded bytes into a model image (ChatModel.loadImage), sized for a budget of
+ * media tokens (null: the server's --max-image-tokens or the model's own); maxImageTokens: the
+ * largest budget it accepts (the model's own limit). */
 export interface ImageLoader {
-  loadImage(bytes: Uint8Array, name: string): Promise<ImageInput>;
+  loadImage(bytes: Uint8Array, name: string, maxImageTokens?: number | null): Promise<ImageInput>;
+  readonly maxImageTokens?: number;
 }
 
 /** The media type the bytes' magic number says, or null when it is no supported image. */
@@ -86,8 +104,13 @@ export async function loadImages(messages: readonly RequestMessage[], loader: Im
         parts.push(part);
         continue;
       }
+      const most = loader.maxImageTokens;
+      if (part.maxImageTokens !== null && most !== undefined && part.maxImageTokens > most) {
+        throw invalid(`'${MAX_IMAGE_TOKENS_FIELD}' must be between 1 and ${most} (this model's own limit, the default), got ${part.maxImageTokens}`,
+          MAX_IMAGE_TOKENS_FIELD);
+      }
       try {
-        parts.push(await loader.loadImage(part.bytes, part.where));
+        parts.push(await loader.loadImage(part.bytes, part.where, part.maxImageTokens));
       } catch (err) {
         if (!(err instanceof UserError)) throw err;
         const text = err.message.startsWith(`${part.where}:`) ? err.message : `${part.where}: ${err.message}`;

@@ -12,7 +12,7 @@
  * Does not own: anything of the model itself (host/chat-model.ts): prompts, sampling, stop
  * strings, image encoding and prefix reuse all happen there.
  */
-import { ChatImage, ChatModel, type ChatModelOptions, type Conversation, type ReplyReport } from "../host/chat-model.js";
+import { ChatImage, ChatModel, type ChatModelOptions, type Conversation, type ReplyHooks, type ReplyReport } from "../host/chat-model.js";
 import type { ImageInput, Message } from "../host/text/conversation.js";
 import type { ReplyParams } from "../host/text/reply-params.js";
 import { UserError } from "../host/system/user-error.js";
@@ -24,7 +24,7 @@ export interface ServedModel extends ImageLoader {
   /** Exact prompt tokens of messages (images included, generation prompt included); UserError for bad messages. */
   countTokens(messages: readonly Message[]): number;
   /** One reply; the model runs one at a time (the queue makes sure). */
-  generate(messages: readonly Message[], params: ReplyParams, onText: (text: string) => void): Promise<ReplyReport>;
+  generate(messages: readonly Message[], params: ReplyParams, onText: (text: string) => void, hooks?: ReplyHooks): Promise<ReplyReport>;
   /** Stops the running reply (it ends "cancelled"); no-op when none runs. */
   cancel(): void;
   close(): Promise<void>;
@@ -78,8 +78,13 @@ export class ChatServedModel implements ServedModel {
     return this.chat.preprocess !== null;
   }
 
-  loadImage(bytes: Uint8Array, name: string): Promise<ImageInput> {
-    return this.chat.loadImage(bytes, name);
+  /** The largest max_image_tokens a request may give (the model's own limit). */
+  get maxImageTokens(): number {
+    return this.chat.maxImageTokens;
+  }
+
+  loadImage(bytes: Uint8Array, name: string, maxImageTokens: number | null = null): Promise<ImageInput> {
+    return this.chat.loadImage(bytes, name, this.chat.inTokenLimitFor(maxImageTokens, "max_image_tokens"));
   }
 
   countTokens(messages: readonly Message[]): number {
@@ -93,8 +98,8 @@ export class ChatServedModel implements ServedModel {
     return this.conversation.prompt(chatMessages(messages)).tokens.length;
   }
 
-  generate(messages: readonly Message[], params: ReplyParams, onText: (text: string) => void): Promise<ReplyReport> {
-    return this.conversation.generate(chatMessages(messages), params, onText);
+  generate(messages: readonly Message[], params: ReplyParams, onText: (text: string) => void, hooks: ReplyHooks = {}): Promise<ReplyReport> {
+    return this.conversation.generate(chatMessages(messages), params, onText, hooks);
   }
 
   cancel(): void {

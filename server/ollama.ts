@@ -22,7 +22,7 @@ import { type ReplyParams, defaultReplyParams } from "../host/text/reply-params.
 import { TOOL_RESULT_CLOSE, ToolCallParser, type ToolDef, checkTools, toolCallText, toolGrammar, toolResultOpen } from "../host/text/tool-format.js";
 import { type ApiError, invalid, ollamaErrorBody } from "./errors.js";
 import { type JsonObject, getBool, getInt, getNumber, getStr, isObject, jsonType, requireObject, stopList } from "./fields.js";
-import { type ImageData, type RequestMessage, decodeDataUrl, decodeImageBase64 } from "./images.js";
+import { type ImageData, MAX_IMAGE_TOKENS_FIELD, type RequestMessage, decodeDataUrl, decodeImageBase64, withImageBudget } from "./images.js";
 import type { ExpertDtype, TrunkDtype } from "../host/pack/pack-format.js";
 import type { ModelFacts } from "./openai.js";
 import { type ToolRequest, asApiError, replyCall, schemaGrammar, toolsActive, withToolsSystem } from "./tools.js";
@@ -136,6 +136,17 @@ function parseModel(obj: JsonObject): string {
   return model;
 }
 
+/** max_image_tokens (an extension, kvl): top level, or among the options as Ollama's runtime settings are. */
+function imageBudget(obj: JsonObject): number | null {
+  const top = getInt(obj, MAX_IMAGE_TOKENS_FIELD, MAX_IMAGE_TOKENS_FIELD, 1, 2 ** 30);
+  const options = isObject(obj.options) ? obj.options : {};
+  const inOptions = getInt(options, MAX_IMAGE_TOKENS_FIELD, `options.${MAX_IMAGE_TOKENS_FIELD}`, 1, 2 ** 30);
+  if (top !== null && inOptions !== null && top !== inOptions) {
+    throw invalid(`'${MAX_IMAGE_TOKENS_FIELD}' is ${top} but 'options.${MAX_IMAGE_TOKENS_FIELD}' is ${inOptions}; give one`, MAX_IMAGE_TOKENS_FIELD);
+  }
+  return top ?? inOptions;
+}
+
 export function parseChatRequest(body: unknown, maxContext: number): OllamaRequest {
   const obj = requireObject(body, "request body");
   const model = parseModel(obj);
@@ -166,7 +177,8 @@ export function parseChatRequest(body: unknown, maxContext: number): OllamaReque
   if (format && params.stop.length) throw invalid("'options.stop' cannot be combined with format: a stop string could cut the JSON", "options.stop");
   params.grammar = format ?? (tools ? toolGrammar(tools.tools, tools.choice) : null);
   const stream = getBool(obj, "stream", "stream", true);
-  return { model, messages: withToolsSystem(messages, tools), params, stream, load: messages.length === 0 ? loadAnswer(obj) : null, tools };
+  return { model, messages: withImageBudget(withToolsSystem(messages, tools), imageBudget(obj)), params, stream,
+    load: messages.length === 0 ? loadAnswer(obj) : null, tools };
 }
 
 export function parseGenerateRequest(body: unknown, maxContext: number): OllamaRequest {
@@ -193,7 +205,7 @@ export function parseGenerateRequest(body: unknown, maxContext: number): OllamaR
   const messages: RequestMessage[] = [];
   if (system) messages.push({ role: "system", parts: [system] });
   messages.push({ role: "user", parts: images.length ? [...images, prompt] : [prompt] });
-  return { model, messages, params, stream, load: null, tools: null };
+  return { model, messages: withImageBudget(messages, imageBudget(obj)), params, stream, load: null, tools: null };
 }
 
 // -- responses ------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ import {
 } from "../host/text/tool-format.js";
 import { type ApiError, invalid, openaiErrorBody } from "./errors.js";
 import { type JsonObject, getBool, getInt, getNumber, getSeed, getStr, isObject, jsonType, maxTokensValue, requireObject, stopList } from "./fields.js";
-import { type ImageData, type RequestMessage, decodeDataUrl } from "./images.js";
+import { type ImageData, MAX_IMAGE_TOKENS_FIELD, type RequestMessage, decodeDataUrl, withImageBudget } from "./images.js";
 import { type ToolRequest, asApiError, callId, replyCall, schemaGrammar, toolsActive, withToolsSystem } from "./tools.js";
 
 /** "developer" is the newer OpenAI name for the system role. */
@@ -228,7 +228,8 @@ export function parseChatRequest(body: unknown, maxContext: number): ChatRequest
   if (obj.stream_options !== undefined && obj.stream_options !== null) {
     includeUsage = getBool(requireObject(obj.stream_options, "stream_options"), "include_usage", "stream_options.include_usage");
   }
-  return { model, messages: withToolsSystem(messages, tools), params, stream, includeUsage, tools };
+  const budget = getInt(obj, MAX_IMAGE_TOKENS_FIELD, MAX_IMAGE_TOKENS_FIELD, 1, 2 ** 30); // an extension (kvl)
+  return { model, messages: withImageBudget(withToolsSystem(messages, tools), budget), params, stream, includeUsage, tools };
 }
 
 // -- responses ------------------------------------------------------------------------------

@@ -15,7 +15,7 @@
  * Does not own: HTTP or the API dialects (app.ts and the dialect modules), the model itself
  * (model.ts / host/chat-model.ts).
  */
-import type { ReplyReport } from "../host/chat-model.js";
+import type { ReplyHooks, ReplyReport } from "../host/chat-model.js";
 import type { Message } from "../host/text/conversation.js";
 import { CorruptPackError, PackReadError } from "../host/core/core-api.js";
 import type { ReplyParams } from "../host/text/reply-params.js";
@@ -41,7 +41,8 @@ class Job {
   #resolve!: (report: ReplyReport) => void;
   #reject!: (err: Error) => void;
 
-  constructor(readonly queue: EngineQueue, readonly messages: Message[], readonly params: ReplyParams, readonly onText: (text: string) => void) {
+  constructor(readonly queue: EngineQueue, readonly messages: Message[], readonly params: ReplyParams, readonly onText: (text: string) => void,
+    readonly hooks: ReplyHooks = {}) {
     this.result = new Promise<ReplyReport>((resolve, reject) => {
       this.#resolve = resolve;
       this.#reject = reject;
@@ -141,13 +142,13 @@ export class EngineQueue {
   }
 
   /** Queues a reply; 503 while not ready, 429 when maxQueue requests already wait. */
-  submit(messages: Message[], params: ReplyParams, onText: (text: string) => void): Job {
+  submit(messages: Message[], params: ReplyParams, onText: (text: string) => void, hooks: ReplyHooks = {}): Job {
     this.requireReady();
     if (this.#waiting.length >= this.maxQueue) {
       throw new ApiError("rate_limit", `the server is busy: ${this.#waiting.length} request(s) are already waiting; retry shortly (see Retry-After)`,
         null, RETRY_AFTER_S);
     }
-    const job = new Job(this, messages, params, onText);
+    const job = new Job(this, messages, params, onText, hooks);
     this.#waiting.push(job);
     this.#pump();
     return job;
@@ -182,7 +183,7 @@ export class EngineQueue {
       const model = this.#model!;
       const generation = model.generate(job.messages, job.params, (text) => {
         if (!job.cancelled) job.onText(text);
-      });
+      }, job.hooks);
       // a cancel that came while the reply was being set up (generate runs synchronously up to
       // its first await, so the model now knows it is running)
       if (job.cancelled || this.#stopping) model.cancel();

@@ -4,7 +4,7 @@
  *
  * Owns: submitting the Job, the streamed response (its headers, the head written as soon as the
  * request is queued, each text delta, keep-alives while nothing else goes out — a long prefill,
- * a wait in the queue — and the ending: the API's final events, an error event, or nothing for a
+ * a wait in the queue — progress while an image encodes (imageProgress), and the ending: the API's final events, an error event, or nothing for a
  * client that left), watching the connection (a 'close' before the answer is complete cancels the
  * Job: skipped while it waits, stopped while it runs), and recording the reply in the request's
  * log line. Does not own: the event shapes (openai.ts, anthropic.ts, ollama.ts), the queue
@@ -12,7 +12,7 @@
  */
 import type { ServerResponse } from "node:http";
 
-import type { ReplyReport } from "../host/chat-model.js";
+import type { ImageEvent, ReplyReport } from "../host/chat-model.js";
 import type { Message } from "../host/text/conversation.js";
 import type { ReplyParams } from "../host/text/reply-params.js";
 import { ClientGone } from "./body.js";
@@ -66,6 +66,20 @@ export interface StreamShape {
 export const SSE_CONTENT_TYPE = "text/event-stream; charset=utf-8";
 export const NDJSON_CONTENT_TYPE = "application/x-ndjson";
 
+/**
+ * What a stream writes while an image of its reply encodes (the engine's "encoding" events, about
+ * every second once an encode has run for one): where the API's keep-alive is an SSE comment
+ * (OpenAI) a comment saying which image and for how long, e.g. `: kvl: encoding image 1/2 (1024
+ * media tokens), 3 s`; where it is an event (Anthropic's `event: ping`) that event, the one thing
+ * its clients accept between events; where there is none (Ollama's NDJSON: every line is a reply
+ * object its clients parse, and Ollama itself sends nothing while it processes an image) nothing.
+ */
+export function imageProgress(shape: StreamShape, e: ImageEvent): string | null {
+  if (e.phase !== "encoding" || shape.keepalive === null) return null;
+  if (!shape.keepalive.startsWith(":")) return shape.keepalive;
+  return `: kvl: encoding image ${e.index + 1}/${e.count} (${e.mediaTokens} media tokens), ${Math.floor(e.elapsedS)} s\n\n`;
+}
+
 /** The client closed the connection (perhaps before we listened for it: while images loaded). */
 function gone(res: ServerResponse): boolean {
   return res.destroyed || res.req.socket.destroyed;
@@ -113,7 +127,13 @@ export async function streamReply(queue: EngineQueue, res: ServerResponse, log: 
     res.write(text);
     timer?.refresh();
   };
-  const job = queue.submit(messages, params, (text) => write(shape.delta(text)));
+  let headed = false; // the job starts at once: progress before the head is not written
+  const job = queue.submit(messages, params, (text) => write(shape.delta(text)), {
+    onImage: (e) => {
+      const text = imageProgress(shape, e);
+      if (text !== null && headed) write(text);
+    },
+  });
   res.on("error", () => undefined);
   res.writeHead(200, { "content-type": shape.contentType, "cache-control": "no-cache", "x-accel-buffering": "no", connection: "keep-alive" });
   log.status = 200;
@@ -124,6 +144,7 @@ export async function streamReply(queue: EngineQueue, res: ServerResponse, log: 
   res.on("close", onClose);
   if (gone(res)) job.cancel();
   write(shape.head);
+  headed = true;
   const keepalive = shape.keepalive;
   if (keepalive) timer = setInterval(() => write(keepalive), keepaliveMs); // every write restarts its count
   try {

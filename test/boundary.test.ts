@@ -125,10 +125,12 @@ describe.each(BACKENDS)("the boundary structs on %s", (backend) => {
     expect(base.nThreads).toBe(THREADS);
     expect(base.trunkCacheBytes).toBeGreaterThan(0);
     expect(base.nLayers).toBeGreaterThanOrEqual(3);
+    expect(base.expertCachePolicy).toBe("adaptive"); // the default policy (kvl_core.h KVL_CACHE_POLICY_DEFAULT)
     const extents = 2 * base.numExpertsPerTok + 1;
     const options: Required<EngineOptions> = {
       nThreads: 1, expertCacheBytes: extents * base.expertExtentBytes, trunkCacheBytes: -1, ioMode: "buffered", kernels: "scalar",
       kvDtype: "bf16", loadVision: true, actDtype: "bf16", layerBegin: 1, layerEnd: base.nLayers - 1, expertLookahead: "off",
+      expertCachePolicy: "lru",
     };
     const engine = core.openEngine(pack, options);
     try {
@@ -136,7 +138,7 @@ describe.each(BACKENDS)("the boundary structs on %s", (backend) => {
       expect(info).toMatchObject({
         nThreads: 1, expertCacheBytes: extents * base.expertExtentBytes, trunkCacheBytes: 0,
         trunkDirectIo: false, expertDirectIo: false, visionDirectIo: false, kernels: "scalar", kvDtype: "bf16", actDtype: "bf16",
-        layerBegin: 1, layerEnd: base.nLayers - 1, expertLookahead: false,
+        layerBegin: 1, layerEnd: base.nLayers - 1, expertLookahead: false, expertCachePolicy: "lru",
       });
       expect(engine.visionBytes(Int32Array.of(2, 2))).toBeGreaterThan(0);
     } finally {

@@ -17,7 +17,7 @@ import OpenAI from "openai";
 import sharp from "sharp";
 import { afterEach, describe, expect, it } from "vitest";
 
-import type { ReplyReport } from "../host/chat-model.js";
+import type { ReplyHooks, ReplyReport } from "../host/chat-model.js";
 import { ImageInput, type Message, sha256Hex } from "../host/text/conversation.js";
 import { checkImage, decodeImage } from "../host/image/image-decode.js";
 import { packageRoot } from "../host/system/paths.js";
@@ -35,6 +35,7 @@ import type { ServedModel } from "../server/model.js";
 import * as ollama from "../server/ollama.js";
 import * as openai from "../server/openai.js";
 import { EngineQueue } from "../server/queue.js";
+import { type StreamShape, imageProgress } from "../server/reply.js";
 import { createHttpServer } from "../server/serve.js";
 
 const MODEL = "kimi-vl-a3b-instruct-q8";
@@ -438,8 +439,14 @@ class FakeModel implements ServedModel {
   #wake: (() => void) | null = null;
   /** When set, each word waits for it (tests hold a reply in the middle). */
   gate: Promise<void> | null = null;
+  /** "encoding" events each image of a reply reports before its text (0: none, as a quick encode). */
+  encodeEvents = 0;
+  /** The largest max_image_tokens a request may give, and what each loaded image was given. */
+  readonly maxImageTokens = 256;
+  budgets: Array<number | null> = [];
 
-  async loadImage(bytes: Uint8Array): Promise<ImageInput> {
+  async loadImage(bytes: Uint8Array, _name?: string, maxImageTokens: number | null = null): Promise<ImageInput> {
+    this.budgets.push(maxImageTokens);
     return new FakeImage(sniffImage(bytes) === "image/png", sha256Hex(bytes));
   }
 
@@ -457,8 +464,16 @@ class FakeModel implements ServedModel {
     return total;
   }
 
-  async generate(messages: readonly Message[], params: ReplyParams, onText: (text: string) => void): Promise<ReplyReport> {
+  async generate(messages: readonly Message[], params: ReplyParams, onText: (text: string) => void, hooks: ReplyHooks = {}): Promise<ReplyReport> {
     this.calls.push({ messages, params });
+    const images = messages.flatMap((m) => m.parts.filter((p) => p instanceof FakeImage));
+    for (const [index] of images.entries()) {
+      for (let n = 1; n <= this.encodeEvents; n++) {
+        await new Promise<void>((r) => setImmediate(r)); // a real encode reports after a second, never at once
+        hooks.onImage?.({ phase: "encoding", index, count: images.length, name: "image", grid: [4, 4], mediaTokens: 4, elapsedS: n, cached: false });
+        await new Promise<void>((r) => setImmediate(r));
+      }
+    }
     this.#running = true;
     this.#cancel = false;
     const prompt = this.countTokens(messages);
@@ -1046,5 +1061,82 @@ describe("slow clients", () => {
       ? { model: MODEL, stream: false, messages: [user("x")], options: { num_predict: 1 } }
       : { model: MODEL, max_tokens: 1, messages: [user("x")] })));
     expect(answers.map((a) => a.status)).toEqual([200, 200, 200]);
+  });
+});
+
+describe("images in requests: max_image_tokens and progress while an image encodes", () => {
+  const png = PNG.toString("base64");
+  const bodies = (extra: Record<string, unknown>): Array<[string, Record<string, unknown>]> => [
+    ["/v1/chat/completions", { model: MODEL, max_tokens: 1, messages: [user([{ type: "image_url", image_url: { url: `data:image/png;base64,${png}` } }, { type: "text", text: "?" }])], ...extra }],
+    ["/v1/messages", { model: MODEL, max_tokens: 1, messages: [user([{ type: "image", source: { type: "base64", media_type: "image/png", data: png } }, { type: "text", text: "?" }])], ...extra }],
+    ["/v1/messages/count_tokens", { model: MODEL, messages: [user([{ type: "image", source: { type: "base64", media_type: "image/png", data: png } }])], ...extra }],
+    ["/api/chat", { model: MODEL, stream: false, messages: [{ role: "user", content: "?", images: [png] }], options: { num_predict: 1 }, ...extra }],
+    ["/api/generate", { model: MODEL, stream: false, prompt: "?", images: [png], options: { num_predict: 1 }, ...extra }],
+  ];
+  const post = (s: Served, path: string, body: unknown): Promise<Response> =>
+    fetch(`${s.url}${path}`, { method: "POST", headers: { "x-api-key": KEY, "content-type": "application/json" }, body: JSON.stringify(body) });
+
+  it("every API gives its images the request's max_image_tokens, and the default (null) without it", async () => {
+    const s = await serve();
+    for (const [path, body] of bodies({ max_image_tokens: 64 })) expect((await post(s, path, body)).status, path).toBe(200);
+    expect(s.model.budgets).toEqual([64, 64, 64, 64, 64]);
+    s.model.budgets = [];
+    for (const [path, body] of bodies({})) expect((await post(s, path, body)).status, path).toBe(200);
+    expect(s.model.budgets).toEqual([null, null, null, null, null]);
+    // Ollama also takes it among its options
+    s.model.budgets = [];
+    const [, chat] = bodies({})[3]!;
+    expect((await post(s, "/api/chat", { ...chat, options: { num_predict: 1, max_image_tokens: 32 } })).status).toBe(200);
+    expect(s.model.budgets).toEqual([32]);
+  });
+
+  it.each([[0, "between 1 and"], [1.5, "must be an integer"], ["64", "must be an integer"], [257, "between 1 and 256"]] as const)(
+    "max_image_tokens %j is a 400 naming the field in every API", async (value, words) => {
+      const s = await serve();
+      for (const [path, body] of bodies({ max_image_tokens: value })) {
+        const answer = await post(s, path, body);
+        expect(answer.status, path).toBe(400);
+        const text = await answer.text();
+        expect(text, path).toContain("max_image_tokens");
+        expect(text, path).toContain(words);
+      }
+      expect(s.model.calls).toHaveLength(0);
+    });
+
+  it("Ollama: max_image_tokens at the top and in options must agree", async () => {
+    const s = await serve();
+    const [, chat] = bodies({ max_image_tokens: 8 })[3]!;
+    const answer = await post(s, "/api/chat", { ...chat, options: { num_predict: 1, max_image_tokens: 16 } });
+    expect(answer.status).toBe(400);
+    expect(await answer.text()).toContain("give one");
+  });
+
+  it("imageProgress: an SSE comment naming the image (OpenAI), Anthropic's ping, nothing in NDJSON or before a second", () => {
+    const event = { phase: "encoding" as const, index: 0, count: 2, name: "x", grid: [64, 64] as [number, number], mediaTokens: 1024, elapsedS: 3.7, cached: false };
+    const shape = (keepalive: string | null): StreamShape => ({ contentType: "", head: "", delta: () => "", finish: () => "", error: () => "", keepalive });
+    expect(imageProgress(shape(openai.KEEPALIVE), event)).toBe(": kvl: encoding image 1/2 (1024 media tokens), 3 s\n\n");
+    expect(imageProgress(shape(anthropic.PING), event)).toBe(anthropic.PING);
+    expect(imageProgress(shape(null), event)).toBeNull();
+    expect(imageProgress(shape(openai.KEEPALIVE), { ...event, phase: "start" })).toBeNull();
+    expect(imageProgress(shape(openai.KEEPALIVE), { ...event, phase: "done" })).toBeNull();
+  });
+
+  it("a streamed reply whose image encodes for seconds: progress comments (OpenAI), pings (Anthropic), only reply lines (Ollama)", async () => {
+    const s = await serve();
+    s.model.encodeEvents = 2;
+    const [[, oaiBody], [, antBody], , [, ollBody]] = bodies({ stream: true }) as [[string, Record<string, unknown>], [string, Record<string, unknown>],
+      [string, Record<string, unknown>], [string, Record<string, unknown>]];
+    const oaiText = await (await post(s, "/v1/chat/completions", oaiBody)).text();
+    expect(oaiText).toContain(": kvl: encoding image 1/1 (4 media tokens), 1 s\n\n: kvl: encoding image 1/1 (4 media tokens), 2 s\n\n");
+    const withoutComments = oaiText.split("\n\n").filter((r) => r && !r.startsWith(":"));
+    expect(withoutComments.every((r) => r.startsWith("data: "))).toBe(true);
+    const antText = await (await post(s, "/v1/messages", antBody)).text();
+    s.model.encodeEvents = 0;
+    const quietText = await (await post(s, "/v1/messages", antBody)).text();
+    const pings = (t: string): number => t.split("event: ping\n").length - 1;
+    expect(pings(antText)).toBe(pings(quietText) + 2);
+    s.model.encodeEvents = 2;
+    const ollText = await (await post(s, "/api/chat", { ...ollBody, stream: true })).text();
+    for (const line of ollText.trim().split("\n")) expect(() => JSON.parse(line)).not.toThrow();
   });
 });

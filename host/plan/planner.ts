@@ -129,7 +129,7 @@ const LABELS: Record<Component, string> = {
   runtime: "instance runtime (stacks, static data, indexes)",
   scratch: "per-call buffers in the instances",
   vision: "vision working memory (largest image)",
-  mediaCache: "image embeddings of the conversation",
+  mediaCache: "image embeddings (kept by content, a full context's rows)",
   logits: "logits, sampler and hidden-state buffers",
   margin: "margin (fragmentation, transient copies)",
   imageDecode: "image decode (file, pixels, resize passes)",
@@ -408,8 +408,9 @@ function build(facts: PackFacts, s: PlanSettings): RamPlan {
   const cacheBytes = Math.floor(s.cacheMib * MIB);
   // vision: the largest image's working memory, in the first range's instance on WebAssembly,
   // plus the pixels and one image's embeddings the host holds around the call (copied into the
-  // instance too on WebAssembly; the addon reads the host's arrays); the conversation's image
-  // embeddings, at most one row per position
+  // instance too on WebAssembly; the addon reads the host's arrays); images' embeddings, one
+  // context's rows: the bytes of chat-model.ts's cache by content (image/embedding-cache.ts),
+  // which holds every image a prompt shows and, in the rest, images shown before
   let visionInInstance = 0;
   let visionHost = 0;
   let grid: [number, number] | null = null;

@@ -41,6 +41,10 @@ export interface ModelOptions {
   instances?: number | undefined;
   /** The largest image (pixels) the plan reserves decode memory for; absent: the most that fits. */
   imageMaxPixels?: number | undefined;
+  /** --max-image-tokens: the media tokens an image may take by default (the official processor's
+   * in_token_limit rule applied with this many merged tokens' patches); absent: the pack's own
+   * in_token_limit. Not a plan figure: it can only make images smaller than the plan's. */
+  maxImageTokens?: number | undefined;
   /** Reading the next layer's predicted experts ahead (engine option expertLookahead); absent:
    * DEFAULT_EXPERT_LOOKAHEAD. Not a plan figure: it changes which extents are read, no byte count. */
   expertLookahead?: ExpertLookahead | undefined;
