@@ -17,7 +17,6 @@
 
 /* ---------------------------------------------------------------- error handling */
 
-
 /* Throws "kvl addon: <what> failed: <napi detail>" unless an exception is already pending (a
  * JS exception raised inside the failed call is more useful than ours). Must run right after
  * the failed call: napi_get_last_error_info describes the last call made. */
@@ -38,7 +37,7 @@ void addon_throw_napi_failure(napi_env env, napi_status status, const char *what
     napi_throw_error(env, NULL, msg);
 }
 
-/* Throws a plain Error with the given message; returns NULL so callbacks can `return throw_(…)`. */
+/* Throws a plain Error with the given message; returns NULL so callbacks can `return addon_throw_error(…)`. */
 napi_value addon_throw_error(napi_env env, const char *code, const char *msg)
 {
     napi_throw_error(env, code, msg);

@@ -102,7 +102,7 @@ napi_value addon_wrap_engine(napi_env env, kvl_engine *engine)
     if (kvl_engine_get_info(engine, &info) != KVL_OK) {
         kvl_engine_free(engine);
         return addon_throw_error(env, "ERR_KVL_INTERNAL",
-                           "kvl addon: engineOpen: kvl_engine_get_info failed on a new engine");
+                                 "kvl addon: engineOpen: kvl_engine_get_info failed on a new engine");
     }
     engine_box *b = calloc(1, sizeof *b);
     if (!b) {

@@ -123,7 +123,7 @@ napi_value js_sample_token(napi_env env, napi_callback_info info)
     NAPI_CALL(env, napi_get_value_double(env, argv[3], &top_p));
     if (n_logits < 1 || n_logits > 2147483647u || n_rng != 1 || n_work < n_logits)
         return addon_throw_error(env, "ERR_INVALID_ARG_VALUE", "kvl addon: sampleToken: logits must be "
-                           "non-empty, rng hold 1 word and workspace at least as many ints as logits");
+                                 "non-empty, rng hold 1 word and workspace at least as many ints as logits");
     kvl_sampler s;
     s.temperature = (float)temperature;
     s.top_k = (int32_t)top_k;
@@ -178,7 +178,7 @@ napi_value js_synth_uniform(napi_env env, napi_callback_info info)
     NAPI_CALL(env, napi_get_typedarray_info(env, argv[4], &type, &n_out, &out, &buffer, &offset));
     if ((type != napi_uint16_array && type != napi_float32_array) || n_state != 4 || count > n_out)
         return addon_throw_error(env, "ERR_INVALID_ARG_VALUE",
-                           "kvl addon: synthUniform: state is 4 words, out a Uint16Array or Float32Array of >= count");
+                                 "kvl addon: synthUniform: state is 4 words, out a Uint16Array or Float32Array of >= count");
     uint64_t *s = state;
     kvl_pcg64 rng = {s[0], s[1], s[2], s[3]};
     kvl_synth_uniform(&rng, count, (float)center, (float)half, type == napi_uint16_array, out);
