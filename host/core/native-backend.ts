@@ -12,7 +12,7 @@ import { RoutingBinding, routingRowLength } from "./routing-binding.js";
 import { q8RowsLayout } from "../pack/pack-format.js";
 import { nativeAddonPath, requireFile } from "../system/paths.js";
 
-/** An engine handle of the addon (an opaque external; see addon.c). */
+/** An engine handle of the addon (an opaque external; see addon_handles.c). */
 interface NativeEngineHandle {
   readonly __kvlNativeHandle: "engine";
 }
