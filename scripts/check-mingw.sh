@@ -4,10 +4,10 @@
 # Owns: the Windows portability check of wasm-core/src/*.c (each file alone, with the same per-file
 # ISA flags as wasm-core/CMakeLists.txt), then linking kvl.dll. Does not own: MSVC builds, running
 # anything on Windows. Installs mingw-w64 with apt-get when the cross compiler is missing.
-# Then the Node-API addon: wasm-core/native/addon.c compiled with the same flags against the npm
+# Then the Node-API addon: wasm-core/native/addon*.c compiled with the same flags against the npm
 # package node-api-headers (found with node from the repo root), a delay-load import library for
 # node.exe made from its def/*.def with dlltool, and kvl_core.node linked (linker warnings fatal)
-# from the core objects + addon object + native/win_delay_load_hook.c + that import library (so
+# from the core objects + addon objects + native/win_delay_load_hook.c + that import library (so
 # it also loads into kvl's single executable, whose name is not node.exe); nm/objdump then check
 # that its napi_* are delay-loaded (none in the import table) and it exports
 # napi_register_module_v1. Everything built stays in a temp dir, except that
@@ -19,6 +19,7 @@
 set -u
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+export LC_COLLATE=C # globs in byte order: the link order, hence the bytes, must not depend on the locale
 KEEP=""
 if [ "${1:-}" = "--keep" ] && [ -n "${2:-}" ]; then KEEP="$2"; fi
 CC="${MINGW_CC:-x86_64-w64-mingw32-gcc}"
@@ -78,7 +79,25 @@ fi
 # ---- the Node-API addon (kvl_core.node) -------------------------------------------------------
 DLLTOOL="${MINGW_DLLTOOL:-${CC%gcc}dlltool}"
 OBJDUMP="${MINGW_OBJDUMP:-${CC%gcc}objdump}"
-addon_src="$ROOT/wasm-core/native/addon.c"
+addon_srcs=("$ROOT"/wasm-core/native/addon*.c)
+addon_objs=()
+# each native/addon*.c into $OUT (addon_objs), named ok or FAILED; status 1 when one failed
+compile_addon() {
+    local src name log status=0
+    for src in "${addon_srcs[@]}"; do
+        name="native/$(basename "$src")"
+        if log="$("$CC" "${CFLAGS[@]}" -I"$napi_inc" -DNAPI_VERSION=8 -c "$src" -o "$OUT/$(basename "${src%.c}").o" 2>&1)"; then
+            echo "ok      $name"
+            addon_objs+=("$OUT/$(basename "${src%.c}").o")
+        else
+            echo "FAILED  $name"
+            echo "$log" | sed 's/^/        /'
+            failed+=("$name")
+            status=1
+        fi
+    done
+    return $status
+}
 napi_inc="$(cd "$ROOT" && node -p "require('node-api-headers').include_dir" 2>/dev/null)"
 napi_defs="$(cd "$ROOT" && node -p "Object.values(require('node-api-headers').def_paths).join('\n')" 2>/dev/null)"
 if [ ${#failed[@]} -ne 0 ]; then
@@ -86,12 +105,9 @@ if [ ${#failed[@]} -ne 0 ]; then
 elif [ -z "$napi_inc" ] || [ ! -f "$napi_inc/node_api.h" ] || [ -z "$napi_defs" ]; then
     echo "FAILED  addon: node-api-headers not found from $ROOT (node and npm ci needed)"
     failed+=("kvl_core.node (node-api-headers)")
-elif ! log="$("$CC" "${CFLAGS[@]}" -I"$napi_inc" -DNAPI_VERSION=8 -c "$addon_src" -o "$OUT/addon.o" 2>&1)"; then
-    echo "FAILED  native/addon.c"
-    echo "$log" | sed 's/^/        /'
-    failed+=("native/addon.c")
+elif ! compile_addon; then
+    : # each failed file is named above
 else
-    echo "ok      native/addon.c"
     # One .def for node.exe: the union of the EXPORTS lists (node_api.def repeats js_native_api's).
     {
         echo "LIBRARY node.exe"
@@ -113,7 +129,7 @@ else
         failed+=("native/win_delay_load_hook.c")
     # no link timestamp and a fixed image base (auto picks one from the output path): the same
     # sources give the same bytes wherever they are built (prebuilds/win32-x64 is compared)
-    elif ! log="$("$CC" -shared -o "$OUT/kvl_core.node" "${objs[@]}" "$OUT/addon.o" "$OUT/delay_hook.o" "$OUT/libnode.a" \
+    elif ! log="$("$CC" -shared -o "$OUT/kvl_core.node" "${objs[@]}" "${addon_objs[@]}" "$OUT/delay_hook.o" "$OUT/libnode.a" \
                   -Wl,--fatal-warnings -Wl,--no-insert-timestamp -Wl,--disable-auto-image-base 2>&1)"; then
         echo "FAILED  linking kvl_core.node"
         echo "$log" | sed 's/^/        /'
@@ -151,4 +167,4 @@ if [ ${#failed[@]} -ne 0 ]; then
     echo "check-mingw: FAILED: ${failed[*]}"
     exit 1
 fi
-echo "check-mingw: all ${#objs[@]} files + native/addon.c compiled warning-free, kvl.dll and kvl_core.node linked"
+echo "check-mingw: all ${#objs[@]} files + ${#addon_srcs[@]} native/addon*.c compiled warning-free, kvl.dll and kvl_core.node linked"

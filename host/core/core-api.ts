@@ -243,7 +243,7 @@ export interface StructLayout {
 /**
  * A member's JS property: its C name in camelCase, each "_" dropped and the character after it
  * upper-cased (vocab_size -> vocabSize), with no exceptions. The addon applies the same rule in C
- * (addon.c js_field_name).
+ * (addon_convert.c js_field_name).
  */
 export function jsFieldName(cName: string): string {
   return cName.replace(/_(.)/g, (_all, c: string) => c.toUpperCase());

@@ -3,7 +3,7 @@
  * to do where a model's reads came out buffered: what `kvl doctor` says about direct reads.
  *
  * Owns: those per-platform, per-backend facts and advice. Does not own: the reads themselves (the
- * native core's platform.h; the WebAssembly read port, wasm-core/src/host_io_wasm.c, whose choice
+ * native core's platform.h; the WebAssembly read port, wasm-core/src/platform_wasm.c, whose choice
  * of open flag this mirrors) or whether a given pack's filesystem allowed them (the engine's info
  * says, per store, after its probe read at open).
  */

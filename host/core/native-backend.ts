@@ -12,7 +12,7 @@ import { RoutingBinding, routingRowLength } from "./routing-binding.js";
 import { q8RowsLayout } from "../pack/pack-format.js";
 import { nativeAddonPath, requireFile } from "../system/paths.js";
 
-/** An engine handle of the addon (an opaque external; see addon.c). */
+/** An engine handle of the addon (an opaque external; see addon_handles.c). */
 interface NativeEngineHandle {
   readonly __kvlNativeHandle: "engine";
 }
@@ -22,50 +22,102 @@ interface NativeSessionHandle {
   readonly __kvlNativeHandle: "session";
 }
 
-/** What wasm-core/native/addon.c exports. Engine and session calls return a kvl_status as a
- * number (0 = ok) and throw only for a caller mistake or a closed handle; the vision calls,
- * which return a result, throw a failed status (an Error with a numeric `status`). */
+/** What the addon (wasm-core/native/addon*.c; addon.c holds the module table) exports: the one
+ * description of each export, which the C side points to.
+ *
+ * Errors: engine and session calls return a failed kvl_status as a number (0 = ok; the detail from
+ * engineLastError) and throw only for a caller mistake (wrong type or typed-array length, a handle
+ * of the wrong kind: TypeError / RangeError naming the export and argument) or a freed handle (an
+ * Error "... engine closed" / "... session closed", code ERR_KVL_CLOSED); the vision calls, which
+ * return a result, throw a failed status (an Error with code ERR_KVL_STATUS, a numeric `status` and
+ * the core's detail as its message); a failed napi call throws an Error naming it. Integers are JS
+ * numbers; uint64 results are exact below 2^53. Every call runs to completion on the calling thread.
+ * Engines and sessions are opaque handles (type-tagged externals); a session keeps its engine's
+ * handle alive, and engineFree first frees the engine's open sessions. */
 interface NativeAddon {
+  /** "native" */
+  readonly backend: "native";
+  /** kvl_abi_version() */
   abiVersion(): number;
+  /** Every kernel set compiled in, and whether this CPU runs it. */
   kernelSets(): KernelSet[];
+  /** The set KVL_KERNELS_AUTO picks on this machine. */
   defaultKernelSet(): string;
+  /** kvl_kernels_conformance: the count of failed checks and the JSON report; failed -1 and
+   * report "" when the set is unknown or unsupported here. */
   conformance(set: string): { failed: number; report: string };
+  /** kvl_expert_extent_bytes */
   expertExtentBytes(intermediate: number, hidden: number): number;
+  /** kvl_pack_expert into out; the kvl_status as a number (0 = ok). Each matrix holds I x H. */
   packExpert(gate: Uint16Array, up: Uint16Array, down: Uint16Array, intermediate: number, hidden: number, out: Uint8Array): number;
+  /** kvl_pack_q8_rows into out; the kvl_status as a number. w holds rows x cols. */
   packQ8Rows(w: Uint16Array, rows: number, cols: number, out: Uint8Array): number;
+  /** kvl_expert_q4_extent_bytes (0 when I or H is not a multiple of 32) */
   expertQ4ExtentBytes(intermediate: number, hidden: number): number;
+  /** kvl_pack_expert_q4 into out; the kvl_status as a number. */
   packExpertQ4(gate: Uint16Array, up: Uint16Array, down: Uint16Array, intermediate: number, hidden: number, out: Uint8Array): number;
+  /** kvl_pcg64_seed: both arrays hold 4 words. */
   pcg64Seed(words: BigUint64Array, state: BigUint64Array): void;
+  /** kvl_synth_uniform of count values into out (Uint16Array: BF16 bits, Float32Array: FP32, at
+   * least count long); advances state (4 words). */
   synthUniform(state: BigUint64Array, count: number, center: number, halfWidth: number, out: Uint16Array | Float32Array): void;
+  /** kvl_sample -> the token id. logits (non-empty) are used as scratch; rng (1 word) is the
+   * sampler state, advanced in place; workspace holds at least logits.length ints. */
   sampleToken(logits: Float32Array, temperature: number, topK: number, topP: number, rng: BigUint64Array, workspace: Int32Array): number;
+  /** rng[0] becomes kvl_sampler_seed's state for the seed rng[0]. */
   samplerSeed(rng: BigUint64Array): void;
-  /** kvl_struct_layout with each member's JS name; kind the KVL_FIELD_* number. */
+  /** kvl_struct_layout(which), each member's JS name (name: its C name cName in camelCase) beside
+   * it; kind the KVL_FIELD_* number. RangeError for a `which` the core does not describe. */
   structLayout(which: StructId): { bytes: number; fields: Array<Omit<FieldLayout, "kind"> & { kind: number }> };
+  /** kvl_engine_open -> error: the core's message ("" on success), engine a handle or null.
+   * codes: the kvl_engine_options members by JS name, each optional (absent = 0; a BOOL32 member
+   * may be a boolean), converted from the core's layout table. */
   engineOpen(packDir: string, codes: EngineOptionCodes): { status: number; error: string; engine: NativeEngineHandle | null };
+  /** kvl_engine_free, after freeing the engine's open sessions; a second free does nothing. */
   engineFree(engine: NativeEngineHandle): void;
-  /** The struct as an object converted from the core's layout table (KVL_STRUCT_ENGINE_INFO). */
+  /** kvl_engine_get_info as an object converted from the core's layout table (KVL_STRUCT_ENGINE_INFO). */
   engineInfo(engine: NativeEngineHandle): EngineInfo;
   /** The same for kvl_stats. */
   engineStats(engine: NativeEngineHandle): EngineStats;
+  /** kvl_engine_reset_stats */
   engineResetStats(engine: NativeEngineHandle): void;
+  /** kvl_engine_last_error: the detail of the last failed call on the engine or its sessions. */
   engineLastError(engine: NativeEngineHandle): string;
+  /** kvl_session_bytes */
   sessionBytes(engine: NativeEngineHandle, maxContext: number, maxBatch: number): { status: number; bytes: number };
+  /** kvl_session_new: session a handle or null. */
   sessionNew(engine: NativeEngineHandle, maxContext: number, maxBatch: number): { status: number; session: NativeSessionHandle | null };
+  /** kvl_session_free; a second free does nothing. */
   sessionFree(session: NativeSessionHandle): void;
+  /** kvl_session_position */
   sessionPosition(session: NativeSessionHandle): number;
+  /** kvl_session_truncate -> status */
   sessionTruncate(session: NativeSessionHandle, n: number): number;
-  sessionPrefill(
-    session: NativeSessionHandle, tokens: Int32Array, media: Float32Array | null, nMedia: number, logitsMode: number,
-    logits: Float32Array | null,
-  ): number;
+  /** kvl_session_forward -> status; a prefill is this with hiddenIn and hiddenOut null and decode
+   * false (kvl_session_prefill is exactly that). Exactly one of tokens (n_tokens = its length)
+   * and hiddenIn (n_tokens x hidden_size) is non-null; media: null or nMedia x hidden_size floats;
+   * hiddenOut: null or n_tokens x hidden_size; logitsMode 0 none, 1 last, 2 all; logits: null, or
+   * vocab_size floats (last) or n_tokens x vocab_size (all). Which buffers a layer range takes is
+   * the core's check (a status); the addon checks types, lengths and that no output shares
+   * memory with an input or the other output. */
   sessionForward(
     session: NativeSessionHandle, tokens: Int32Array | null, hiddenIn: Float32Array | null, media: Float32Array | null,
     nMedia: number, hiddenOut: Float32Array | null, logitsMode: number, logits: Float32Array | null, decode: boolean,
   ): number;
+  /** kvl_session_step -> status; logits holds vocab_size floats. */
   sessionStep(session: NativeSessionHandle, token: number, logits: Float32Array): number;
+  /** kvl_session_watch_cancel on flag[0] (an Int32Array over a SharedArrayBuffer, or null): another
+   * thread stops a running call by setting it. The array is kept alive until replaced or freed. */
   sessionWatchCancel(session: NativeSessionHandle, flag: Int32Array | null): void;
+  /** kvl_session_set_routing -> status (kvl bench --routing only): ids and weights both null, or
+   * both capacity x n_layers x topk long; kept alive until replaced or the session is freed. */
   sessionSetRouting(session: NativeSessionHandle, mode: number, seed: number, ids: Int32Array | null, weights: Float32Array | null): number;
+  /** kvl_vision_bytes: one encode's working memory for grids (n_images x (gh, gw)); throws a
+   * failed status (vision not loaded, bad grids). */
   visionBytes(engine: NativeEngineHandle, grids: Int32Array): number;
+  /** kvl_vision_encode into out (sum((gh/merge_h)*(gw/merge_w)) x hidden_size floats, FP32, sharing
+   * no memory with the inputs); pixelValues holds sum(gh*gw) x 3 x patch x patch floats; grids as
+   * visionBytes (checked by the core first). Throws a failed status. */
   visionEncode(engine: NativeEngineHandle, pixelValues: Float32Array, grids: Int32Array, out: Float32Array): void;
 }
 
@@ -298,16 +350,10 @@ class NativeSession implements CoreSession {
     return this.engine.addon.sessionPosition(this.#live);
   }
 
-  /** On an engine of every layer this is kvl_session_prefill; on the first range of a split
-   * model it returns the range's hidden states, as forward does (the same as the wasm engine). */
+  /** kvl_session_prefill is forward without hidden states, so the addon has forward only; on the
+   * first range of a split model this returns the range's hidden states (as the wasm engine). */
   prefill(tokens: Int32Array, media: Float32Array | null, logits: LogitsMode): Float32Array | null {
-    if (!this.#lastRange) return this.forward(tokens, media, logits, false);
-    const session = this.#live;
-    const mode = logitsModeCode(logits);
-    const nMedia = wholeRows("media rows", media, this.#hidden);
-    const out = mode === 0 ? null : new Float32Array(mode === 1 ? this.#vocab : tokens.length * this.#vocab);
-    this.#routed(tokens.length, () => this.engine.check(this.engine.addon.sessionPrefill(session, tokens, media, nMedia, mode, out)));
-    return out;
+    return this.forward(tokens, media, logits, false);
   }
 
   /** One forward with the routing hook's fill() before and taken() after it. */

@@ -8,7 +8,7 @@
  * kvl_session_options; and copying tokens, media rows, logits, pixels, grids and image
  * embeddings through the instance's memory (malloc'd per call, freed after it; the core
  * allocates a vision call's working memory itself). The pack files are opened and read by the
- * instance's own threads through host_io_wasm.c.
+ * instance's own threads through platform_wasm.c.
  * Does not own: the instance (wasm-backend.ts) or the engine interfaces (core-api.ts).
  */
 import { type CoreEngine, CoreError, type CoreSession, type EngineInfo, type EngineOptions, type EngineStats, type FieldLayout, fieldKind, jsFieldName, KVL_STRUCTS, type StructId, type StructLayout, logitsModeCode, wholeRows, type LogitsMode, ROUTING_MODE_CODES, type RoutingHook, type SessionOptions, engineOptionCodes, sessionOptionCodes, checkGridsLength, checkPixelLength, visionShape } from "./core-api.js";

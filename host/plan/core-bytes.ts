@@ -5,7 +5,7 @@
  * walk with its double-buffered stream, the expert cache and its readers; i16_slot_bytes),
  * model.c (kvl_session_layout_compute, per activation mode: the integer modes' int16 trunk rows
  * with per-row scales, the quantised-input workspace, the int16 KV cache), expert_cache.c (its blocks), store.c (large blocks' alignment), vision.c (a vision
- * call's working memory), and engine_internal.h (the session struct); test/planner.test.ts proves
+ * call's working memory), and model_state.h (the session struct); test/planner.test.ts proves
  * the mirror exact against what engines report on both backends for 1, 2 and 3 ranges.
  *
  * Owns: what the planner reads of a pack (PackFacts) and the model as the byte rules see it;
@@ -59,7 +59,7 @@ const ALLOCATOR_SLACK_BYTES = 256 * KIB;
 /** The expert cache's readers (engine.c load_text) and the trunk stream thread. */
 const EXPERT_READER_THREADS = 4;
 /**
- * sizeof(struct kvl_session) (engine_internal.h), which kvl_session_bytes adds to the arena:
+ * sizeof(struct kvl_session) (model_state.h), which kvl_session_bytes adds to the arena:
  * wasm32 has 4-byte pointers and size_t, x86-64 (Linux and Windows) 8-byte ones. The tests
  * compare these with sessionBytes on both backends.
  */

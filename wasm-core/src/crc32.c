@@ -5,7 +5,7 @@
  * Intel, 2009: four 128-bit lanes folded 64 bytes at a time, folded into one, reduced to 64
  * bits, then Barrett-reduced to 32; the constants are the paper's bit-reflected ones for the
  * CRC-32 polynomial), in WebAssembly the host's (Node's zlib.crc32, an import like the file
- * reads of host_io_wasm.c), the run-time choice between them, and kvl_crc32_combine.
+ * reads of platform_wasm.c), the run-time choice between them, and kvl_crc32_combine.
  * Does not own: the reference kvl_crc32 (store.c). tests/test_crc32.c holds every function here
  * against it, natively, under ASan/UBSan and as WebAssembly.
  *
@@ -228,7 +228,7 @@ uint32_t kvl_crc32_clmul(uint32_t crc, const void *data, size_t len)
 /* WebAssembly has no carry-less multiply; Node's zlib.crc32 (native code; the function
  * host/pack-format.ts and kvl doctor use) runs twice as fast as slicing-by-16 compiled to
  * WebAssembly (4.6 against 2.3 GB/s of CPU time on the machine of the header's figures). It runs
- * on whichever thread calls, over a view of this instance's memory, as host_io_wasm.c's reads do. */
+ * on whichever thread calls, over a view of this instance's memory, as platform_wasm.c's reads do. */
 EM_JS(int, kvl_js_crc32_ready, (void), {
     try {
         return typeof require("zlib").crc32 === "function" ? 1 : 0;

@@ -763,8 +763,8 @@ static kvl_status load_vision(open_ctx *c, const char *pack_dir, int io_mode)
 {
     kvl_engine *e = c->e;
     kvl_status st;
-    if ((st = open_store(c, pack_dir, "vision", 3, io_mode, &e->vision)) != KVL_OK) return st;
-    if ((st = check_config_agrees(c, e->vision, "vision.idx")) != KVL_OK) return st;
+    if ((st = open_store(c, pack_dir, "vision", 3, io_mode, &e->vision.store)) != KVL_OK) return st;
+    if ((st = check_config_agrees(c, e->vision.store, "vision.idx")) != KVL_OK) return st;
     static const char *VK[] = {"vision.hidden_size", "vision.num_hidden_layers",
                                "vision.num_attention_heads", "vision.intermediate_size",
                                "vision.patch_size", "vision.init_pos_emb_height",
@@ -774,7 +774,7 @@ static kvl_status load_vision(open_ctx *c, const char *pack_dir, int io_mode)
     double v[11];
     for (int i = 0; i < 11; i++) {
         double w;
-        if (!vparam(e->vision, VK[i], &v[i]) || !vparam(e->trunk, VK[i], &w) || w != v[i])
+        if (!vparam(e->vision.store, VK[i], &v[i]) || !vparam(e->trunk, VK[i], &w) || w != v[i])
             return oerr(c, KVL_ERR_CONFIG, "vision.idx: hparam '%s' is missing or disagrees with "
                         "trunk.idx; rerun kvl pack", VK[i]);
     }
@@ -784,7 +784,7 @@ static kvl_status load_vision(open_ctx *c, const char *pack_dir, int io_mode)
             return oerr(c, KVL_ERR_CONFIG, "vision.idx: hparam '%s' = %g is out of range; rerun "
                         "kvl pack", VK[i], v[i]);
     }
-    kvl_vision_hparams *vh = &e->vhp;
+    kvl_vision_hparams *vh = &e->vision.hp;
     vh->hidden = (int)v[0]; vh->n_layers = (int)v[1]; vh->n_heads = (int)v[2];
     vh->intermediate = (int)v[3]; vh->patch = (int)v[4]; vh->pos_h = (int)v[5];
     vh->pos_w = (int)v[6]; vh->merge_h = (int)v[7]; vh->merge_w = (int)v[8];
@@ -813,7 +813,7 @@ void kvl_engine_free(kvl_engine *e)
     if (e->pool) kvl_pool_free(e->pool);
     kvl_store_close(e->trunk);
     kvl_store_close(e->experts);
-    kvl_store_close(e->vision);
+    kvl_store_close(e->vision.store);
     free(e->pack_dir);
     free(e);
 }
@@ -937,7 +937,7 @@ kvl_status kvl_engine_get_info(const kvl_engine *e, kvl_engine_info *out)
     out->n_threads = kvl_pool_size(e->pool);
     out->trunk_direct_io = kvl_store_direct_io(e->trunk);
     out->expert_direct_io = kvl_store_direct_io(e->experts);
-    out->vision_direct_io = e->vision ? kvl_store_direct_io(e->vision) : 0;
+    out->vision_direct_io = e->vision.store ? kvl_store_direct_io(e->vision.store) : 0;
     snprintf(out->kernels, sizeof out->kernels, "%s", e->k->name);
     snprintf(out->kv_dtype, sizeof out->kv_dtype, "%s",
              t->kv_dtype == KVL_KV_I16 ? "i16" : t->kv_dtype == KVL_KV_BF16 ? "bf16" : "f32");
@@ -985,7 +985,7 @@ kvl_status kvl_engine_get_stats(const kvl_engine *e, kvl_stats *out)
     out->verify_ns += e->verify_ns;
     out->verify_bytes += e->verify_bytes;
     out->trunk_stall_ns = t->trunk_stall_ns;
-    out->vision_bytes_read = e->vision_bytes_read;
+    out->vision_bytes_read = e->vision.bytes_read;
     out->tokens_prefilled = t->tokens_prefilled;
     out->tokens_decoded = t->tokens_decoded;
     return KVL_OK;
@@ -998,7 +998,7 @@ void kvl_engine_reset_stats(kvl_engine *e)
     if (t->ecache) kvl_expert_cache_reset_stats(t->ecache);
     kvl_trunk_counters_reset(t);
     t->tokens_prefilled = t->tokens_decoded = 0;
-    e->vision_bytes_read = 0;
+    e->vision.bytes_read = 0;
     e->verify_ns = e->verify_bytes = 0;
 }
 

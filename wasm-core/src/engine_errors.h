@@ -5,7 +5,7 @@
 #ifndef KVL_ENGINE_ERRORS_H
 #define KVL_ENGINE_ERRORS_H
 
-#include "engine_internal.h"
+#include "engine_state.h"
 
 /* Set engine->last_error (printf-style) and return status; engine may be NULL (then only status). */
 kvl_status kvl_engine_fail(kvl_engine *engine, kvl_status status, const char *fmt, ...);

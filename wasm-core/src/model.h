@@ -6,7 +6,7 @@
 #ifndef KVL_MODEL_H
 #define KVL_MODEL_H
 
-#include "engine_internal.h"
+#include "engine_state.h"
 
 /* Scratch layout of one session of the engine (sizes from the hparams, range and modes). */
 void kvl_session_layout_compute(const kvl_engine *engine, int max_context, int max_batch,

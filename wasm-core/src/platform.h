@@ -45,7 +45,7 @@
 
 #ifdef __EMSCRIPTEN__
 /* WebAssembly: files are the host's (Node's fs, reached through JavaScript imports in
- * host_io_wasm.c, on whichever thread calls them), read straight into this instance's memory;
+ * platform_wasm.c, on whichever thread calls them), read straight into this instance's memory;
  * emscripten's own virtual filesystem is never used. Same contracts as below; errors are errno
  * values of this libc. */
 int kvl_host_open_read(const char *path, int direct, int *out_fd);

@@ -7,7 +7,7 @@
 #ifndef KVL_TRUNK_H
 #define KVL_TRUNK_H
 
-#include "engine_internal.h"
+#include "engine_state.h"
 
 /* The streamer of engine e: two 4 KiB-aligned buffers of buf_bytes (at least the largest streamed
  * tensor's align4096(nbytes)) and its I/O thread, which reads the tensors of e->text->tt.

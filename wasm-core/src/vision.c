@@ -4,7 +4,7 @@
  * resampling of the learned position table, 2D RoPE, the pre-LN encoder blocks with per-image
  * bidirectional attention, final LayerNorm, the merge_h x merge_w patch merger and the projector
  * (per-member LayerNorm, linear_1, exact GELU, linear_2). Weights are streamed from
- * engine->vision one phase at a time (patch embedding, each block, projector halves) into one
+ * engine->vision.store one phase at a time (patch embedding, each block, projector halves) into one
  * working buffer, so the working set is one block's weights plus the activations of the call;
  * each tensor's CRC is checked the first time it is read (kvl_engine_check).
  * Does not own: opening the vision store or reading its hparams (engine.c), errors and the CRC
@@ -13,7 +13,7 @@
  * Layer: forward passes, below engine.c (vision.h and kvl_core.h's kvl_vision_* are what it calls
  * here); calls only the files below it (scripts/c-layers.mjs checks).
  *
- * All arithmetic is FP32 with BF16 weights; every dimension comes from engine->vhp.
+ * All arithmetic is FP32 with BF16 weights; every dimension comes from engine->vision.hp.
  */
 #include <math.h>
 #include <stdint.h>
@@ -78,9 +78,9 @@ static kvl_status fail(const kvl_engine *engine, kvl_status status, const char *
 
 static kvl_status check_hparams(const kvl_engine *engine)
 {
-    const kvl_vision_hparams *h = &engine->vhp;
+    const kvl_vision_hparams *h = &engine->vision.hp;
     char msg[400];
-    if (!engine->vision)
+    if (!engine->vision.store)
         return fail(engine, KVL_ERR_INVALID_ARG,
                     "vision weights are not loaded: open the engine with load_vision = 1");
     if (h->hidden <= 0 || h->n_layers <= 0 || h->n_heads <= 0 || h->intermediate <= 0 ||
@@ -114,7 +114,7 @@ static kvl_status check_hparams(const kvl_engine *engine)
 static kvl_status make_plan(const kvl_engine *engine, const int32_t *grids, int32_t n_images,
                             vision_plan *pl)
 {
-    const kvl_vision_hparams *h = &engine->vhp;
+    const kvl_vision_hparams *h = &engine->vision.hp;
     char msg[400];
     kvl_status st;
     size_t phase, embed, block, proj1, proj2, off, i;
@@ -275,7 +275,7 @@ static void loader_reset(weight_loader *ld) { ld->arena_used = 0; ld->vec_used =
 static kvl_status check_tensor(kvl_engine *engine, const char *name, unsigned ndim,
                                const size_t *shape, const kvl_tensor_rec **out)
 {
-    const kvl_tensor_rec *rec = kvl_store_find(engine->vision, name);
+    const kvl_tensor_rec *rec = kvl_store_find(engine->vision.store, name);
     uint64_t elems = 1;
     unsigned d;
     if (!rec)
@@ -316,15 +316,15 @@ static kvl_status load_bf16(weight_loader *ld, const char *name, unsigned ndim,
     if (ld->arena_used + need > ld->arena_cap)
         return kvl_engine_fail(ld->engine, KVL_ERR_INTERNAL,
                                "vision working buffer too small for '%s'", name);
-    st = kvl_store_read(ld->engine->vision, rec->offset, rec->nbytes, ld->arena + ld->arena_used);
+    st = kvl_store_read(ld->engine->vision.store, rec->offset, rec->nbytes, ld->arena + ld->arena_used);
     if (st != KVL_OK) {
         char what[160];
         snprintf(what, sizeof what, "vision tensor '%s'", name);
-        return kvl_engine_read_failed(ld->engine, st, ld->engine->vision, what);
+        return kvl_engine_read_failed(ld->engine, st, ld->engine->vision.store, what);
     }
-    ld->engine->vision_bytes_read += rec->nbytes;
+    ld->engine->vision.bytes_read += rec->nbytes;
     /* first read of this tensor in this engine: its CRC, before any use */
-    st = kvl_engine_check(ld->engine, ld->engine->vision, "vision.bin", rec,
+    st = kvl_engine_check(ld->engine, ld->engine->vision.store, "vision.bin", rec,
                           ld->arena + ld->arena_used);
     if (st != KVL_OK)
         return st;
@@ -370,7 +370,7 @@ kvl_status kvl_vision_check(kvl_engine *engine)
         return KVL_ERR_INVALID_ARG;
     if ((st = check_hparams(engine)) != KVL_OK)
         return st;
-    h = &engine->vhp;
+    h = &engine->vision.hp;
     D = (size_t)h->hidden; I = (size_t)h->intermediate; T = (size_t)h->text_hidden;
     P = D * (size_t)h->merge_h * (size_t)h->merge_w;
 #define CHECK(nm, nd, s0, s1, s2, s3) do { \
@@ -771,7 +771,7 @@ static void build_rope_tables(const vision_plan *pl, const int32_t *grids, float
 static kvl_status encode(kvl_engine *engine, const vision_plan *pl, unsigned char *mem,
                          const float *pixel_values, const int32_t *grids, float *out)
 {
-    const kvl_vision_hparams *h = &engine->vhp;
+    const kvl_vision_hparams *h = &engine->vision.hp;
     size_t D = pl->hidden, I = pl->inter, N = pl->n_tokens, M = pl->n_merged;
     size_t P = pl->proj_width, T = pl->text_hidden, i;
     float *x = (float *)(void *)(mem + pl->off_x);

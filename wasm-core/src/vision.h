@@ -4,9 +4,9 @@
 #ifndef KVL_VISION_H
 #define KVL_VISION_H
 
-#include "engine_internal.h"
+#include "engine_state.h"
 
-/* Validate every vision/projector tensor against engine->vhp (no data read); engine.c calls it
+/* Validate every vision/projector tensor against engine->vision.hp (no data read); engine.c calls it
  * at open when load_vision = 1. A failure is kvl_engine_fail (engine->last_error). */
 kvl_status kvl_vision_check(kvl_engine *engine);
 

@@ -1,40 +1,18 @@
-/* engine_internal.h — the engine and session structs, shared by the files of the engine's layers
- * (engine.c, model.c, vision.c, engine_errors.c, trunk.c). Types only: each layer's functions are
- * declared in its own header (engine_errors.h, trunk.h, model.h, vision.h), so a file includes
- * only what lies below it (scripts/c-layers.mjs checks the calls). Not part of the public API.
- * engine.c owns their lifetime and fills them at open; model.c owns the forward pass.
- * The first block of struct kvl_engine (k, pool, trunk, experts, vision, vhp,
- * vision_bytes_read, last_error) is what vision.c relies on; keep it.
+/* model_state.h — the text decoder's state (model.c owns it: the forward pass reads the engine's
+ * text state and runs on a session's arena): the text hyper-parameters, trunk tensor and layer
+ * tables, the caches' handles and counters of kvl_engine_text, and the session struct with its
+ * scratch layout. engine.c fills kvl_engine_text at open and creates and frees sessions; trunk.c
+ * keeps the trunk counters. Types only, not part of the public API.
  */
-#ifndef KVL_ENGINE_INTERNAL_H
-#define KVL_ENGINE_INTERNAL_H
+#ifndef KVL_MODEL_STATE_H
+#define KVL_MODEL_STATE_H
+
+#include <stddef.h>
+#include <stdint.h>
 
 #include "kvl_core.h"
-#include "kernels.h"
 #include "store.h"
-#include "threadpool.h"
 #include "expert_cache.h"
-
-/* Vision hyper-parameters, read from the hparam table at open when load_vision = 1. */
-typedef struct kvl_vision_hparams {
-    int hidden, n_layers, n_heads, intermediate, patch, pos_h, pos_w, merge_h, merge_w;
-    int text_hidden;
-    float rope_theta, ln_eps;
-} kvl_vision_hparams;
-
-struct kvl_engine {
-    const kvl_kernels *k;
-    kvl_pool *pool;
-    kvl_store *trunk, *experts, *vision;   /* vision is NULL unless load_vision */
-    kvl_vision_hparams vhp;
-    uint64_t vision_bytes_read;
-    char last_error[512];
-    /* engine.c adds the text hparams, caches and resident tensors below */
-    struct kvl_engine_text *text;
-    char *pack_dir;                      /* as opened: the kvl doctor advice of kvl_engine_corrupt */
-    /* CRC checks made by the driver thread and its pool (at open, vision weights) */
-    uint64_t verify_ns, verify_bytes;
-};
 
 /* ---- text decoder (engine.c fills at open, model.c reads) ---------------------------------- */
 

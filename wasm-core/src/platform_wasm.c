@@ -1,5 +1,5 @@
-/* host_io_wasm.c — the WebAssembly build's read port: pack files opened and read by the host
- * (Node's fs) straight into this instance's memory.
+/* platform_wasm.c — platform code: the WebAssembly side of platform.h's files, the build's read
+ * port: pack files opened and read by the host (Node's fs) straight into this instance's memory.
  *
  * Owns: the JavaScript imports behind platform.h's file functions on WebAssembly, and turning
  * Node's error codes into this libc's errno values (so kvl_os_strerror and the store's messages
@@ -110,5 +110,5 @@ int kvl_host_pread(int fd, void *dst, size_t len, uint64_t offset, size_t *got) 
 
 #else
 /* ISO C forbids an empty translation unit. */
-typedef int kvl_host_io_wasm_unused;
+typedef int kvl_platform_wasm_unused;
 #endif
