@@ -7,7 +7,7 @@
  * NativeSession: CoreEngine / CoreSession of core-api.ts: the text engine and the vision
  * encoder). Does not own: building it (scripts/build-addon.mjs).
  */
-import { type ConformanceReport, type CoreBackend, type KernelSet, type Pcg64State, type SamplerParams, checkPackExpertArgs, checkPackQ8RowsArgs, checkQ4ExpertDims, packExpertStatus, packQ8RowsStatus, parseConformanceReport, type CoreEngine, CoreError, type CoreSession, type EngineInfo, type EngineOptionCodes, type EngineOptions, type EngineStats, type FieldLayout, fieldKind, type StructId, type StructLayout, logitsModeCode, wholeRows, type LogitsMode, ROUTING_MODE_CODES, type RoutingHook, type SessionOptions, engineOptionCodes, sessionOptionCodes, checkGridsLength, visionShape } from "./core-api.js";
+import { type ConformanceReport, type ConstantRow, type ConstantsId, type CoreBackend, type KernelSet, type Pcg64State, type SamplerParams, checkPackExpertArgs, checkPackQ8RowsArgs, checkQ4ExpertDims, packExpertStatus, packQ8RowsStatus, parseConformanceReport, type CoreEngine, CoreError, type CoreSession, type EngineInfo, type EngineOptionCodes, type EngineOptions, type EngineStats, type FieldLayout, fieldKind, type StructId, type StructLayout, logitsModeCode, wholeRows, type LogitsMode, ROUTING_MODE_CODES, type RoutingHook, type SessionOptions, engineOptionCodes, sessionOptionCodes, checkGridsLength, visionShape } from "./core-api.js";
 import { RoutingBinding, routingRowLength } from "./routing-binding.js";
 import { q8RowsLayout } from "../pack/pack-format.js";
 import { nativeAddonPath, requireFile } from "../system/paths.js";
@@ -41,6 +41,8 @@ interface NativeAddon {
   samplerSeed(rng: BigUint64Array): void;
   /** kvl_struct_layout with each member's JS name; kind the KVL_FIELD_* number. */
   structLayout(which: StructId): { bytes: number; fields: Array<Omit<FieldLayout, "kind"> & { kind: number }> };
+  /** kvl_constants(which) as {name, value} rows. */
+  constants(which: ConstantsId): ConstantRow[];
   engineOpen(packDir: string, codes: EngineOptionCodes): { status: number; error: string; engine: NativeEngineHandle | null };
   engineFree(engine: NativeEngineHandle): void;
   /** The struct as an object converted from the core's layout table (KVL_STRUCT_ENGINE_INFO). */
@@ -164,6 +166,10 @@ export class NativeBackend implements CoreBackend {
   /** Opens the pack in packDir; throws CoreError (the core's message) when it cannot. */
   openEngine(packDir: string, options: EngineOptions = {}): CoreEngine {
     return NativeEngine.open(this.#addon, packDir, options);
+  }
+
+  constants(which: ConstantsId): ConstantRow[] {
+    return this.#addon.constants(which);
   }
 
   structLayout(which: StructId): StructLayout {

@@ -24,6 +24,7 @@
  *   sampleToken(logits, temperature, topK, topP, rng, workspace) -> token   kvl_sample; rng: a
  *                                                   BigUint64Array(1) state advanced in place
  *   samplerSeed(rng)                                rng[0] = kvl_sampler_seed's state of rng[0]
+ *   constants(which)                                kvl_constants(which) -> [{ name, value }]
  *   structLayout(which)                             kvl_struct_layout(which) -> { bytes, fields:
  *                                                   [{ name, cName, offset, bytes, kind }] }: name
  *                                                   the JS property, cName the C member, kind the
@@ -893,6 +894,35 @@ static int object_to_struct(napi_env env, napi_value obj, int which, void *base,
     return 1;
 }
 
+/* constants(which) -> [{ name, value }]: kvl_constants (a KVL_CONST_* list of codes). RangeError
+ * for a `which` the core does not have. */
+static napi_value js_constants(napi_env env, napi_callback_info info)
+{
+    napi_value argv[1];
+    int32_t which;
+    if (!get_args(env, info, argv, 1, "constants") || !get_int32(env, argv[0], &which, "constants", "which"))
+        return NULL;
+    int n = 0;
+    const kvl_const_desc *rows = kvl_constants(which, &n);
+    if (!rows) {
+        char msg[128];
+        snprintf(msg, sizeof msg, "kvl addon: constants: the core has no list %d", (int)which);
+        napi_throw_range_error(env, "ERR_OUT_OF_RANGE", msg);
+        return NULL;
+    }
+    napi_value list, row, v;
+    NAPI_CALL(env, napi_create_array_with_length(env, (size_t)n, &list));
+    for (int i = 0; i < n; i++) {
+        NAPI_CALL(env, napi_create_object(env, &row));
+        NAPI_CALL(env, napi_create_string_utf8(env, rows[i].name, NAPI_AUTO_LENGTH, &v));
+        NAPI_CALL(env, napi_set_named_property(env, row, "name", v));
+        NAPI_CALL(env, napi_create_int32(env, rows[i].value, &v));
+        NAPI_CALL(env, napi_set_named_property(env, row, "value", v));
+        NAPI_CALL(env, napi_set_element(env, list, (uint32_t)i, row));
+    }
+    return list;
+}
+
 /* structLayout(which) -> { bytes, fields: [{ name, cName, offset, bytes, kind }] }:
  * kvl_struct_layout with each member's JS property name (name) beside its C name; kind is the
  * KVL_FIELD_* number. RangeError for a `which` the core does not describe. */
@@ -1707,6 +1737,7 @@ static const kvl_function kvl_functions[] = {
     {"sampleToken", js_sample_token},
     {"samplerSeed", js_sampler_seed},
     {"structLayout", js_struct_layout},
+    {"constants", js_constants},
     {"engineOpen", js_engine_open},
     {"engineFree", js_engine_free},
     {"engineInfo", js_engine_info},

@@ -18,6 +18,7 @@
  * evaluation of the definition agree exactly) and with its own summation bound (matmul_i16_i16).
  */
 #include "kernels/kernels.h"
+#include "kvl_core.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -1240,6 +1241,24 @@ int main(void)
                 full = 0;
         }
         check(full, "select", "every served set has every entry (empty ones from scalar)", "(%g %g)", 0, 0);
+        /* every set this build has is a row of kvl_core.h KVL_KERNEL_SET_ROWS (the names the host
+         * knows), at the level kvl_kernels_select gives it */
+        int known = 1, nsets = 0;
+        const kvl_const_desc *sets = kvl_constants(KVL_CONST_KERNEL_SETS, &nsets);
+        for (size_t i = 0; names && names[i]; i++) {
+            int found = 0;
+            for (int j = 0; sets && j < nsets; j++)
+                if (strcmp(sets[j].name, names[i]) == 0) {
+                    const kvl_kernels *L = kvl_kernels_select(sets[j].value);
+                    found = 1;
+                    /* the level's best set is this one, or another of the same level */
+                    if (kvl_kernels_supported(sets[j].value) && !L)
+                        known = 0;
+                }
+            if (!found)
+                known = 0;
+        }
+        check(known, "select", "every compiled set is a row of KVL_KERNEL_SET_ROWS", "(%g %g)", 0, 0);
     }
     test_helpers();
     test_quantize_rows_i16();
