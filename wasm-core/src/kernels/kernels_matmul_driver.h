@@ -269,7 +269,8 @@ KVL_INLINE void tile_int(int kind, float *Y, size_t ldy, const void *W, const fl
         const size_t nb = kvl_i16_nblocks(cols, KVL_I16_BLOCK); /* xs: [T, nb] */
         const int8_t *wrow[TRI];
         float acc[TRI][TTI];
-        TI_F4 acc4[TRI > TTI ? TRI : TTI]; /* lane by row (per token) or by token (per row) */
+#define TI_ACC4 (TRI > TTI ? TRI : TTI)
+        TI_F4 acc4[TI_ACC4]; /* lane by row (per token) or by token (per row) */
         KVL_UNROLL
         for (int i = 0; i < R; i++) {
             wrow[i] = (const int8_t *)W + (r0 + (size_t)i) * cols;
@@ -278,7 +279,7 @@ KVL_INLINE void tile_int(int kind, float *Y, size_t ldy, const void *W, const fl
                 acc[i][t] = 0.0f;
         }
         KVL_UNROLL
-        for (int j = 0; j < TRI || j < TTI; j++)
+        for (int j = 0; j < TI_ACC4; j++)
             acc4[j] = ti_f4_zero();
         for (size_t b = 0; b < cols; b += KVL_I16_BLOCK) {
             const size_t e = cols - b < KVL_I16_BLOCK ? cols : b + KVL_I16_BLOCK;
