@@ -47,12 +47,12 @@ native=${NATIVE:-1}
 if [ "$native" != 0 ]; then
     echo "building native (gcc -O3; ISA flags per file as in wasm-core/CMakeLists.txt)..." >&2
     CFLAGS="-std=c11 -O3 -DKVL_X86=1 -D_GNU_SOURCE -I$src"
-    gcc $CFLAGS -c "$src/kernels_ref.c" -o "$out/obj/kernels_ref.o"
-    gcc $CFLAGS -c "$src/kernels_select.c" -o "$out/obj/kernels_select.o"
+    gcc $CFLAGS -c "$src/kernels/kernels_ref.c" -o "$out/obj/kernels_ref.o"
+    gcc $CFLAGS -c "$src/kernels/kernels_select.c" -o "$out/obj/kernels_select.o"
     gcc $CFLAGS -c "$src/threadpool.c" -o "$out/obj/threadpool.o"
-    gcc $CFLAGS -mavx2 -mfma -mf16c -c "$src/kernels_avx2.c" -o "$out/obj/kernels_avx2.o"
+    gcc $CFLAGS -mavx2 -mfma -mf16c -c "$src/kernels/x86/kernels_avx2.c" -o "$out/obj/kernels_avx2.o"
     gcc $CFLAGS -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni -mavx512bf16 -mfma -mf16c \
-        -c "$src/kernels_avx512.c" -o "$out/obj/kernels_avx512.o"
+        -c "$src/kernels/x86/kernels_avx512.c" -o "$out/obj/kernels_avx512.o"
     gcc $CFLAGS "$root/bench/kernels_bench.c" "$out"/obj/*.o -lm -lpthread -o "$out/kernels_bench"
 fi
 
@@ -61,7 +61,7 @@ fi
 echo "building wasm (emcc -O3 -msimd128, 2 pthreads; and the relaxed build)..." >&2
 WASM_FLAGS="-std=c11 -O3 -msimd128 -pthread -sPTHREAD_POOL_SIZE=2 -sENVIRONMENT=node,worker
     -sEXIT_RUNTIME=1 -sALLOW_MEMORY_GROWTH=1 -sMAXIMUM_MEMORY=4GB -Wno-pthreads-mem-growth -I$src"
-WASM_SRC="$src/kernels_ref.c $src/kernels_select.c $src/kernels_simd128.c $src/threadpool.c $root/bench/kernels_bench.c"
+WASM_SRC="$src/kernels/kernels_ref.c $src/kernels/kernels_select.c $src/kernels/wasm/kernels_simd128.c $src/threadpool.c $root/bench/kernels_bench.c"
 [ "$relaxed_only" = 1 ] || emcc $WASM_FLAGS $WASM_SRC -o "$out/kernels_bench.js"
 bash "$root/wasm-core/build-wasm.sh" --relaxed-object "$out/kernels_relaxed.o"
 emcc $WASM_FLAGS -DKVL_WASM_RELAXED=1 "$out/kernels_relaxed.o" $WASM_SRC -o "$out/kernels_bench_relaxed.js"

@@ -18,15 +18,15 @@
  *   - GFLOP/s for a 64-token batch against one [1408 x 2048] matrix.
  *
  * Build (from the repo root), native:
- *   gcc -std=c11 -O2 -DKVL_X86=1 -Iwasm-core/src -c wasm-core/src/kernels_ref.c wasm-core/src/kernels_select.c wasm-core/src/threadpool.c
- *   gcc -std=c11 -O2 -DKVL_X86=1 -mavx2 -mfma -mf16c -Iwasm-core/src -c wasm-core/src/kernels_avx2.c
- *   gcc -std=c11 -O2 -DKVL_X86=1 -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni -mavx512bf16 -mfma -mf16c -Iwasm-core/src -c wasm-core/src/kernels_avx512.c
+ *   gcc -std=c11 -O2 -DKVL_X86=1 -Iwasm-core/src -c wasm-core/src/kernels/kernels_ref.c wasm-core/src/kernels/kernels_select.c wasm-core/src/threadpool.c
+ *   gcc -std=c11 -O2 -DKVL_X86=1 -mavx2 -mfma -mf16c -Iwasm-core/src -c wasm-core/src/kernels/x86/kernels_avx2.c
+ *   gcc -std=c11 -O2 -DKVL_X86=1 -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni -mavx512bf16 -mfma -mf16c -Iwasm-core/src -c wasm-core/src/kernels/x86/kernels_avx512.c
  *   gcc -std=c11 -O2 -Iwasm-core/src bench/kernels_bench.c *.o -lm -lpthread -o /tmp/kernels_bench
  * WebAssembly (SIMD128, 2 pthreads; emscripten 3.1.6; its loader calls fetch() on Node >= 18,
  * hence the preload that deletes it, wasm-core/tests/no-fetch.cjs):
  *   NODE_PATH=/usr/share/nodejs emcc -std=c11 -O3 -msimd128 -pthread -sPTHREAD_POOL_SIZE=2 \
  *     -sENVIRONMENT=node,worker -sEXIT_RUNTIME=1 -sALLOW_MEMORY_GROWTH=1 -sMAXIMUM_MEMORY=4GB -Iwasm-core/src \
- *     wasm-core/src/kernels_ref.c wasm-core/src/kernels_select.c wasm-core/src/kernels_simd128.c \
+ *     wasm-core/src/kernels/kernels_ref.c wasm-core/src/kernels/kernels_select.c wasm-core/src/kernels/wasm/kernels_simd128.c \
  *     wasm-core/src/threadpool.c bench/kernels_bench.c -o /tmp/kernels_bench.js
  *   node -r ./wasm-core/tests/no-fetch.cjs /tmp/kernels_bench.js [args]
  * Run:
@@ -44,7 +44,7 @@
 #if !defined(_WIN32) && !defined(_POSIX_C_SOURCE)
 #define _POSIX_C_SOURCE 200809L
 #endif
-#include "kernels.h"
+#include "kernels/kernels.h"
 #include "threadpool.h"
 
 #include <stdint.h>

@@ -21,7 +21,7 @@ import { type Command, InvalidArgumentError } from "commander";
 import { chooseBackend } from "../host/core/backend.js";
 import { type ChatImage, ChatModel, type Conversation, type ImageEvent, type ReplyHooks, type ReplyReport, loadLine } from "../host/chat-model.js";
 import type { Message } from "../host/text/conversation.js";
-import { type EngineStats, PackReadError } from "../host/core/core-api.js";
+import { cFieldName, type EngineStats, PackReadError } from "../host/core/core-api.js";
 import { actModeJson } from "../host/plan/act-mode.js";
 import { MIB } from "../host/plan/core-bytes.js";
 import { DEFAULT_MAX_NEW_TOKENS, DEFAULT_TEMPERATURE, type ReplyParams } from "../host/text/reply-params.js";
@@ -70,19 +70,11 @@ export function escapeControls(text: string): string {
   });
 }
 
-const SNAKE_STATS: ReadonlyArray<[keyof EngineStats, string]> = [
-  ["trunkHits", "trunk_hits"], ["trunkMisses", "trunk_misses"], ["trunkBytesRead", "trunk_bytes_read"], ["trunkStallNs", "trunk_stall_ns"],
-  ["expertHits", "expert_hits"], ["expertMisses", "expert_misses"], ["expertBytesRead", "expert_bytes_read"], ["expertStallNs", "expert_stall_ns"],
-  ["visionBytesRead", "vision_bytes_read"], ["tokensPrefilled", "tokens_prefilled"], ["tokensDecoded", "tokens_decoded"],
-  ["verifyNs", "verify_ns"], ["verifyBytes", "verify_bytes"],
-  ["expertLookaheadIssued", "expert_lookahead_issued"], ["expertLookaheadUsed", "expert_lookahead_used"],
-  ["expertLookaheadWasted", "expert_lookahead_wasted"], ["expertLookaheadCancelled", "expert_lookahead_cancelled"],
-  ["expertLookaheadPending", "expert_lookahead_pending"],
-];
-
+/** The stats as --json prints them: kvl_stats' own member names (cFieldName; test/boundary.test.ts
+ * checks that these are the core's), each the change since before where given. */
 function snakeStats(stats: EngineStats, before?: EngineStats): Record<string, number> {
   const out: Record<string, number> = {};
-  for (const [camel, snake] of SNAKE_STATS) out[snake] = stats[camel] - (before?.[camel] ?? 0);
+  for (const camel of Object.keys(stats) as Array<keyof EngineStats>) out[cFieldName(camel)] = stats[camel] - (before?.[camel] ?? 0);
   return out;
 }
 

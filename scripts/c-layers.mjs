@@ -33,7 +33,7 @@ const LAYERS = [
   ['forward passes', ['model.c', 'vision.c']],
   ['engine services', ['engine_errors.c', 'trunk.c']],
   ['caches, stores and pack formats', ['expert_cache.c', 'store.c', 'packing.c']],
-  ['threads, kernels, CRC-32 and struct layouts', ['threadpool.c', 'kernels_*.c', 'crc32.c', 'sampler.c', 'layout.c']],
+  ['threads, kernels, CRC-32 and struct layouts', ['threadpool.c', 'kernels/*.c', 'crc32.c', 'sampler.c', 'layout.c']],
   // platform.h is static inline (each includer's own); what of it needs a .c is here
   ['platform', ['platform_wasm.c']],
 ];
@@ -58,7 +58,11 @@ async function firstTool(names) {
   return null;
 }
 
-const files = readdirSync(SRC).filter((f) => f.endsWith('.c')).sort();
+// Files by their path below wasm-core/src ('kernels/x86/kernels_avx2.c'), the kernel room's too.
+const files = readdirSync(SRC, { recursive: true })
+  .map((f) => f.split(path.sep).join('/'))
+  .filter((f) => f.endsWith('.c'))
+  .sort();
 const layerOf = new Map();
 for (const [i, [, patterns]] of LAYERS.entries()) {
   for (const p of patterns) {
@@ -79,8 +83,8 @@ if (!emcc) fail('emcc not found (Debian: apt-get install emscripten; .ci/run ins
 // The builds' own flags (wasm-core/CMakeLists.txt, wasm-core/build-wasm.sh), at -O0.
 const INC = ['-Iwasm-core/include', '-Iwasm-core/src'];
 const AVX = {
-  'kernels_avx2.c': ['-mavx2', '-mfma', '-mf16c'],
-  'kernels_avx512.c': ['-mavx512f', '-mavx512bw', '-mavx512vl', '-mavx512dq', '-mavx512vnni', '-mavx512bf16', '-mfma', '-mf16c'],
+  'kernels/x86/kernels_avx2.c': ['-mavx2', '-mfma', '-mf16c'],
+  'kernels/x86/kernels_avx512.c': ['-mavx512f', '-mavx512bw', '-mavx512vl', '-mavx512dq', '-mavx512vnni', '-mavx512bf16', '-mfma', '-mf16c'],
 };
 const x64 = process.arch === 'x64';
 const TARGETS = [
@@ -128,7 +132,7 @@ const jobs = [];
 for (const t of TARGETS)
   for (const f of files) {
     if (AVX[f] && !t.x86) continue;
-    jobs.push({ t, f, out: path.join(tmp, `${t.name}-${f}.ll`) });
+    jobs.push({ t, f, out: path.join(tmp, `${t.name}-${f.replaceAll('/', '+')}.ll`) });
   }
 const errors = [];
 let next = 0;

@@ -46,7 +46,7 @@ AVX512_FLAGS=(-mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni -mavx512bf
 
 failed=()
 objs=()
-for src in "$ROOT"/wasm-core/src/*.c; do
+for src in "$ROOT"/wasm-core/src/*.c "$ROOT"/wasm-core/src/kernels/*.c "$ROOT"/wasm-core/src/kernels/x86/*.c; do
     name="$(basename "$src")"
     extra=()
     case "$name" in

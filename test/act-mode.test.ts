@@ -19,7 +19,6 @@ describe("--act-dtype auto", () => {
     ["native", "avx2", "i16x1", "i16"],
     ["native", "avx512", "i16x1", "i16"],
     ["native", "avx512-bf16", "i16x1", "i16"],
-    ["native", "avx512-vnni", "i16x1", "i16"],
     ["wasm", "simd128", "i16x1", "i16"],
     ["wasm", "simd128-relaxed", "i16x1", "i16"],
     ["native", "scalar", "f32", "f32"],

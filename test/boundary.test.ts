@@ -10,6 +10,9 @@
  *   - the two builds' tables are the same (offsets, sizes and kinds of wasm32 and x86-64);
  *   - options written by each backend reach the core: an engine opened with every option off its
  *     default reports each value back (kvl_engine_info, and the vision encoder for loadVision).
+ * And the codes that cross it (kvl_core.h *_ROWS, the core's kvl_constants tables): the status
+ * texts, kernel-set names and levels, option codes and `kvl chat --json`'s stats names that
+ * host/ spells are the core's, on both backends.
  */
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -17,7 +20,8 @@ import { fileURLToPath } from "node:url";
 import ts from "typescript";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 
-import { type CoreBackend, CoreError, type EngineOptions, type FieldKind, KVL_STRUCTS, type StructId, jsFieldName } from "../host/core/core-api.js";
+import { type CoreBackend, CoreError, type EngineOptions, type FieldKind, KERNEL_CHOICES, KVL_CONSTANTS, KVL_ERR_CANCELLED, KVL_STATUS_NAMES, KVL_STRUCTS, LOGITS_MODES, OPTION_CODES, ROUTING_MODE_CODES, type StructId, cFieldName, jsFieldName } from "../host/core/core-api.js";
+import { AUTO_ACT_DTYPE } from "../host/plan/act-mode.js";
 import { NativeBackend } from "../host/core/native-backend.js";
 import { WasmBackend } from "../host/core/wasm-backend.js";
 import { packCheckpoint } from "../packer/pack.js";
@@ -152,5 +156,58 @@ describe.each(BACKENDS)("the boundary structs on %s", (backend) => {
       auto.close();
     }
     expect(base.expertLookahead).toBe(false); // the default cache holds every extent of the tiny model
+  });
+});
+
+/** A kvl_constants list as name -> value. */
+const asRecord = (rows: ReadonlyArray<{ name: string; value: number }>): Record<string, number> =>
+  Object.fromEntries(rows.map((r) => [r.name, r.value]));
+
+describe.each(BACKENDS)("the codes that cross the boundary on %s (kvl_constants)", (backend) => {
+  it("has the status texts host/ has (KVL_STATUS_NAMES, KVL_ERR_CANCELLED)", () => {
+    const rows = cores[backend].constants(KVL_CONSTANTS.status);
+    expect(Object.fromEntries(rows.map((r) => [r.value, r.name]))).toEqual(KVL_STATUS_NAMES);
+    expect(rows.find((r) => r.name === "cancelled")?.value).toBe(KVL_ERR_CANCELLED);
+  });
+
+  it("knows every kernel set and level host/ names, with the level host/ gives it", () => {
+    const sets = asRecord(cores[backend].constants(KVL_CONSTANTS.kernelSets));
+    const levels = asRecord(cores[backend].constants(KVL_CONSTANTS.kernelLevels));
+    // the --kernels choices: a level's name or a set's, at that level (simd128-relaxed: level 4)
+    for (const choice of KERNEL_CHOICES) {
+      const code = OPTION_CODES.kernelLevels[choice];
+      expect(levels[choice] ?? sets[choice], `--kernels ${choice}`).toBe(code);
+    }
+    expect(levels).toEqual(Object.fromEntries(Object.entries(OPTION_CODES.kernelLevels).filter(([name]) => name in levels)));
+    // the sets --act-dtype auto chooses by
+    for (const row of AUTO_ACT_DTYPE) for (const set of row.kernels) expect(Object.keys(sets), `act-mode.ts names ${set}`).toContain(set);
+    // each set this backend has is a row
+    for (const set of cores[backend].kernelSets()) expect(Object.keys(sets)).toContain(set.name);
+  });
+
+  it("has the option codes host/ writes (engineOptionCodes, logits and routing modes)", () => {
+    const core = cores[backend];
+    expect(asRecord(core.constants(KVL_CONSTANTS.io))).toEqual(OPTION_CODES.io);
+    expect(asRecord(core.constants(KVL_CONSTANTS.lookahead))).toEqual(OPTION_CODES.lookahead);
+    expect(asRecord(core.constants(KVL_CONSTANTS.logits))).toEqual(LOGITS_MODES);
+    expect(asRecord(core.constants(KVL_CONSTANTS.routing))).toEqual(ROUTING_MODE_CODES);
+    // host/ leaves out "default" (absent = 0) and the removed act mode "i16" (3: the core refuses it)
+    const { default: kvDefault, ...kv } = asRecord(core.constants(KVL_CONSTANTS.kv));
+    expect(kvDefault).toBe(0);
+    expect(kv).toEqual(OPTION_CODES.kv);
+    const { default: actDefault, i16: removed, ...act } = asRecord(core.constants(KVL_CONSTANTS.act));
+    expect([actDefault, removed]).toEqual([0, 3]);
+    expect(act).toEqual(OPTION_CODES.act);
+    const { default: policyDefault, ...policies } = asRecord(core.constants(KVL_CONSTANTS.cachePolicy));
+    expect(policyDefault).toBe(0);
+    expect(policies).toEqual(OPTION_CODES.cachePolicy);
+  });
+
+  it("prints kvl_stats' own member names in kvl chat --json (cFieldName)", () => {
+    for (const f of cores[backend].structLayout(KVL_STRUCTS.stats).fields) expect(cFieldName(f.name)).toBe(f.cName);
+  });
+
+  it("refuses a list it does not have", () => {
+    expect(() => cores[backend].constants(99 as never)).toThrow(RangeError);
   });
 });

@@ -53,8 +53,8 @@ CFLAGS=(-std=c11 -O3 -msimd128 -pthread -Wall -Wextra -Werror
         -D_GNU_SOURCE -D_FILE_OFFSET_BITS=64 -DKVL_X86=0
         -Iwasm-core/include -Iwasm-core/src)
 SOURCES=()
-for src in wasm-core/src/*.c; do
-    case "$src" in *kernels_avx2.c|*kernels_avx512.c|*kernels_relaxed.c) continue ;; esac
+for src in wasm-core/src/*.c wasm-core/src/kernels/*.c wasm-core/src/kernels/wasm/*.c; do
+    case "$src" in *kernels_relaxed.c) continue ;; esac # the relaxed link adds it (relaxed_object)
     SOURCES+=("$src")
 done
 
@@ -65,7 +65,7 @@ relaxed_object() {
     "$RELAXED_CC" --target=wasm32-unknown-emscripten --sysroot="$(em-config CACHE)/sysroot" -std=c11 -O3 \
         -msimd128 -mrelaxed-simd -matomics -mbulk-memory -mmutable-globals -msign-ext \
         -Wall -Wextra -Werror -D_GNU_SOURCE -D_FILE_OFFSET_BITS=64 -DKVL_X86=0 \
-        -Iwasm-core/include -Iwasm-core/src -c wasm-core/src/kernels_relaxed.c -o "$1"
+        -Iwasm-core/include -Iwasm-core/src -c wasm-core/src/kernels/wasm/kernels_relaxed.c -o "$1"
     check_relaxed_opcodes "$1"
 }
 # $1 (an object or a module) holds 0x112 and no other relaxed-SIMD opcode (0xfd 0x100-0x113)

@@ -20,7 +20,7 @@
  * (wall clock; and per-thread CPU time, process.cpuUsage, which leaves out time other processes
  * had the cores), the median of the per-round ratios B / A and their range (min-max).
  */
-#include "kernels.h"
+#include "kernels/kernels.h"
 #include "threadpool.h"
 
 #include <emscripten.h>

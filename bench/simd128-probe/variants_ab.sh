@@ -28,16 +28,16 @@ build)
     src=${SRC:-$root/wasm-core/src}
     rm -rf "$out/b"
     mkdir -p "$out/b"
-    cp "$src/kernels_simd128.c" "$src/threadpool.c" "$out/b/"
+    cp "$src/kernels/wasm/kernels_simd128.c" "$src/threadpool.c" "$out/b/"
     if [ "$patch_file" != none ]; then
         patch -d "$out/b" -p1 < "$patch_file"
     fi
-    F="-std=c11 -O3 -msimd128 -pthread -Wall -Wextra -Werror -D_GNU_SOURCE -DKVL_X86=0 -I$src"
+    F="-std=c11 -O3 -msimd128 -pthread -Wall -Wextra -Werror -D_GNU_SOURCE -DKVL_X86=0 -I$src -I$src/kernels/wasm" # (the last: kernels_simd128.c's "../kernels.h" from its copy)
     RENAME="-Dkvl_kernels_simd128_table=kvl_variant_simd128_table -Dkvl_simd128_bf16_round_k=kvl_variant_bf16_round_k -Dkvl_pool_create=vb_pool_create
         -Dkvl_pool_free=vb_pool_free -Dkvl_pool_run=vb_pool_run -Dkvl_pool_size=vb_pool_size
         -Dkvl_split_range=vb_split_range -Dkvl_cpu_count=vb_cpu_count"
-    for f in kernels_simd128 kernels_ref threadpool; do
-        emcc $F -c "$src/$f.c" -o "$out/a_$f.o"
+    for f in kernels/wasm/kernels_simd128 kernels/kernels_ref threadpool; do
+        emcc $F -c "$src/$f.c" -o "$out/a_$(basename $f).o"
     done
     emcc $F $RENAME -c "$out/b/kernels_simd128.c" -o "$out/b_kernels_simd128.o"
     emcc $F $RENAME -c "$out/b/threadpool.c" -o "$out/b_threadpool.o"

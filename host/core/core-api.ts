@@ -79,12 +79,16 @@ export interface PackingCore {
   synthUniform(state: Pcg64State, count: number, center: number, halfWidth: number, out: Uint16Array | Float32Array): void;
 }
 
-/** kvl_status codes (kvl_core.h). */
-const KVL_STATUS_NAMES: Readonly<Record<number, string>> = {
-  0: "ok", 1: "I/O error", 2: "format error", 3: "config error", 4: "out of memory",
+/** kvl_status codes and their texts (kvl_core.h KVL_STATUS_ROWS, kvl_strerror): needed before any
+ * core is loaded, so spelled here, and test/boundary.test.ts fails where they differ from the
+ * core's table (kvl_constants) on either backend. */
+export const KVL_STATUS_NAMES: Readonly<Record<number, string>> = {
+  0: "ok", 1: "I/O error", 2: "corrupt or unsupported pack file", 3: "pack configuration mismatch", 4: "out of memory",
   5: "invalid argument", 6: "context full", 7: "cancelled", 8: "unsupported", 9: "internal error",
-  10: "corrupt pack data",
+  10: "pack data does not match its CRC (corrupt file)",
 };
+/** kvl_session_cancel interrupted the call (kvl_core.h KVL_ERR_CANCELLED). */
+export const KVL_ERR_CANCELLED = 7;
 const KVL_ERR_FORMAT = 2;
 /** Pack data read at run time does not match its CRC-32 (kvl_core.h KVL_ERR_CORRUPT). */
 export const KVL_ERR_CORRUPT = 10;
@@ -104,6 +108,8 @@ export interface CoreBackend extends PackingCore {
   openEngine(packDir: string, options?: EngineOptions): CoreEngine;
   /** kvl_struct_layout: the layout of a boundary struct in this core, with the JS names. */
   structLayout(which: StructId): StructLayout;
+  /** kvl_constants: one list of the core's codes (KVL_CONSTANTS), {name, value} in C order. */
+  constants(which: ConstantsId): ConstantRow[];
   /**
    * kvl_sample: one token from logits (used as scratch: they are overwritten). Greedy when
    * temperature <= 0 (lowest index on ties); else temperature, top-k (0 = off), softmax, top-p
@@ -211,6 +217,15 @@ export const defaultKvDtype = (act: ActDtype): KvDtype => (isIntegerAct(act) ? "
 export const KVL_STRUCTS = { engineOptions: 1, engineInfo: 2, stats: 3 } as const;
 export type StructId = (typeof KVL_STRUCTS)[keyof typeof KVL_STRUCTS];
 
+/** Which list of codes kvl_constants returns (kvl_core.h KVL_CONST_*). */
+export const KVL_CONSTANTS = { status: 1, kernelLevels: 2, kernelSets: 3, act: 4, io: 5, kv: 6, lookahead: 7, logits: 8, routing: 9, cachePolicy: 10 } as const;
+export type ConstantsId = (typeof KVL_CONSTANTS)[keyof typeof KVL_CONSTANTS];
+/** One code of a kvl_constants list: its name (a status's text) and value. */
+export interface ConstantRow {
+  readonly name: string;
+  readonly value: number;
+}
+
 /** A member's kind (kvl_core.h KVL_FIELD_*) and its JS form: i32, i64 and u64 a number (64-bit
  * ones exact below 2^53), bool32 a boolean, chars a string. */
 export type FieldKind = "i32" | "bool32" | "i64" | "u64" | "chars";
@@ -247,6 +262,12 @@ export interface StructLayout {
  */
 export function jsFieldName(cName: string): string {
   return cName.replace(/_(.)/g, (_all, c: string) => c.toUpperCase());
+}
+
+/** The C member name of a JS property name (jsFieldName's inverse): kvl_stats' names as
+ * `kvl chat --json` prints them. */
+export function cFieldName(jsName: string): string {
+  return jsName.replace(/[A-Z]/g, (c) => `_${c.toLowerCase()}`);
 }
 
 export interface EngineOptions {
@@ -482,6 +503,11 @@ const KV_DTYPES: Record<KvDtype, number> = { f32: 1, bf16: 2, i16: 3 };
 const ACT_DTYPES: Record<ActDtype, number> = { f32: 1, bf16: 2, i16x1: 4, i8: 5 };
 const LOOKAHEADS: Record<ExpertLookahead, number> = { auto: 0, off: 1 };
 const CACHE_POLICY_CODES: Record<CachePolicy, number> = { adaptive: 1, frequency: 2, lru: 3 };
+/** The option codes as spelled here, by kvl_constants list (test/boundary.test.ts compares each
+ * with the core's rows: a name here has the core's value, and the core has no other name). */
+export const OPTION_CODES = {
+  io: IO_MODES, kernelLevels: KERNELS, kv: KV_DTYPES, act: ACT_DTYPES, lookahead: LOOKAHEADS, cachePolicy: CACHE_POLICY_CODES,
+} as const;
 
 function nonNegativeInteger(name: string, value: number | undefined, min = 0): number {
   const v = value ?? 0;
@@ -513,7 +539,8 @@ export function engineOptionCodes(options: EngineOptions = {}): EngineOptionCode
   };
 }
 
-const LOGITS_MODES: Record<LogitsMode, number> = { none: 0, last: 1, all: 2 };
+/** kvl_core.h KVL_LOGITS_ROWS (checked in test/boundary.test.ts). */
+export const LOGITS_MODES: Readonly<Record<LogitsMode, number>> = { none: 0, last: 1, all: 2 };
 
 /** A logits mode's C code; RangeError for anything else. */
 export function logitsModeCode(logits: LogitsMode): number {

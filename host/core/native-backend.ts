@@ -7,7 +7,7 @@
  * NativeSession: CoreEngine / CoreSession of core-api.ts: the text engine and the vision
  * encoder). Does not own: building it (scripts/build-addon.mjs).
  */
-import { type ConformanceReport, type CoreBackend, type KernelSet, type Pcg64State, type SamplerParams, checkPackExpertArgs, checkPackQ8RowsArgs, checkQ4ExpertDims, packExpertStatus, packQ8RowsStatus, parseConformanceReport, type CoreEngine, CoreError, type CoreSession, type EngineInfo, type EngineOptionCodes, type EngineOptions, type EngineStats, type FieldLayout, fieldKind, type StructId, type StructLayout, logitsModeCode, wholeRows, type LogitsMode, ROUTING_MODE_CODES, type RoutingHook, type SessionOptions, engineOptionCodes, sessionOptionCodes, checkGridsLength, visionShape } from "./core-api.js";
+import { type ConformanceReport, type ConstantRow, type ConstantsId, type CoreBackend, type KernelSet, type Pcg64State, type SamplerParams, checkPackExpertArgs, checkPackQ8RowsArgs, checkQ4ExpertDims, packExpertStatus, packQ8RowsStatus, parseConformanceReport, type CoreEngine, CoreError, type CoreSession, type EngineInfo, type EngineOptionCodes, type EngineOptions, type EngineStats, type FieldLayout, fieldKind, type StructId, type StructLayout, logitsModeCode, wholeRows, type LogitsMode, ROUTING_MODE_CODES, type RoutingHook, type SessionOptions, engineOptionCodes, sessionOptionCodes, checkGridsLength, visionShape } from "./core-api.js";
 import { RoutingBinding, routingRowLength } from "./routing-binding.js";
 import { q8RowsLayout } from "../pack/pack-format.js";
 import { nativeAddonPath, requireFile } from "../system/paths.js";
@@ -69,6 +69,9 @@ interface NativeAddon {
   /** kvl_struct_layout(which), each member's JS name (name: its C name cName in camelCase) beside
    * it; kind the KVL_FIELD_* number. RangeError for a `which` the core does not describe. */
   structLayout(which: StructId): { bytes: number; fields: Array<Omit<FieldLayout, "kind"> & { kind: number }> };
+  /** kvl_constants(which) as {name, value} rows, in the core's order. RangeError for a `which`
+   * the core has no list for. */
+  constants(which: ConstantsId): ConstantRow[];
   /** kvl_engine_open -> error: the core's message ("" on success), engine a handle or null.
    * codes: the kvl_engine_options members by JS name, each optional (absent = 0; a BOOL32 member
    * may be a boolean), converted from the core's layout table. */
@@ -216,6 +219,10 @@ export class NativeBackend implements CoreBackend {
   /** Opens the pack in packDir; throws CoreError (the core's message) when it cannot. */
   openEngine(packDir: string, options: EngineOptions = {}): CoreEngine {
     return NativeEngine.open(this.#addon, packDir, options);
+  }
+
+  constants(which: ConstantsId): ConstantRow[] {
+    return this.#addon.constants(which);
   }
 
   structLayout(which: StructId): StructLayout {

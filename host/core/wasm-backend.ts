@@ -10,10 +10,10 @@
 import { readFileSync } from "node:fs";
 import { join } from "node:path";
 
-import { type ConformanceReport, type CoreBackend, type KernelSet, type Pcg64State, type SamplerParams, checkPackExpertArgs, checkPackQ8RowsArgs, checkQ4ExpertDims, packExpertStatus, packQ8RowsStatus, parseConformanceReport, type CoreEngine, type EngineOptions, type StructId, type StructLayout } from "./core-api.js";
+import { type ConformanceReport, type CoreBackend, type KernelSet, type Pcg64State, type SamplerParams, checkPackExpertArgs, checkPackQ8RowsArgs, checkQ4ExpertDims, packExpertStatus, packQ8RowsStatus, parseConformanceReport, type CoreEngine, type EngineOptions, type StructId, type StructLayout, type ConstantRow, type ConstantsId } from "./core-api.js";
 import { q8RowsLayout } from "../pack/pack-format.js";
 import { requireFile, wasmDistDir } from "../system/paths.js";
-import { type EmscriptenEngineExports, WasmEngine, wasmStructLayout } from "./wasm-engine.js";
+import { type EmscriptenEngineExports, WasmEngine, wasmConstants, wasmStructLayout } from "./wasm-engine.js";
 
 /** The parts of the emscripten module object the host uses. */
 interface EmscriptenCore extends EmscriptenEngineExports {
@@ -126,6 +126,10 @@ export class WasmBackend implements CoreBackend {
 
   structLayout(which: StructId): StructLayout {
     return wasmStructLayout(this.#live, this.memory!, which);
+  }
+
+  constants(which: ConstantsId): ConstantRow[] {
+    return wasmConstants(this.#live, this.memory!, which);
   }
 
   get #live(): EmscriptenCore {

@@ -11,7 +11,7 @@
  * instance's own threads through platform_wasm.c.
  * Does not own: the instance (wasm-backend.ts) or the engine interfaces (core-api.ts).
  */
-import { type CoreEngine, CoreError, type CoreSession, type EngineInfo, type EngineOptions, type EngineStats, type FieldLayout, fieldKind, jsFieldName, KVL_STRUCTS, type StructId, type StructLayout, logitsModeCode, wholeRows, type LogitsMode, ROUTING_MODE_CODES, type RoutingHook, type SessionOptions, engineOptionCodes, sessionOptionCodes, checkGridsLength, checkPixelLength, visionShape } from "./core-api.js";
+import { type ConstantRow, type ConstantsId, type CoreEngine, CoreError, type CoreSession, type EngineInfo, type EngineOptions, type EngineStats, type FieldLayout, fieldKind, jsFieldName, KVL_STRUCTS, type StructId, type StructLayout, logitsModeCode, wholeRows, type LogitsMode, ROUTING_MODE_CODES, type RoutingHook, type SessionOptions, engineOptionCodes, sessionOptionCodes, checkGridsLength, checkPixelLength, visionShape } from "./core-api.js";
 import { RoutingBinding, routingRowLength } from "./routing-binding.js";
 
 /** The engine exports of the emscripten module (pointers are wasm32 addresses). */
@@ -38,6 +38,7 @@ export interface EmscriptenEngineExports {
   _kvl_vision_bytes(engine: number, grids: number, nImages: number, outBytes: number): number;
   _kvl_vision_encode(engine: number, pixelValues: number, grids: number, nImages: number, out: number): number;
   _kvl_struct_layout(which: number, outCount: number, outStructBytes: number): number;
+  _kvl_constants(which: number, outCount: number): number;
   UTF8ToString(ptr: number, maxBytes?: number): string;
   stringToUTF8(str: string, ptr: number, maxBytes: number): void;
   lengthBytesUTF8(str: string): number;
@@ -134,6 +135,18 @@ export function wasmStructLayout(core: EmscriptenEngineExports, memory: WebAssem
   });
   known.set(which, layout);
   return layout;
+}
+
+/** kvl_constants of this instance: kvl_const_desc rows {name, value} of 8 bytes (layout.c). */
+export function wasmConstants(core: EmscriptenEngineExports, memory: WebAssembly.Memory, which: ConstantsId): ConstantRow[] {
+  return withScratch(core, (s) => {
+    const out = s.alloc(4);
+    const table = core._kvl_constants(which, out) >>> 0;
+    const count = new DataView(memory.buffer, out, 4).getInt32(0, true);
+    if (table === 0) throw new RangeError(`the WebAssembly core has no list of codes ${which}`);
+    const rows = new DataView(memory.buffer, table, count * 8);
+    return Array.from({ length: count }, (_, i) => ({ name: core.UTF8ToString(rows.getUint32(i * 8, true)), value: rows.getInt32(i * 8 + 4, true) }));
+  });
 }
 
 /** The struct at ptr as an object, one property per member of its layout. */

@@ -17,7 +17,7 @@
  * sampled token back to it; the mask never allows an id the grammar cannot continue with, so a
  * reply that ends on a stop id is complete, and one cut by max_new_tokens ends "length".
  */
-import { type CoreBackend, type SamplerParams, CoreError, type CoreSession } from "../core/core-api.js";
+import { type CoreBackend, type SamplerParams, CoreError, type CoreSession, KVL_ERR_CANCELLED } from "../core/core-api.js";
 import type { GrammarSpec } from "../text/grammar/grammar-spec.js";
 import type { GrammarEngine, TokenMask } from "../text/grammar/token-mask.js";
 
@@ -53,7 +53,6 @@ export interface GenerationResult {
   timings: { prefillS: number; firstTokenS: number; decodeSPerToken: number };
 }
 
-const CANCELLED = 7; // KVL_ERR_CANCELLED
 
 function commonPrefix(a: readonly string[], b: readonly string[]): number {
   const n = Math.min(a.length, b.length);
@@ -131,7 +130,7 @@ export class GenerationSession {
         logits = this.session.prefill(suffix, media !== null && media.length > 0 ? media : null, "last")!;
       } catch (err) {
         timings.prefillS = (performance.now() - prefillStart) / 1000;
-        if (err instanceof CoreError && err.status === CANCELLED) return result("cancelled");
+        if (err instanceof CoreError && err.status === KVL_ERR_CANCELLED) return result("cancelled");
         throw err;
       }
       timings.prefillS = (performance.now() - prefillStart) / 1000;
@@ -157,7 +156,7 @@ export class GenerationSession {
         try {
           logits = this.session.step(token);
         } catch (err) {
-          if (err instanceof CoreError && err.status === CANCELLED) return result("cancelled");
+          if (err instanceof CoreError && err.status === KVL_ERR_CANCELLED) return result("cancelled");
           throw err;
         }
         stepSeconds += (performance.now() - stepStart) / 1000;

@@ -36,8 +36,8 @@ interface AutoActRow {
 }
 
 /** backend + kernel set -> mode. A kernel set not listed runs the exact mode. */
-const AUTO_ACT_DTYPE: readonly AutoActRow[] = [
-  { backend: "native", kernels: ["avx2", "avx512", "avx512-bf16", "avx512-vnni"], actDtype: "i16x1", why: "the fastest mode natively" },
+export const AUTO_ACT_DTYPE: readonly AutoActRow[] = [
+  { backend: "native", kernels: ["avx2", "avx512", "avx512-bf16"], actDtype: "i16x1", why: "the fastest mode natively" },
   { backend: "wasm", kernels: ["simd128", "simd128-relaxed"], actDtype: "i16x1", why: "the fastest mode on WebAssembly" },
   { backend: "native", kernels: ["scalar"], actDtype: "f32", why: "the exact mode where there are no vector kernels" },
   { backend: "wasm", kernels: ["scalar"], actDtype: "f32", why: "the exact mode where there are no vector kernels" },

@@ -31,25 +31,39 @@ extern "C" {
 
 #define KVL_ABI_VERSION 1
 
-typedef enum kvl_status {
-    KVL_OK = 0,
-    KVL_ERR_IO = 1,            /* a read/open failed (file missing, short read, disk error) */
-    KVL_ERR_FORMAT = 2,        /* a pack file is corrupt, truncated or of another version */
-    KVL_ERR_CONFIG = 3,        /* the stores disagree with each other or with config/hparams */
-    KVL_ERR_NOMEM = 4,         /* an allocation failed */
-    KVL_ERR_INVALID_ARG = 5,   /* a caller error: bad option, null pointer, token id out of range */
-    KVL_ERR_CONTEXT_FULL = 6,  /* the session's max_context would be exceeded */
-    KVL_ERR_CANCELLED = 7,     /* kvl_session_cancel() interrupted the call; the session is
-                                  rolled back to its position before the call */
-    KVL_ERR_UNSUPPORTED = 8,   /* e.g. forced direct I/O that the filesystem refuses */
-    KVL_ERR_INTERNAL = 9,
-    KVL_ERR_CORRUPT = 10       /* a tensor's data, read from trunk.bin, experts.bin or vision.bin,
-                                  does not match its CRC-32 in the index: the file is damaged.
-                                  kvl_engine_last_error() names the file and the tensor. Nothing
-                                  computed from those bytes was returned; the session is rolled
-                                  back and the engine stays usable (a later call that needs the
-                                  same tensor reads and checks it again, and fails again). */
-} kvl_status;
+/* ---- The codes that cross into JavaScript, declared once ----
+ * Each list is X(SYMBOL, value, "name") rows: the C enum below each list is generated from it,
+ * and kvl_constants(KVL_CONST_*) returns it as a table of {name, value} (beside
+ * kvl_struct_layout), which the hosts ask for instead of spelling the codes again
+ * (test/boundary.test.ts fails where host/ disagrees with it). For statuses the name is the
+ * status's text (kvl_strerror). */
+#define KVL_STATUS_ROWS(X)                                                                         \
+    X(OK, 0, "ok")                                                                                 \
+    X(ERR_IO, 1, "I/O error")    /* a read/open failed (file missing, short read, disk error) */   \
+    /* a pack file is corrupt, truncated or of another version */                                 \
+    X(ERR_FORMAT, 2, "corrupt or unsupported pack file")                                           \
+    /* the stores disagree with each other or with config/hparams */                              \
+    X(ERR_CONFIG, 3, "pack configuration mismatch")                                                \
+    X(ERR_NOMEM, 4, "out of memory") /* an allocation failed */                                    \
+    /* a caller error: bad option, null pointer, token id out of range */                         \
+    X(ERR_INVALID_ARG, 5, "invalid argument")                                                      \
+    X(ERR_CONTEXT_FULL, 6, "context full") /* the session's max_context would be exceeded */       \
+    /* kvl_session_cancel() interrupted the call; the session is rolled back to its position      \
+       before the call */                                                                         \
+    X(ERR_CANCELLED, 7, "cancelled")                                                               \
+    X(ERR_UNSUPPORTED, 8, "unsupported") /* e.g. forced direct I/O that the filesystem refuses */  \
+    X(ERR_INTERNAL, 9, "internal error")                                                           \
+    /* a tensor's data, read from trunk.bin, experts.bin or vision.bin, does not match its CRC-32 \
+       in the index: the file is damaged. kvl_engine_last_error() names the file and the tensor.  \
+       Nothing computed from those bytes was returned; the session is rolled back and the engine  \
+       stays usable (a later call that needs the same tensor reads and checks it again, and fails \
+       again). */                                                                                 \
+    X(ERR_CORRUPT, 10, "pack data does not match its CRC (corrupt file)")
+
+/* One enum member per row. */
+#define KVL_CONST_MEMBER(sym, value, name) KVL_##sym = value,
+
+typedef enum kvl_status { KVL_STATUS_ROWS(KVL_CONST_MEMBER) } kvl_status;
 
 KVL_API const char *kvl_strerror(kvl_status status);
 KVL_API int kvl_abi_version(void);
@@ -57,15 +71,28 @@ KVL_API int kvl_abi_version(void);
 typedef struct kvl_engine kvl_engine;
 typedef struct kvl_session kvl_session;
 
-enum { KVL_IO_AUTO = 0, KVL_IO_DIRECT = 1, KVL_IO_BUFFERED = 2 };
-enum { KVL_KERNELS_AUTO = 0, KVL_KERNELS_SCALAR = 1, KVL_KERNELS_AVX2 = 2, KVL_KERNELS_AVX512 = 3,
-       KVL_KERNELS_SIMD128 = 4 /* WebAssembly builds only */ };
+/* kvl_engine_options.io_mode */
+#define KVL_IO_ROWS(X) X(IO_AUTO, 0, "auto") X(IO_DIRECT, 1, "direct") X(IO_BUFFERED, 2, "buffered")
+enum { KVL_IO_ROWS(KVL_CONST_MEMBER) };
+/* kvl_engine_options.kernels: the levels; 4 in WebAssembly builds only */
+#define KVL_KERNEL_LEVEL_ROWS(X)                                                                   \
+    X(KERNELS_AUTO, 0, "auto") X(KERNELS_SCALAR, 1, "scalar") X(KERNELS_AVX2, 2, "avx2")           \
+    X(KERNELS_AVX512, 3, "avx512") X(KERNELS_SIMD128, 4, "simd128")
+enum { KVL_KERNEL_LEVEL_ROWS(KVL_CONST_MEMBER) };
+/* Every kernel set any build has (kvl_engine_info.kernels, kvl_kernels_conformance), with its
+ * level: a table only (KVL_CONST_KERNEL_SETS), no enum. A build has some of them
+ * (kvl_kernels_compiled_names, wasm-core/src/kernels). */
+#define KVL_KERNEL_SET_ROWS(X)                                                                     \
+    X(SET_SCALAR, 1, "scalar") X(SET_AVX2, 2, "avx2") X(SET_AVX512, 3, "avx512")                   \
+    X(SET_AVX512_BF16, 3, "avx512-bf16") X(SET_SIMD128, 4, "simd128")                              \
+    X(SET_SIMD128_RELAXED, 4, "simd128-relaxed")
 /* The KV cache's rows. I16 goes with act_dtype I16X1 and I8 (and only with them; DEFAULT picks
  * it there): each row [latent | roped key] quantised to int16 once, as it is stored, with one
  * FP32 scale per row, plus the latents transposed in tiles of 128 positions, so that attention's
  * two products run on integers for prefill and decode alike (model.c attn_i16). 2*(lat+r) + 4 +
  * 2*lat bytes per position and layer (FP32: 4*(lat+r)). */
-enum { KVL_KV_DEFAULT = 0, KVL_KV_F32 = 1, KVL_KV_BF16 = 2, KVL_KV_I16 = 3 };
+#define KVL_KV_ROWS(X) X(KV_DEFAULT, 0, "default") X(KV_F32, 1, "f32") X(KV_BF16, 2, "bf16") X(KV_I16, 3, "i16")
+enum { KVL_KV_ROWS(KVL_CONST_MEMBER) };
 /* Inputs of the text decoder's Linear layers (attention projections, MLPs, experts, lm_head;
  * not the router, not the attention itself). DEFAULT = F32: exact, within 1e-3 of the FP32
  * reference. BF16 (opt-in) rounds them to BF16 as the checkpoint's own BF16 inference does
@@ -92,17 +119,23 @@ enum { KVL_KV_DEFAULT = 0, KVL_KV_F32 = 1, KVL_KV_BF16 = 2, KVL_KV_I16 = 3 };
  * 3 is reserved: it was I16, two integer terms per input, which was slower than I16X1 on every
  * backend and kernel set and less exact than F32; kvl_engine_open refuses it with
  * KVL_ERR_INVALID_ARG and a message naming I16X1 and F32. */
-enum { KVL_ACT_DEFAULT = 0, KVL_ACT_F32 = 1, KVL_ACT_BF16 = 2, KVL_ACT_I16_REMOVED = 3, KVL_ACT_I16X1 = 4, KVL_ACT_I8 = 5 };
+#define KVL_ACT_ROWS(X)                                                                            \
+    X(ACT_DEFAULT, 0, "default") X(ACT_F32, 1, "f32") X(ACT_BF16, 2, "bf16")                       \
+    X(ACT_I16_REMOVED, 3, "i16") X(ACT_I16X1, 4, "i16x1") X(ACT_I8, 5, "i8")
+enum { KVL_ACT_ROWS(KVL_CONST_MEMBER) };
 /* kvl_engine_options.expert_lookahead: reading the next layer's predicted experts ahead while a
  * layer computes (model.c predict_next). */
-enum { KVL_LOOKAHEAD_AUTO = 0, KVL_LOOKAHEAD_OFF = 1 };
+#define KVL_LOOKAHEAD_ROWS(X) X(LOOKAHEAD_AUTO, 0, "auto") X(LOOKAHEAD_OFF, 1, "off")
+enum { KVL_LOOKAHEAD_ROWS(KVL_CONST_MEMBER) };
 /* kvl_engine_options.expert_cache_policy: which resident extent the expert cache evicts
  * (expert_cache.c pick_victim). DEFAULT is ADAPTIVE. FREQUENCY: fewest recent acquisitions, then
  * least recently used; LRU: least recently used; ADAPTIVE: keeps key-only shadow copies of both
  * (the same capacity, no data) and evicts as the one that hit more over the recent past (set
  * dueling). Reads only: logits and tokens are the same under every policy. */
-enum { KVL_CACHE_POLICY_DEFAULT = 0, KVL_CACHE_POLICY_ADAPTIVE = 1, KVL_CACHE_POLICY_FREQUENCY = 2,
-       KVL_CACHE_POLICY_LRU = 3 };
+#define KVL_CACHE_POLICY_ROWS(X)                                                                   \
+    X(CACHE_POLICY_DEFAULT, 0, "default") X(CACHE_POLICY_ADAPTIVE, 1, "adaptive")                  \
+    X(CACHE_POLICY_FREQUENCY, 2, "frequency") X(CACHE_POLICY_LRU, 3, "lru")
+enum { KVL_CACHE_POLICY_ROWS(KVL_CONST_MEMBER) };
 
 /* ---- The structs that cross into JavaScript, described once ----
  * kvl_engine_options, kvl_engine_info and kvl_stats are each declared by one X-macro list below,
@@ -271,6 +304,31 @@ typedef struct kvl_field_desc {
  * with 0 in both. */
 KVL_API const kvl_field_desc *kvl_struct_layout(int which, int *count, size_t *struct_bytes);
 
+/* Which list of codes kvl_constants returns (the *_ROWS lists above). */
+enum {
+    KVL_CONST_STATUS = 1,        /* KVL_STATUS_ROWS: name = the status's text */
+    KVL_CONST_KERNEL_LEVELS = 2, /* KVL_KERNEL_LEVEL_ROWS */
+    KVL_CONST_KERNEL_SETS = 3,   /* KVL_KERNEL_SET_ROWS: value = the set's level */
+    KVL_CONST_ACT = 4,           /* KVL_ACT_ROWS */
+    KVL_CONST_IO = 5,            /* KVL_IO_ROWS */
+    KVL_CONST_KV = 6,            /* KVL_KV_ROWS */
+    KVL_CONST_LOOKAHEAD = 7,     /* KVL_LOOKAHEAD_ROWS */
+    KVL_CONST_LOGITS = 8,        /* KVL_LOGITS_ROWS */
+    KVL_CONST_ROUTING = 9,       /* KVL_ROUTING_ROWS */
+    KVL_CONST_CACHE_POLICY = 10  /* KVL_CACHE_POLICY_ROWS */
+};
+
+/* One row of a constants table. In wasm32: name at 0 (a 4-byte address), value at 4; 8 bytes in
+ * all (layout.c checks this). */
+typedef struct kvl_const_desc {
+    const char *name;
+    int32_t value;
+} kvl_const_desc;
+
+/* The rows of one KVL_CONST_* list in declaration order, as a static table that lives as long as
+ * the process; *count = the number of rows (may be NULL). An unknown `which` returns NULL with 0. */
+KVL_API const kvl_const_desc *kvl_constants(int which, int *count);
+
 KVL_API kvl_status kvl_engine_open(const char *pack_dir, const kvl_engine_options *options,
                                    kvl_engine **out_engine, char *err, size_t err_len);
 KVL_API void kvl_engine_free(kvl_engine *engine);
@@ -295,7 +353,8 @@ KVL_API int32_t kvl_session_position(const kvl_session *session);
 /* Drop everything after the first n_tokens positions (0 <= n_tokens <= position). */
 KVL_API kvl_status kvl_session_truncate(kvl_session *session, int32_t n_tokens);
 
-enum { KVL_LOGITS_NONE = 0, KVL_LOGITS_LAST = 1, KVL_LOGITS_ALL = 2 };
+#define KVL_LOGITS_ROWS(X) X(LOGITS_NONE, 0, "none") X(LOGITS_LAST, 1, "last") X(LOGITS_ALL, 2, "all")
+enum { KVL_LOGITS_ROWS(KVL_CONST_MEMBER) };
 
 /* Append n_tokens tokens to the session. Each token equal to media_placeholder_token_id takes,
  * in order, the next row of media_embeds (n_media rows x hidden_size floats, already rounded to
@@ -348,7 +407,8 @@ KVL_API void kvl_session_watch_cancel(kvl_session *session, const volatile int32
  * the routing each forward took (row i = its i-th token), which GIVEN replays bit for bit.
  * A forward of more than capacity tokens then fails with KVL_ERR_INVALID_ARG. Both NULL with
  * capacity 0: nothing is recorded (GIVEN needs them). */
-enum { KVL_ROUTING_MODEL = 0, KVL_ROUTING_UNIFORM = 1, KVL_ROUTING_GIVEN = 2 };
+#define KVL_ROUTING_ROWS(X) X(ROUTING_MODEL, 0, "model") X(ROUTING_UNIFORM, 1, "uniform") X(ROUTING_GIVEN, 2, "given")
+enum { KVL_ROUTING_ROWS(KVL_CONST_MEMBER) };
 KVL_API kvl_status kvl_session_set_routing(kvl_session *session, int32_t mode, uint32_t seed,
                                            int32_t *ids, float *weights, int32_t capacity);
 

@@ -1,7 +1,7 @@
 /* addon.c — the Node-API (N-API 8) addon over kvl_core.h: the native backend of the TypeScript
  * host, built from the same core sources as the WebAssembly build (CMake target kvl_node, or
  * scripts/build-addon.mjs). This unit owns the module table (one row per export), the napi error
- * convention and the core-wide queries (ABI version, kernel sets, conformance); the other units
+ * convention and the core-wide queries (ABI version, kernel sets, conformance, code lists); the other units
  * each wrap one part of the core (addon.h lists them). Plain C11; no global state, so it loads in
  * any number of worker_threads; nothing here calls exit() or aborts.
  *
@@ -152,6 +152,34 @@ napi_value js_conformance(napi_env env, napi_callback_info info)
     return result;
 }
 
+/* The rows of one of the core's code lists (kvl_constants): [{ name, value }]. */
+napi_value js_constants(napi_env env, napi_callback_info info)
+{
+    napi_value argv[1];
+    int32_t which;
+    if (!addon_get_args(env, info, argv, 1, "constants") || !addon_get_int32(env, argv[0], &which, "constants", "which"))
+        return NULL;
+    int n = 0;
+    const kvl_const_desc *rows = kvl_constants(which, &n);
+    if (!rows) {
+        char msg[128];
+        snprintf(msg, sizeof msg, "kvl addon: constants: the core has no list %d", (int)which);
+        napi_throw_range_error(env, "ERR_OUT_OF_RANGE", msg);
+        return NULL;
+    }
+    napi_value list, row, v;
+    NAPI_CALL(env, napi_create_array_with_length(env, (size_t)n, &list));
+    for (int i = 0; i < n; i++) {
+        NAPI_CALL(env, napi_create_object(env, &row));
+        NAPI_CALL(env, napi_create_string_utf8(env, rows[i].name, NAPI_AUTO_LENGTH, &v));
+        NAPI_CALL(env, napi_set_named_property(env, row, "name", v));
+        NAPI_CALL(env, napi_create_int32(env, rows[i].value, &v));
+        NAPI_CALL(env, napi_set_named_property(env, row, "value", v));
+        NAPI_CALL(env, napi_set_element(env, list, (uint32_t)i, row));
+    }
+    return list;
+}
+
 /* ---------------------------------------------------------------- module table */
 
 typedef struct kvl_function {
@@ -164,6 +192,7 @@ static const kvl_function kvl_functions[] = {
     {"kernelSets", js_kernel_sets},
     {"defaultKernelSet", js_default_kernel_set},
     {"conformance", js_conformance},
+    {"constants", js_constants},
     {"expertExtentBytes", js_expert_extent_bytes},
     {"packExpert", js_pack_expert},
     {"packQ8Rows", js_pack_q8_rows},

@@ -122,6 +122,7 @@ napi_value js_abi_version(napi_env env, napi_callback_info info);
 napi_value js_kernel_sets(napi_env env, napi_callback_info info);
 napi_value js_default_kernel_set(napi_env env, napi_callback_info info);
 napi_value js_conformance(napi_env env, napi_callback_info info);
+napi_value js_constants(napi_env env, napi_callback_info info);
 /* addon_convert.c */
 napi_value js_struct_layout(napi_env env, napi_callback_info info);
 /* addon_pack.c: packing, the sampler and the synthetic weights' generator */

@@ -23,18 +23,12 @@
 
 const char *kvl_strerror(kvl_status status)
 {
-    switch (status) {
-    case KVL_OK: return "ok";
-    case KVL_ERR_IO: return "I/O error";
-    case KVL_ERR_FORMAT: return "corrupt or unsupported pack file";
-    case KVL_ERR_CONFIG: return "pack configuration mismatch";
-    case KVL_ERR_NOMEM: return "out of memory";
-    case KVL_ERR_INVALID_ARG: return "invalid argument";
-    case KVL_ERR_CONTEXT_FULL: return "context full";
-    case KVL_ERR_CANCELLED: return "cancelled";
-    case KVL_ERR_UNSUPPORTED: return "unsupported";
-    case KVL_ERR_INTERNAL: return "internal error";
-    case KVL_ERR_CORRUPT: return "pack data does not match its CRC (corrupt file)";
+    switch (status) { /* the texts of kvl_core.h KVL_STATUS_ROWS, the host's too */
+#define STATUS_TEXT(sym, value, name) \
+    case KVL_##sym:                   \
+        return name;
+        KVL_STATUS_ROWS(STATUS_TEXT)
+#undef STATUS_TEXT
     }
     return "unknown status";
 }

@@ -10,7 +10,7 @@
 #define KVL_ENGINE_STATE_H
 
 #include "kvl_core.h"
-#include "kernels.h"
+#include "kernels/kernels.h"
 #include "store.h"
 #include "threadpool.h"
 #include "model_state.h"

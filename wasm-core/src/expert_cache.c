@@ -132,13 +132,7 @@ struct kvl_expert_cache {
     kvl_expert_cache_counters ctr; /* prefetch_unclaimed and extent_bytes filled on read-out */
 };
 
-static void set_err(char *err, size_t err_len, const char *fmt, ...) {
-    va_list ap;
-    if (!err || err_len == 0) return;
-    va_start(ap, fmt);
-    vsnprintf(err, err_len, fmt, ap);
-    va_end(ap);
-}
+#include "errbuf.h" /* set_err */
 
 /* ------------------------------------------------------------------ policy */
 

@@ -1,6 +1,7 @@
-/* layout.c — kvl_struct_layout (kvl_core.h): the layout tables of the structs that cross into
- * JavaScript (kvl_engine_options, kvl_engine_info, kvl_stats), generated from the same X-macro
- * rows that declare those structs, and the compile-time checks that pin them.
+/* layout.c — kvl_struct_layout and kvl_constants (kvl_core.h): the layout tables of the structs
+ * that cross into JavaScript (kvl_engine_options, kvl_engine_info, kvl_stats) and the tables of
+ * the codes that do (statuses, kernel levels and sets, option codes), each generated from the
+ * same X-macro rows that declare the struct or enum, and the compile-time checks that pin them.
  *
  * Owns: the checks that every row's offset and size are the compiler's (offsetof / sizeof) and
  * that each struct ends where its last row does (rounded up to its alignment: no member outside
@@ -54,6 +55,9 @@ _Static_assert(sizeof(kvl_field_desc) == 16 && offsetof(kvl_field_desc, name) ==
                    offsetof(kvl_field_desc, offset) == 4 && offsetof(kvl_field_desc, bytes) == 8 &&
                    offsetof(kvl_field_desc, kind) == 12,
                "kvl_field_desc: host/core/wasm-engine.ts reads it as {name, offset, bytes, kind} at 0, 4, 8, 12");
+_Static_assert(sizeof(kvl_const_desc) == 8 && offsetof(kvl_const_desc, name) == 0 &&
+                   offsetof(kvl_const_desc, value) == 4,
+               "kvl_const_desc: host/core/wasm-engine.ts reads it as {name, value} at 0, 4");
 #endif
 
 static const kvl_field_desc OPTIONS_LAYOUT[] = {KVL_ENGINE_OPTIONS_FIELDS(OPTIONS_ROW)};
@@ -82,4 +86,45 @@ const kvl_field_desc *kvl_struct_layout(int which, int *count, size_t *struct_by
     if (count) *count = (int)n;
     if (struct_bytes) *struct_bytes = bytes;
     return fields;
+}
+
+/* ---- kvl_constants ---- */
+#define CONST_ROW(sym, value, name) {name, value},
+
+static const kvl_const_desc STATUS_ROWS[] = {KVL_STATUS_ROWS(CONST_ROW)};
+static const kvl_const_desc KERNEL_LEVEL_ROWS[] = {KVL_KERNEL_LEVEL_ROWS(CONST_ROW)};
+static const kvl_const_desc KERNEL_SET_ROWS[] = {KVL_KERNEL_SET_ROWS(CONST_ROW)};
+static const kvl_const_desc ACT_ROWS[] = {KVL_ACT_ROWS(CONST_ROW)};
+static const kvl_const_desc IO_ROWS[] = {KVL_IO_ROWS(CONST_ROW)};
+static const kvl_const_desc KV_ROWS[] = {KVL_KV_ROWS(CONST_ROW)};
+static const kvl_const_desc LOOKAHEAD_ROWS[] = {KVL_LOOKAHEAD_ROWS(CONST_ROW)};
+static const kvl_const_desc LOGITS_ROWS[] = {KVL_LOGITS_ROWS(CONST_ROW)};
+static const kvl_const_desc ROUTING_ROWS[] = {KVL_ROUTING_ROWS(CONST_ROW)};
+static const kvl_const_desc CACHE_POLICY_ROWS[] = {KVL_CACHE_POLICY_ROWS(CONST_ROW)};
+
+const kvl_const_desc *kvl_constants(int which, int *count)
+{
+    const kvl_const_desc *rows = NULL;
+    size_t n = 0;
+    switch (which) {
+#define CONST_CASE(id, table) \
+    case id:                  \
+        rows = table, n = COUNT(table); \
+        break;
+    CONST_CASE(KVL_CONST_STATUS, STATUS_ROWS)
+    CONST_CASE(KVL_CONST_KERNEL_LEVELS, KERNEL_LEVEL_ROWS)
+    CONST_CASE(KVL_CONST_KERNEL_SETS, KERNEL_SET_ROWS)
+    CONST_CASE(KVL_CONST_ACT, ACT_ROWS)
+    CONST_CASE(KVL_CONST_IO, IO_ROWS)
+    CONST_CASE(KVL_CONST_KV, KV_ROWS)
+    CONST_CASE(KVL_CONST_LOOKAHEAD, LOOKAHEAD_ROWS)
+    CONST_CASE(KVL_CONST_LOGITS, LOGITS_ROWS)
+    CONST_CASE(KVL_CONST_ROUTING, ROUTING_ROWS)
+    CONST_CASE(KVL_CONST_CACHE_POLICY, CACHE_POLICY_ROWS)
+#undef CONST_CASE
+    default:
+        break;
+    }
+    if (count) *count = (int)n;
+    return rows;
 }

@@ -79,13 +79,7 @@ uint32_t kvl_crc32(uint32_t crc, const void *data, size_t len) {
 
 /* ------------------------------------------------------------------ small helpers */
 
-static void set_err(char *err, size_t err_len, const char *fmt, ...) {
-    va_list ap;
-    if (!err || err_len == 0) return;
-    va_start(ap, fmt);
-    vsnprintf(err, err_len, fmt, ap);
-    va_end(ap);
-}
+#include "errbuf.h" /* set_err */
 
 static uint32_t rd32(const unsigned char *p) {
     return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);

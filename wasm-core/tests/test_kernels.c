@@ -17,7 +17,8 @@
  * defined so (quantize_i16_act, matmul_q8_i16: every table, the reference and an independent
  * evaluation of the definition agree exactly) and with its own summation bound (matmul_i16_i16).
  */
-#include "kernels.h"
+#include "kernels/kernels.h"
+#include "kvl_core.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -1225,6 +1226,39 @@ int main(void)
                 ok = 0;
         }
         check(ok, "select", "kvl_kernels_by_name / kvl_kernels_compiled_names", "(%g %g)", 0, 0);
+        /* a set may leave entries empty (kernels.h KVL_KERNEL_ENTRIES); as served, none is */
+        int full = 1;
+        for (size_t i = 0; names && names[i]; i++) {
+            const kvl_kernels *T = kvl_kernels_by_name(names[i]);
+            if (!T)
+                continue;
+#define CHECK_ENTRY(entry) \
+    if (!T->entry)         \
+        full = 0;
+            KVL_KERNEL_ENTRIES(CHECK_ENTRY)
+#undef CHECK_ENTRY
+            if (T->gemm_mr <= 0 || T->gemm_nr <= 0)
+                full = 0;
+        }
+        check(full, "select", "every served set has every entry (empty ones from scalar)", "(%g %g)", 0, 0);
+        /* every set this build has is a row of kvl_core.h KVL_KERNEL_SET_ROWS (the names the host
+         * knows), at the level kvl_kernels_select gives it */
+        int known = 1, nsets = 0;
+        const kvl_const_desc *sets = kvl_constants(KVL_CONST_KERNEL_SETS, &nsets);
+        for (size_t i = 0; names && names[i]; i++) {
+            int found = 0;
+            for (int j = 0; sets && j < nsets; j++)
+                if (strcmp(sets[j].name, names[i]) == 0) {
+                    const kvl_kernels *L = kvl_kernels_select(sets[j].value);
+                    found = 1;
+                    /* the level's best set is this one, or another of the same level */
+                    if (kvl_kernels_supported(sets[j].value) && !L)
+                        known = 0;
+                }
+            if (!found)
+                known = 0;
+        }
+        check(known, "select", "every compiled set is a row of KVL_KERNEL_SET_ROWS", "(%g %g)", 0, 0);
     }
     test_helpers();
     test_quantize_rows_i16();
@@ -1246,12 +1280,12 @@ int main(void)
         if (K)
             tables[n_tables++] = K;
 #if defined(__x86_64__) || defined(_M_X64) || defined(__i386__) || defined(_M_IX86)
-        if (K && level == 3 && K != &kvl_kernels_avx512_table)
-            tables[n_tables++] = &kvl_kernels_avx512_table;
+        if (K && level == 3 && strcmp(K->name, "avx512") != 0)
+            tables[n_tables++] = kvl_kernels_by_name("avx512");
 #endif
 #if defined(KVL_WASM_RELAXED) /* the relaxed build: level 4 is simd128-relaxed, test plain simd128 too */
-        if (K && level == 4 && K != &kvl_kernels_simd128_table)
-            tables[n_tables++] = &kvl_kernels_simd128_table;
+        if (K && level == 4 && strcmp(K->name, "simd128") != 0)
+            tables[n_tables++] = kvl_kernels_by_name("simd128");
 #endif
     }
     for (int ti = 0; ti < n_tables; ti++) {

@@ -42,8 +42,8 @@ fi
 # are exported.
 CFLAGS=(--target=wasm32-wasi --sysroot="$SYSROOT" -std=c11 -O2 -msimd128 -Wall -Wextra -Werror
         -D_GNU_SOURCE -DKVL_X86=0 -Iwasm-core/include -Iwasm-core/src)
-SOURCES=(wasm-core/src/kernels_ref.c wasm-core/src/kernels_select.c wasm-core/src/kernels_simd128.c
-         wasm-core/src/kernels_gemm.c wasm-core/src/kernels_conformance.c wasm-core/wasi/component.c)
+SOURCES=(wasm-core/src/kernels/kernels_ref.c wasm-core/src/kernels/kernels_select.c wasm-core/src/kernels/wasm/kernels_simd128.c
+         wasm-core/src/kernels/kernels_gemm.c wasm-core/src/kernels/kernels_conformance.c wasm-core/wasi/component.c)
 "$CC" "${CFLAGS[@]}" "${SOURCES[@]}" -mexec-model=reactor -Wl,-z,stack-size=1048576 \
       -Wl,--strip-debug -o "$out/kernels.core.wasm"
 

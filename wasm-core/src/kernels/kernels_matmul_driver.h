@@ -1,20 +1,36 @@
-/* kernels_matmul_driver.h — the loop over register tiles shared by the SIMD kernel files.
+/* kernels_matmul_driver.h — what the SIMD kernel sets share, written once.
  *
  * Owns: the order in which a matmul is cut into tiles (decode rows one by one, then TR x TT
- * tiles, token and row tails), so every ISA uses the same blocking.
- * Does not own: the tiles themselves. Included (once, after them) by kernels_avx2.c,
- * kernels_avx512.c and kernels_simd128.c, each compiled with its own ISA flags, which must define
- * KVL_INLINE, TR, TT, and the ISA's tile() and decode_row() with the signatures used below. xb = 1
- * rounds every activation to BF16 as it is loaded (the *_xb entries); it is a constant at each
- * call site. The integer-mode products (matmul_q8_i16: int16 activations with a scale per
- * KVL_I16_BLOCK columns, xs [n, nb]; matmul_i16_i16: one scale per token, xs [n]) use
- * matmul_int_generic, which needs TRI, TTI, tile_int() and decode_row_int(); each gets xs from
- * its first token on. quantize_i16_generic runs the ISA's quantize_block() over the blocks.
- * axpy_rows_generic (where the file defines AXPY_VW and the AXPY_* vector primitives) is
- * axpy_rows_f32. Where the file defines STRIP_ROWS, the STRIP_* primitives and pack_q8_strip,
- * matmul_int_generic runs a Q8 product of STRIP_TOKENS or more tokens with rows in the lanes
- * (matmul_q8_i16_strips). Where it defines KVL_DECODE_ROWS4_I8 and decode_rows4_q8_i8,
- * matmul_q8_i8_generic is matmul_q8_i8.
+ * tiles, token and row tails), so every ISA uses the same blocking; the integer tile (tile_int)
+ * and its loop; the Q8 strips; axpy_rows over tiles; and the driver_* functions a set's table
+ * names for those entries (kernels.h). Like llama.cpp's per-arch fallbacks or XNNPACK's
+ * templates, it is a template instantiated once per ISA file: kernels_avx2.c, kernels_avx512.c,
+ * kernels_simd128.c each define their primitives, then include this file once (compiled with
+ * their own ISA flags). The contract is only the names listed here; this file names nothing else
+ * of theirs, and they use nothing of it but the driver_* entries and the *_generic loops.
+ * Does not own: the tiles of the float products or any instruction.
+ *
+ * An ISA file defines: KVL_INLINE, KVL_UNROLL, TR, TT and tile() / decode_row() (float products;
+ * xb = 1 rounds every activation to BF16 as it is loaded, the *_xb entries, a constant at each
+ * call site). For the integer-mode products (matmul_q8_i16: int16 activations with a scale per
+ * KVL_I16_BLOCK columns, xs [n, nb]; matmul_i16_i16: one scale per token, xs [n]): TRI, TTI,
+ * quantize_block(), decode_row_int(), and tile_int's primitives:
+ *   TI_MASKED (1: loads take the columns' end e and zero what lies beyond; 0: whole vectors, and
+ *   the driver adds scalar tails), TI_Q8_STEP / TI_I16_STEP (columns per Q8 step / per int16
+ *   vector); the types TI_Q8W, TI_Q8X (a Q8 step's weights and activations as int16), TI_IACC
+ *   (int32 lanes), TI_I16V, TI_FACC (FP32 lanes), TI_I4 / TI_F4 (4 int32 / FP32 lanes);
+ *   ti_load_q8w(row, c, e), ti_load_q8x(row, c, e), ti_dot_q8(acc, w, x) (acc + the exact
+ *   products), ti_izero(), ti_ihsum(acc), ti_reduce4(a, b, c, d) (four lane sums in 4 lanes),
+ *   ti_i4_add, ti_i4_load, ti_f4_zero, ti_f4_from_i4, ti_f4_mul, ti_f4_add, ti_f4_splat,
+ *   ti_f4_load, ti_f4_store, ti_prefetch(p), ti_prefetch_i16_step(p), ti_load_i16(row, c, e),
+ *   ti_fzero, ti_fadd, ti_fhsum, ti_i16_quad(w0, x0, w1, x1) (two vectors' products, 4 per FP32
+ *   lane) and ti_i16_pair(w, x) (one vector's).
+ * Optional hooks, each used where the file defines it: AXPY_VW and the AXPY_* vector primitives
+ * (axpy_rows_generic, driver_axpy_rows_f32); STRIP_ROWS, the STRIP_* primitives and
+ * pack_q8_strip (a Q8 product of STRIP_TOKENS or more tokens with rows in the lanes,
+ * matmul_q8_i16_strips); KVL_DECODE_ROWS4_Q8 + decode_rows4_q8, KVL_DECODE_ROWS2 +
+ * decode_rows2_int and KVL_DECODE_STREAM_GAP (decoding several rows at a time);
+ * KVL_DECODE_ROWS4_I8 + decode_rows4_q8_i8 (driver_matmul_q8_i8).
  */
 #ifndef KVL_KERNELS_MATMUL_DRIVER_H
 #define KVL_KERNELS_MATMUL_DRIVER_H
@@ -228,6 +244,192 @@ KVL_INLINE void matmul_generic(int kind, int xb, float *Y, size_t ldy, const voi
 }
 
 #ifdef TRI
+/* ---- the integer tile (tile_int): R rows x T tokens of matmul_q8_i16 / matmul_i16_i16 -------
+ *
+ * One for every set, built from the ISA's primitives (the TI_* list in the header comment).
+ * R and T are constants at every call site: each weight vector is loaded once per T tokens, each
+ * activation vector once per R rows.
+ *
+ * Q8: per 64-column block, each (row, token) pair's int32 sum is exact in any order; then, per
+ * output, the reference's (float)sum * xs (rounded) + acc (rounded), and acc * scale at the end,
+ * so the result is bit-identical to the reference however the sums are reduced. Four sums are
+ * reduced together into the lanes of one vector (ti_reduce4): the four rows of a token where R is
+ * 4, else the tokens of a row where T > 1 (missing tokens: zero sums and scales), else one sum
+ * alone (ti_ihsum). Without masked loads the block's last columns (fewer than TI_Q8_STEP) are
+ * added in scalar code.
+ *
+ * int16: per output, FP32 lanes add the converted int32 sums of each step (4 products per lane
+ * on two vectors, ti_i16_quad; without masked loads, then one vector, ti_i16_pair), then the lane
+ * sum and the scalar groups of 4 left over (kvl_i16_group_sum); Y = (s * scale) * xs[t]. */
+KVL_INLINE void tile_int(int kind, float *Y, size_t ldy, const void *W, const float *scale,
+                         size_t r0, size_t cols, const int16_t *X, const float *xs, size_t ldx,
+                         int prefetch, const int R, const int T)
+{
+    if (kind == IKIND_Q8) {
+        const size_t nb = kvl_i16_nblocks(cols, KVL_I16_BLOCK); /* xs: [T, nb] */
+        const int8_t *wrow[TRI];
+        float acc[TRI][TTI];
+#define TI_ACC4 (TRI > TTI ? TRI : TTI)
+        TI_F4 acc4[TI_ACC4]; /* lane by row (per token) or by token (per row) */
+        KVL_UNROLL
+        for (int i = 0; i < R; i++) {
+            wrow[i] = (const int8_t *)W + (r0 + (size_t)i) * cols;
+            KVL_UNROLL
+            for (int t = 0; t < T; t++)
+                acc[i][t] = 0.0f;
+        }
+        KVL_UNROLL
+        for (int j = 0; j < TI_ACC4; j++)
+            acc4[j] = ti_f4_zero();
+        for (size_t b = 0; b < cols; b += KVL_I16_BLOCK) {
+            const size_t e = cols - b < KVL_I16_BLOCK ? cols : b + KVL_I16_BLOCK;
+            TI_IACC ia[TRI][TTI];
+            KVL_UNROLL
+            for (int i = 0; i < R; i++)
+                KVL_UNROLL
+                for (int t = 0; t < T; t++)
+                    ia[i][t] = ti_izero();
+            size_t c = b;
+            for (; TI_MASKED ? c < e : c + TI_Q8_STEP <= e; c += TI_Q8_STEP) {
+                if (prefetch && (c & 63) == 0) {
+                    KVL_UNROLL
+                    for (int i = 0; i < R; i++)
+                        ti_prefetch(wrow[i] + (size_t)R * cols + c);
+                }
+                TI_Q8W w[TRI];
+                KVL_UNROLL
+                for (int i = 0; i < R; i++)
+                    w[i] = ti_load_q8w(wrow[i], c, e);
+                KVL_UNROLL
+                for (int t = 0; t < T; t++) {
+                    const TI_Q8X x = ti_load_q8x(X + (size_t)t * ldx, c, e);
+                    KVL_UNROLL
+                    for (int i = 0; i < R; i++)
+                        ia[i][t] = ti_dot_q8(ia[i][t], w[i], x);
+                }
+            }
+            /* the scalar tail [c, e) of each sum (none with masked loads) */
+            int32_t tail[TRI][TTI];
+            KVL_UNROLL
+            for (int i = 0; i < R; i++)
+                KVL_UNROLL
+                for (int t = 0; t < T; t++) {
+                    tail[i][t] = 0;
+                    for (size_t k = c; !TI_MASKED && k < e; k++)
+                        tail[i][t] += (int32_t)wrow[i][k] * (int32_t)X[(size_t)t * ldx + k];
+                }
+            const size_t bi = b / KVL_I16_BLOCK;
+            /* (indices taken modulo TRI, TTI: in range where a branch cannot run) */
+            if (R == 4) {
+                KVL_UNROLL
+                for (int t = 0; t < T; t++) {
+                    TI_I4 s = ti_reduce4(ia[0][t], ia[1 % TRI][t], ia[2 % TRI][t], ia[3 % TRI][t]);
+                    if (!TI_MASKED && c < e) {
+                        const int32_t tl[4] = {tail[0][t], tail[1 % TRI][t], tail[2 % TRI][t], tail[3 % TRI][t]};
+                        s = ti_i4_add(s, ti_i4_load(tl));
+                    }
+                    acc4[t] = ti_f4_add(acc4[t], ti_f4_mul(ti_f4_from_i4(s), ti_f4_splat(xs[(size_t)t * nb + bi])));
+                }
+            } else if (T > 1) {
+                KVL_UNROLL
+                for (int i = 0; i < R; i++) {
+                    const TI_IACC z = ti_izero();
+                    TI_I4 s = ti_reduce4(ia[i][0], ia[i][1 % TTI], T > 2 ? ia[i][2 % TTI] : z, T > 3 ? ia[i][3 % TTI] : z);
+                    float sc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                    int32_t tl[4] = {0, 0, 0, 0};
+                    KVL_UNROLL
+                    for (int t = 0; t < T; t++) {
+                        sc[t] = xs[(size_t)t * nb + bi];
+                        tl[t] = tail[i][t];
+                    }
+                    if (!TI_MASKED && c < e)
+                        s = ti_i4_add(s, ti_i4_load(tl));
+                    acc4[i] = ti_f4_add(acc4[i], ti_f4_mul(ti_f4_from_i4(s), ti_f4_load(sc)));
+                }
+            } else {
+                KVL_UNROLL
+                for (int i = 0; i < R; i++) {
+                    const float p = (float)(ti_ihsum(ia[i][0]) + tail[i][0]) * xs[bi];
+                    acc[i][0] += p;
+                }
+            }
+        }
+        if (R == 4) {
+            const TI_F4 sc = ti_f4_load(scale + r0);
+            KVL_UNROLL
+            for (int t = 0; t < T; t++)
+                ti_f4_store(Y + (size_t)t * ldy + r0, ti_f4_mul(acc4[t], sc));
+            return;
+        }
+        if (T > 1) {
+            KVL_UNROLL
+            for (int i = 0; i < R; i++) {
+                float a4[4];
+                ti_f4_store(a4, acc4[i]);
+                KVL_UNROLL
+                for (int t = 0; t < T; t++)
+                    acc[i][t] = a4[t];
+            }
+        }
+        KVL_UNROLL
+        for (int i = 0; i < R; i++)
+            KVL_UNROLL
+            for (int t = 0; t < T; t++)
+                Y[(size_t)t * ldy + r0 + (size_t)i] = acc[i][t] * scale[r0 + (size_t)i];
+        return;
+    }
+    const int16_t *wrow[TRI];
+    TI_FACC fa[TRI][TTI];
+    KVL_UNROLL
+    for (int i = 0; i < R; i++) {
+        wrow[i] = (const int16_t *)W + (r0 + (size_t)i) * cols;
+        KVL_UNROLL
+        for (int t = 0; t < T; t++)
+            fa[i][t] = ti_fzero();
+    }
+    size_t c = 0;
+    for (; TI_MASKED ? c < cols : c + 2 * TI_I16_STEP <= cols; c += 2 * TI_I16_STEP) {
+        if (prefetch) {
+            KVL_UNROLL
+            for (int i = 0; i < R; i++)
+                ti_prefetch_i16_step(wrow[i] + (size_t)R * cols + c);
+        }
+        TI_I16V w0[TRI], w1[TRI];
+        KVL_UNROLL
+        for (int i = 0; i < R; i++) {
+            w0[i] = ti_load_i16(wrow[i], c, cols);
+            w1[i] = ti_load_i16(wrow[i], c + TI_I16_STEP, cols);
+        }
+        KVL_UNROLL
+        for (int t = 0; t < T; t++) {
+            const TI_I16V x0 = ti_load_i16(X + (size_t)t * ldx, c, cols);
+            const TI_I16V x1 = ti_load_i16(X + (size_t)t * ldx, c + TI_I16_STEP, cols);
+            KVL_UNROLL
+            for (int i = 0; i < R; i++)
+                fa[i][t] = ti_fadd(fa[i][t], ti_i16_quad(w0[i], x0, w1[i], x1));
+        }
+    }
+    if (!TI_MASKED && c + TI_I16_STEP <= cols) {
+        KVL_UNROLL
+        for (int t = 0; t < T; t++) {
+            const TI_I16V x0 = ti_load_i16(X + (size_t)t * ldx, c, cols);
+            KVL_UNROLL
+            for (int i = 0; i < R; i++)
+                fa[i][t] = ti_fadd(fa[i][t], ti_i16_pair(ti_load_i16(wrow[i], c, cols), x0));
+        }
+        c += TI_I16_STEP;
+    }
+    KVL_UNROLL
+    for (int i = 0; i < R; i++)
+        KVL_UNROLL
+        for (int t = 0; t < T; t++) {
+            float s = ti_fhsum(fa[i][t]);
+            if (!TI_MASKED)
+                s = kvl_i16_group_sum(wrow[i], X + (size_t)t * ldx, c, cols, s);
+            Y[(size_t)t * ldy + r0 + (size_t)i] = (s * scale[r0 + (size_t)i]) * xs[t];
+        }
+}
+
 /* quantize_i16_act (kernels.h) block by block, each block by the ISA's quantize_block(q, xs, x,
  * len, lim), which sets xs[0] and len integers */
 KVL_INLINE void quantize_i16_generic(int16_t *Xq, float *xs, const float *X, size_t cols, size_t n,
@@ -316,6 +518,76 @@ KVL_INLINE void matmul_q8_i8_generic(float *Y, size_t ldy, const int8_t *W, cons
         decode_rows4_q8_i8(Y, W, scale, r, cols, Xq, xs, r + 8 <= rows);
     for (; r < rows; r++)
         decode_row_int(IKIND_Q8, Y, W, scale, r, cols, Xq, xs);
+}
+#endif
+
+/* ---- the entries every set gets from the driver ---------------------------------------------
+ * kvl_kernels entries over the loops above, one instance per ISA file; a set's table names the
+ * ones it takes (static inline: one a set does not take costs nothing and draws no warning). */
+static inline void driver_matmul_bf16(float *Y, size_t ldy, const uint16_t *W, size_t rows, size_t cols,
+                                      const float *X, size_t ldx, size_t n)
+{
+    matmul_generic(KIND_BF16, 0, Y, ldy, W, NULL, rows, cols, X, ldx, n);
+}
+
+static inline void driver_matmul_q8(float *Y, size_t ldy, const int8_t *W, const float *scale, size_t rows,
+                                    size_t cols, const float *X, size_t ldx, size_t n)
+{
+    matmul_generic(KIND_Q8, 0, Y, ldy, W, scale, rows, cols, X, ldx, n);
+}
+
+static inline void driver_matmul_f32(float *Y, size_t ldy, const float *W, size_t rows, size_t cols,
+                                     const float *X, size_t ldx, size_t n)
+{
+    matmul_generic(KIND_F32, 0, Y, ldy, W, NULL, rows, cols, X, ldx, n);
+}
+
+static inline void driver_matmul_bf16_xb(float *Y, size_t ldy, const uint16_t *W, size_t rows, size_t cols,
+                                         const float *X, size_t ldx, size_t n)
+{
+    matmul_generic(KIND_BF16, 1, Y, ldy, W, NULL, rows, cols, X, ldx, n);
+}
+
+static inline void driver_matmul_q8_xb(float *Y, size_t ldy, const int8_t *W, const float *scale, size_t rows,
+                                       size_t cols, const float *X, size_t ldx, size_t n)
+{
+    matmul_generic(KIND_Q8, 1, Y, ldy, W, scale, rows, cols, X, ldx, n);
+}
+
+#ifdef TRI
+static inline void driver_quantize_i16_act(int16_t *Xq, float *xs, const float *X, size_t cols, size_t n,
+                                           size_t ldx_in, size_t ldx_out, size_t block, int lim)
+{
+    quantize_i16_generic(Xq, xs, X, cols, n, ldx_in, ldx_out, block, lim);
+}
+
+static inline void driver_matmul_q8_i16(float *Y, size_t ldy, const int8_t *W, const float *scale, size_t rows,
+                                        size_t cols, const int16_t *Xq, const float *xs, size_t ldx, size_t n)
+{
+    matmul_int_generic(IKIND_Q8, Y, ldy, W, scale, rows, cols, Xq, xs, ldx, n);
+}
+
+static inline void driver_matmul_i16_i16(float *Y, size_t ldy, const int16_t *W, const float *scale,
+                                         size_t rows, size_t cols, const int16_t *Xq, const float *xs,
+                                         size_t ldx, size_t n)
+{
+    matmul_int_generic(IKIND_I16, Y, ldy, W, scale, rows, cols, Xq, xs, ldx, n);
+}
+#endif
+
+#ifdef KVL_DECODE_ROWS4_I8
+static inline void driver_matmul_q8_i8(float *Y, size_t ldy, const int8_t *W, const float *scale, size_t rows,
+                                       size_t cols, const int16_t *Xq, const float *xs, size_t ldx, size_t n)
+{
+    matmul_q8_i8_generic(Y, ldy, W, scale, rows, cols, Xq, xs, ldx, n);
+}
+#endif
+
+#ifdef AXPY_VW
+static inline void driver_axpy_rows_f32(float *Y, size_t ldy, const float *A, size_t lda, size_t nh,
+                                        const float *X, size_t ldx, size_t np, size_t cols)
+{
+    axpy_rows_generic(Y, ldy, A, lda, nh, X, ldx, np, cols);
 }
 #endif
 

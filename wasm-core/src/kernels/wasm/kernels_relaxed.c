@@ -37,7 +37,7 @@
  */
 #if defined(__wasm_relaxed_simd__)
 
-#include "kernels.h"
+#include "../kernels.h"
 
 #include <wasm_simd128.h>
 

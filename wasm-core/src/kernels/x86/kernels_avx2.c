@@ -12,7 +12,7 @@
  * memory-bound, so the 4x1 tile keeps just enough independent FMA chains to outrun DRAM.
  * Every loop has a scalar tail for odd sizes.
  */
-#include "kernels.h"
+#include "../kernels.h"
 
 #include <immintrin.h>
 #include <math.h>
@@ -426,146 +426,42 @@ KVL_INLINE void decode_rows4_q8_i8(float *Y, const int8_t *W, const float *scale
     _mm_storeu_ps(Y + r, _mm_mul_ps(acc, _mm_loadu_ps(scale + r)));
 }
 
-/* R rows x T tokens (constants at every call site): each weight vector is loaded once per T
- * tokens, each activation vector once per R rows. */
-KVL_INLINE void tile_int(int kind, float *Y, size_t ldy, const void *W, const float *scale,
-                         size_t r0, size_t cols, const int16_t *X, const float *xs, size_t ldx,
-                         int prefetch, const int R, const int T)
-{
-    if (kind == IKIND_Q8) {
-        const size_t nb = kvl_i16_nblocks(cols, KVL_I16_BLOCK); /* xs: [T, nb] */
-        const int8_t *wrow[TRI];
-        float acc[TRI][TTI];
-        __m128 acc4[TTI]; /* R == 4: per token, lane i = row r0 + i */
-        KVL_UNROLL
-        for (int i = 0; i < R; i++) {
-            wrow[i] = (const int8_t *)W + (r0 + (size_t)i) * cols;
-            KVL_UNROLL
-            for (int t = 0; t < T; t++)
-                acc[i][t] = 0.0f;
-        }
-        KVL_UNROLL
-        for (int t = 0; t < T; t++)
-            acc4[t] = _mm_setzero_ps();
-        for (size_t b = 0; b < cols; b += KVL_I16_BLOCK) {
-            size_t e = cols - b < KVL_I16_BLOCK ? cols : b + KVL_I16_BLOCK;
-            __m256i ia[TRI][TTI];
-            KVL_UNROLL
-            for (int i = 0; i < R; i++)
-                KVL_UNROLL
-                for (int t = 0; t < T; t++)
-                    ia[i][t] = _mm256_setzero_si256();
-            size_t c = b;
-            for (; c + 16 <= e; c += 16) {
-                if (prefetch && (c & 63) == 0) {
-                    KVL_UNROLL
-                    for (int i = 0; i < R; i++)
-                        _mm_prefetch((const char *)(wrow[i] + (size_t)R * cols + c), _MM_HINT_T1);
-                }
-                __m256i w[TRI];
-                KVL_UNROLL
-                for (int i = 0; i < R; i++)
-                    w[i] = load_q8x16_i16(wrow[i] + c);
-                KVL_UNROLL
-                for (int t = 0; t < T; t++) {
-                    __m256i x = load_i16x16(X + (size_t)t * ldx + c);
-                    KVL_UNROLL
-                    for (int i = 0; i < R; i++)
-                        ia[i][t] = _mm256_add_epi32(ia[i][t], _mm256_madd_epi16(w[i], x));
-                }
-            }
-            const size_t bi = b / KVL_I16_BLOCK;
-            if (R == 4) { /* the four rows' sums of each token reduced together (decode_rows4_q8) */
-                KVL_UNROLL
-                for (int t = 0; t < T; t++) {
-                    __m128i s = reduce4_epi32(ia[0][t], ia[1][t], ia[2][t], ia[3][t]);
-                    if (c < e) {
-                        int32_t tail[4] = {0, 0, 0, 0};
-                        for (int i = 0; i < 4; i++)
-                            for (size_t cc = c; cc < e; cc++)
-                                tail[i] += (int32_t)wrow[i][cc] * (int32_t)X[(size_t)t * ldx + cc];
-                        s = _mm_add_epi32(s, _mm_loadu_si128((const __m128i *)(const void *)tail));
-                    }
-                    __m128 p = _mm_mul_ps(_mm_cvtepi32_ps(s), _mm_set1_ps(xs[(size_t)t * nb + bi]));
-                    acc4[t] = _mm_add_ps(acc4[t], p);
-                }
-            } else {
-                KVL_UNROLL
-                for (int i = 0; i < R; i++)
-                    KVL_UNROLL
-                    for (int t = 0; t < T; t++) {
-                        int32_t s = hsum_epi32_256(ia[i][t]);
-                        const int16_t *x = X + (size_t)t * ldx;
-                        for (size_t cc = c; cc < e; cc++)
-                            s += (int32_t)wrow[i][cc] * (int32_t)x[cc];
-                        const float p = (float)s * xs[(size_t)t * nb + bi];
-                        acc[i][t] += p;
-                    }
-            }
-        }
-        if (R == 4) {
-            const __m128 sc = _mm_loadu_ps(scale + r0);
-            KVL_UNROLL
-            for (int t = 0; t < T; t++)
-                _mm_storeu_ps(Y + (size_t)t * ldy + r0, _mm_mul_ps(acc4[t], sc));
-            return;
-        }
-        KVL_UNROLL
-        for (int i = 0; i < R; i++)
-            KVL_UNROLL
-            for (int t = 0; t < T; t++)
-                Y[(size_t)t * ldy + r0 + (size_t)i] = acc[i][t] * scale[r0 + (size_t)i];
-        return;
-    }
-    const int16_t *wrow[TRI];
-    __m256 fa[TRI][TTI];
-    KVL_UNROLL
-    for (int i = 0; i < R; i++) {
-        wrow[i] = (const int16_t *)W + (r0 + (size_t)i) * cols;
-        KVL_UNROLL
-        for (int t = 0; t < T; t++)
-            fa[i][t] = _mm256_setzero_ps();
-    }
-    size_t c = 0;
-    for (; c + 32 <= cols; c += 32) {
-        if (prefetch) { /* 64 bytes per row and step */
-            KVL_UNROLL
-            for (int i = 0; i < R; i++)
-                _mm_prefetch((const char *)(wrow[i] + (size_t)R * cols + c), _MM_HINT_T1);
-        }
-        __m256i w0[TRI], w1[TRI];
-        KVL_UNROLL
-        for (int i = 0; i < R; i++) {
-            w0[i] = load_i16x16(wrow[i] + c);
-            w1[i] = load_i16x16(wrow[i] + c + 16);
-        }
-        KVL_UNROLL
-        for (int t = 0; t < T; t++) {
-            __m256i x0 = load_i16x16(X + (size_t)t * ldx + c), x1 = load_i16x16(X + (size_t)t * ldx + c + 16);
-            KVL_UNROLL
-            for (int i = 0; i < R; i++)
-                fa[i][t] = _mm256_add_ps(fa[i][t], _mm256_cvtepi32_ps(_mm256_add_epi32(
-                                                       _mm256_madd_epi16(w0[i], x0), _mm256_madd_epi16(w1[i], x1))));
-        }
-    }
-    if (c + 16 <= cols) {
-        KVL_UNROLL
-        for (int t = 0; t < T; t++) {
-            __m256i x0 = load_i16x16(X + (size_t)t * ldx + c);
-            KVL_UNROLL
-            for (int i = 0; i < R; i++)
-                fa[i][t] = _mm256_add_ps(fa[i][t], _mm256_cvtepi32_ps(_mm256_madd_epi16(load_i16x16(wrow[i] + c), x0)));
-        }
-        c += 16;
-    }
-    KVL_UNROLL
-    for (int i = 0; i < R; i++)
-        KVL_UNROLL
-        for (int t = 0; t < T; t++) {
-            float s = kvl_i16_group_sum(wrow[i], X + (size_t)t * ldx, c, cols, hsum256(fa[i][t]));
-            Y[(size_t)t * ldy + r0 + (size_t)i] = (s * scale[r0 + (size_t)i]) * xs[t];
-        }
-}
+/* Primitives of the driver's integer tile (tile_int, kernels_matmul_driver.h): 16 columns a step
+ * (VPMADDWD into int32 lanes), no masked loads (scalar column tails); four sums reduced at once by
+ * reduce4_epi32. */
+#define TI_MASKED 0
+#define TI_Q8_STEP 16
+#define TI_I16_STEP 16
+#define TI_Q8W __m256i
+#define TI_Q8X __m256i
+#define TI_IACC __m256i
+#define TI_I16V __m256i
+#define TI_FACC __m256
+#define TI_I4 __m128i
+#define TI_F4 __m128
+#define ti_izero() _mm256_setzero_si256()
+#define ti_load_q8w(row, c, e) load_q8x16_i16((row) + (c))
+#define ti_load_q8x(row, c, e) load_i16x16((row) + (c))
+#define ti_dot_q8(acc, w, x) _mm256_add_epi32(acc, _mm256_madd_epi16(w, x))
+#define ti_ihsum(v) hsum_epi32_256(v)
+#define ti_reduce4(a, b, c, d) reduce4_epi32(a, b, c, d)
+#define ti_i4_add(a, b) _mm_add_epi32(a, b)
+#define ti_i4_load(p) _mm_loadu_si128((const __m128i *)(const void *)(p))
+#define ti_f4_zero() _mm_setzero_ps()
+#define ti_f4_from_i4(v) _mm_cvtepi32_ps(v)
+#define ti_f4_mul(a, b) _mm_mul_ps(a, b)
+#define ti_f4_add(a, b) _mm_add_ps(a, b)
+#define ti_f4_splat(v) _mm_set1_ps(v)
+#define ti_f4_load(p) _mm_loadu_ps(p)
+#define ti_f4_store(p, v) _mm_storeu_ps(p, v)
+#define ti_prefetch(p) _mm_prefetch((const char *)(p), _MM_HINT_T1)
+#define ti_prefetch_i16_step(p) ti_prefetch(p) /* a step's 32 int16: one line */
+#define ti_load_i16(row, c, e) load_i16x16((row) + (c))
+#define ti_fzero() _mm256_setzero_ps()
+#define ti_fadd(a, b) _mm256_add_ps(a, b)
+#define ti_fhsum(v) hsum256(v)
+#define ti_i16_quad(w0, x0, w1, x1) _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_madd_epi16(w0, x0), _mm256_madd_epi16(w1, x1)))
+#define ti_i16_pair(w, x) _mm256_cvtepi32_ps(_mm256_madd_epi16(w, x))
 
 /* Vector primitives of axpy_rows_generic (the driver): avx2_axpy_f32's FMA on 8 floats. */
 #define AXPY_VW 8
@@ -641,65 +537,7 @@ static void pack_q8_strip(int32_t *P, const int8_t *W, size_t cols, size_t r0, s
     }
 }
 
-#include "kernels_matmul_driver.h"
-
-static void avx2_quantize_i16_act(int16_t *Xq, float *xs, const float *X, size_t cols, size_t n,
-                                  size_t ldx_in, size_t ldx_out, size_t block, int lim)
-{
-    quantize_i16_generic(Xq, xs, X, cols, n, ldx_in, ldx_out, block, lim);
-}
-
-static void avx2_matmul_bf16(float *Y, size_t ldy, const uint16_t *W, size_t rows, size_t cols,
-                             const float *X, size_t ldx, size_t n)
-{
-    matmul_generic(KIND_BF16, 0, Y, ldy, W, NULL, rows, cols, X, ldx, n);
-}
-
-static void avx2_matmul_q8(float *Y, size_t ldy, const int8_t *W, const float *scale, size_t rows,
-                           size_t cols, const float *X, size_t ldx, size_t n)
-{
-    matmul_generic(KIND_Q8, 0, Y, ldy, W, scale, rows, cols, X, ldx, n);
-}
-
-static void avx2_matmul_f32(float *Y, size_t ldy, const float *W, size_t rows, size_t cols,
-                            const float *X, size_t ldx, size_t n)
-{
-    matmul_generic(KIND_F32, 0, Y, ldy, W, NULL, rows, cols, X, ldx, n);
-}
-
-static void avx2_matmul_bf16_xb(float *Y, size_t ldy, const uint16_t *W, size_t rows, size_t cols,
-                                const float *X, size_t ldx, size_t n)
-{
-    matmul_generic(KIND_BF16, 1, Y, ldy, W, NULL, rows, cols, X, ldx, n);
-}
-
-static void avx2_matmul_q8_xb(float *Y, size_t ldy, const int8_t *W, const float *scale,
-                              size_t rows, size_t cols, const float *X, size_t ldx, size_t n)
-{
-    matmul_generic(KIND_Q8, 1, Y, ldy, W, scale, rows, cols, X, ldx, n);
-}
-
-static void avx2_matmul_q8_i16(float *Y, size_t ldy, const int8_t *W, const float *scale,
-                               size_t rows, size_t cols, const int16_t *Xq, const float *xs,
-                               size_t ldx, size_t n)
-{
-    matmul_int_generic(IKIND_Q8, Y, ldy, W, scale, rows, cols, Xq, xs, ldx, n);
-}
-
-static void avx2_matmul_q8_i8(float *Y, size_t ldy, const int8_t *W, const float *scale,
-                              size_t rows, size_t cols, const int16_t *Xq, const float *xs,
-                              size_t ldx, size_t n)
-{
-    matmul_q8_i8_generic(Y, ldy, W, scale, rows, cols, Xq, xs, ldx, n);
-}
-
-static void avx2_matmul_i16_i16(float *Y, size_t ldy, const int16_t *W, const float *scale,
-                                size_t rows, size_t cols, const int16_t *Xq, const float *xs,
-                                size_t ldx, size_t n)
-{
-    matmul_int_generic(IKIND_I16, Y, ldy, W, scale, rows, cols, Xq, xs, ldx, n);
-}
-
+#include "../kernels_matmul_driver.h"
 
 /* ---- Q4 weights (kernels.h: matmul_q4*) --------------------------------------------------
  *
@@ -999,12 +837,6 @@ static void avx2_axpy_f32(float *y, float a, const float *x, size_t n)
         y[i] += a * x[i];
 }
 
-static void avx2_axpy_rows_f32(float *Y, size_t ldy, const float *A, size_t lda, size_t nh,
-                               const float *X, size_t ldx, size_t np, size_t cols)
-{
-    axpy_rows_generic(Y, ldy, A, lda, nh, X, ldx, np, cols);
-}
-
 static void avx2_bf16_to_f32(float *dst, const uint16_t *src, size_t n)
 {
     size_t i = 0;
@@ -1083,28 +915,26 @@ static void avx2_gemm_tile(size_t kc, const float *A, const float *B, float *C, 
 }
 
 const kvl_kernels kvl_kernels_avx2_table = {
-    "avx2",
-    0,
-    avx2_matmul_bf16,
-    avx2_matmul_q8,
-    avx2_matmul_f32,
-    avx2_matmul_bf16_xb,
-    avx2_matmul_q8_xb,
-    avx2_quantize_i16_act,
-    avx2_matmul_q8_i16,
-    avx2_matmul_q8_i8,
-    avx2_matmul_i16_i16,
-    avx2_matmul_q4,
-    avx2_matmul_q4_xb,
-    avx2_matmul_q4_i16,
-    avx2_matmul_q4_i8,
-    avx2_dot_f32,
-    avx2_axpy_f32,
-    avx2_axpy_rows_f32,
-    avx2_bf16_to_f32,
-    avx2_q8_to_f32,
-    avx2_f32_to_bf16,
-    kvl_softmax,   /* no AVX2 exp yet: the scalar references */
-    kvl_gelu_tanh,
-    GEMM_MR, GEMM_NR, avx2_gemm_tile,
+    .name = "avx2",
+    .matmul_bf16 = driver_matmul_bf16,
+    .matmul_q8 = driver_matmul_q8,
+    .matmul_f32 = driver_matmul_f32,
+    .matmul_bf16_xb = driver_matmul_bf16_xb,
+    .matmul_q8_xb = driver_matmul_q8_xb,
+    .quantize_i16_act = driver_quantize_i16_act,
+    .matmul_q8_i16 = driver_matmul_q8_i16,
+    .matmul_q8_i8 = driver_matmul_q8_i8,
+    .matmul_i16_i16 = driver_matmul_i16_i16,
+    .matmul_q4 = avx2_matmul_q4,
+    .matmul_q4_xb = avx2_matmul_q4_xb,
+    .matmul_q4_i16 = avx2_matmul_q4_i16,
+    .matmul_q4_i8 = avx2_matmul_q4_i8,
+    .dot_f32 = avx2_dot_f32,
+    .axpy_f32 = avx2_axpy_f32,
+    .axpy_rows_f32 = driver_axpy_rows_f32,
+    .bf16_to_f32 = avx2_bf16_to_f32,
+    .q8_to_f32 = avx2_q8_to_f32,
+    .f32_to_bf16 = avx2_f32_to_bf16,
+    /* softmax, gelu_tanh: no AVX2 exp yet, left empty: the scalar references (kernels_select.c) */
+    .gemm_mr = GEMM_MR, .gemm_nr = GEMM_NR, .gemm_tile = avx2_gemm_tile,
 };

@@ -24,7 +24,7 @@
  */
 #if defined(__wasm_simd128__)
 
-#include "kernels.h"
+#include "../kernels.h"
 
 #include <math.h>
 #include <string.h>
@@ -487,139 +487,59 @@ KVL_INLINE void decode_rows2_int(int kind, float *Y, const void *W, const float 
     Y[r1] = (s1 * scale[r1]) * xs[0];
 }
 
-KVL_INLINE void tile_int(int kind, float *Y, size_t ldy, const void *W, const float *scale,
-                         size_t r0, size_t cols, const int16_t *X, const float *xs, size_t ldx,
-                         int prefetch, const int R, const int T)
+/* Primitives of the driver's integer tile (tile_int, kernels_matmul_driver.h): Q8 16 columns a
+ * step, one 16-byte load widened in registers and two dot products per row and token (1.27-1.31x
+ * on Node 20, 22 and 1.52-1.56x on Node 24, 26 the prompt rate of 8-column steps, CPU time, one
+ * thread; the weights' load form, one 16-byte load widened or two load8x8, made no difference:
+ * bench/RESULTS.md, 2026-12-05); int16 8 columns a vector; no masked loads (scalar column tails);
+ * four sums reduced at once by hsum4x4_i32. No prefetch instruction in WebAssembly. */
+#define TI_MASKED 0
+#define TI_Q8_STEP 16
+#define TI_I16_STEP 8
+typedef struct {
+    v128_t lo, hi; /* columns 0-7 and 8-15 of a step, as int16 */
+} ti_pair;
+#define TI_Q8W ti_pair
+#define TI_Q8X ti_pair
+#define TI_IACC v128_t
+#define TI_I16V v128_t
+#define TI_FACC v128_t
+#define TI_I4 v128_t
+#define TI_F4 v128_t
+KVL_INLINE ti_pair ti_load_q8w(const int8_t *row, size_t c, size_t e)
 {
-    (void)prefetch;
-    if (kind == IKIND_Q8) {
-        const size_t nb = kvl_i16_nblocks(cols, KVL_I16_BLOCK); /* xs: [T, nb] */
-        const int8_t *wrow[TRI];
-        /* per row, lane t = token t (the block sums of up to four tokens reduced in one
-         * hsum4x4_i32) */
-        v128_t acc[TRI];
-        KVL_UNROLL
-        for (int i = 0; i < R; i++) {
-            wrow[i] = (const int8_t *)W + (r0 + (size_t)i) * cols;
-            acc[i] = wasm_f32x4_splat(0.0f);
-        }
-        for (size_t b = 0; b < cols; b += KVL_I16_BLOCK) {
-            size_t e = cols - b < KVL_I16_BLOCK ? cols : b + KVL_I16_BLOCK;
-            v128_t ia[TRI][TTI];
-            KVL_UNROLL
-            for (int i = 0; i < R; i++)
-                KVL_UNROLL
-                for (int t = 0; t < T; t++)
-                    ia[i][t] = wasm_i32x4_splat(0);
-            size_t c = b;
-            /* 16 columns a step, two dot products per row and token: 1.27-1.31x (Node 20, 22) and
-             * 1.52-1.56x (Node 24, 26) the prompt rate of 8-column steps (CPU time, one thread;
-             * the weights' load form, one 16-byte load widened or two load8x8, made no difference:
-             * bench/RESULTS.md, 2026-12-05). Block sums are exact int32 in any order. */
-            for (; c + 16 <= e; c += 16) {
-                v128_t wl[TRI], wh[TRI];
-                KVL_UNROLL
-                for (int i = 0; i < R; i++) {
-                    const v128_t wv = wasm_v128_load(wrow[i] + c);
-                    wl[i] = wasm_i16x8_extend_low_i8x16(wv);
-                    wh[i] = wasm_i16x8_extend_high_i8x16(wv);
-                }
-                KVL_UNROLL
-                for (int t = 0; t < T; t++) {
-                    v128_t x0 = wasm_v128_load(X + (size_t)t * ldx + c), x1 = wasm_v128_load(X + (size_t)t * ldx + c + 8);
-                    KVL_UNROLL
-                    for (int i = 0; i < R; i++)
-                        ia[i][t] = wasm_i32x4_add(ia[i][t], wasm_i32x4_add(wasm_i32x4_dot_i16x8(wl[i], x0),
-                                                                           wasm_i32x4_dot_i16x8(wh[i], x1)));
-                }
-            }
-            for (; c + 8 <= e; c += 8) {
-                v128_t w[TRI];
-                KVL_UNROLL
-                for (int i = 0; i < R; i++)
-                    w[i] = wasm_i16x8_load8x8(wrow[i] + c);
-                KVL_UNROLL
-                for (int t = 0; t < T; t++) {
-                    v128_t xv = wasm_v128_load(X + (size_t)t * ldx + c);
-                    KVL_UNROLL
-                    for (int i = 0; i < R; i++)
-                        ia[i][t] = wasm_i32x4_add(ia[i][t], wasm_i32x4_dot_i16x8(w[i], xv));
-                }
-            }
-            const size_t bi = b / KVL_I16_BLOCK;
-            KVL_UNROLL
-            for (int i = 0; i < R; i++) {
-                int32_t tail[TTI] = {0};
-                if (c < e)
-                    for (int t = 0; t < T; t++)
-                        for (size_t k = c; k < e; k++)
-                            tail[t] += (int32_t)wrow[i][k] * (int32_t)X[(size_t)t * ldx + k];
-                if (T > 1) { /* tokens beyond T: zero sums and scales in their lanes */
-                    const v128_t z = wasm_i32x4_splat(0);
-                    v128_t sum = wasm_i32x4_add(hsum4x4_i32(ia[i][0], ia[i][1], T > 2 ? ia[i][2] : z, T > 3 ? ia[i][3] : z),
-                                                wasm_v128_load(tail));
-                    v128_t sc = wasm_f32x4_make(xs[bi], xs[nb + bi], T > 2 ? xs[2 * nb + bi] : 0.0f, T > 3 ? xs[3 * nb + bi] : 0.0f);
-                    acc[i] = wasm_f32x4_add(acc[i], wasm_f32x4_mul(wasm_f32x4_convert_i32x4(sum), sc));
-                } else {
-                    const float p = (float)(hsum4_i32(ia[i][0]) + tail[0]) * xs[bi];
-                    acc[i] = wasm_f32x4_add(acc[i], wasm_f32x4_make(p, 0.0f, 0.0f, 0.0f));
-                }
-            }
-        }
-        KVL_UNROLL
-        for (int i = 0; i < R; i++) {
-            float a4[4];
-            wasm_v128_store(a4, acc[i]);
-            KVL_UNROLL
-            for (int t = 0; t < T; t++)
-                Y[(size_t)t * ldy + r0 + (size_t)i] = a4[t] * scale[r0 + (size_t)i];
-        }
-        return;
-    }
-    const int16_t *wrow[TRI];
-    v128_t fa[TRI][TTI];
-    KVL_UNROLL
-    for (int i = 0; i < R; i++) {
-        wrow[i] = (const int16_t *)W + (r0 + (size_t)i) * cols;
-        KVL_UNROLL
-        for (int t = 0; t < T; t++)
-            fa[i][t] = wasm_f32x4_splat(0.0f);
-    }
-    size_t c = 0;
-    for (; c + 16 <= cols; c += 16) {
-        v128_t w0[TRI], w1[TRI];
-        KVL_UNROLL
-        for (int i = 0; i < R; i++) {
-            w0[i] = wasm_v128_load(wrow[i] + c);
-            w1[i] = wasm_v128_load(wrow[i] + c + 8);
-        }
-        KVL_UNROLL
-        for (int t = 0; t < T; t++) {
-            v128_t x0 = wasm_v128_load(X + (size_t)t * ldx + c), x1 = wasm_v128_load(X + (size_t)t * ldx + c + 8);
-            KVL_UNROLL
-            for (int i = 0; i < R; i++)
-                fa[i][t] = wasm_f32x4_add(fa[i][t], wasm_f32x4_convert_i32x4(wasm_i32x4_add(
-                                                        wasm_i32x4_dot_i16x8(w0[i], x0), wasm_i32x4_dot_i16x8(w1[i], x1))));
-        }
-    }
-    if (c + 8 <= cols) {
-        KVL_UNROLL
-        for (int t = 0; t < T; t++) {
-            v128_t x0 = wasm_v128_load(X + (size_t)t * ldx + c);
-            KVL_UNROLL
-            for (int i = 0; i < R; i++)
-                fa[i][t] = wasm_f32x4_add(fa[i][t], wasm_f32x4_convert_i32x4(wasm_i32x4_dot_i16x8(wasm_v128_load(wrow[i] + c), x0)));
-        }
-        c += 8;
-    }
-    KVL_UNROLL
-    for (int i = 0; i < R; i++)
-        KVL_UNROLL
-        for (int t = 0; t < T; t++) {
-            float s = kvl_i16_group_sum(wrow[i], X + (size_t)t * ldx, c, cols, hsum4(fa[i][t]));
-            Y[(size_t)t * ldy + r0 + (size_t)i] = (s * scale[r0 + (size_t)i]) * xs[t];
-        }
+    (void)e;
+    const v128_t wv = wasm_v128_load(row + c);
+    return (ti_pair){wasm_i16x8_extend_low_i8x16(wv), wasm_i16x8_extend_high_i8x16(wv)};
 }
+KVL_INLINE ti_pair ti_load_q8x(const int16_t *row, size_t c, size_t e)
+{
+    (void)e;
+    return (ti_pair){wasm_v128_load(row + c), wasm_v128_load(row + c + 8)};
+}
+#define ti_izero() wasm_i32x4_splat(0)
+#define ti_dot_q8(acc, w, x) \
+    wasm_i32x4_add(acc, wasm_i32x4_add(wasm_i32x4_dot_i16x8((w).lo, (x).lo), wasm_i32x4_dot_i16x8((w).hi, (x).hi)))
+#define ti_ihsum(v) hsum4_i32(v)
+#define ti_reduce4(a, b, c, d) hsum4x4_i32(a, b, c, d)
+#define ti_i4_add(a, b) wasm_i32x4_add(a, b)
+#define ti_i4_load(p) wasm_v128_load(p)
+#define ti_f4_zero() wasm_f32x4_splat(0.0f)
+#define ti_f4_from_i4(v) wasm_f32x4_convert_i32x4(v)
+#define ti_f4_mul(a, b) wasm_f32x4_mul(a, b)
+#define ti_f4_add(a, b) wasm_f32x4_add(a, b)
+#define ti_f4_splat(v) wasm_f32x4_splat(v)
+#define ti_f4_load(p) wasm_v128_load(p)
+#define ti_f4_store(p, v) wasm_v128_store(p, v)
+#define ti_prefetch(p) ((void)(p))
+#define ti_prefetch_i16_step(p) ((void)(p))
+#define ti_load_i16(row, c, e) wasm_v128_load((row) + (c))
+#define ti_fzero() wasm_f32x4_splat(0.0f)
+#define ti_fadd(a, b) wasm_f32x4_add(a, b)
+#define ti_fhsum(v) hsum4(v)
+#define ti_i16_quad(w0, x0, w1, x1) \
+    wasm_f32x4_convert_i32x4(wasm_i32x4_add(wasm_i32x4_dot_i16x8(w0, x0), wasm_i32x4_dot_i16x8(w1, x1)))
+#define ti_i16_pair(w, x) wasm_f32x4_convert_i32x4(wasm_i32x4_dot_i16x8(w, x))
 
 /* Vector primitives of axpy_rows_generic (the driver): simd128_axpy_f32's madd on 4 floats. */
 #define AXPY_VW 4
@@ -629,43 +549,7 @@ KVL_INLINE void tile_int(int kind, float *Y, size_t ldy, const void *W, const fl
 #define AXPY_SPLAT(a) wasm_f32x4_splat(a)
 #define AXPY_MADD(a, x, y) madd(a, x, y)
 
-#include "kernels_matmul_driver.h"
-
-static void simd128_quantize_i16_act(int16_t *Xq, float *xs, const float *X, size_t cols, size_t n,
-                                     size_t ldx_in, size_t ldx_out, size_t block, int lim)
-{
-    quantize_i16_generic(Xq, xs, X, cols, n, ldx_in, ldx_out, block, lim);
-}
-
-static void simd128_matmul_bf16(float *Y, size_t ldy, const uint16_t *W, size_t rows, size_t cols,
-                                const float *X, size_t ldx, size_t n)
-{
-    matmul_generic(KIND_BF16, 0, Y, ldy, W, NULL, rows, cols, X, ldx, n);
-}
-
-static void simd128_matmul_q8(float *Y, size_t ldy, const int8_t *W, const float *scale,
-                              size_t rows, size_t cols, const float *X, size_t ldx, size_t n)
-{
-    matmul_generic(KIND_Q8, 0, Y, ldy, W, scale, rows, cols, X, ldx, n);
-}
-
-static void simd128_matmul_f32(float *Y, size_t ldy, const float *W, size_t rows, size_t cols,
-                               const float *X, size_t ldx, size_t n)
-{
-    matmul_generic(KIND_F32, 0, Y, ldy, W, NULL, rows, cols, X, ldx, n);
-}
-
-static void simd128_matmul_bf16_xb(float *Y, size_t ldy, const uint16_t *W, size_t rows,
-                                   size_t cols, const float *X, size_t ldx, size_t n)
-{
-    matmul_generic(KIND_BF16, 1, Y, ldy, W, NULL, rows, cols, X, ldx, n);
-}
-
-static void simd128_matmul_q8_xb(float *Y, size_t ldy, const int8_t *W, const float *scale,
-                                 size_t rows, size_t cols, const float *X, size_t ldx, size_t n)
-{
-    matmul_generic(KIND_Q8, 1, Y, ldy, W, scale, rows, cols, X, ldx, n);
-}
+#include "../kernels_matmul_driver.h"
 
 /* Q8 x int16 decode (one vector): rows in passes of eight, then four, two, one. The eight rows of
  * a pass are `step` rows apart, so that they start KVL_DECODE_STREAM_GAP bytes apart
@@ -745,14 +629,6 @@ static void simd128_relaxed_matmul_q8_i8(float *Y, size_t ldy, const int8_t *W, 
         simd128_matmul_q8_i16(Y, ldy, W, scale, rows, cols, Xq, xs, ldx, n);
 }
 #endif
-
-static void simd128_matmul_i16_i16(float *Y, size_t ldy, const int16_t *W, const float *scale,
-                                   size_t rows, size_t cols, const int16_t *Xq, const float *xs,
-                                   size_t ldx, size_t n)
-{
-    matmul_int_generic(IKIND_I16, Y, ldy, W, scale, rows, cols, Xq, xs, ldx, n);
-}
-
 
 /* ---- Q4 weights (kernels.h: matmul_q4*) --------------------------------------------------
  *
@@ -1124,12 +1000,6 @@ static void simd128_axpy_f32(float *y, float a, const float *x, size_t n)
         y[i] += a * x[i];
 }
 
-static void simd128_axpy_rows_f32(float *Y, size_t ldy, const float *A, size_t lda, size_t nh,
-                                  const float *X, size_t ldx, size_t np, size_t cols)
-{
-    axpy_rows_generic(Y, ldy, A, lda, nh, X, ldx, np, cols);
-}
-
 static void simd128_bf16_to_f32(float *dst, const uint16_t *src, size_t n)
 {
     size_t i = 0;
@@ -1313,22 +1183,22 @@ static void simd128_gemm_tile(size_t kc, const float *A, const float *B, float *
 const kvl_kernels kvl_kernels_simd128_table = {
     "simd128",
     0,
-    simd128_matmul_bf16,
-    simd128_matmul_q8,
-    simd128_matmul_f32,
-    simd128_matmul_bf16_xb,
-    simd128_matmul_q8_xb,
-    simd128_quantize_i16_act,
+    driver_matmul_bf16,
+    driver_matmul_q8,
+    driver_matmul_f32,
+    driver_matmul_bf16_xb,
+    driver_matmul_q8_xb,
+    driver_quantize_i16_act,
     simd128_matmul_q8_i16,
     simd128_matmul_q8_i16, /* matmul_q8_i8: no 8-bit dot product in SIMD128 (kernels.h) */
-    simd128_matmul_i16_i16,
+    driver_matmul_i16_i16,
     simd128_matmul_q4,
     simd128_matmul_q4_xb,
     simd128_matmul_q4_i16,
     simd128_matmul_q4_i16, /* matmul_q4_i8: no 8-bit dot product in SIMD128 (kernels.h) */
     simd128_dot_f32,
     simd128_axpy_f32,
-    simd128_axpy_rows_f32,
+    driver_axpy_rows_f32,
     simd128_bf16_to_f32,
     simd128_q8_to_f32,
     simd128_f32_to_bf16,
@@ -1343,22 +1213,22 @@ const kvl_kernels kvl_kernels_simd128_table = {
 const kvl_kernels kvl_kernels_simd128_relaxed_table = {
     "simd128-relaxed",
     0,
-    simd128_matmul_bf16,
-    simd128_matmul_q8,
-    simd128_matmul_f32,
-    simd128_matmul_bf16_xb,
-    simd128_matmul_q8_xb,
-    simd128_quantize_i16_act,
+    driver_matmul_bf16,
+    driver_matmul_q8,
+    driver_matmul_f32,
+    driver_matmul_bf16_xb,
+    driver_matmul_q8_xb,
+    driver_quantize_i16_act,
     simd128_matmul_q8_i16,
     simd128_relaxed_matmul_q8_i8,
-    simd128_matmul_i16_i16,
+    driver_matmul_i16_i16,
     simd128_matmul_q4,
     simd128_matmul_q4_xb,
     simd128_matmul_q4_i16,
     simd128_relaxed_matmul_q4_i8,
     simd128_dot_f32,
     simd128_axpy_f32,
-    simd128_axpy_rows_f32,
+    driver_axpy_rows_f32,
     simd128_bf16_to_f32,
     simd128_q8_to_f32,
     simd128_f32_to_bf16,

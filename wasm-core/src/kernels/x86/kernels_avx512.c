@@ -19,7 +19,7 @@
  * makes the BF16-activation mode fast. The plain FP32 entries never use BF16 instructions
  * (VDPBF16PS would round the FP32 activations).
  */
-#include "kernels.h"
+#include "../kernels.h"
 
 #include <immintrin.h>
 #include <math.h>
@@ -671,127 +671,48 @@ KVL_INLINE void decode_rows4_q8_i8(float *Y, const int8_t *W, const float *scale
     _mm_storeu_ps(Y + r, _mm_mul_ps(acc, _mm_loadu_ps(scale + r)));
 }
 
-/* R rows x T tokens (constants at every call site): each weight vector is loaded once per T
- * tokens, each activation vector once per R rows. */
-KVL_INLINE void tile_int(int kind, float *Y, size_t ldy, const void *W, const float *scale,
-                         size_t r0, size_t cols, const int16_t *X, const float *xs, size_t ldx,
-                         int prefetch, const int R, const int T)
+/* Primitives of the driver's integer tile (tile_int, kernels_matmul_driver.h): 32 columns a step
+ * (VPDPWSSD into int32 lanes) on masked loads, so no scalar column tails; four sums reduced at
+ * once by reduce4_epi32. */
+#define TI_MASKED 1
+#define TI_Q8_STEP 32
+#define TI_I16_STEP 32
+#define TI_Q8W __m512i
+#define TI_Q8X __m512i
+#define TI_IACC __m512i
+#define TI_I16V __m512i
+#define TI_FACC __m512
+#define TI_I4 __m128i
+#define TI_F4 __m128
+/* the lanes of columns [c, c + 32) that lie below e */
+KVL_INLINE __mmask32 ti_mask32(size_t c, size_t e)
 {
-    if (kind == IKIND_Q8) {
-        const size_t nb = kvl_i16_nblocks(cols, KVL_I16_BLOCK); /* xs: [T, nb] */
-        const int8_t *wrow[TRI];
-        float acc[TRI][TTI];
-        __m128 acc4[TTI]; /* R == 4: per token, lane i = row r0 + i */
-        KVL_UNROLL
-        for (int i = 0; i < R; i++) {
-            wrow[i] = (const int8_t *)W + (r0 + (size_t)i) * cols;
-            KVL_UNROLL
-            for (int t = 0; t < T; t++)
-                acc[i][t] = 0.0f;
-        }
-        KVL_UNROLL
-        for (int t = 0; t < T; t++)
-            acc4[t] = _mm_setzero_ps();
-        for (size_t b = 0; b < cols; b += KVL_I16_BLOCK) {
-            size_t e = cols - b < KVL_I16_BLOCK ? cols : b + KVL_I16_BLOCK;
-            __m512i ia[TRI][TTI];
-            KVL_UNROLL
-            for (int i = 0; i < R; i++)
-                KVL_UNROLL
-                for (int t = 0; t < T; t++)
-                    ia[i][t] = _mm512_setzero_si512();
-            for (size_t c = b; c < e; c += 32) {
-                __mmask32 m = e - c >= 32 ? (__mmask32)0xffffffffu : tail_mask32(e - c);
-                if (prefetch && (c & 63) == 0) {
-                    KVL_UNROLL
-                    for (int i = 0; i < R; i++)
-                        _mm_prefetch((const char *)(wrow[i] + (size_t)R * cols + c), _MM_HINT_T1);
-                }
-                __m512i w[TRI];
-                KVL_UNROLL
-                for (int i = 0; i < R; i++)
-                    w[i] = load_q8x32_i16_masked(wrow[i] + c, m);
-                KVL_UNROLL
-                for (int t = 0; t < T; t++) {
-                    __m512i x = _mm512_maskz_loadu_epi16(m, X + (size_t)t * ldx + c);
-                    KVL_UNROLL
-                    for (int i = 0; i < R; i++)
-                        ia[i][t] = _mm512_dpwssd_epi32(ia[i][t], w[i], x);
-                }
-            }
-            const size_t bi = b / KVL_I16_BLOCK;
-            if (R == 4) { /* the four rows' sums of each token reduced together (decode_rows4_q8) */
-                KVL_UNROLL
-                for (int t = 0; t < T; t++) {
-                    __m128 p = _mm_mul_ps(_mm_cvtepi32_ps(reduce4_epi32(ia[0][t], ia[1][t], ia[2][t], ia[3][t])),
-                                          _mm_set1_ps(xs[(size_t)t * nb + bi]));
-                    acc4[t] = _mm_add_ps(acc4[t], p);
-                }
-            } else {
-                KVL_UNROLL
-                for (int i = 0; i < R; i++)
-                    KVL_UNROLL
-                    for (int t = 0; t < T; t++) {
-                        const float p = (float)_mm512_reduce_add_epi32(ia[i][t]) * xs[(size_t)t * nb + bi];
-                        acc[i][t] += p;
-                    }
-            }
-        }
-        if (R == 4) {
-            const __m128 sc = _mm_loadu_ps(scale + r0);
-            KVL_UNROLL
-            for (int t = 0; t < T; t++)
-                _mm_storeu_ps(Y + (size_t)t * ldy + r0, _mm_mul_ps(acc4[t], sc));
-            return;
-        }
-        KVL_UNROLL
-        for (int i = 0; i < R; i++)
-            KVL_UNROLL
-            for (int t = 0; t < T; t++)
-                Y[(size_t)t * ldy + r0 + (size_t)i] = acc[i][t] * scale[r0 + (size_t)i];
-        return;
-    }
-    const int16_t *wrow[TRI];
-    __m512 fa[TRI][TTI];
-    KVL_UNROLL
-    for (int i = 0; i < R; i++) {
-        wrow[i] = (const int16_t *)W + (r0 + (size_t)i) * cols;
-        KVL_UNROLL
-        for (int t = 0; t < T; t++)
-            fa[i][t] = _mm512_setzero_ps();
-    }
-    for (size_t c = 0; c < cols; c += 64) {
-        size_t k = cols - c;
-        __mmask32 m0 = k >= 32 ? (__mmask32)0xffffffffu : tail_mask32(k);
-        __mmask32 m1 = k >= 64 ? (__mmask32)0xffffffffu : k > 32 ? tail_mask32(k - 32) : (__mmask32)0;
-        if (prefetch) { /* 128 bytes per row and step */
-            KVL_UNROLL
-            for (int i = 0; i < R; i++) {
-                _mm_prefetch((const char *)(wrow[i] + (size_t)R * cols + c), _MM_HINT_T1);
-                _mm_prefetch((const char *)(wrow[i] + (size_t)R * cols + c + 32), _MM_HINT_T1);
-            }
-        }
-        __m512i w0[TRI], w1[TRI];
-        KVL_UNROLL
-        for (int i = 0; i < R; i++) {
-            w0[i] = _mm512_maskz_loadu_epi16(m0, wrow[i] + c);
-            w1[i] = _mm512_maskz_loadu_epi16(m1, wrow[i] + c + 32);
-        }
-        KVL_UNROLL
-        for (int t = 0; t < T; t++) {
-            __m512i x0 = _mm512_maskz_loadu_epi16(m0, X + (size_t)t * ldx + c);
-            __m512i x1 = _mm512_maskz_loadu_epi16(m1, X + (size_t)t * ldx + c + 32);
-            KVL_UNROLL
-            for (int i = 0; i < R; i++)
-                fa[i][t] = _mm512_add_ps(fa[i][t], i16_quad(w0[i], x0, w1[i], x1));
-        }
-    }
-    KVL_UNROLL
-    for (int i = 0; i < R; i++)
-        KVL_UNROLL
-        for (int t = 0; t < T; t++)
-            Y[(size_t)t * ldy + r0 + (size_t)i] = (hsum512(fa[i][t]) * scale[r0 + (size_t)i]) * xs[t];
+    return c >= e ? (__mmask32)0 : e - c >= 32 ? (__mmask32)0xffffffffu : tail_mask32(e - c);
 }
+#define ti_izero() _mm512_setzero_si512()
+#define ti_load_q8w(row, c, e) load_q8x32_i16_masked((row) + (c), ti_mask32(c, e))
+#define ti_load_q8x(row, c, e) _mm512_maskz_loadu_epi16(ti_mask32(c, e), (row) + (c))
+#define ti_dot_q8(acc, w, x) _mm512_dpwssd_epi32(acc, w, x)
+#define ti_ihsum(v) _mm512_reduce_add_epi32(v)
+#define ti_reduce4(a, b, c, d) reduce4_epi32(a, b, c, d)
+#define ti_i4_add(a, b) _mm_add_epi32(a, b)
+#define ti_i4_load(p) _mm_loadu_si128((const __m128i *)(const void *)(p))
+#define ti_f4_zero() _mm_setzero_ps()
+#define ti_f4_from_i4(v) _mm_cvtepi32_ps(v)
+#define ti_f4_mul(a, b) _mm_mul_ps(a, b)
+#define ti_f4_add(a, b) _mm_add_ps(a, b)
+#define ti_f4_splat(v) _mm_set1_ps(v)
+#define ti_f4_load(p) _mm_loadu_ps(p)
+#define ti_f4_store(p, v) _mm_storeu_ps(p, v)
+#define ti_prefetch(p) _mm_prefetch((const char *)(p), _MM_HINT_T1)
+/* a step's 64 int16: two lines */
+#define ti_prefetch_i16_step(p) (ti_prefetch(p), ti_prefetch((p) + 32))
+#define ti_load_i16(row, c, e) _mm512_maskz_loadu_epi16(ti_mask32(c, e), (row) + (c))
+#define ti_fzero() _mm512_setzero_ps()
+#define ti_fadd(a, b) _mm512_add_ps(a, b)
+#define ti_fhsum(v) hsum512(v)
+#define ti_i16_quad(w0, x0, w1, x1) i16_quad(w0, x0, w1, x1)
+#define ti_i16_pair(w, x) _mm512_cvtepi32_ps(_mm512_madd_epi16(w, x))
 
 /* ---- Q8 x int16 prefill with rows in the lanes (matmul_q8_i16_strips, kernels_matmul_driver.h):
  * 16 rows per vector, STRIP_DOT one VPDPWSSD. */
@@ -857,65 +778,7 @@ static void pack_q8_strip(int32_t *P, const int8_t *W, size_t cols, size_t r0, s
     }
 }
 
-#include "kernels_matmul_driver.h"
-
-static void avx512_quantize_i16_act(int16_t *Xq, float *xs, const float *X, size_t cols, size_t n,
-                                    size_t ldx_in, size_t ldx_out, size_t block, int lim)
-{
-    quantize_i16_generic(Xq, xs, X, cols, n, ldx_in, ldx_out, block, lim);
-}
-
-static void avx512_matmul_bf16(float *Y, size_t ldy, const uint16_t *W, size_t rows, size_t cols,
-                               const float *X, size_t ldx, size_t n)
-{
-    matmul_generic(KIND_BF16, 0, Y, ldy, W, NULL, rows, cols, X, ldx, n);
-}
-
-static void avx512_matmul_q8(float *Y, size_t ldy, const int8_t *W, const float *scale,
-                             size_t rows, size_t cols, const float *X, size_t ldx, size_t n)
-{
-    matmul_generic(KIND_Q8, 0, Y, ldy, W, scale, rows, cols, X, ldx, n);
-}
-
-static void avx512_matmul_f32(float *Y, size_t ldy, const float *W, size_t rows, size_t cols,
-                              const float *X, size_t ldx, size_t n)
-{
-    matmul_generic(KIND_F32, 0, Y, ldy, W, NULL, rows, cols, X, ldx, n);
-}
-
-static void avx512_matmul_bf16_xb(float *Y, size_t ldy, const uint16_t *W, size_t rows,
-                                  size_t cols, const float *X, size_t ldx, size_t n)
-{
-    matmul_generic(KIND_BF16, 1, Y, ldy, W, NULL, rows, cols, X, ldx, n);
-}
-
-static void avx512_matmul_q8_xb(float *Y, size_t ldy, const int8_t *W, const float *scale,
-                                size_t rows, size_t cols, const float *X, size_t ldx, size_t n)
-{
-    matmul_generic(KIND_Q8, 1, Y, ldy, W, scale, rows, cols, X, ldx, n);
-}
-
-static void avx512_matmul_q8_i16(float *Y, size_t ldy, const int8_t *W, const float *scale,
-                                 size_t rows, size_t cols, const int16_t *Xq, const float *xs,
-                                 size_t ldx, size_t n)
-{
-    matmul_int_generic(IKIND_Q8, Y, ldy, W, scale, rows, cols, Xq, xs, ldx, n);
-}
-
-static void avx512_matmul_q8_i8(float *Y, size_t ldy, const int8_t *W, const float *scale,
-                                size_t rows, size_t cols, const int16_t *Xq, const float *xs,
-                                size_t ldx, size_t n)
-{
-    matmul_q8_i8_generic(Y, ldy, W, scale, rows, cols, Xq, xs, ldx, n);
-}
-
-static void avx512_matmul_i16_i16(float *Y, size_t ldy, const int16_t *W, const float *scale,
-                                  size_t rows, size_t cols, const int16_t *Xq, const float *xs,
-                                  size_t ldx, size_t n)
-{
-    matmul_int_generic(IKIND_I16, Y, ldy, W, scale, rows, cols, Xq, xs, ldx, n);
-}
-
+#include "../kernels_matmul_driver.h"
 
 /* ---- Q4 weights (kernels.h: matmul_q4*) --------------------------------------------------
  *
@@ -1576,18 +1439,20 @@ static void avx512_gemm_tile(size_t kc, const float *A, const float *B, float *C
     }
 }
 
-#define AVX512_TABLE(NAME, BF16_DOT, MATMUL_BF16_XB, MATMUL_Q8_XB, MATMUL_Q4_XB)                \
-    {                                                                                            \
-        NAME, BF16_DOT, avx512_matmul_bf16, avx512_matmul_q8, avx512_matmul_f32, MATMUL_BF16_XB, \
-            MATMUL_Q8_XB, avx512_quantize_i16_act, avx512_matmul_q8_i16, avx512_matmul_q8_i8,               \
-            avx512_matmul_i16_i16, avx512_matmul_q4, MATMUL_Q4_XB, avx512_matmul_q4_i16,         \
-            avx512_matmul_q4_i8,                                                                 \
-            avx512_dot_f32,                                                                      \
-            avx512_axpy_f32, avx512_axpy_rows_f32, avx512_bf16_to_f32, avx512_q8_to_f32, avx512_f32_to_bf16, avx512_softmax,            \
-            avx512_gelu_tanh, GEMM_MR, GEMM_NR, avx512_gemm_tile                                 \
+#define AVX512_TABLE(NAME, BF16_DOT, MATMUL_BF16_XB, MATMUL_Q8_XB, MATMUL_Q4_XB)                            \
+    {                                                                                                        \
+        .name = NAME, .bf16_dot = BF16_DOT, .matmul_bf16 = driver_matmul_bf16, .matmul_q8 = driver_matmul_q8, \
+        .matmul_f32 = driver_matmul_f32, .matmul_bf16_xb = MATMUL_BF16_XB, .matmul_q8_xb = MATMUL_Q8_XB,     \
+        .quantize_i16_act = driver_quantize_i16_act, .matmul_q8_i16 = driver_matmul_q8_i16,                  \
+        .matmul_q8_i8 = driver_matmul_q8_i8, .matmul_i16_i16 = driver_matmul_i16_i16,                        \
+        .matmul_q4 = avx512_matmul_q4, .matmul_q4_xb = MATMUL_Q4_XB, .matmul_q4_i16 = avx512_matmul_q4_i16,   \
+        .matmul_q4_i8 = avx512_matmul_q4_i8, .dot_f32 = avx512_dot_f32, .axpy_f32 = avx512_axpy_f32,         \
+        .axpy_rows_f32 = avx512_axpy_rows_f32, .bf16_to_f32 = avx512_bf16_to_f32,                            \
+        .q8_to_f32 = avx512_q8_to_f32, .f32_to_bf16 = avx512_f32_to_bf16, .softmax = avx512_softmax,         \
+        .gelu_tanh = avx512_gelu_tanh, .gemm_mr = GEMM_MR, .gemm_nr = GEMM_NR, .gemm_tile = avx512_gemm_tile \
     }
 
 const kvl_kernels kvl_kernels_avx512_table =
-    AVX512_TABLE("avx512", 0, avx512_matmul_bf16_xb, avx512_matmul_q8_xb, avx512_matmul_q4_xb);
+    AVX512_TABLE("avx512", 0, driver_matmul_bf16_xb, driver_matmul_q8_xb, avx512_matmul_q4_xb);
 const kvl_kernels kvl_kernels_avx512_bf16_table =
     AVX512_TABLE("avx512-bf16", 1, avx512bf16_matmul_bf16_xb, avx512bf16_matmul_q8_xb, avx512bf16_matmul_q4_xb);

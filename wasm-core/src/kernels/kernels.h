@@ -5,8 +5,8 @@
  * range), files, memory management.
  *
  * Every table entry has a scalar reference (kernels_ref.c); the AVX2, AVX-512 and SIMD128 tables
- * (kernels_avx2.c, kernels_avx512.c, kernels_simd128.c; its relaxed-SIMD variant takes one pass
- * from kernels_relaxed.c) must agree with it within float rounding
+ * (x86/kernels_avx2.c, x86/kernels_avx512.c, wasm/kernels_simd128.c; its relaxed-SIMD variant takes
+ * one pass from wasm/kernels_relaxed.c) must agree with it within float rounding
  * (bit for bit where an entry says so) and each handles sizes that are not multiples of the
  * vector width (scalar tail or masked loads). Layouts:
  *   W row-major [rows, cols]; X row-major [n, ldx] (n activation vectors);
@@ -139,6 +139,17 @@ typedef struct kvl_kernels {
                       int accumulate);
 } kvl_kernels;
 
+/* Every function entry of kvl_kernels, in table order: X(entry). A set may leave any of them
+ * NULL (a new set starts with its hot entries only): kvl_kernels_select / kvl_kernels_by_name
+ * hand out the set with each empty entry taken from the scalar table (filled once, at the first
+ * selection), and kvl_kernels_conformance checks every entry of every set so served.
+ * (gemm_tile comes with its gemm_mr, gemm_nr: a set that leaves it NULL gets the scalar three.) */
+#define KVL_KERNEL_ENTRIES(X)                                                                      \
+    X(matmul_bf16) X(matmul_q8) X(matmul_f32) X(matmul_bf16_xb) X(matmul_q8_xb)                    \
+    X(quantize_i16_act) X(matmul_q8_i16) X(matmul_q8_i8) X(matmul_i16_i16) X(matmul_q4)            \
+    X(matmul_q4_xb) X(matmul_q4_i16) X(matmul_q4_i8) X(dot_f32) X(axpy_f32) X(axpy_rows_f32)       \
+    X(bf16_to_f32) X(q8_to_f32) X(f32_to_bf16) X(softmax) X(gelu_tanh) X(gemm_tile)
+
 /* ---- blocked GEMM (kernels_gemm.c) -------------------------------------------------------
  * Goto-style blocking over a table's gemm_tile: weights packed KVL_GEMM_KC columns x
  * KVL_GEMM_NC rows at a time into FP32 panels of gemm_nr rows (once per call, reused by every
@@ -188,12 +199,6 @@ const kvl_kernels *kvl_kernels_by_name(const char *name);
  * running CPU). */
 const char *const *kvl_kernels_compiled_names(void);
 
-/* AVX-512 without the BF16 dot products, the level-3 table on CPUs that lack AVX512_BF16
- * (exposed so the tests cover it on every AVX-512 machine). */
-extern const kvl_kernels kvl_kernels_avx512_table;
-/* Plain SIMD128, the level-4 table except in the relaxed build (exposed so the tests cover it
- * there too). */
-extern const kvl_kernels kvl_kernels_simd128_table;
 
 /* kernels_relaxed.c (relaxed build only): matmul_q8_i8's decode (n == 1) on R = 8 or 4 rows
  * `step` rows apart from row r, Y[row] for each, bit-identical to the reference; the rows'

@@ -2,9 +2,10 @@
  *
  * Owns: CPU feature detection (CPUID + XGETBV, for GCC/Clang and MSVC), the KVL_KERNELS
  * environment override, kvl_kernels_select / kvl_kernels_supported / kvl_kernels_by_name /
- * kvl_kernels_compiled_names.
- * Does not own: any kernel (kernels_ref.c, kernels_avx2.c, kernels_avx512.c, kernels_simd128.c,
- * kernels_relaxed.c).
+ * kvl_kernels_compiled_names; the sets as served, each entry a set leaves empty taken from the
+ * scalar table (once, at the first selection).
+ * Does not own: any kernel (kernels_ref.c, x86/kernels_avx2.c, x86/kernels_avx512.c,
+ * wasm/kernels_simd128.c, wasm/kernels_relaxed.c).
  *
  * Levels: 1 scalar everywhere; 2 avx2 and 3 avx512 on x86; 4 simd128 in WebAssembly builds made
  * with -msimd128 (SIMD128 is a compile-time property of a wasm module: a module that uses it
@@ -47,6 +48,7 @@ extern const kvl_kernels kvl_kernels_simd128_relaxed_table;
 #endif
 #if KVL_X86
 extern const kvl_kernels kvl_kernels_avx2_table;
+extern const kvl_kernels kvl_kernels_avx512_table;
 extern const kvl_kernels kvl_kernels_avx512_bf16_table;
 
 #if defined(_MSC_VER) && !defined(__clang__)
@@ -130,7 +132,91 @@ static int detect_level(void)
 }
 #endif
 
+/* ---- the sets as served: each empty entry taken from the scalar table, once ------------------
+ * (kernels.h KVL_KERNEL_ENTRIES). The sets as written are const and may leave entries NULL; the
+ * first selection fills a copy of each compiled set, and every later one hands out those copies. */
+static const kvl_kernels *const written[] = {
+    &kvl_kernels_scalar_table,
+#if KVL_SIMD128
+    &kvl_kernels_simd128_table,
+#endif
+#if KVL_RELAXED
+    &kvl_kernels_simd128_relaxed_table,
+#endif
+#if KVL_X86
+    &kvl_kernels_avx2_table, &kvl_kernels_avx512_table, &kvl_kernels_avx512_bf16_table,
+#endif
+};
+#define N_SETS (sizeof written / sizeof *written)
+static kvl_kernels served_sets[N_SETS];
+
+static void fill_sets(void)
+{
+    const kvl_kernels *s = &kvl_kernels_scalar_table;
+    for (size_t i = 0; i < N_SETS; i++) {
+        kvl_kernels *d = &served_sets[i];
+        *d = *written[i];
+#define KVL_FILL_ENTRY(entry) \
+    if (!d->entry)            \
+        d->entry = s->entry;
+        KVL_KERNEL_ENTRIES(KVL_FILL_ENTRY)
+#undef KVL_FILL_ENTRY
+        if (!written[i]->gemm_tile) { /* the tile's shape goes with it */
+            d->gemm_mr = s->gemm_mr;
+            d->gemm_nr = s->gemm_nr;
+        }
+    }
+}
+
+/* Once per process, also when engines are created on several threads at a time: the first caller
+ * fills, the others wait for it (C11 atomics; a compiler without them fills on every thread that
+ * comes first, each writing the same values). */
+#if !defined(__STDC_NO_ATOMICS__)
+#include <stdatomic.h>
+static atomic_int sets_state; /* 0 not filled, 1 being filled, 2 filled */
+static void fill_sets_once(void)
+{
+    int expected = 0;
+    if (atomic_load(&sets_state) == 2)
+        return;
+    if (atomic_compare_exchange_strong(&sets_state, &expected, 1)) {
+        fill_sets();
+        atomic_store(&sets_state, 2);
+        return;
+    }
+    while (atomic_load(&sets_state) != 2) {
+    }
+}
+#else
+static volatile int sets_filled;
+static void fill_sets_once(void)
+{
+    if (!sets_filled) {
+        fill_sets();
+        sets_filled = 1;
+    }
+}
+#endif
+
+/* The served copy of a set as written (NULL for NULL). */
+static const kvl_kernels *served(const kvl_kernels *t)
+{
+    if (!t)
+        return NULL;
+    fill_sets_once();
+    for (size_t i = 0; i < N_SETS; i++)
+        if (written[i] == t)
+            return &served_sets[i];
+    return NULL;
+}
+
+static const kvl_kernels *written_for(int level);
 static const kvl_kernels *table_for(int level)
+{
+    return served(written_for(level));
+}
+
+static const kvl_kernels *written_for(int level)
 {
     switch (level) {
     case 1:
@@ -193,7 +279,7 @@ const kvl_kernels *kvl_kernels_select(int level)
     return table_for(level);
 }
 
-const kvl_kernels *kvl_kernels_by_name(const char *name)
+static const kvl_kernels *written_by_name(const char *name)
 {
     if (!name)
         return NULL;
@@ -216,6 +302,11 @@ const kvl_kernels *kvl_kernels_by_name(const char *name)
         return detect_level() >= 3 && has_avx512_bf16() ? &kvl_kernels_avx512_bf16_table : NULL;
 #endif
     return NULL;
+}
+
+const kvl_kernels *kvl_kernels_by_name(const char *name)
+{
+    return served(written_by_name(name));
 }
 
 const char *const *kvl_kernels_compiled_names(void)
