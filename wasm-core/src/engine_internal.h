@@ -28,6 +28,9 @@ struct kvl_engine {
     kvl_store *trunk, *experts, *vision;   /* vision is NULL unless load_vision */
     kvl_vision_hparams vhp;
     uint64_t vision_bytes_read;
+    /* 1: the tower's Linear products in BF16 on AMX tiles (kvl_gemm_bf16_amx): where the table
+     * is avx512-bf16, AMX runs (kvl_gemm_amx_available) and act_dtype is not F32 (the exact mode) */
+    int vision_bf16;
     char last_error[512];
     /* engine.c adds the text hparams, caches and resident tensors below */
     struct kvl_engine_text *text;

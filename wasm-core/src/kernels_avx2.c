@@ -1106,5 +1106,5 @@ const kvl_kernels kvl_kernels_avx2_table = {
     avx2_f32_to_bf16,
     kvl_softmax,   /* no AVX2 exp yet: the scalar references */
     kvl_gelu_tanh,
-    GEMM_MR, GEMM_NR, avx2_gemm_tile,
+    GEMM_MR, GEMM_NR, avx2_gemm_tile, NULL /* no BF16 dot product */,
 };
