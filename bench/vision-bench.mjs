@@ -9,14 +9,15 @@
 // workers' threads run in this process), GFLOP/s (bench-model.ts visionFlops) and its ratio to
 // the FP32 FMA peak measured by bench/membw.c (AMX BF16 products can exceed 1), vision bytes
 // read, peak RSS over the phase's baseline (Linux VmHWM after `echo 5 > /proc/self/clear_refs`)
-// against the plan's vision figure, the largest difference of the default mode's embeddings from
+// against the plan's vision figure, the largest difference of the --act-dtype mode's embeddings
+// (default i16x1, what auto picks with vector kernels: BF16 vision products on AMX) from
 // the exact mode's (act_dtype f32: FP32 products; --no-exact skips it) and from the first
 // backend's, relative to their largest value. The embeddings' bound against the float64
 // reference is measured on the test models (test/vision-engine.test.ts, README "Numerics"): a
 // full-size float64 encode is out of reach.
 //
 // Usage: node bench/vision-bench.mjs PACK [--sizes 448,1024,4032x3024] [--threads 2] [--reps 2]
-//        [--backends native,wasm] [--ram-mib 8192] [--no-exact] [--json OUT]
+//        [--backends native,wasm] [--ram-mib 8192] [--act-dtype i16x1] [--no-exact] [--json OUT]
 //        [--before ROOT]   also run ROOT's build (a checkout with dist/, wasm-core/dist and its
 //                          addon built: e.g. `git worktree add /tmp/kvl-before REF`, then there
 //                          `npx tsc -p . && npm run build:native`) and print both side by side
@@ -42,6 +43,8 @@ const { values, positionals } = parseArgs({
     backends: { type: "string", default: "native,wasm" },
     "ram-mib": { type: "string", default: "8192" },
     "no-exact": { type: "boolean", default: false },
+    // what `--act-dtype auto` picks with vector kernels on both backends (host/plan/act-mode.ts)
+    "act-dtype": { type: "string", default: "i16x1" },
     json: { type: "string" },
     before: { type: "string" },
     root: { type: "string" },
@@ -89,7 +92,7 @@ async function randomPng(w, h, seed) {
   return sharp(data, { raw: { width: w, height: h, channels: 3 } }).png().toBuffer();
 }
 
-function relDiff(a, b) {
+function maxRelDiff(a, b) {
   let m = 0;
   let d = 0;
   for (let i = 0; i < a.length; i++) {
@@ -131,7 +134,7 @@ for (const { w, h, label } of sizes) images.push({ side: label, png: await rando
 const results = [];
 const embeddings = new Map();
 for (const backend of values.backends.split(",")) {
-  const ramPlan = await plan(pack, { backend, ramMib: Number(values["ram-mib"]), threads, loadVision: true, check: true });
+  const ramPlan = await plan(pack, { backend, ramMib: Number(values["ram-mib"]), threads, loadVision: true, check: true, actDtype: values["act-dtype"] });
   const hosted = await openHostedEngine(backend, pack, { nThreads: ramPlan.nThreads, planned: ramPlan.instances });
   const exact = values["no-exact"] ? null
     : await openHostedEngine(backend, pack, { nThreads: ramPlan.nThreads, planned: ramPlan.instances, actDtype: "f32" });
@@ -155,7 +158,7 @@ for (const backend of values.backends.split(",")) {
       }
       const flops = visionFlops(shape, grid);
       const best = Math.min(...encodeS);
-      const exactDiff = exact ? relDiff(exact.engine.encodeImages(pixelValues, Int32Array.from(grid)), rows) : null;
+      const exactDiff = exact ? maxRelDiff(exact.engine.encodeImages(pixelValues, Int32Array.from(grid)), rows) : null;
       const readBytes = (hosted.engine.stats().visionBytesRead - before) / reps;
       const peakOver = status("VmHWM") - base;
       const tokens = rows.length / hosted.engine.info().hiddenSize;
@@ -204,7 +207,7 @@ if (values.before) {
   try {
     const json = join(dir, "before.json");
     const argv = [fileURLToPath(import.meta.url), pack, "--root", resolve(values.before), "--json", json, "--sizes", values.sizes,
-      "--threads", values.threads, "--reps", values.reps, "--backends", values.backends, "--ram-mib", values["ram-mib"],
+      "--threads", values.threads, "--reps", values.reps, "--backends", values.backends, "--ram-mib", values["ram-mib"], "--act-dtype", values["act-dtype"],
       ...(values["no-exact"] ? ["--no-exact"] : [])];
     console.log(`\n--- before: ${resolve(values.before)} ---`);
     const r = spawnSync(process.execPath, argv, { stdio: ["ignore", "inherit", "inherit"] });
