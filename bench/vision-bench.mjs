@@ -136,8 +136,10 @@ const embeddings = new Map();
 for (const backend of values.backends.split(",")) {
   const ramPlan = await plan(pack, { backend, ramMib: Number(values["ram-mib"]), threads, loadVision: true, check: true, actDtype: values["act-dtype"] });
   const hosted = await openHostedEngine(backend, pack, { nThreads: ramPlan.nThreads, planned: ramPlan.instances });
-  const exact = values["no-exact"] ? null
-    : await openHostedEngine(backend, pack, { nThreads: ramPlan.nThreads, planned: ramPlan.instances, actDtype: "f32" });
+  // the plan's per-instance engine options win over openHostedEngine's, so the exact mode has a plan of its own
+  const exactPlan = values["no-exact"] ? null
+    : await plan(pack, { backend, ramMib: Number(values["ram-mib"]), threads, loadVision: true, check: true, actDtype: "f32" });
+  const exact = exactPlan ? await openHostedEngine(backend, pack, { nThreads: exactPlan.nThreads, planned: exactPlan.instances }) : null;
   try {
     for (const { side, png } of images) {
       const base = resetPeak();
