@@ -67,6 +67,8 @@ let text: TextReference;
 /** text with the integer products' inputs rounded as --act-dtype i16x1 does (auto's mode on the vector kernel sets) */
 let textI16: TextReference;
 let vision: VisionReference;
+/** the reference with every Linear layer's inputs rounded to BF16, as the BF16 vision products take them */
+let visionBf16: VisionReference;
 let mediaTokenId: number;
 let patchValues: number;
 let pixels: Float32Array;
@@ -141,6 +143,7 @@ beforeAll(async () => {
   text = TextReference.load(made.ckpt, { q8Experts: true });
   textI16 = TextReference.load(made.ckpt, { q8Experts: true, intInputs: "i16x1" });
   vision = VisionReference.load(made.ckpt);
+  visionBf16 = VisionReference.load(made.ckpt, { linearInputs: "bf16" });
   const config = JSON.parse(readFileSync(join(made.ckpt, "config.json"), "utf8")) as { media_placeholder_token_id: number };
   mediaTokenId = config.media_placeholder_token_id;
   patchValues = 3 * vision.cfg.patch_size * vision.cfg.patch_size;
@@ -219,6 +222,36 @@ describe.each(BACKENDS)("the vision encoder on %s", (backend) => {
           expect(parts[0]!.visionBytes(new Int32Array(0))).toBe(0);
           expect(() => parts[1]!.visionBytes(new Int32Array(0))).toThrow(/vision weights are not loaded/);
         }
+      } finally {
+        close();
+      }
+    });
+
+    it("(a') in the auto mode: BF16 products where AMX runs (Linux, avx512-bf16, amx_bf16), within TOLERANCE plus twice what BF16 inputs move the reference; elsewhere the f32 mode's bits", async () => {
+      const act = resolveActMode("auto", backend, (backend === "wasm" ? wasm : native).defaultKernelSet()).actDtype;
+      const amx = backend === "native" && process.platform === "linux" && native.defaultKernelSet() === "avx512-bf16" &&
+        /^flags\s*:.*\bamx_bf16\b/m.test(readFileSync("/proc/cpuinfo", "utf8")) && !process.env.KVL_NO_AMX;
+      const { engine, close } = await openLayout(backend, layout, true, act);
+      try {
+        const rows = engine.encodeImages(pixels, GRIDS);
+        const want = referenceRows(pixels, GRIDS);
+        const scale = maxAbs(want);
+        const err = maxAbsDiff(rows, want) / scale;
+        if (!amx) {
+          expect(differingValues(rows, direct)).toBe(0);
+          return;
+        }
+        const list: Array<[number, number]> = [[GRIDS[0]!, GRIDS[1]!], [GRIDS[2]!, GRIDS[3]!]];
+        const rounded = Float64Array.from(visionBf16.encode(Float64Array.from(pixels), list));
+        const bound = TOLERANCE + 2 * maxAbsDiff(rounded, want) / scale;
+        const fromRounded = maxAbsDiff(rows, rounded) / scale;
+        console.log(`[vision ${backend}, ${layout}] BF16 products (${act}): max |diff| / max |ref| ${err.toExponential(2)} ` +
+          `(bound ${bound.toExponential(2)}); against the reference with BF16 inputs ${fromRounded.toExponential(2)}`);
+        // the BF16 path ran (an FP32 encode is within 1e-6 here), and within its bound. (The
+        // engine is not closer to the reference with rounded inputs than to the exact one: FP32
+        // noise flips BF16 roundings at their boundaries, and flips carry through 27 layers.)
+        expect(differingValues(rows, direct)).toBeGreaterThan(0);
+        expect(err).toBeLessThanOrEqual(bound);
       } finally {
         close();
       }
@@ -395,7 +428,8 @@ describe.each(BACKENDS)("images through the engine worker on %s", (backend) => {
   let client: EngineClient;
   beforeAll(async () => {
     expect(existsSync(ENGINE_WORKER_PATH), "compile first: npx tsc -p .").toBe(true);
-    client = await EngineClient.open(backend, pack, { nThreads: THREADS, instanceMemoryBytes: 512 * 2 ** 20, loadVision: true });
+    // the direct engine's options (openEngine: the exact mode), so the two must agree bit for bit
+    client = await EngineClient.open(backend, pack, { nThreads: THREADS, instanceMemoryBytes: 512 * 2 ** 20, loadVision: true, actDtype: "f32" });
   });
   afterAll(async () => {
     await client?.close();

@@ -36,6 +36,22 @@ export interface VisionOptions {
   /** As TextOptions.ropeAngles: "f32" (default) forms the 2-D RoPE angles in FP32 as the official
    * code does (frequencies and column/row x frequency products), cos/sin in float64. */
   ropeAngles?: "f32" | "f64";
+  /** "bf16": the inputs of every Linear layer (patch embedding, wqkv, wo, the MLP, the projector)
+   * rounded to BF16 first, as the core's BF16 vision products take them (kernels.h
+   * kvl_bf16_round_daz: to FP32, then nearest-even, subnormals to zero); "exact" (default). */
+  linearInputs?: "exact" | "bf16";
+}
+
+/** v as the core's kvl_bf16_round_daz leaves it (written here from its definition). */
+export function bf16RoundDaz(v: number): number {
+  const f = new Float32Array(1);
+  const u = new Uint32Array(f.buffer);
+  f[0] = v;
+  const bits = u[0]!;
+  if ((bits & 0x7f800000) === 0) return bits >>> 31 ? -0 : 0;
+  if (Number.isNaN(f[0])) return f[0];
+  u[0] = ((bits + 0x7fff + ((bits >>> 16) & 1)) & 0xffff0000) >>> 0;
+  return f[0];
 }
 
 /** PyTorch's cubic convolution kernel (spec §5.2). */
@@ -186,11 +202,18 @@ export class VisionReference {
   readonly cfg: VisionConfig;
   readonly textHidden: number;
   private readonly ropeMode: "f32" | "f64";
+  private readonly bf16Inputs: boolean;
 
   private constructor(cfg: VisionConfig, textHidden: number, private readonly w: Map<string, Tensor>, options: VisionOptions) {
     this.cfg = cfg;
     this.textHidden = textHidden;
     this.ropeMode = options.ropeAngles ?? "f32";
+    this.bf16Inputs = options.linearInputs === "bf16";
+  }
+
+  /** A Linear layer, its inputs rounded first in the bf16 mode. */
+  private lin(x: Float64Array, rows: number, w: Tensor, bias?: Tensor): Float64Array {
+    return linear(this.bf16Inputs ? x.map(bf16RoundDaz) : x, rows, w, bias);
   }
 
   static load(dir: string, options: VisionOptions = {}): VisionReference {
@@ -217,7 +240,7 @@ export class VisionReference {
     const d = this.cfg.hidden_size;
     const proj = this.weight("vision_tower.patch_embed.proj.weight", [d, 3, p, p]);
     const flat: Tensor = { shape: [d, 3 * p * p], data: proj.data };
-    return linear(pixelValues, n, flat, this.weight("vision_tower.patch_embed.proj.bias", [d]));
+    return this.lin(pixelValues, n, flat, this.weight("vision_tower.patch_embed.proj.bias", [d]));
   }
 
   /** Pre-norm attention of one block with per-image (block-diagonal) bidirectional attention. */
@@ -226,7 +249,7 @@ export class VisionReference {
     const heads = this.cfg.num_attention_heads;
     const hd = d / heads;
     const n = x.length / d;
-    const qkv = linear(x, n, this.weight(block + "wqkv.weight", [3 * d, d]), this.weight(block + "wqkv.bias", [3 * d]));
+    const qkv = this.lin(x, n, this.weight(block + "wqkv.weight", [3 * d, d]), this.weight(block + "wqkv.bias", [3 * d]));
     // qkv row t: [Q (heads x hd) | K | V]
     const out = new Float64Array(n * d);
     const scale = 1 / Math.sqrt(hd);
@@ -260,7 +283,7 @@ export class VisionReference {
       }
       start += len;
     }
-    return linear(out, n, this.weight(block + "wo.weight", [d, d]), this.weight(block + "wo.bias", [d]));
+    return this.lin(out, n, this.weight(block + "wo.weight", [d, d]), this.weight(block + "wo.bias", [d]));
   }
 
   /** Final-LN patch features [sum gh*gw, D] before merging (spec §5.1-5.5). */
@@ -280,10 +303,10 @@ export class VisionReference {
       const block = `vision_tower.encoder.blocks.${b}.`;
       const attn = this.attention(block, this.ln(x, n, block + "norm0"), grids);
       for (let i = 0; i < x.length; i++) x[i] = x[i]! + attn[i]!;
-      const h = linear(this.ln(x, n, block + "norm1"), n, this.weight(block + "mlp.fc0.weight", [c.intermediate_size, d]),
+      const h = this.lin(this.ln(x, n, block + "norm1"), n, this.weight(block + "mlp.fc0.weight", [c.intermediate_size, d]),
         this.weight(block + "mlp.fc0.bias", [c.intermediate_size]));
       for (let i = 0; i < h.length; i++) h[i] = geluTanh(h[i]!);
-      const mlp = linear(h, n, this.weight(block + "mlp.fc1.weight", [d, c.intermediate_size]), this.weight(block + "mlp.fc1.bias", [d]));
+      const mlp = this.lin(h, n, this.weight(block + "mlp.fc1.weight", [d, c.intermediate_size]), this.weight(block + "mlp.fc1.bias", [d]));
       for (let i = 0; i < x.length; i++) x[i] = x[i]! + mlp[i]!;
     }
     return this.ln(x, n, "vision_tower.encoder.final_layernorm");
@@ -296,10 +319,10 @@ export class VisionReference {
     const u = layerNorm(merged, m * members, this.weight("multi_modal_projector.pre_norm.weight", [d]),
       this.weight("multi_modal_projector.pre_norm.bias", [d]), LAYER_NORM_EPS);
     const wide = d * members;
-    const h = linear(u, m, this.weight("multi_modal_projector.linear_1.weight", [wide, wide]),
+    const h = this.lin(u, m, this.weight("multi_modal_projector.linear_1.weight", [wide, wide]),
       this.weight("multi_modal_projector.linear_1.bias", [wide]));
     for (let i = 0; i < h.length; i++) h[i] = geluErf(h[i]!);
-    return linear(h, m, this.weight("multi_modal_projector.linear_2.weight", [this.textHidden, wide]),
+    return this.lin(h, m, this.weight("multi_modal_projector.linear_2.weight", [this.textHidden, wide]),
       this.weight("multi_modal_projector.linear_2.bias", [this.textHidden]));
   }
 

@@ -108,7 +108,8 @@ enum { KVL_KV_ROWS(KVL_CONST_MEMBER) };
  * attention uses in FP32) and lm_head converted at open to int16 rows with one FP32 scale per row
  * (kvl_quantize_rows_i16: the same bytes plus 4 per row) with 15-bit inputs and one scale per
  * vector. Trunk tensors streamed per token (a trunk cache smaller than the trunk) keep the exact
- * FP32 product. The vision tower stays FP32. It keeps the KV cache as KVL_KV_I16, so that
+ * FP32 product. The vision tower's Linear layers run in BF16 on AMX where it runs (every mode
+ * but F32; README "Numerics"), else FP32. It keeps the KV cache as KVL_KV_I16, so that
  * attention's products run on integers too: logits move by 1.4-4e-3 on the test models, which
  * its own test bound allows for (test/engine.test.ts intModeBound). I8 is I16X1 with the routed
  * experts' inputs quantised to 8 bits (|x| <= 127) per 64 columns, as llama.cpp quantises

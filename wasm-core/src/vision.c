@@ -421,6 +421,7 @@ typedef struct vision_job {
     const kvl_kernels *k;
     const vision_plan *pl;
     int op;
+    int bf16; /* Linear products in BF16 on AMX (engine->vision.bf16) */
     float eps;
     /* matmul */
     float *Y;
@@ -676,8 +677,13 @@ static void vision_worker(void *ctx, int ti, int nt)
          * in the same order on any split, so results do not depend on the thread count */
         kvl_split_range(j->rows, GEMM_ROW_GRAIN, ti, nt, &begin, &end);
         if (end > begin)
-            kvl_gemm_bf16(j->k, j->Y + begin, j->ldy, j->W + begin * j->cols, end - begin,
-                          j->cols, j->X, j->ldx, j->n, scratch);
+        {
+            /* BF16 mode: AMX tiles (engine->vision.bf16 is set only where they run) */
+            if (!j->bf16 || kvl_gemm_bf16_amx(j->Y + begin, j->ldy, j->W + begin * j->cols,
+                                              end - begin, j->cols, j->X, j->ldx, j->n, scratch) != 0)
+                kvl_gemm_bf16(j->k, j->Y + begin, j->ldy, j->W + begin * j->cols, end - begin,
+                              j->cols, j->X, j->ldx, j->n, scratch);
+        }
         return;
     }
     kvl_split_range(j->count, 1, ti, nt, &begin, &end);
@@ -806,6 +812,7 @@ static kvl_status encode(kvl_engine *engine, const vision_plan *pl, unsigned cha
     }
     memset(&job, 0, sizeof job);
     job.k = engine->k;
+    job.bf16 = engine->vision.bf16;
     job.pl = pl;
     job.eps = h->ln_eps;
     job.x = x;

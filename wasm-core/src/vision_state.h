@@ -20,6 +20,9 @@ typedef struct kvl_vision_state {
     kvl_store *store;          /* vision.bin; NULL unless load_vision */
     kvl_vision_hparams hp;
     uint64_t bytes_read;       /* vision weights read (kvl_stats vision_bytes_read) */
+    /* 1: the tower's Linear products in BF16 on AMX tiles (kvl_gemm_bf16_amx): where the table
+     * is avx512-bf16, AMX runs (kvl_gemm_amx_available) and act_dtype is not F32 (the exact mode) */
+    int bf16;
 } kvl_vision_state;
 
 #endif

@@ -137,6 +137,18 @@ typedef struct kvl_kernels {
     int gemm_mr, gemm_nr;
     void (*gemm_tile)(size_t kc, const float *A, const float *B, float *C, size_t ldc,
                       int accumulate);
+    /* The same tile on BF16 pairs (kvl_gemm_bf16_xb, vision attention in BF16 mode): A and B
+     * panels of kp column pairs, A[q*gemm_mr + i] and B[q*gemm_nr + j] each holding columns 2q
+     * (low 16 bits) and 2q+1 (high 16 bits) as BF16; per output, for q = 0 .. kp-1 in order,
+     *   acc = acc + a(2q+1) * b(2q+1);  acc = acc + a(2q) * b(2q)
+     * from acc = 0 (each product exact in FP32, each add rounded to nearest even), added to C
+     * once at the end: VDPBF16PS's order (Intel SDM: the odd pair first, then the even one).
+     * VDPBF16PS also reads subnormal inputs and partial sums as zero and flushes subnormal
+     * results: the reference does the same, so tables agree bit for bit. NULL where the set has
+     * no BF16 dot product (bf16_dot == 0): kvl_gemm_bf16_xb then feeds gemm_tile FP32 panels in
+     * that order, the same bits except where a partial sum or product is below 2^-126. */
+    void (*gemm_tile_bf16)(size_t kp, const uint32_t *A, const uint32_t *B, float *C, size_t ldc,
+                           int accumulate);
 } kvl_kernels;
 
 /* Every function entry of kvl_kernels, in table order: X(entry). A set may leave any of them
@@ -163,12 +175,45 @@ typedef struct kvl_kernels {
 #define KVL_GEMM_MC 96  /* a multiple of every gemm_mr (4, 6, 12) */
 #define KVL_GEMM_MAX_TILE 512 /* gemm_mr * gemm_nr of every table */
 /* floats of the work buffer kvl_gemm_bf16 needs, per calling thread (64-byte aligned) */
-#define KVL_GEMM_WORK_FLOATS \
+#define KVL_GEMM_WORK_FLOATS_TILES \
     ((size_t)KVL_GEMM_KC * KVL_GEMM_NC + (size_t)KVL_GEMM_MC * KVL_GEMM_KC + KVL_GEMM_MAX_TILE)
+/* kvl_gemm_bf16_amx's blocks: 256 outputs x 1536 columns of weight pairs, 32 tokens x 1536
+ * columns of activations, one 32 x 32 edge tile (kernels_gemm.c) */
+#define KVL_GEMM_WORK_FLOATS_AMX ((size_t)256 * 768 + (size_t)32 * 768 + 1024)
+#define KVL_GEMM_WORK_FLOATS \
+    (KVL_GEMM_WORK_FLOATS_TILES > KVL_GEMM_WORK_FLOATS_AMX ? KVL_GEMM_WORK_FLOATS_TILES \
+                                                           : KVL_GEMM_WORK_FLOATS_AMX)
 /* Y[t*ldy + r] = sum_c bf16(W[r, c]) * X[t*ldx + c], as matmul_bf16 (kernels.h layouts), on
  * k's gemm_tile; work: KVL_GEMM_WORK_FLOATS floats of the caller's. */
 void kvl_gemm_bf16(const kvl_kernels *k, float *Y, size_t ldy, const uint16_t *W, size_t rows,
                    size_t cols, const float *X, size_t ldx, size_t n, float *work);
+/* BF16 products (the vision tower's default where the CPU has AVX512_BF16): every activation
+ * first rounded to BF16 (kvl_bf16_round_daz), each output the sum of KVL_GEMM_KC-column chunks,
+ * a chunk summed as gemm_tile_bf16 does (pairs of columns, the odd one first, FP32 adds of exact
+ * products) and added to Y (the first chunk stored): bit-identical on every table and thread
+ * split (conformance gemm_bf16_xb), within (min(cols, KC) + chunks) * u * sum|w x| of the exact
+ * sum of the rounded inputs. On tables with gemm_tile_bf16 it runs on it (two multiply-adds per
+ * FP32 lane and instruction); elsewhere on gemm_tile over FP32 panels in that order, no faster
+ * than kvl_gemm_bf16. Same work buffer. */
+void kvl_gemm_bf16_xb(const kvl_kernels *k, float *Y, size_t ldy, const uint16_t *W, size_t rows,
+                      size_t cols, const float *X, size_t ldx, size_t n, float *work);
+/* The same BF16 products on AMX tiles (TDPBF16PS; Linux x86-64 with AMX-BF16, the tile state
+ * granted by the kernel, and KVL_NO_AMX unset or 0: kvl_gemm_amx_available). The inputs are
+ * kvl_gemm_bf16_xb's (BF16 weights, activations rounded by kvl_bf16_round_daz), but the tile's
+ * accumulation order is the hardware's: within (cols + 16) * u * sum|w x| of the exact sum
+ * of those inputs (conformance gemm_bf16_amx): chunks of 1536 columns accumulate into the
+ * outputs in order. Work: KVL_GEMM_WORK_FLOATS floats. Returns 0, or -1 (nothing written) where
+ * AMX is not available. */
+int kvl_gemm_amx_available(void);
+int kvl_gemm_bf16_amx(float *Y, size_t ldy, const uint16_t *W, size_t rows, size_t cols,
+                      const float *X, size_t ldx, size_t n, float *work);
+/* BF16 bits of kvl_bf16_round_daz(x) */
+uint16_t kvl_bf16_bits_daz(float x);
+/* A pair of BF16 values as gemm_tile_bf16 reads them: column 2q low, 2q+1 high */
+static inline uint32_t kvl_bf16_pair(uint16_t even, uint16_t odd)
+{
+    return (uint32_t)even | (uint32_t)odd << 16;
+}
 
 #define KVL_I16_MAX 16383    /* activation range of matmul_i16_i16 (4 products exact in int32) */
 #define KVL_I16_Q8_MAX 32767 /* activation range of matmul_q8_i16 */

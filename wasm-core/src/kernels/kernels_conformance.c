@@ -19,7 +19,10 @@
  * (matmul_q4*: cols a multiple of 32) are checked the same ways on shapes of their own, the 8-bit
  * one also on nibbles 0 and 15 with activations of +-127. The blocked GEMM (gemm_bf16: the
  * driver of kernels_gemm.c over the set's gemm_tile) sums chunks of KVL_GEMM_KC columns in column
- * order, so its bound is that order's (test_gemm).
+ * order, so its bound is that order's (test_gemm). The BF16 GEMM (gemm_bf16_xb) and tile
+ * (gemm_tile_bf16) are defined bit for bit (kernels.h: VDPBF16PS's order, exact products and
+ * flushing) and compared for equality with that definition, written out here, as well as
+ * against the double-precision sum.
  */
 #include "kernels.h"
 #include "kvl_core.h"
@@ -484,6 +487,211 @@ static int test_gemm(report *rep, const kvl_kernels *K, rng *g, size_t rows, siz
     return 0;
 }
 
+/* ---- BF16 products (kvl_gemm_bf16_xb, gemm_tile_bf16) -------------------------------------- */
+
+/* VDPBF16PS's arithmetic (kernels.h gemm_tile_bf16), written here independently of the tables:
+ * a BF16 half with subnormals read as zero; one multiply-add, rounded once, subnormal flushed */
+static float half_daz(uint16_t h)
+{
+    return (h & 0x7f80u) == 0 ? ((h & 0x8000u) ? -0.0f : 0.0f) : kvl_bf16_to_float(h);
+}
+
+static float dp_step(uint16_t a, uint16_t b, float acc)
+{
+    const float r = fmaf(half_daz(a), half_daz(b), acc);
+    return fabsf(r) < 1.17549435e-38f ? copysignf(0.0f, r) : r;
+}
+
+/* kvl_gemm_bf16_xb bit for bit against its definition (chunks of KVL_GEMM_KC columns, pairs odd
+ * first, written out here), and against the double-precision sum of the rounded inputs with
+ * the bound of that order; outputs outside the rows untouched. */
+static int test_gemm_xb(report *rep, const kvl_kernels *K, rng *g, size_t rows, size_t cols, size_t n)
+{
+    const size_t ldx = cols + 3, ldy = rows + 5;
+    uint16_t *w = malloc(rows * cols * sizeof *w);
+    float *x = malloc(n * ldx * sizeof *x), *y = malloc(n * ldy * sizeof *y);
+    float *work = malloc(KVL_GEMM_WORK_FLOATS * sizeof *work);
+    if (!w || !x || !y || !work) {
+        free(w), free(x), free(y), free(work);
+        return -1;
+    }
+    for (size_t i = 0; i < rows * cols; i++)
+        w[i] = kvl_float_to_bf16(rndf(g) * 0.05f);
+    for (size_t i = 0; i < n * ldx; i++)
+        x[i] = rndf(g);
+    for (size_t i = 0; i < n * ldy; i++)
+        y[i] = 12345.0f;
+    kvl_gemm_bf16_xb(K, y, ldy, w, rows, cols, x, ldx, n, work);
+    const size_t chunks = (cols + KVL_GEMM_KC - 1) / KVL_GEMM_KC;
+    const double factor = (double)(cols < KVL_GEMM_KC ? cols : KVL_GEMM_KC) + (double)chunks + 16.0;
+    double worst = 0.0, worst_abs = 0.0, worst_bound = 0.0, gaps = 0.0, differ = 0.0;
+    for (size_t t = 0; t < n; t++) {
+        const float *xt = x + t * ldx;
+        for (size_t r = 0; r < rows; r++) {
+            const uint16_t *wr = w + r * cols;
+            double exact = 0.0, mag = 0.0;
+            float def = 0.0f;
+            for (size_t k0 = 0; k0 < cols; k0 += KVL_GEMM_KC) {
+                const size_t end = cols - k0 < KVL_GEMM_KC ? cols : k0 + KVL_GEMM_KC;
+                float acc = 0.0f;
+                for (size_t c = k0; c < end; c += 2) {
+                    const uint16_t xo = c + 1 < end ? kvl_bf16_bits_daz(xt[c + 1]) : 0;
+                    acc = dp_step(xo, c + 1 < end ? wr[c + 1] : 0, acc);
+                    acc = dp_step(kvl_bf16_bits_daz(xt[c]), wr[c], acc);
+                }
+                def = k0 == 0 ? acc : def + acc;
+            }
+            for (size_t c = 0; c < cols; c++) {
+                const double v = bf16_value(wr[c]) * (double)kvl_bf16_round_daz(xt[c]);
+                exact += v;
+                mag += fabs(v);
+            }
+            const float got = y[t * ldy + r];
+            if (memcmp(&got, &def, sizeof got) != 0)
+                differ += 1.0;
+            const double bound = factor * U * mag + 1e-37;
+            const double err = fabs((double)got - exact);
+            if (!(err / bound <= worst)) {
+                worst = isfinite(err) ? err / bound : INFINITY;
+                worst_abs = err;
+                worst_bound = bound;
+            }
+        }
+        for (size_t r = rows; r < ldy; r++)
+            gaps = fmax(gaps, fabs((double)y[t * ldy + r] - 12345.0));
+    }
+    char shape[96];
+    snprintf(shape, sizeof shape, "rows=%zu cols=%zu n=%zu", rows, cols, n);
+    check(rep, "gemm_bf16_xb", shape, worst_abs, worst_bound);
+    snprintf(shape, sizeof shape, "rows=%zu cols=%zu n=%zu: outputs differing from the definition", rows, cols, n);
+    check(rep, "gemm_bf16_xb", shape, differ, 0.0);
+    snprintf(shape, sizeof shape, "rows=%zu cols=%zu n=%zu: Y outside the rows untouched", rows, cols, n);
+    check(rep, "gemm_bf16_xb", shape, gaps, 0.0);
+    free(w), free(x), free(y), free(work);
+    return 0;
+}
+
+/* kvl_gemm_bf16_amx on the sets that run it (avx512-bf16 where AMX is available): against the
+ * double-precision sum of the BF16-rounded inputs within (cols + 16) u S (the tile's own order
+ * is the hardware's), the outputs outside the rows untouched; elsewhere it must refuse. */
+static int test_gemm_amx(report *rep, const kvl_kernels *K, rng *g, size_t rows, size_t cols, size_t n)
+{
+    if (!K->bf16_dot) {
+        check(rep, "gemm_bf16_amx", "runs with avx512-bf16 only (the engine's choice)", 0.0, 0.0);
+        return 0;
+    }
+    if (!kvl_gemm_amx_available()) {
+        float y = 7.0f;
+        const int rc = kvl_gemm_bf16_amx(&y, 1, NULL, 1, 0, NULL, 1, 1, NULL);
+        check(rep, "gemm_bf16_amx", "no AMX on this CPU: refuses, writes nothing",
+              rc == -1 && y == 7.0f ? 0.0 : 1.0, 0.0);
+        return 0;
+    }
+    const size_t ldx = cols + 3, ldy = rows + 5;
+    uint16_t *w = malloc(rows * cols * sizeof *w);
+    float *x = malloc(n * ldx * sizeof *x), *y = malloc(n * ldy * sizeof *y);
+    float *work = malloc(KVL_GEMM_WORK_FLOATS * sizeof *work);
+    if (!w || !x || !y || !work) {
+        free(w), free(x), free(y), free(work);
+        return -1;
+    }
+    for (size_t i = 0; i < rows * cols; i++)
+        w[i] = kvl_float_to_bf16(rndf(g) * 0.05f);
+    for (size_t i = 0; i < n * ldx; i++)
+        x[i] = rndf(g);
+    for (size_t i = 0; i < n * ldy; i++)
+        y[i] = 12345.0f;
+    const int rc = kvl_gemm_bf16_amx(y, ldy, w, rows, cols, x, ldx, n, work);
+    double worst = 0.0, worst_abs = rc == 0 ? 0.0 : INFINITY, worst_bound = 0.0, gaps = 0.0;
+    for (size_t t = 0; t < n && rc == 0; t++) {
+        for (size_t r = 0; r < rows; r++) {
+            double exact = 0.0, mag = 0.0;
+            for (size_t c = 0; c < cols; c++) {
+                const double v = bf16_value(w[r * cols + c]) * (double)kvl_bf16_round_daz(x[t * ldx + c]);
+                exact += v;
+                mag += fabs(v);
+            }
+            const double bound = ((double)cols + 16.0) * U * mag + 1e-37;
+            const double err = fabs((double)y[t * ldy + r] - exact);
+            if (!(err / bound <= worst)) {
+                worst = isfinite(err) ? err / bound : INFINITY;
+                worst_abs = err;
+                worst_bound = bound;
+            }
+        }
+        for (size_t r = rows; r < ldy; r++)
+            gaps = fmax(gaps, fabs((double)y[t * ldy + r] - 12345.0));
+    }
+    char shape[96];
+    snprintf(shape, sizeof shape, "rows=%zu cols=%zu n=%zu", rows, cols, n);
+    check(rep, "gemm_bf16_amx", shape, worst_abs, worst_bound);
+    snprintf(shape, sizeof shape, "rows=%zu cols=%zu n=%zu: Y outside the rows untouched", rows, cols, n);
+    check(rep, "gemm_bf16_amx", shape, gaps, 0.0);
+    free(w), free(x), free(y), free(work);
+    return 0;
+}
+
+/* The table's gemm_tile_bf16, where it has one, on one tile of kp pairs, bit for bit against
+ * the definition above, with subnormal BF16 inputs (read as zero) and partial sums that fall
+ * below 2^-126 (flushed) among ordinary ones; accumulate into C too. */
+static int test_gemm_tile_bf16(report *rep, const kvl_kernels *K, rng *g, size_t kp)
+{
+    if (!K->gemm_tile_bf16) {
+        check(rep, "gemm_tile_bf16", "none in this set (kvl_gemm_bf16_xb runs gemm_tile)", 0.0, 0.0);
+        return 0;
+    }
+    const size_t mr = (size_t)K->gemm_mr, nr = (size_t)K->gemm_nr, ldc = nr + 3;
+    uint32_t *A = malloc(kp * mr * sizeof *A), *B = malloc(kp * nr * sizeof *B);
+    float *C = malloc(mr * ldc * sizeof *C), *C0 = malloc(mr * ldc * sizeof *C0);
+    if (!A || !B || !C || !C0) {
+        free(A), free(B), free(C), free(C0);
+        return -1;
+    }
+    for (int tiny = 0; tiny < 2; tiny++) {
+        /* tiny: magnitudes near 2^-64 on both sides, so products and sums cross 2^-126 */
+        const float sa = tiny ? 5.421011e-20f : 1.0f;
+        for (size_t i = 0; i < kp * mr; i++) {
+            uint16_t lo = kvl_float_to_bf16(rndf(g) * sa), hi = kvl_float_to_bf16(rndf(g) * sa);
+            if ((rnd32(g) & 15) == 0)
+                lo = (uint16_t)((rnd32(g) & 0x807fu) | 1u); /* a subnormal */
+            A[i] = kvl_bf16_pair(lo, hi);
+        }
+        for (size_t i = 0; i < kp * nr; i++) {
+            uint16_t lo = kvl_float_to_bf16(rndf(g) * sa), hi = kvl_float_to_bf16(rndf(g) * sa);
+            if ((rnd32(g) & 15) == 0)
+                hi = (uint16_t)((rnd32(g) & 0x807fu) | 1u);
+            B[i] = kvl_bf16_pair(lo, hi);
+        }
+        for (int accumulate = 0; accumulate < 2; accumulate++) {
+            for (size_t i = 0; i < mr * ldc; i++)
+                C[i] = C0[i] = rndf(g);
+            K->gemm_tile_bf16(kp, A, B, C, ldc, accumulate);
+            double differ = 0.0;
+            for (size_t i = 0; i < mr; i++)
+                for (size_t j = 0; j < ldc; j++) {
+                    float want = C0[i * ldc + j];
+                    if (j < nr) {
+                        float acc = 0.0f;
+                        for (size_t q = 0; q < kp; q++) {
+                            const uint32_t a = A[q * mr + i], b = B[q * nr + j];
+                            acc = dp_step((uint16_t)(a >> 16), (uint16_t)(b >> 16), acc);
+                            acc = dp_step((uint16_t)a, (uint16_t)b, acc);
+                        }
+                        want = accumulate ? want + acc : acc;
+                    }
+                    if (memcmp(&want, &C[i * ldc + j], sizeof want) != 0)
+                        differ += 1.0;
+                }
+            char shape[96];
+            snprintf(shape, sizeof shape, "kp=%zu%s%s: outputs differing from the definition", kp,
+                     tiny ? " tiny" : "", accumulate ? " accumulate" : "");
+            check(rep, "gemm_tile_bf16", shape, differ, 0.0);
+        }
+    }
+    free(A), free(B), free(C), free(C0);
+    return 0;
+}
+
 /* ---- vector ops ------------------------------------------------------------------------ */
 
 static int test_vectors(report *rep, const kvl_kernels *K, rng *g, size_t n)
@@ -661,6 +869,17 @@ KVL_API int kvl_kernels_conformance(const char *set_name, char *out, size_t out_
     static const size_t gemm_shapes[][3] = {{1, 1, 1}, {33, 37, 13}, {50, 300, 100}, {1540, 3, 2}};
     for (size_t s = 0; s < sizeof gemm_shapes / sizeof gemm_shapes[0]; s++)
         oom |= test_gemm(&rep, K, &g, gemm_shapes[s][0], gemm_shapes[s][1], gemm_shapes[s][2]);
+    /* the BF16 GEMM on the same shapes plus odd and even column tails and two token blocks */
+    static const size_t xb_shapes[][3] = {{1, 1, 1}, {33, 37, 13}, {50, 300, 100}, {1540, 3, 2}, {45, 258, 97}};
+    for (size_t s = 0; s < sizeof xb_shapes / sizeof xb_shapes[0]; s++)
+        oom |= test_gemm_xb(&rep, K, &g, xb_shapes[s][0], xb_shapes[s][1], xb_shapes[s][2]);
+    /* AMX: tails of the 32 x 32 blocks, an odd column count, two column chunks (1536) with a
+     * tail, two row blocks (256) */
+    static const size_t amx_shapes[][3] = {{1, 1, 1}, {33, 37, 13}, {50, 300, 100}, {45, 1601, 33}, {300, 64, 40}};
+    for (size_t s = 0; s < sizeof amx_shapes / sizeof amx_shapes[0]; s++)
+        oom |= test_gemm_amx(&rep, K, &g, amx_shapes[s][0], amx_shapes[s][1], amx_shapes[s][2]);
+    oom |= test_gemm_tile_bf16(&rep, K, &g, 1);
+    oom |= test_gemm_tile_bf16(&rep, K, &g, 37);
     static const size_t vec_sizes[] = {1, 3, 17, 64, 1027};
     for (size_t s = 0; s < sizeof vec_sizes / sizeof vec_sizes[0]; s++)
         oom |= test_vectors(&rep, K, &g, vec_sizes[s]);

@@ -19,6 +19,20 @@
 
 #include <string.h>
 
+/* AMX (Sapphire Rapids and later): Linux x86-64 only, where the kernel hands out the tile state
+ * on request (arch_prctl ARCH_REQ_XCOMP_PERM); compiled per function (target attributes), so
+ * this file keeps no ISA flags. Windows builds and other compilers have no AMX path. */
+#if defined(__x86_64__) && defined(__linux__) && (defined(__GNUC__) || defined(__clang__)) && \
+    !defined(__EMSCRIPTEN__) && !defined(KVL_NO_AMX)
+#define KVL_GEMM_AMX 1
+#include <cpuid.h>
+#include <immintrin.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
 /* bf16 bits -> FP32 (exact) */
 static float bf16f(uint16_t h)
 {
@@ -71,13 +85,79 @@ static void pack_acts(float *Ap, const float *X, size_t ldx, size_t t0, size_t m
     }
 }
 
-void kvl_gemm_bf16(const kvl_kernels *K, float *Y, size_t ldy, const uint16_t *W, size_t rows,
-                   size_t cols, const float *X, size_t ldx, size_t n, float *work)
+/* ---- BF16 products (kvl_gemm_bf16_xb) ---------------------------------------------------
+ * Panels of column pairs for gemm_tile_bf16 (kernels.h): weights as stored, activations rounded
+ * with kvl_bf16_bits_daz; a missing odd column (cols odd) is a zero pair half. */
+
+static uint16_t w_at(const uint16_t *w, size_t cols, size_t k) { return k < cols ? w[k] : 0; }
+
+static void pack_weight_pairs(uint32_t *Bp, const uint16_t *W, size_t cols, size_t r0, size_t nc,
+                              size_t k0, size_t kp, size_t nr)
+{
+    for (size_t p = 0; p * nr < nc; p++) {
+        uint32_t *dst = Bp + p * kp * nr;
+        const size_t rn = nc - p * nr < nr ? nc - p * nr : nr;
+        const uint16_t *w = W + (r0 + p * nr) * cols;
+        for (size_t q = 0; q < kp; q++) {
+            uint32_t *d = dst + q * nr;
+            const size_t k = k0 + 2 * q;
+            size_t j = 0;
+            for (; j < rn; j++)
+                d[j] = kvl_bf16_pair(w[j * cols + k], w_at(w + j * cols, cols, k + 1));
+            for (; j < nr; j++)
+                d[j] = 0;
+        }
+    }
+}
+
+static void pack_act_pairs(uint32_t *Ap, const float *X, size_t ldx, size_t cols, size_t t0,
+                           size_t mc, size_t k0, size_t kp, size_t mr)
+{
+    for (size_t p = 0; p * mr < mc; p++) {
+        uint32_t *dst = Ap + p * kp * mr;
+        const size_t tn = mc - p * mr < mr ? mc - p * mr : mr;
+        const float *x = X + (t0 + p * mr) * ldx;
+        for (size_t q = 0; q < kp; q++) {
+            uint32_t *d = dst + q * mr;
+            const size_t k = k0 + 2 * q;
+            size_t i = 0;
+            for (; i < tn; i++)
+                d[i] = kvl_bf16_pair(kvl_bf16_bits_daz(x[i * ldx + k]),
+                                     k + 1 < cols ? kvl_bf16_bits_daz(x[i * ldx + k + 1]) : 0);
+            for (; i < mr; i++)
+                d[i] = 0;
+        }
+    }
+}
+
+/* The same pairs as FP32 panels in the tile's order (column 2q+1, then 2q) for gemm_tile on
+ * sets without a BF16 dot product: every product is exact, so the FP32 tile's sum is the BF16
+ * tile's (fused or not). */
+static void pairs_to_f32(float *dst, const uint32_t *src, size_t kp, size_t w)
+{
+    for (size_t q = 0; q < kp; q++)
+        for (size_t j = 0; j < w; j++) {
+            const uint32_t pr = src[q * w + j];
+            dst[(2 * q) * w + j] = bf16f((uint16_t)(pr >> 16));
+            dst[(2 * q + 1) * w + j] = bf16f((uint16_t)(pr & 0xffffu));
+        }
+}
+
+/* The loop nest of both products (kernels.h "blocked GEMM"); xb: BF16 pairs. */
+static void gemm(const kvl_kernels *K, float *Y, size_t ldy, const uint16_t *W, size_t rows,
+                 size_t cols, const float *X, size_t ldx, size_t n, float *work, int xb)
 {
     const size_t mr = (size_t)K->gemm_mr, nr = (size_t)K->gemm_nr;
+    const int pairs_tile = xb && K->bf16_dot && K->gemm_tile_bf16;
     float *Bp = work;                                      /* [KC][NC], as panels */
     float *Ap = Bp + (size_t)KVL_GEMM_KC * KVL_GEMM_NC;   /* [KC][MC], as panels */
     float *edge = Ap + (size_t)KVL_GEMM_MC * KVL_GEMM_KC; /* one tile, [mr][nr] */
+    /* xb without a BF16 tile: a block's pairs (half the words of its FP32 panels) are packed
+     * into the upper half of the panel buffer and expanded panel by panel into FP32 from its
+     * start. In place and safe: expanding column pair q of panel p writes below the pairs still
+     * to be read (panel p's FP32 end, (p+1)*2kp*w, is at most the start of panel p+1's pairs,
+     * np*w*kp + (p+1)*kp*w, and within a panel pair q's writes reach its own word at most,
+     * after reading it) */
     if (cols == 0) { /* an empty sum: zeros, as the reference */
         for (size_t t = 0; t < n; t++)
             memset(Y + t * ldy, 0, rows * sizeof(float));
@@ -85,30 +165,61 @@ void kvl_gemm_bf16(const kvl_kernels *K, float *Y, size_t ldy, const uint16_t *W
     }
     for (size_t r0 = 0; r0 < rows; r0 += KVL_GEMM_NC) {
         const size_t nc = rows - r0 < KVL_GEMM_NC ? rows - r0 : KVL_GEMM_NC;
+        const size_t ncp = (nc + nr - 1) / nr * nr;
         for (size_t k0 = 0; k0 < cols; k0 += KVL_GEMM_KC) {
             const size_t kc = cols - k0 < KVL_GEMM_KC ? cols - k0 : KVL_GEMM_KC;
+            const size_t kp = (kc + 1) / 2;
             const int accumulate = k0 > 0;
-            pack_weights(Bp, W, cols, r0, nc, k0, kc, nr);
+            if (!xb) {
+                pack_weights(Bp, W, cols, r0, nc, k0, kc, nr);
+            } else if (pairs_tile) {
+                pack_weight_pairs((uint32_t *)Bp, W, cols, r0, nc, k0, kp, nr);
+            } else {
+                /* pairs into the upper half, expanded panel by panel into the lower: panel p's
+                 * FP32 floats [p*2kp*nr, (p+1)*2kp*nr) end at or before its pairs start */
+                uint32_t *pairs = (uint32_t *)(Bp + ncp * kp);
+                pack_weight_pairs(pairs, W, cols, r0, nc, k0, kp, nr);
+                for (size_t p = 0; p * nr < nc; p++)
+                    pairs_to_f32(Bp + p * 2 * kp * nr, pairs + p * kp * nr, kp, nr);
+            }
             for (size_t t0 = 0; t0 < n; t0 += KVL_GEMM_MC) {
                 const size_t mc = n - t0 < KVL_GEMM_MC ? n - t0 : KVL_GEMM_MC;
-                pack_acts(Ap, X, ldx, t0, mc, k0, kc, mr);
+                if (!xb) {
+                    pack_acts(Ap, X, ldx, t0, mc, k0, kc, mr);
+                } else if (pairs_tile) {
+                    pack_act_pairs((uint32_t *)Ap, X, ldx, cols, t0, mc, k0, kp, mr);
+                } else {
+                    const size_t mcp = (mc + mr - 1) / mr * mr;
+                    uint32_t *pairs = (uint32_t *)(Ap + mcp * kp);
+                    pack_act_pairs(pairs, X, ldx, cols, t0, mc, k0, kp, mr);
+                    for (size_t p = 0; p * mr < mc; p++)
+                        pairs_to_f32(Ap + p * 2 * kp * mr, pairs + p * kp * mr, kp, mr);
+                }
+                /* panel strides: kc floats per row of a tile (FP32), kp words (pairs), 2kp
+                 * floats (FP32 from pairs) */
+                const size_t kstep = !xb ? kc : pairs_tile ? kp : 2 * kp;
                 /* a token panel (gemm_mr x kc, the broadcast operand) stays in L1 while the
                  * weight panels (the vector loads) stream from L2, as BLIS's Skylake-X kernels
                  * do: the other order ran at half the FMA peak (L1 is 32-48 KiB) */
                 for (size_t i0 = 0; i0 < mc; i0 += mr) {
-                    const float *A = Ap + i0 * kc;
+                    const float *A = Ap + i0 * kstep;
                     const size_t tn = mc - i0 < mr ? mc - i0 : mr;
                     for (size_t j0 = 0; j0 < nc; j0 += nr) {
-                        const float *B = Bp + j0 * kc; /* panel j0 / nr */
+                        const float *B = Bp + j0 * kstep; /* panel j0 / nr */
                         const size_t rn = nc - j0 < nr ? nc - j0 : nr;
                         float *C = Y + (t0 + i0) * ldy + r0 + j0;
-                        if (tn == mr && rn == nr) {
-                            K->gemm_tile(kc, A, B, C, ldy, accumulate);
-                            continue;
-                        }
+                        const int full = tn == mr && rn == nr;
                         /* an edge: the whole tile on zero-padded panels, then its real part
                          * (the same sum, then the same add to C) */
-                        K->gemm_tile(kc, A, B, edge, nr, 0);
+                        float *T = full ? C : edge;
+                        const size_t ldt = full ? ldy : nr;
+                        const int acc_t = full ? accumulate : 0;
+                        if (pairs_tile)
+                            K->gemm_tile_bf16(kp, (const uint32_t *)A, (const uint32_t *)B, T, ldt, acc_t);
+                        else
+                            K->gemm_tile(kstep, A, B, T, ldt, acc_t);
+                        if (full)
+                            continue;
                         for (size_t i = 0; i < tn; i++)
                             for (size_t j = 0; j < rn; j++)
                                 C[i * ldy + j] = accumulate ? C[i * ldy + j] + edge[i * nr + j]
@@ -119,3 +230,226 @@ void kvl_gemm_bf16(const kvl_kernels *K, float *Y, size_t ldy, const uint16_t *W
         }
     }
 }
+
+void kvl_gemm_bf16(const kvl_kernels *K, float *Y, size_t ldy, const uint16_t *W, size_t rows,
+                   size_t cols, const float *X, size_t ldx, size_t n, float *work)
+{
+    gemm(K, Y, ldy, W, rows, cols, X, ldx, n, work, 0);
+}
+
+void kvl_gemm_bf16_xb(const kvl_kernels *K, float *Y, size_t ldy, const uint16_t *W, size_t rows,
+                      size_t cols, const float *X, size_t ldx, size_t n, float *work)
+{
+    gemm(K, Y, ldy, W, rows, cols, X, ldx, n, work, 1);
+}
+
+/* ---- AMX BF16 products (kvl_gemm_bf16_amx) -----------------------------------------------
+ * TDPBF16PS multiplies a 16-token x 32-column BF16 tile by a 32-column x 16-output one (column
+ * pairs interleaved, the layout of pack_weight_pairs with 16 outputs a panel) into 16 x 16 FP32
+ * accumulators held in the tile registers: 16,384 multiply-adds an instruction, ~2.3 TFLOP/s a
+ * core measured here (2 vCPU Xeon, 2026-12-06) against ~0.15 for AVX-512 FMAs. Its accumulation
+ * is not VDPBF16PS's chain (it differs in about half the outputs of a 32-column product), so this
+ * product has a bound, not a bit-exact definition (kernels.h). Blocks: KVL_AMX_NC outputs x
+ * KVL_AMX_KC columns of weights (768 KiB, L2), KVL_AMX_MC tokens of activations rounded to BF16,
+ * and per 32 tokens x 32 outputs four accumulator tiles over the block's columns. */
+#define KVL_AMX_KC 1536 /* MoonViT's 1,152 columns in one chunk, its MLP's 4,304 in three */
+#define KVL_AMX_NC 256  /* 768 KiB of weight pairs: L2 */
+#define KVL_AMX_MC 32
+_Static_assert((size_t)KVL_AMX_NC * (KVL_AMX_KC / 2) + (size_t)KVL_AMX_MC * (KVL_AMX_KC / 2) + 1024 <=
+                   KVL_GEMM_WORK_FLOATS,
+               "kvl_gemm_bf16_amx's blocks fit the work buffer (kernels.h)");
+
+#ifdef KVL_GEMM_AMX
+/* 0 unknown, 1 usable, -1 not */
+static _Atomic int amx_state;
+
+static int amx_probe(void)
+{
+    unsigned a, b, c, d;
+    const char *off = getenv("KVL_NO_AMX"); /* A/B runs: the VDPBF16PS path instead */
+    if (off && off[0] && off[0] != '0')
+        return -1;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d))
+        return -1;
+    if (!(d & (1u << 22)) || !(d & (1u << 24))) /* AMX-BF16, AMX-TILE */
+        return -1;
+    if (!__get_cpuid_count(7, 1, &a, &b, &c, &d) || !(a & (1u << 5))) /* AVX512_BF16 */
+        return -1;
+    /* ask Linux for the tile data state (XFEATURE_XTILEDATA = 18); refused on kernels < 5.16 */
+    if (syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18) != 0)
+        return -1;
+    return 1;
+}
+
+int kvl_gemm_amx_available(void)
+{
+    int s = atomic_load(&amx_state);
+    if (s == 0) {
+        s = amx_probe();
+        atomic_store(&amx_state, s);
+    }
+    return s > 0;
+}
+
+typedef struct amx_config {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} amx_config;
+
+/* A block: tokens [t0, t0 + mc) x columns [k0, k0 + kc) as BF16 pairs, one row of kp32 words
+ * per token (kp32: pairs rounded up to whole tiles of 16), zero past the data and to 32 rows.
+ * A pair is two consecutive columns, so a row is the token's columns as a BF16 array: 32 at a
+ * time by VCVTNE2PS2BF16, which rounds as kvl_bf16_round_daz (kernels.h); every AMX CPU has it. */
+__attribute__((target("avx512f,avx512bw,avx512bf16"))) static void
+amx_pack_acts(uint32_t *Ap, const float *X, size_t ldx, size_t kc, size_t t0, size_t mc,
+              size_t k0, size_t kp32)
+{
+    for (size_t i = 0; i < KVL_AMX_MC; i++) {
+        uint16_t *d = (uint16_t *)(Ap + i * kp32);
+        size_t k = 0;
+        if (i < mc) {
+            const float *x = X + (t0 + i) * ldx + k0;
+            for (; k + 32 <= kc; k += 32) {
+                const __m512bh h = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + k + 16), _mm512_loadu_ps(x + k));
+                __m512i v;
+                memcpy(&v, &h, sizeof v);
+                _mm512_storeu_si512((void *)(d + k), v);
+            }
+            for (; k < kc; k++)
+                d[k] = kvl_bf16_bits_daz(x[k]);
+        }
+        memset(d + k, 0, (2 * kp32 - k) * sizeof *d);
+    }
+}
+
+/* 32 tokens x 32 outputs at C (row stride ldc floats): C = (accumulate ? C : 0) + the products
+ * over kp32 pairs, accumulated in the tile registers from C itself */
+__attribute__((target("amx-tile,amx-bf16"))) static void
+amx_block(const uint32_t *Ap, size_t kp32, const uint32_t *Bp, float *C, size_t ldc, int accumulate)
+{
+    /* accumulators 0-3 (tokens 0-15 / 16-31 x outputs 0-15 / 16-31), A 4-5, B 6-7 */
+    if (accumulate) {
+        _tile_loadd(0, C, ldc * 4);
+        _tile_loadd(1, C + 16, ldc * 4);
+        _tile_loadd(2, C + 16 * ldc, ldc * 4);
+        _tile_loadd(3, C + 16 * ldc + 16, ldc * 4);
+    } else {
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+    }
+    for (size_t q = 0; q < kp32; q += 16) {
+        _tile_loadd(4, Ap + q, kp32 * 4);
+        _tile_loadd(5, Ap + 16 * kp32 + q, kp32 * 4);
+        _tile_loadd(6, Bp + q * 16, 64);
+        _tile_loadd(7, Bp + kp32 * 16 + q * 16, 64);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+    }
+    _tile_stored(0, C, ldc * 4);
+    _tile_stored(1, C + 16, ldc * 4);
+    _tile_stored(2, C + 16 * ldc, ldc * 4);
+    _tile_stored(3, C + 16 * ldc + 16, ldc * 4);
+}
+
+__attribute__((target("amx-tile"))) static void amx_begin(void)
+{
+    /* static and whole: GCC 12 dropped the memset of a stack copy's unused entries, which
+     * LDTILECFG reads (nonzero reserved bytes fault) */
+    static const amx_config cfg = {1, 0, {0}, {64, 64, 64, 64, 64, 64, 64, 64}, {16, 16, 16, 16, 16, 16, 16, 16}};
+    _tile_loadconfig(&cfg);
+}
+
+__attribute__((target("amx-tile"))) static void amx_end(void)
+{
+    _tile_release();
+}
+
+int kvl_gemm_bf16_amx(float *Y, size_t ldy, const uint16_t *W, size_t rows, size_t cols,
+                      const float *X, size_t ldx, size_t n, float *work)
+{
+    if (!kvl_gemm_amx_available())
+        return -1;
+    uint32_t *Bp = (uint32_t *)work;                           /* [NC/16][kp32][16] */
+    uint32_t *Ap = Bp + (size_t)KVL_AMX_NC * (KVL_AMX_KC / 2); /* [MC][kp32] */
+    float *tmp = (float *)(Ap + (size_t)KVL_AMX_MC * (KVL_AMX_KC / 2)); /* [32][32] */
+    if (cols == 0) {
+        for (size_t t = 0; t < n; t++)
+            memset(Y + t * ldy, 0, rows * sizeof(float));
+        return 0;
+    }
+    amx_begin();
+    for (size_t r0 = 0; r0 < rows; r0 += KVL_AMX_NC) {
+        const size_t nc = rows - r0 < KVL_AMX_NC ? rows - r0 : KVL_AMX_NC;
+        for (size_t k0 = 0; k0 < cols; k0 += KVL_AMX_KC) {
+            const size_t kc = cols - k0 < KVL_AMX_KC ? cols - k0 : KVL_AMX_KC;
+            const size_t kp32 = (kc + 31) / 32 * 16;
+            const int accumulate = k0 > 0;
+            /* 16-output panels over kp32 pairs (zero past cols: kc is padded to a whole tile) */
+            for (size_t p = 0; p * 16 < nc; p++) {
+                uint32_t *dst = Bp + p * kp32 * 16;
+                const size_t rn = nc - p * 16 < 16 ? nc - p * 16 : 16;
+                const uint16_t *w = W + (r0 + p * 16) * cols;
+                /* a pair is two consecutive BF16 of a row: one 32-bit word of W */
+                const size_t whole = kc / 2;
+                for (size_t j = 0; j < 16; j++) {
+                    const uint16_t *wj = w + j * cols + k0;
+                    size_t q = 0;
+                    if (j < rn) {
+                        for (; q < whole; q++) {
+                            uint32_t v;
+                            memcpy(&v, wj + 2 * q, sizeof v);
+                            dst[q * 16 + j] = v;
+                        }
+                        if (kc % 2)
+                            dst[q++ * 16 + j] = kvl_bf16_pair(wj[kc - 1], 0);
+                    }
+                    for (; q < kp32; q++)
+                        dst[q * 16 + j] = 0;
+                }
+            }
+            /* an odd number of 16-output panels: one more of zeros for the pair of tiles */
+            if ((nc + 15) / 16 % 2)
+                memset(Bp + (nc + 15) / 16 * kp32 * 16, 0, kp32 * 16 * sizeof *Bp);
+            for (size_t t0 = 0; t0 < n; t0 += KVL_AMX_MC) {
+                const size_t mc = n - t0 < KVL_AMX_MC ? n - t0 : KVL_AMX_MC;
+                amx_pack_acts(Ap, X, ldx, kc, t0, mc, k0, kp32);
+                for (size_t j0 = 0; j0 < nc; j0 += 32) {
+                    const size_t rn = nc - j0 < 32 ? nc - j0 : 32;
+                    float *C = Y + t0 * ldy + r0 + j0;
+                    const uint32_t *B = Bp + (j0 / 16) * kp32 * 16;
+                    if (mc == KVL_AMX_MC && rn == 32) {
+                        amx_block(Ap, kp32, B, C, ldy, accumulate);
+                        continue;
+                    }
+                    /* an edge: the same arithmetic on a copy of its part of Y */
+                    for (size_t i = 0; i < 32; i++)
+                        for (size_t j = 0; j < 32; j++)
+                            tmp[i * 32 + j] = accumulate && i < mc && j < rn ? C[i * ldy + j] : 0.0f;
+                    amx_block(Ap, kp32, B, tmp, 32, accumulate);
+                    for (size_t i = 0; i < mc; i++)
+                        memcpy(C + i * ldy, tmp + i * 32, rn * sizeof *C);
+                }
+            }
+        }
+    }
+    amx_end();
+    return 0;
+}
+#else
+int kvl_gemm_amx_available(void)
+{
+    return 0;
+}
+
+int kvl_gemm_bf16_amx(float *Y, size_t ldy, const uint16_t *W, size_t rows, size_t cols,
+                      const float *X, size_t ldx, size_t n, float *work)
+{
+    (void)Y, (void)ldy, (void)W, (void)rows, (void)cols, (void)X, (void)ldx, (void)n, (void)work;
+    return -1;
+}
+#endif

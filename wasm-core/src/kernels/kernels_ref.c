@@ -373,6 +373,49 @@ static void ref_gemm_tile(size_t kc, const float *A, const float *B, float *C, s
         }
 }
 
+uint16_t kvl_bf16_bits_daz(float x)
+{
+    const float r = kvl_bf16_round_daz(x);
+    uint32_t bits;
+    memcpy(&bits, &r, sizeof bits);
+    return (uint16_t)(bits >> 16);
+}
+
+/* one BF16 half of a pair as VDPBF16PS reads it: subnormals as (signed) zero */
+static float pair_half_daz(uint32_t pair, int high)
+{
+    uint32_t bits = (high ? pair >> 16 : pair & 0xffffu) << 16;
+    float f;
+    if ((bits & 0x7f800000u) == 0)
+        bits &= 0x80000000u;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+/* acc + a*b in one rounding, a subnormal result flushed to zero of its sign (VDPBF16PS) */
+static float fma_ftz(float a, float b, float acc)
+{
+    const float r = fmaf(a, b, acc);
+    return fabsf(r) < 1.17549435e-38f ? copysignf(0.0f, r) : r;
+}
+
+/* gemm_tile_bf16 (kernels.h) on 4 tokens x 4 outputs: the definition, VDPBF16PS's order and
+ * flushing emulated one output at a time. */
+static void ref_gemm_tile_bf16(size_t kp, const uint32_t *A, const uint32_t *B, float *C,
+                               size_t ldc, int accumulate)
+{
+    for (size_t i = 0; i < 4; i++)
+        for (size_t j = 0; j < 4; j++) {
+            float acc = 0.0f;
+            for (size_t q = 0; q < kp; q++) {
+                const uint32_t a = A[q * 4 + i], b = B[q * 4 + j];
+                acc = fma_ftz(pair_half_daz(a, 1), pair_half_daz(b, 1), acc);
+                acc = fma_ftz(pair_half_daz(a, 0), pair_half_daz(b, 0), acc);
+            }
+            C[i * ldc + j] = accumulate ? C[i * ldc + j] + acc : acc;
+        }
+}
+
 const kvl_kernels kvl_kernels_scalar_table = {
     "scalar",
     0,
@@ -398,6 +441,9 @@ const kvl_kernels kvl_kernels_scalar_table = {
     kvl_softmax,
     kvl_gelu_tanh,
     4, 4, ref_gemm_tile,
+    /* the BF16 tile's definition, for the conformance report: bf16_dot is 0, so
+     * kvl_gemm_bf16_xb runs ref_gemm_tile on FP32 panels here */
+    ref_gemm_tile_bf16,
 };
 
 /* ---- scalar helpers -------------------------------------------------------------------- */

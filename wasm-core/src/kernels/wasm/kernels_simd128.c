@@ -1204,7 +1204,7 @@ const kvl_kernels kvl_kernels_simd128_table = {
     simd128_f32_to_bf16,
     simd128_softmax,
     simd128_gelu_tanh,
-    GEMM_MR, GEMM_NR, simd128_gemm_tile,
+    GEMM_MR, GEMM_NR, simd128_gemm_tile, NULL /* no BF16 dot product */,
 };
 
 #if defined(KVL_WASM_RELAXED)
@@ -1234,7 +1234,7 @@ const kvl_kernels kvl_kernels_simd128_relaxed_table = {
     simd128_f32_to_bf16,
     simd128_softmax,
     simd128_gelu_tanh,
-    GEMM_MR, GEMM_NR, simd128_gemm_tile,
+    GEMM_MR, GEMM_NR, simd128_gemm_tile, NULL /* no BF16 dot product */,
 };
 #endif
 

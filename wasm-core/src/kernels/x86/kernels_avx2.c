@@ -936,5 +936,5 @@ const kvl_kernels kvl_kernels_avx2_table = {
     .q8_to_f32 = avx2_q8_to_f32,
     .f32_to_bf16 = avx2_f32_to_bf16,
     /* softmax, gelu_tanh: no AVX2 exp yet, left empty: the scalar references (kernels_select.c) */
-    .gemm_mr = GEMM_MR, .gemm_nr = GEMM_NR, .gemm_tile = avx2_gemm_tile,
+    .gemm_mr = GEMM_MR, .gemm_nr = GEMM_NR, .gemm_tile = avx2_gemm_tile, /* gemm_tile_bf16 NULL: no BF16 dot product */
 };
