@@ -162,11 +162,7 @@ async function wholeRun(backend, packDir, configPath) {
   const kept = [await loadHostModules()];
   const { tokenizer } = await loadTokenizer(join(packDir, "tiktoken.model"), configPath, false);
   const p = await plan(packDir, { backend, ramMib: 65536, cacheMib: 1, maxContext: 512, threads: 2, instances: 1, loadVision: false });
-  const inst = p.instances[0];
-  const client = await EngineClient.open(backend, packDir, {
-    nThreads: 2, instances: 1, instanceMemoryBytes: inst.memoryBytes, trunkCacheBytes: inst.engineOptions.trunkCacheBytes,
-    ...(inst.engineOptions.expertCacheBytes ? { expertCacheBytes: inst.engineOptions.expertCacheBytes } : {}), loadVision: false,
-  });
+  const client = await EngineClient.open(backend, packDir, { nThreads: p.nThreads, planned: p.instances, loadVision: false });
   const session = await client.newSession(p.sessionOptions);
   let ids = [];
   while (ids.length < 200) ids = ids.concat(tokenizer.encode("Hello, who are you? Tell me about the weather in Paris. "));

@@ -19,13 +19,13 @@
 import type { ReplyReport } from "../host/chat-model.js";
 import { ANY_OBJECT_SCHEMA } from "../host/text/grammar/grammar-spec.js";
 import { type ReplyParams, defaultReplyParams } from "../host/text/reply-params.js";
-import { TOOL_RESULT_CLOSE, ToolCallParser, type ToolDef, checkTools, toolCallText, toolGrammar, toolResultOpen } from "../host/text/tool-format.js";
+import { TOOL_RESULT_CLOSE, ToolCallParser, toolCallText, toolGrammar, toolResultOpen } from "../host/text/tool-format.js";
 import { type ApiError, invalid, ollamaErrorBody } from "./errors.js";
 import { type JsonObject, getBool, getInt, getNumber, getStr, isObject, jsonType, requireObject, stopList } from "./fields.js";
 import { type ImageData, MAX_IMAGE_TOKENS_FIELD, type RequestMessage, decodeDataUrl, decodeImageBase64, withImageBudget } from "./images.js";
 import type { ExpertDtype, TrunkDtype } from "../host/pack/pack-format.js";
 import type { ModelFacts } from "./openai.js";
-import { type ToolRequest, asApiError, replyCall, schemaGrammar, toolsActive, withToolsSystem } from "./tools.js";
+import { type ToolRequest, parseFunctionTools, replyCall, schemaGrammar, toolsActive, withToolsSystem } from "./tools.js";
 
 const ROLES = ["system", "user", "assistant", "tool"];
 export const OLLAMA_VERSION = "0.6.0";
@@ -62,23 +62,7 @@ function parseFormat(raw: unknown): ReplyParams["grammar"] {
 }
 
 function parseTools(raw: unknown): ToolRequest | null {
-  if (raw === undefined || raw === null) return null;
-  if (!Array.isArray(raw)) throw invalid(`'tools' must be an array, got ${jsonType(raw)}`, "tools");
-  const tools = raw.map((item, n): ToolDef => {
-    const at = `tools[${n}]`;
-    const tool = requireObject(item, at);
-    if (tool.type !== undefined && tool.type !== "function") throw invalid(`${at}.type must be 'function'`, `${at}.type`);
-    const fn = requireObject(tool.function, `${at}.function`);
-    const name = getStr(fn, "name", `${at}.function.name`, { required: true })!;
-    const description = getStr(fn, "description", `${at}.function.description`) ?? "";
-    const parameters = fn.parameters === undefined || fn.parameters === null ? { type: "object", properties: {} } : requireObject(fn.parameters, `${at}.function.parameters`);
-    return { name, description, parameters };
-  });
-  try {
-    checkTools(tools, (i) => `tools[${i}].function`, "parameters");
-  } catch (err) {
-    throw asApiError(err);
-  }
+  const tools = parseFunctionTools(raw, "ollama");
   return tools.length ? { tools, choice: { kind: "auto" } } : null;
 }
 

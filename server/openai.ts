@@ -18,12 +18,12 @@ import type { ReplyReport } from "../host/chat-model.js";
 import { ANY_OBJECT_SCHEMA } from "../host/text/grammar/grammar-spec.js";
 import { type ReplyParams, defaultReplyParams } from "../host/text/reply-params.js";
 import {
-  TOOL_RESULT_CLOSE, type ToolChoice, ToolCallParser, type ToolDef, checkChoice, checkTools, toolCallText, toolGrammar, toolResultOpen,
+  TOOL_RESULT_CLOSE, type ToolChoice, ToolCallParser, type ToolDef, checkChoice, toolCallText, toolGrammar, toolResultOpen,
 } from "../host/text/tool-format.js";
 import { type ApiError, invalid, openaiErrorBody } from "./errors.js";
 import { type JsonObject, getBool, getInt, getNumber, getSeed, getStr, isObject, jsonType, maxTokensValue, requireObject, stopList } from "./fields.js";
 import { type ImageData, MAX_IMAGE_TOKENS_FIELD, type RequestMessage, decodeDataUrl, withImageBudget } from "./images.js";
-import { type ToolRequest, asApiError, callId, replyCall, schemaGrammar, toolsActive, withToolsSystem } from "./tools.js";
+import { type ToolRequest, asApiError, callId, parseFunctionTools, replyCall, schemaGrammar, toolsActive, withToolsSystem } from "./tools.js";
 
 /** "developer" is the newer OpenAI name for the system role. */
 const ROLE_MAP: Record<string, string> = { system: "system", developer: "system", user: "user", assistant: "assistant", tool: "tool" };
@@ -128,28 +128,6 @@ function parseMessages(raw: unknown): RequestMessage[] {
   });
 }
 
-function parseToolsField(raw: unknown): ToolDef[] {
-  if (raw === undefined || raw === null) return [];
-  if (!Array.isArray(raw)) throw invalid(`'tools' must be an array, got ${jsonType(raw)}`, "tools");
-  const tools = raw.map((item, n): ToolDef => {
-    const at = `tools[${n}]`;
-    const tool = requireObject(item, at);
-    if (tool.type !== "function") throw invalid(`${at}.type must be 'function' (got ${JSON.stringify(tool.type ?? null)})`, `${at}.type`);
-    const fn = requireObject(tool.function, `${at}.function`);
-    const name = getStr(fn, "name", `${at}.function.name`, { required: true })!;
-    const description = getStr(fn, "description", `${at}.function.description`) ?? "";
-    getBool(fn, "strict", `${at}.function.strict`); // always enforced: the grammar is strict
-    const parameters = fn.parameters === undefined || fn.parameters === null ? { type: "object", properties: {} } : requireObject(fn.parameters, `${at}.function.parameters`);
-    return { name, description, parameters };
-  });
-  try {
-    checkTools(tools, (i) => `tools[${i}].function`, "parameters");
-  } catch (err) {
-    throw asApiError(err);
-  }
-  return tools;
-}
-
 function parseToolChoice(raw: unknown, tools: ToolDef[]): ToolChoice {
   let choice: ToolChoice;
   if (raw === undefined || raw === null || raw === "auto") choice = { kind: "auto" };
@@ -201,7 +179,7 @@ export function parseChatRequest(body: unknown, maxContext: number): ChatRequest
   for (const key of ["functions", "function_call"]) {
     if (truthy(obj[key])) throw invalid(`'${key}' (the legacy function calling) is not supported; declare them in 'tools'`, key);
   }
-  const toolDefs = parseToolsField(obj.tools);
+  const toolDefs = parseFunctionTools(obj.tools, "openai");
   const choice = parseToolChoice(obj.tool_choice, toolDefs);
   getBool(obj, "parallel_tool_calls", "parallel_tool_calls", true); // accepted: a reply makes at most one call
   const tools: ToolRequest | null = toolDefs.length ? { tools: toolDefs, choice } : null;

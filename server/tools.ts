@@ -5,8 +5,9 @@
  * Owns: turning the host's tool and schema refusals into 400s naming the request field
  * (`asApiError`), the grammar's build check before a reply's 200 (`checkGrammarBeforeReply`),
  * putting the tools' description into a request's system message (`withToolsSystem`), ids of the
- * calls a reply makes (`callId`), and splitting a finished reply into text and its call
- * (`replyCall`). The dialects keep their own field names and shapes.
+ * calls a reply makes (`callId`), splitting a finished reply into text and its call
+ * (`replyCall`), and reading the `tools` array OpenAI and Ollama share (`parseFunctionTools`).
+ * The dialects keep their own field names and shapes (a call's id, type and arguments differ).
  * Does not own: any API's JSON (openai.ts, anthropic.ts, ollama.ts).
  */
 import { randomBytes } from "node:crypto";
@@ -16,15 +17,45 @@ import { checkReplyGrammar } from "../host/chat-model.js";
 import { type GrammarSpec, jsonSchemaGrammar } from "../host/text/grammar/grammar-spec.js";
 import { SchemaError } from "../host/text/grammar/schema-check.js";
 import type { ReplyParams } from "../host/text/reply-params.js";
-import { type ToolChoice, type ToolDef, ToolError, parseReply, toolsPrompt } from "../host/text/tool-format.js";
+import { type ToolChoice, type ToolDef, ToolError, checkTools, parseReply, toolsPrompt } from "../host/text/tool-format.js";
 import { UserError } from "../host/system/user-error.js";
 import { invalid } from "./errors.js";
+import { getBool, getStr, jsonType, requireObject } from "./fields.js";
 import type { RequestMessage } from "./images.js";
 
 /** Declared tools and the choice among them, as a request gives them. */
 export interface ToolRequest {
   tools: ToolDef[];
   choice: ToolChoice;
+}
+
+/**
+ * The `tools` field of an OpenAI or Ollama request ({type: "function", function: {name,
+ * description, parameters}}), each checked (checkTools); none: []. OpenAI requires `type` and
+ * accepts `function.strict` (always enforced: the grammar is strict); Ollama may leave `type` out.
+ */
+export function parseFunctionTools(raw: unknown, dialect: "openai" | "ollama"): ToolDef[] {
+  if (raw === undefined || raw === null) return [];
+  if (!Array.isArray(raw)) throw invalid(`'tools' must be an array, got ${jsonType(raw)}`, "tools");
+  const tools = raw.map((item, n): ToolDef => {
+    const at = `tools[${n}]`;
+    const tool = requireObject(item, at);
+    if (tool.type !== "function" && (dialect === "openai" || tool.type !== undefined)) {
+      throw invalid(`${at}.type must be 'function' (got ${JSON.stringify(tool.type ?? null)})`, `${at}.type`);
+    }
+    const fn = requireObject(tool.function, `${at}.function`);
+    const name = getStr(fn, "name", `${at}.function.name`, { required: true })!;
+    const description = getStr(fn, "description", `${at}.function.description`) ?? "";
+    if (dialect === "openai") getBool(fn, "strict", `${at}.function.strict`);
+    const parameters = fn.parameters === undefined || fn.parameters === null ? { type: "object", properties: {} } : requireObject(fn.parameters, `${at}.function.parameters`);
+    return { name, description, parameters };
+  });
+  try {
+    checkTools(tools, (i) => `tools[${i}].function`, "parameters");
+  } catch (err) {
+    throw asApiError(err);
+  }
+  return tools;
 }
 
 /** A JSON schema from field `param` as a grammar; 400 naming the keyword and its path. */

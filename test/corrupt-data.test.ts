@@ -44,6 +44,7 @@ import { TextReference } from "./reference/text.js";
 import { GREEDY_TOKENS, engineGreedy, promptIds, referenceGreedy } from "./support/engine-checks.js";
 import { type LiveServer, runKvl, startServer } from "./support/live-server.js";
 import { tempDir, tinyPack } from "./support/pack-fixtures.js";
+import { evenSplit } from "./support/even-split.js";
 
 const THREADS = 2;
 type BackendName = "wasm" | "native";
@@ -225,8 +226,8 @@ describe.each(BACKENDS)("pack data checked on first read, on %s", (backend) => {
   });
 
   it("experts.bin over 2 instances: the second range fails, every range is rolled back", async () => {
-    const hosted = await openHostedEngine(backend, corrupt.experts!, { nThreads: THREADS, instances: 2, instanceMemoryBytes: 256 * 2 ** 20,
-      expertCacheBytes: 64 * 2 ** 20 });
+    const hosted = await openHostedEngine(backend, corrupt.experts!, evenSplit(corrupt.experts!, { nThreads: THREADS, instances: 2, instanceMemoryBytes: 256 * 2 ** 20,
+      expertCacheBytes: 64 * 2 ** 20 }));
     try {
       expect(hosted.ranges).toEqual([[0, 2], [2, 4]]);
       const session = hosted.engine.newSession({ maxContext: 1024 });
@@ -290,7 +291,7 @@ describe.each(BACKENDS)("pack data checked on first read, on %s", (backend) => {
   it("through the engine worker the error is a CorruptPackError, a UserError with the core's message", async () => {
     let caught: unknown;
     try {
-      await (await EngineClient.open(backend, corrupt.trunk!, { nThreads: THREADS })).close();
+      await (await EngineClient.open(backend, corrupt.trunk!, evenSplit(corrupt.trunk!, { nThreads: THREADS }))).close();
     } catch (err) {
       caught = err;
     }

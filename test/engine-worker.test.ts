@@ -11,6 +11,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 
 import { ENGINE_WORKER_PATH, EngineClient } from "../host/engine/engine-client.js";
 import { CoreError } from "../host/core/core-api.js";
+import { evenSplit } from "./support/even-split.js";
 import { tempDir, tinyPack } from "./support/pack-fixtures.js";
 
 const OPTIONS = { nThreads: 2, instanceMemoryBytes: 512 * 2 ** 20 };
@@ -39,7 +40,7 @@ afterAll(() => tmp?.cleanup());
 describe.each(["wasm", "native"] as const)("the engine worker on %s", (backend) => {
   let client: EngineClient;
   beforeAll(async () => {
-    client = await EngineClient.open(backend, pack, OPTIONS);
+    client = await EngineClient.open(backend, pack, evenSplit(pack, OPTIONS));
   });
   afterAll(async () => {
     await client?.close();
@@ -106,7 +107,8 @@ describe.each(["wasm", "native"] as const)("the engine worker on %s", (backend) 
 
 describe("opening an engine in a worker", () => {
   it("fails with the core's error naming the file, and stops the worker", async () => {
-    const error = await EngineClient.open("native", join(tmp.dir, "no-such-pack"), OPTIONS).then(() => undefined, (e: unknown) => e);
+    // planned for the tiny pack, opened where no pack is (as when a pack goes between plan and open)
+    const error = await EngineClient.open("native", join(tmp.dir, "no-such-pack"), evenSplit(pack, OPTIONS)).then(() => undefined, (e: unknown) => e);
     expect(String(error)).toMatch(/no-such-pack.*config\.json|PACK_COMPLETE\.json/);
   });
 });

@@ -45,6 +45,7 @@ import {
 import { TextReference } from "./reference/text.js";
 import { BACKENDS, type BackendName, BothBackends, KERNEL_SETS } from "./support/backends.js";
 import { tempDir, TINY_MODELS, tinyCheckpoint } from "./support/pack-fixtures.js";
+import { evenSplit } from "./support/even-split.js";
 
 const THREADS = 2;
 
@@ -292,7 +293,7 @@ describe.each(BACKENDS)("a model split over instances on %s", (backend) => {
     const ids = Int32Array.from(promptIds(5, 13, m.reference.cfg.vocab_size));
     const runs: Array<{ logits: Float32Array; tokens: number[]; ranges: ReadonlyArray<[number, number]> }> = [];
     for (const instances of [1, 2, 3]) {
-      const hosted = await openHostedEngine(backend, m.pack, { nThreads: THREADS, instances, instanceMemoryBytes: INSTANCE_BYTES });
+      const hosted = await openHostedEngine(backend, m.pack, evenSplit(m.pack, { nThreads: THREADS, instances, instanceMemoryBytes: INSTANCE_BYTES }));
       const session = hosted.engine.newSession({ maxContext: 64, maxBatch: 5 });
       try {
         const logits = session.prefill(ids, null, "all")!;
@@ -322,7 +323,7 @@ describe.each(BACKENDS)("a model split over instances on %s", (backend) => {
 
   it("refuses what the first range cannot take without moving any range", async () => {
     const m = models[0]!;
-    const hosted = await openHostedEngine(backend, m.pack, { nThreads: THREADS, instances: 2, instanceMemoryBytes: INSTANCE_BYTES });
+    const hosted = await openHostedEngine(backend, m.pack, evenSplit(m.pack, { nThreads: THREADS, instances: 2, instanceMemoryBytes: INSTANCE_BYTES }));
     const session = hosted.engine.newSession({ maxContext: 16 });
     try {
       session.prefill(Int32Array.from(promptIds(1, 10, m.reference.cfg.vocab_size)), null, "none");
@@ -441,7 +442,7 @@ describe.each(BACKENDS)("the integer-activation modes (act_dtype i16x1, i8) on %
     const ids = promptIds(5, 13, m.reference.cfg.vocab_size);
     const runs: Array<{ logits: Float32Array; tokens: number[] }> = [];
     for (const instances of [1, 3]) {
-      const hosted = await openHostedEngine(backend, m.pack, { nThreads: THREADS, instances, instanceMemoryBytes: 256 * 2 ** 20, actDtype: mode });
+      const hosted = await openHostedEngine(backend, m.pack, evenSplit(m.pack, { nThreads: THREADS, instances, instanceMemoryBytes: 256 * 2 ** 20, actDtype: mode }));
       try {
         expect(hosted.engine.parts.map((p) => p.info().actDtype)).toEqual(Array(instances).fill(mode));
         const session = hosted.engine.newSession({ maxContext: 128, maxBatch: 5 });
@@ -472,7 +473,7 @@ describe.each(BACKENDS)("the integer-activation modes (act_dtype i16x1, i8) on %
     // model whatever the attention does, so only the FP32 cache is checked against the reference.)
     const runs: Float32Array[] = [];
     for (const instances of [1, 3]) {
-      const hosted = await openHostedEngine(backend, m.pack, { nThreads: THREADS, instances, instanceMemoryBytes: 256 * 2 ** 20, actDtype: "i16x1" });
+      const hosted = await openHostedEngine(backend, m.pack, evenSplit(m.pack, { nThreads: THREADS, instances, instanceMemoryBytes: 256 * 2 ** 20, actDtype: "i16x1" }));
       try {
         expect(hosted.engine.parts.map((p) => p.info().actDtype)).toEqual(Array(instances).fill("i16x1"));
         const session = hosted.engine.newSession({ maxContext: 320, maxBatch: 120 });
@@ -499,7 +500,7 @@ describe.each(BACKENDS)("the integer-activation modes (act_dtype i16x1, i8) on %
     const prompt = 100; // then 40 single-token steps, positions 100..139: the first tile fills at 128
     const runs: Float32Array[][] = [];
     for (const instances of [1, 3]) {
-      const hosted = await openHostedEngine(backend, m.pack, { nThreads: THREADS, instances, instanceMemoryBytes: 256 * 2 ** 20, actDtype: mode });
+      const hosted = await openHostedEngine(backend, m.pack, evenSplit(m.pack, { nThreads: THREADS, instances, instanceMemoryBytes: 256 * 2 ** 20, actDtype: mode }));
       try {
         expect(hosted.engine.parts.map((p) => p.info().kvDtype)).toEqual(Array(instances).fill("i16"));
         const session = hosted.engine.newSession({ maxContext: 160, maxBatch: 64 });

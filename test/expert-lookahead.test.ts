@@ -23,6 +23,7 @@ import { packCheckpoint } from "../packer/pack.js";
 import { GREEDY_TOKENS, promptIds } from "./support/engine-checks.js";
 import { BACKENDS, BothBackends } from "./support/backends.js";
 import { tempDir, TINY_MODELS, tinyCheckpoint } from "./support/pack-fixtures.js";
+import { evenSplit } from "./support/even-split.js";
 
 const THREADS = 2;
 /** Extents the unsplit cache holds (of 3 MoE layers x 8 experts; top-2 routing): a layer's own
@@ -139,8 +140,8 @@ describe.each(BACKENDS)("reading ahead on %s", (backend) => {
       }
       for (const mode of ["auto", "off"] as const) {
         // the budget is shared by layers: 4 layers, so each range of 2 gets CACHE_EXTENTS extents
-        const hosted = await openHostedEngine(backend, dir, { nThreads: THREADS, actDtype: act, instances: 2, instanceMemoryBytes: 256 * 2 ** 20,
-          expertCacheBytes: 2 * CACHE_EXTENTS * extent, expertLookahead: mode });
+        const hosted = await openHostedEngine(backend, dir, evenSplit(dir, { nThreads: THREADS, actDtype: act, instances: 2, instanceMemoryBytes: 256 * 2 ** 20,
+          expertCacheBytes: 2 * CACHE_EXTENTS * extent, expertLookahead: mode }));
         try {
           expect(hosted.ranges.length).toBe(2);
           expect(hosted.engine.parts.map((e) => e.info().expertLookahead)).toEqual([mode === "auto", mode === "auto"]);

@@ -32,6 +32,7 @@ import {
 import { TextReference } from "./reference/text.js";
 import { BACKENDS, BothBackends, KERNEL_SETS } from "./support/backends.js";
 import { tempDir, TINY_MODELS, tinyCheckpoint } from "./support/pack-fixtures.js";
+import { evenSplit } from "./support/even-split.js";
 
 const THREADS = 2;
 /** BF16 activations move logits by BF16 rounding (README "Numerics": about 0.1 on these models),
@@ -150,7 +151,7 @@ describe.each(BACKENDS)("Q4 experts on %s", (backend) => {
     const { ids: prompt, want } = referenceGreedy(m.reference);
     const runs: Float32Array[] = [];
     for (const instances of [1, 2, 3]) {
-      const hosted = await openHostedEngine(backend, m.pack, { nThreads: THREADS, actDtype: act, instances, instanceMemoryBytes: 256 * 2 ** 20 });
+      const hosted = await openHostedEngine(backend, m.pack, evenSplit(m.pack, { nThreads: THREADS, actDtype: act, instances, instanceMemoryBytes: 256 * 2 ** 20 }));
       try {
         expect(hosted.ranges.length).toBe(instances);
         const session = hosted.engine.newSession({ maxContext: 128, maxBatch: 5 });

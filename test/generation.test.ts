@@ -13,6 +13,7 @@ import type { GenerationRequest } from "../host/engine/generation.js";
 import { argmax } from "./reference/math.js";
 import { TextReference } from "./reference/text.js";
 import { tempDir, tinyPack } from "./support/pack-fixtures.js";
+import { evenSplit } from "./support/even-split.js";
 
 let tmp: { dir: string; cleanup: () => void };
 let pack: string;
@@ -56,7 +57,7 @@ describe.each([["wasm", 1], ["native", 1], ["wasm", 2]] as const)("replies on %s
   let session: ClientSession;
   let greedy: number[];
   beforeAll(async () => {
-    client = await EngineClient.open(backend, pack, { nThreads: 2, instances, instanceMemoryBytes: 256 * 2 ** 20 });
+    client = await EngineClient.open(backend, pack, evenSplit(pack, { nThreads: 2, instances, instanceMemoryBytes: 256 * 2 ** 20 }));
     session = await client.newSession({ maxContext: 8192 });
     greedy = referenceGreedy([...PROMPT], 12);
   }, 120_000);
@@ -128,7 +129,7 @@ describe.each([["wasm", 1], ["native", 1], ["wasm", 2]] as const)("replies on %s
 
 describe("seeded sampling", () => {
   it("gives the same reply for the same seed and another for another seed", async () => {
-    const client = await EngineClient.open("native", pack, { nThreads: 2 });
+    const client = await EngineClient.open("native", pack, evenSplit(pack, { nThreads: 2 }));
     try {
       const session = await client.newSession({ maxContext: 256 });
       const sample = async (seed: bigint): Promise<number[]> => {

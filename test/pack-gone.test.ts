@@ -33,6 +33,7 @@ import { UserError } from "../host/system/user-error.js";
 import { BACKENDS } from "./support/backends.js";
 import { KVL, childEnv, type LiveServer, startServer } from "./support/live-server.js";
 import { tempDir, tinyPack } from "./support/pack-fixtures.js";
+import { evenSplit } from "./support/even-split.js";
 
 const THREADS = 2;
 const PROMPT = "Describe the weather in three short sentences, please.";
@@ -149,7 +150,7 @@ describe.each(BACKENDS)("a pack file truncated under a running engine, on %s", (
 
   it("through the engine worker the error is a PackReadError, a UserError with the core's message", async () => {
     const pack = copyPack(`worker-${backend}`);
-    const client = await EngineClient.open(backend, pack, { nThreads: THREADS });
+    const client = await EngineClient.open(backend, pack, evenSplit(pack, { nThreads: THREADS }));
     try {
       const session = await client.newSession({ maxContext: 256 });
       truncateSync(join(pack, "experts.bin"), 4096);

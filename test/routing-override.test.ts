@@ -28,6 +28,7 @@ import { openHostedEngine } from "../host/engine/engine-host.js";
 import { promptIds } from "./support/engine-checks.js";
 import { BACKENDS, type BackendName, BothBackends } from "./support/backends.js";
 import { tempDir, TINY_MODELS, tinyPack } from "./support/pack-fixtures.js";
+import { evenSplit } from "./support/even-split.js";
 
 const THREADS = 2;
 const PROMPT = 13;
@@ -139,8 +140,8 @@ function open(backend: BackendName, cacheExtents = CACHE_EXTENTS, lookahead: "au
 }
 
 async function withSplit<T>(backend: BackendName, f: (engine: CoreEngine) => T): Promise<T> {
-  const hosted = await openHostedEngine(backend, pack, { nThreads: THREADS, actDtype: backends.autoAct(backend), instances: 2,
-    instanceMemoryBytes: 256 * 2 ** 20, expertCacheBytes: 2 * CACHE_EXTENTS * extent });
+  const hosted = await openHostedEngine(backend, pack, evenSplit(pack, { nThreads: THREADS, actDtype: backends.autoAct(backend), instances: 2,
+    instanceMemoryBytes: 256 * 2 ** 20, expertCacheBytes: 2 * CACHE_EXTENTS * extent }));
   try {
     expect(hosted.ranges.length).toBe(2);
     return f(hosted.engine);

@@ -124,6 +124,8 @@ describe("OpenAI requests", () => {
     [{ model: MODEL, messages: [user("hi")], seed: true }, "seed"],
     [{ model: MODEL, messages: [user("hi")], n: 2 }, "'n'"],
     [{ model: MODEL, messages: [user("hi")], tools: [{ type: "function" }] }, "tools"],
+    [{ model: MODEL, messages: [user("hi")], tools: [{ function: { name: "f" } }] }, "tools[0].type must be 'function' (got null)"],
+    [{ model: MODEL, messages: [user("hi")], tools: [{ type: "function", function: { name: "f", strict: "yes" } }] }, "tools[0].function.strict"],
     [{ model: MODEL, messages: [{ role: "assistant", content: null, tool_calls: [{ id: "x" }] }] }, "tool"],
     [{ model: MODEL, messages: [{ role: "assistant", content: [{ type: "image_url", image_url: { url: "data:image/png;base64,AAAA" } }] }] }, "user messages"],
     [[1, 2], "JSON object"],
@@ -213,6 +215,15 @@ describe("Ollama requests", () => {
     expect(unlimited.stream).toBe(false);
   });
 
+  it("reads tools without a type (Ollama's own examples leave it out) and ignores function.strict", () => {
+    const req = ollama.parseChatRequest({
+      model: MODEL, messages: [user("hi")], tools: [{ function: { name: "get_weather", strict: "yes", parameters: { type: "object", properties: { city: { type: "string" } } } } }],
+    }, CTX);
+    expect(req.tools?.tools).toEqual([{ name: "get_weather", description: "", parameters: { type: "object", properties: { city: { type: "string" } } } }]);
+    expect(req.tools?.choice).toEqual({ kind: "auto" });
+    expect(ollama.parseChatRequest({ model: MODEL, messages: [user("hi")], tools: [] }, CTX).tools).toBeNull();
+  });
+
   it("reads generate requests; an empty one is a load request", () => {
     const req = ollama.parseGenerateRequest({ model: MODEL, prompt: "why?", system: "be brief", images: [dataUrl(PNG)] }, CTX);
     expect(req.messages.map((m) => m.role)).toEqual(["system", "user"]);
@@ -233,6 +244,7 @@ describe("Ollama requests", () => {
     [{ model: MODEL, messages: [{ role: "user", content: "x", images: ["***"] }] }, "base64"],
     [{ model: MODEL, messages: [{ role: "assistant", content: "x", images: [PNG.toString("base64")] }] }, "user messages"],
     [{ model: MODEL, messages: [user("hi")], tools: [{ type: "function" }] }, "tools"],
+    [{ model: MODEL, messages: [user("hi")], tools: [{ type: "tool", function: { name: "f" } }] }, "tools\\[0\\]\\.type must be 'function' \\(got \"tool\"\\)"],
     [{ model: MODEL, messages: [user("hi")], format: "xml" }, "format"],
     [{ model: MODEL, messages: [user("hi")], think: true }, "thinking"],
     [{ model: MODEL, messages: [user("hi")], options: { num_predict: 0 } }, "num_predict"],

@@ -29,6 +29,7 @@ import {
 import { TextReference } from "./reference/text.js";
 import { BACKENDS, BothBackends, KERNEL_SETS } from "./support/backends.js";
 import { tempDir, TINY_MODELS, tinyCheckpoint } from "./support/pack-fixtures.js";
+import { evenSplit } from "./support/even-split.js";
 
 const THREADS = 2;
 /** BF16 activations move logits by BF16 rounding (README "Numerics": about 0.1 on these models),
@@ -146,7 +147,7 @@ describe.each(BACKENDS)("a Q8 trunk on %s", (backend) => {
     const ids = promptIds(5, 13, m.reference.cfg.vocab_size);
     const runs: Array<{ logits: Float32Array; tokens: number[] }> = [];
     for (const instances of [1, 2]) {
-      const hosted = await openHostedEngine(backend, m.pack, { nThreads: THREADS, instances, instanceMemoryBytes: 256 * 2 ** 20 });
+      const hosted = await openHostedEngine(backend, m.pack, evenSplit(m.pack, { nThreads: THREADS, instances, instanceMemoryBytes: 256 * 2 ** 20 }));
       try {
         expect(hosted.ranges.length).toBe(instances);
         const session = hosted.engine.newSession({ maxContext: 128, maxBatch: 5 });

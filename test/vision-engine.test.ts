@@ -48,6 +48,7 @@ import { TextReference } from "./reference/text.js";
 import { VisionReference } from "./reference/vision.js";
 import { tempDir, tinyPack } from "./support/pack-fixtures.js";
 import { promptIds } from "./support/prompt-ids.js";
+import { evenSplit } from "./support/even-split.js";
 
 const TOLERANCE = 1e-3;
 const GREEDY_TOKENS = 8;
@@ -132,7 +133,7 @@ async function openLayout(backend: BackendName, layout: Layout, loadVision = tru
     const engine = openEngine(backend, { loadVision, actDtype });
     return { engine, close: () => engine.close() };
   }
-  const hosted = await openHostedEngine(backend, pack, { nThreads: THREADS, instances: 2, instanceMemoryBytes: INSTANCE_BYTES, loadVision, actDtype });
+  const hosted = await openHostedEngine(backend, pack, evenSplit(pack, { nThreads: THREADS, instances: 2, instanceMemoryBytes: INSTANCE_BYTES, loadVision, actDtype }));
   return { engine: hosted.engine, hosted, close: () => hosted.close() };
 }
 
@@ -376,7 +377,7 @@ describe.each(BACKENDS)("the vision encoder on %s", (backend) => {
   });
 
   it("a hosted model opened without a split refuses images as a UserError too", async () => {
-    const hosted = await openHostedEngine(backend, pack, { nThreads: THREADS, instances: 1, instanceMemoryBytes: INSTANCE_BYTES });
+    const hosted = await openHostedEngine(backend, pack, evenSplit(pack, { nThreads: THREADS, instances: 1, instanceMemoryBytes: INSTANCE_BYTES }));
     try {
       expect(() => hosted.engine.encodeImages(pixels, GRIDS)).toThrow(NO_VISION_MESSAGE);
     } finally {
@@ -429,7 +430,7 @@ describe.each(BACKENDS)("images through the engine worker on %s", (backend) => {
   beforeAll(async () => {
     expect(existsSync(ENGINE_WORKER_PATH), "compile first: npx tsc -p .").toBe(true);
     // the direct engine's options (openEngine: the exact mode), so the two must agree bit for bit
-    client = await EngineClient.open(backend, pack, { nThreads: THREADS, instanceMemoryBytes: 512 * 2 ** 20, loadVision: true, actDtype: "f32" });
+    client = await EngineClient.open(backend, pack, evenSplit(pack, { nThreads: THREADS, instanceMemoryBytes: 512 * 2 ** 20, loadVision: true, actDtype: "f32" }));
   });
   afterAll(async () => {
     await client?.close();
@@ -466,7 +467,7 @@ describe.each(BACKENDS)("images through the engine worker on %s", (backend) => {
   });
 
   it("a worker's model opened without vision refuses images with a UserError", async () => {
-    const plain = await EngineClient.open(backend, pack, { nThreads: THREADS, instanceMemoryBytes: 256 * 2 ** 20 });
+    const plain = await EngineClient.open(backend, pack, evenSplit(pack, { nThreads: THREADS, instanceMemoryBytes: 256 * 2 ** 20 }));
     try {
       const error = await plain.encodeImages(pixels, GRIDS).then(() => undefined, (e: unknown) => e);
       expect(error).toBeInstanceOf(UserError);

@@ -3,31 +3,22 @@
  *
  * Owns: where each layer range runs — WebAssembly: one instance per range, each with its own
  * memory (at most 4 GiB) and thread pool; native: every range in this process (one range unless
- * a split is forced, for parity tests) — and sharing the expert-cache budget between ranges in
- * proportion to their layers, when no plan is given. With a plan (planner.ts), each range is
- * opened with exactly the plan's options and, on WebAssembly, memory. Without one, the number of
- * instances comes from the caller (`--instances`, KVL_INSTANCES) or is 1. Either way only the
- * first range (layer 0 on) loads the vision tower, when loadVision asks for it: images are encoded
- * there, and a copy in every range would only waste memory. Every WebAssembly instance of a model
- * runs the same build, the one --kernels picks (wasm-relaxed.ts). Does not own how big each memory
- * must be (the planner) or the chaining of sessions (split-engine.ts).
+ * a split is forced, for parity tests). Every open follows a plan (planner.ts): each range is
+ * opened with exactly the plan's options and, on WebAssembly, memory. Only the first range (layer
+ * 0 on) loads the vision tower, when loadVision asks for it: images are encoded there, and a copy
+ * in every range would only waste memory. Every WebAssembly instance of a model runs the same
+ * build, the one --kernels picks (wasm-relaxed.ts). Does not own how many ranges there are or how
+ * big each memory must be (the planner) or the chaining of sessions (split-engine.ts).
  */
-import { readFileSync } from "node:fs";
-import { join } from "node:path";
-
 import type { BackendName, CoreBackend, CoreEngine, EngineOptions } from "../core/core-api.js";
-import { parseJson } from "../system/json-file.js";
-import { textDims } from "../pack/model-spec.js";
 import { NativeBackend, loadNativeAddon } from "../core/native-backend.js";
 import { nativeAddonPath } from "../system/paths.js";
 import { SplitEngine } from "./split-engine.js";
-import { layerRanges, requestedInstances } from "../plan/instances.js";
-import { UserError } from "../system/user-error.js";
-import { MAX_INSTANCE_BYTES, WasmBackend } from "../core/wasm-backend.js";
+import { WasmBackend } from "../core/wasm-backend.js";
 import { wasmBuildFor } from "../core/wasm-relaxed.js";
 
 /** One planned instance (planner.ts InstancePlan, as plain data so it can cross to the worker). */
-interface PlannedInstance {
+export interface PlannedInstance {
   engineOptions: EngineOptions & { layerBegin: number; layerEnd: number };
   memoryBytes: number;
 }
@@ -35,17 +26,12 @@ interface PlannedInstance {
 export interface HostedEngineOptions extends Omit<EngineOptions, "layerBegin" | "layerEnd"> {
   /** Compute threads per instance (one instance computes at a time, so threads = cores). */
   nThreads: number;
-  /** The plan's instances (ranges, per-range engine options, memories); overrides instances,
-   * instanceMemoryBytes and the cache options. */
-  planned?: PlannedInstance[];
-  /** Instances the layers are split over; absent: KVL_INSTANCES, else 1. */
-  instances?: number;
-  /** WebAssembly: the memory of each instance in bytes (a multiple of 64 KiB, at most 4 GiB). */
-  instanceMemoryBytes?: number;
+  /** The plan's instances (ranges, per-range engine options, memories), at least one; a range's
+   * options override these. */
+  planned: PlannedInstance[];
   /** Native: the addon backend.ts chose (its record's native.path); absent: paths.ts nativeAddonPath. */
   nativeAddon?: string;
 }
-
 
 /** A model opened over one or more engines, and the backends that own their memory. */
 export interface HostedEngine {
@@ -59,29 +45,6 @@ export interface HostedEngine {
   close(): void;
 }
 
-function packLayers(packDir: string): number {
-  let config: unknown;
-  try {
-    config = parseJson(readFileSync(join(packDir, "config.json")));
-  } catch (err) {
-    throw new UserError(`${join(packDir, "config.json")}: cannot read the pack's config (${(err as Error).message}); is ${packDir} a pack made by kvl pack?`);
-  }
-  return textDims(config).num_hidden_layers;
-}
-
-/** Without a plan: equal layer ranges, the expert budget shared by layers, equal memories, the
- * vision tower (if asked for) in the first range only. */
-function evenSplit(packDir: string, instances: number | undefined, engineOptions: EngineOptions, memoryBytes: number): PlannedInstance[] {
-  const nLayers = packLayers(packDir);
-  return layerRanges(nLayers, requestedInstances(instances)).map(([begin, end]) => {
-    const budget = engineOptions.expertCacheBytes ? Math.floor((engineOptions.expertCacheBytes * (end - begin)) / nLayers) : 0;
-    return {
-      engineOptions: { ...(budget ? { expertCacheBytes: budget } : {}), loadVision: begin === 0 && engineOptions.loadVision === true, layerBegin: begin, layerEnd: end },
-      memoryBytes,
-    };
-  });
-}
-
 /** One range's engine options: the caller's, then the range's; vision in the first range only. */
 function rangeOptions(engineOptions: EngineOptions, spec: PlannedInstance): EngineOptions {
   const options = { ...engineOptions, ...spec.engineOptions };
@@ -89,8 +52,8 @@ function rangeOptions(engineOptions: EngineOptions, spec: PlannedInstance): Engi
 }
 
 export async function openHostedEngine(backend: BackendName, packDir: string, options: HostedEngineOptions): Promise<HostedEngine> {
-  const { instances: _i, instanceMemoryBytes, planned, nativeAddon, ...engineOptions } = options;
-  const specs = planned ?? evenSplit(packDir, options.instances, engineOptions, instanceMemoryBytes ?? MAX_INSTANCE_BYTES);
+  const { planned: specs, nativeAddon, ...engineOptions } = options;
+  if (specs.length === 0) throw new RangeError("openHostedEngine needs a plan of at least one instance");
   const ranges = specs.map((s): [number, number] => [s.engineOptions.layerBegin, s.engineOptions.layerEnd]);
   const parts: CoreEngine[] = [];
   const owners: CoreBackend[] = [];

@@ -5,7 +5,7 @@
  * (envRequiredText).
  *
  * Owns: the readers (a choice, a positive whole number, free text). Does not own: which variable
- * means what (backend.ts: KVL_BACKEND, KVL_ADDON; engine-host.ts: KVL_INSTANCES; packer/pack.ts:
+ * means what (backend.ts: KVL_BACKEND, KVL_ADDON; plan/instances.ts: KVL_INSTANCES; packer/pack.ts:
  * KVL_PACK_FLUSH_ITEMS; cli/serve.ts: KVL_API_KEY) or the check of them all before a command
  * runs (cli/options.ts checkEnvironment).
  */
