@@ -22,6 +22,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 
 import { type CoreBackend, CoreError, type EngineOptions, type FieldKind, KERNEL_CHOICES, KVL_CONSTANTS, KVL_ERR_CANCELLED, KVL_STATUS_NAMES, KVL_STRUCTS, LOGITS_MODES, OPTION_CODES, ROUTING_MODE_CODES, type StructId, cFieldName, jsFieldName } from "../host/core/core-api.js";
 import { AUTO_ACT_DTYPE } from "../host/plan/act-mode.js";
+import { DTYPE_BF16, DTYPE_F32, DTYPE_NAMES, DTYPE_Q4_EXPERT, DTYPE_Q8_EXPERT, DTYPE_Q8_ROWS } from "../host/pack/pack-format.js";
 import { NativeBackend } from "../host/core/native-backend.js";
 import { WasmBackend } from "../host/core/wasm-backend.js";
 import { packCheckpoint } from "../packer/pack.js";
@@ -201,6 +202,12 @@ describe.each(BACKENDS)("the codes that cross the boundary on %s (kvl_constants)
     const { default: policyDefault, ...policies } = asRecord(core.constants(KVL_CONSTANTS.cachePolicy));
     expect(policyDefault).toBe(0);
     expect(policies).toEqual(OPTION_CODES.cachePolicy);
+  });
+
+  it("has the pack dtypes host/pack/pack-format.ts reads, under the same names", () => {
+    const core = Object.fromEntries(Object.entries(asRecord(cores[backend].constants(KVL_CONSTANTS.dtype))).map(([name, value]) => [value, name]));
+    expect(core).toEqual(DTYPE_NAMES);
+    expect([DTYPE_BF16, DTYPE_F32, DTYPE_Q8_EXPERT, DTYPE_Q8_ROWS, DTYPE_Q4_EXPERT].map((d) => core[d])).toEqual(["BF16", "F32", "Q8_EXPERT", "Q8_ROWS", "Q4_EXPERT"]);
   });
 
   it("prints kvl_stats' own member names in kvl chat --json (cFieldName)", () => {

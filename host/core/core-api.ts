@@ -218,7 +218,7 @@ export const KVL_STRUCTS = { engineOptions: 1, engineInfo: 2, stats: 3 } as cons
 export type StructId = (typeof KVL_STRUCTS)[keyof typeof KVL_STRUCTS];
 
 /** Which list of codes kvl_constants returns (kvl_core.h KVL_CONST_*). */
-export const KVL_CONSTANTS = { status: 1, kernelLevels: 2, kernelSets: 3, act: 4, io: 5, kv: 6, lookahead: 7, logits: 8, routing: 9, cachePolicy: 10 } as const;
+export const KVL_CONSTANTS = { status: 1, kernelLevels: 2, kernelSets: 3, act: 4, io: 5, kv: 6, lookahead: 7, logits: 8, routing: 9, cachePolicy: 10, dtype: 11 } as const;
 export type ConstantsId = (typeof KVL_CONSTANTS)[keyof typeof KVL_CONSTANTS];
 /** One code of a kvl_constants list: its name (a status's text) and value. */
 export interface ConstantRow {

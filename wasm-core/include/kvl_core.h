@@ -128,6 +128,14 @@ enum { KVL_ACT_ROWS(KVL_CONST_MEMBER) };
  * layer computes (model.c predict_next). */
 #define KVL_LOOKAHEAD_ROWS(X) X(LOOKAHEAD_AUTO, 0, "auto") X(LOOKAHEAD_OFF, 1, "off")
 enum { KVL_LOOKAHEAD_ROWS(KVL_CONST_MEMBER) };
+/* Pack records' dtypes: the dtype field of a .idx record (docs/FORMAT.md "Records"). BF16 and F32
+ * are dense; Q8_EXPERT one routed expert's extent, row-wise Q8; Q8_ROWS one row-wise Q8 matrix (a
+ * trunk Linear weight; format version 2); Q4_EXPERT one routed expert's extent in groups of 32
+ * with BF16 scales (kvl pack --expert-dtype q4; format version 3). The name is FORMAT.md's. */
+#define KVL_DTYPE_ROWS(X)                                                                          \
+    X(DTYPE_BF16, 1, "BF16") X(DTYPE_F32, 2, "F32") X(DTYPE_Q8_EXPERT, 3, "Q8_EXPERT")             \
+    X(DTYPE_Q8_ROWS, 4, "Q8_ROWS") X(DTYPE_Q4_EXPERT, 5, "Q4_EXPERT")
+enum { KVL_DTYPE_ROWS(KVL_CONST_MEMBER) };
 /* kvl_engine_options.expert_cache_policy: which resident extent the expert cache evicts
  * (expert_cache.c pick_victim). DEFAULT is ADAPTIVE. FREQUENCY: fewest recent acquisitions, then
  * least recently used; LRU: least recently used; ADAPTIVE: keeps key-only shadow copies of both
@@ -316,7 +324,8 @@ enum {
     KVL_CONST_LOOKAHEAD = 7,     /* KVL_LOOKAHEAD_ROWS */
     KVL_CONST_LOGITS = 8,        /* KVL_LOGITS_ROWS */
     KVL_CONST_ROUTING = 9,       /* KVL_ROUTING_ROWS */
-    KVL_CONST_CACHE_POLICY = 10  /* KVL_CACHE_POLICY_ROWS */
+    KVL_CONST_CACHE_POLICY = 10, /* KVL_CACHE_POLICY_ROWS */
+    KVL_CONST_DTYPE = 11         /* KVL_DTYPE_ROWS: name = FORMAT.md's */
 };
 
 /* One row of a constants table. In wasm32: name at 0 (a 4-byte address), value at 4; 8 bytes in

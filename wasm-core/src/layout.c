@@ -101,6 +101,7 @@ static const kvl_const_desc LOOKAHEAD_ROWS[] = {KVL_LOOKAHEAD_ROWS(CONST_ROW)};
 static const kvl_const_desc LOGITS_ROWS[] = {KVL_LOGITS_ROWS(CONST_ROW)};
 static const kvl_const_desc ROUTING_ROWS[] = {KVL_ROUTING_ROWS(CONST_ROW)};
 static const kvl_const_desc CACHE_POLICY_ROWS[] = {KVL_CACHE_POLICY_ROWS(CONST_ROW)};
+static const kvl_const_desc DTYPE_ROWS[] = {KVL_DTYPE_ROWS(CONST_ROW)};
 
 const kvl_const_desc *kvl_constants(int which, int *count)
 {
@@ -121,6 +122,7 @@ const kvl_const_desc *kvl_constants(int which, int *count)
     CONST_CASE(KVL_CONST_LOGITS, LOGITS_ROWS)
     CONST_CASE(KVL_CONST_ROUTING, ROUTING_ROWS)
     CONST_CASE(KVL_CONST_CACHE_POLICY, CACHE_POLICY_ROWS)
+    CONST_CASE(KVL_CONST_DTYPE, DTYPE_ROWS)
 #undef CONST_CASE
     default:
         break;

@@ -208,8 +208,7 @@ typedef int (*layout_bytes_fn)(const kvl_tensor_rec *t, uint32_t itemsize, uint6
  * is one row here (and its layout function), one in host/pack/pack-format.ts DTYPE_ROWS, and its
  * section of docs/FORMAT.md. */
 typedef struct dtype_row {
-    uint32_t dtype;
-    const char *name;        /* as FORMAT.md and the messages spell it */
+    uint32_t dtype;          /* KVL_DTYPE_* (its name: dtype_name) */
     uint32_t min_version;    /* the lowest format_version whose index may hold it */
     uint32_t stores;         /* IN_* bits: the stores the packer writes it to (the engine checks
                               * which tensors may have it; the index reader accepts any store) */
@@ -284,13 +283,24 @@ static int q8_rows_bytes(const kvl_tensor_rec *t, uint32_t itemsize, uint64_t *b
 }
 
 static const dtype_row dtype_rows[] = {
-    {KVL_DTYPE_BF16, "BF16", 1, IN_TRUNK | IN_VISION, 2, dense_bytes},
-    {KVL_DTYPE_F32, "F32", 1, IN_TRUNK, 4, dense_bytes},
-    {KVL_DTYPE_Q8_EXPERT, "Q8_EXPERT", 1, IN_EXPERTS, 0, q8_expert_bytes},
-    {KVL_DTYPE_Q8_ROWS, "Q8_ROWS", 2, IN_TRUNK, 0, q8_rows_bytes},
-    {KVL_DTYPE_Q4_EXPERT, "Q4_EXPERT", 3, IN_EXPERTS, 0, q4_expert_bytes},
+    {KVL_DTYPE_BF16, 1, IN_TRUNK | IN_VISION, 2, dense_bytes},
+    {KVL_DTYPE_F32, 1, IN_TRUNK, 4, dense_bytes},
+    {KVL_DTYPE_Q8_EXPERT, 1, IN_EXPERTS, 0, q8_expert_bytes},
+    {KVL_DTYPE_Q8_ROWS, 2, IN_TRUNK, 0, q8_rows_bytes},
+    {KVL_DTYPE_Q4_EXPERT, 3, IN_EXPERTS, 0, q4_expert_bytes},
 };
 #define N_DTYPE_ROWS (sizeof dtype_rows / sizeof dtype_rows[0])
+
+/* A dtype's name as FORMAT.md spells it (kvl_core.h KVL_DTYPE_ROWS), "?" for another value. */
+static const char *dtype_name(uint32_t dtype) {
+    switch (dtype) {
+#define DTYPE_NAME_CASE(sym, value, name) \
+    case value: return name;
+        KVL_DTYPE_ROWS(DTYPE_NAME_CASE)
+#undef DTYPE_NAME_CASE
+    default: return "?";
+    }
+}
 
 static const dtype_row *dtype_row_of(uint32_t dtype) {
     size_t i;
@@ -333,7 +343,7 @@ static kvl_status check_record_dtype(const char *path, const kvl_tensor_rec *t, 
     }
     if (version < row->min_version) {
         set_err(err, err_len, "%s: tensor '%s' is %s, which needs format version %u (the index says "
-                "%u); the index is corrupt, rerun `kvl pack`", path, t->name, row->name,
+                "%u); the index is corrupt, rerun `kvl pack`", path, t->name, dtype_name(row->dtype),
                 row->min_version, version);
         return KVL_ERR_FORMAT;
     }

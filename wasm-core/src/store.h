@@ -15,12 +15,7 @@
 #include "kvl_core.h"
 
 #define KVL_PAGE 4096u
-#define KVL_DTYPE_BF16 1u
-#define KVL_DTYPE_F32 2u
-#define KVL_DTYPE_Q8_EXPERT 3u
-#define KVL_DTYPE_Q8_ROWS 4u   /* one row-wise Q8 matrix (a trunk Linear weight; format version 2) */
-#define KVL_DTYPE_Q4_EXPERT 5u /* one routed expert's extent in groups of 32 with BF16 scales
-                                  (kvl pack --expert-dtype q4; format version 3) */
+/* a record's dtype: KVL_DTYPE_* (kvl_core.h KVL_DTYPE_ROWS) */
 
 typedef struct kvl_tensor_rec {
     char name[128];
