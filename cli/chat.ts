@@ -202,23 +202,24 @@ function systemMessages(opts: ChatOptions): Array<Message<ChatImage>> {
  * them in its report): on a terminal, a progress line redrawn every second while an image
  * encodes (the engine's "encoding" events start after a second, so a quick encode shows none),
  * and for every image, once it is ready, a line with its media tokens and its encode time or
- * that it came from the cache.
+ * that it came from the cache. `err` is where it writes (process.stderr; a test's buffer).
  */
-function imageLines(opts: ChatOptions): ReplyHooks {
+export function imageLines(opts: Pick<ChatOptions, "json" | "quiet">,
+  err: { write(text: string): unknown; isTTY?: boolean } = process.stderr): ReplyHooks {
   if (opts.json || opts.quiet) return {};
-  const tty = Boolean(process.stderr.isTTY);
+  const tty = Boolean(err.isTTY);
   let drawn = false;
   return {
     onImage: (e: ImageEvent): void => {
       const which = `[image ${e.index + 1}/${e.count}] ${escapeControls(e.name)}`;
       if (e.phase === "encoding" && tty) {
-        process.stderr.write(`\r\x1b[K${which}: encoding ${e.mediaTokens} media tokens... ${Math.floor(e.elapsedS)} s`);
+        err.write(`\r\x1b[K${which}: encoding ${e.mediaTokens} media tokens... ${Math.floor(e.elapsedS)} s`);
         drawn = true;
       } else if (e.phase === "done") {
-        if (drawn) process.stderr.write("\r\x1b[K");
+        if (drawn) err.write("\r\x1b[K");
         drawn = false;
         const how = e.cached ? "embeddings from the cache" : `encoded in ${e.elapsedS.toFixed(1)} s`;
-        process.stderr.write(`${which}: ${e.mediaTokens} media tokens (grid ${e.grid[0]}x${e.grid[1]}), ${how}\n`);
+        err.write(`${which}: ${e.mediaTokens} media tokens (grid ${e.grid[0]}x${e.grid[1]}), ${how}\n`);
       }
     },
   };

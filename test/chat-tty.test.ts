@@ -8,7 +8,9 @@
  *   - Ctrl-C right after Enter (one read from the terminal) stops the turn just sent;
  *   - an image that fails to decode is refused at /image, saying so, before any text is typed;
  *     nothing stays pending (the next message is the official ids of that text alone);
- *   - control characters of the model's reply reach the terminal only in a visible form.
+ *   - control characters of the model's reply reach the terminal only in a visible form;
+ *   - the image lines on stderr (imageLines, on a stand-in stream): on a terminal, the line
+ *     redrawn while an image encodes, cleared, then the image's line; elsewhere the last only.
  * Expected ids are the committed goldens of test/fixtures/goldens/tokenizer.json (Python, from
  * the official tokenizer and template).
  */
@@ -19,6 +21,7 @@ import { join } from "node:path";
 import sharp from "sharp";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 
+import { imageLines } from "../cli/chat.js";
 import { packageRoot } from "../host/system/paths.js";
 import { KVL, childEnv } from "./support/live-server.js";
 import { tempDir, tinyPack } from "./support/pack-fixtures.js";
@@ -173,4 +176,37 @@ describe("kvl chat in a terminal", () => {
     const { ids } = await nextPromptIds(at);
     expect(ids).toEqual(golden("text"));
   }, 300_000);
+});
+
+describe("kvl chat's image lines on stderr (imageLines)", () => {
+  const base = { index: 0, count: 2, name: "photo\u0007.png", grid: [66, 66] as [number, number], mediaTokens: 1089, cached: false };
+  const capture = (isTTY: boolean) => {
+    const out: string[] = [];
+    return { err: { isTTY, write: (text: string) => out.push(text) }, out };
+  };
+
+  it("on a terminal: a line redrawn each second while the image encodes, cleared, then the image's line", () => {
+    const { err, out } = capture(true);
+    const hooks = imageLines({}, err);
+    hooks.onImage!({ ...base, phase: "start", elapsedS: 0 });
+    hooks.onImage!({ ...base, phase: "encoding", elapsedS: 1.02 });
+    hooks.onImage!({ ...base, phase: "encoding", elapsedS: 2.04 });
+    hooks.onImage!({ ...base, phase: "done", elapsedS: 2.5 });
+    expect(out).toEqual([
+      "\r\x1b[K[image 1/2] photo\\x07.png: encoding 1089 media tokens... 1 s",
+      "\r\x1b[K[image 1/2] photo\\x07.png: encoding 1089 media tokens... 2 s",
+      "\r\x1b[K",
+      "[image 1/2] photo\\x07.png: 1089 media tokens (grid 66x66), encoded in 2.5 s\n",
+    ]);
+  });
+
+  it("not on a terminal: only the line once the image is ready; from the cache it says so; --json and --quiet print nothing", () => {
+    const { err, out } = capture(false);
+    const hooks = imageLines({}, err);
+    hooks.onImage!({ ...base, phase: "encoding", elapsedS: 1 });
+    hooks.onImage!({ ...base, index: 1, phase: "done", elapsedS: 0.01, cached: true });
+    expect(out).toEqual(["[image 2/2] photo\\x07.png: 1089 media tokens (grid 66x66), embeddings from the cache\n"]);
+    expect(imageLines({ json: true }, err)).toEqual({});
+    expect(imageLines({ quiet: true }, err)).toEqual({});
+  });
 });
