@@ -248,8 +248,8 @@ describe.skipIf(!nativeBuilt)("--backend both", () => {
     const r = bench([pack, ...args, limitsFile]);
     expect(r.status, r.stderr).toBe(0);
     expect(r.stdout).toMatch(/^ +8 {2}Linear inputs, kernels +(i16x1|f32) \(auto\), [a-z0-9-]+ +i16x1 \(auto\), simd128(-relaxed)?$/m);
-    expect(r.stdout).toMatch(/^== prompt 8 tokens \[native, 1 engine\]: engine open /m);
-    expect(r.stdout).toMatch(/^== prompt 8 tokens \[wasm, \d+ instances?\]: engine open /m);
+    expect(r.stdout).toMatch(/^== prompt 8 tokens \[native, 1 engine, expert cache adaptive\]: engine open /m);
+    expect(r.stdout).toMatch(/^== prompt 8 tokens \[wasm, \d+ instances?, expert cache adaptive\]: engine open /m);
     expect(r.stdout).toMatch(/^ {2}decode: .* -> ratio \d/m);
     expect(r.stdout).toMatch(/^ {4}expert stall \d+\.\d{3} s\/token = \d+\.\d% of the step, none read ahead$/m);
     expect(r.stdout).toMatch(/^ +expert stall, % of step +\d+\.\d%, read ahead 0\.0\/token +\d+\.\d%, read ahead 0\.0\/token$/m);

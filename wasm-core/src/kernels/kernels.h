@@ -15,8 +15,10 @@
 #ifndef KVL_KERNELS_H
 #define KVL_KERNELS_H
 
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 typedef struct kvl_kernels {
     const char *name; /* "scalar", "simd128", "simd128-relaxed", "avx2", "avx512", "avx512-bf16"
@@ -209,6 +211,31 @@ int kvl_gemm_bf16_amx(float *Y, size_t ldy, const uint16_t *W, size_t rows, size
                       const float *X, size_t ldx, size_t n, float *work);
 /* BF16 bits of kvl_bf16_round_daz(x) */
 uint16_t kvl_bf16_bits_daz(float x);
+/* a * b + c rounded once to FP32, without the C library's fmaf: mingw-w64's is a software one
+ * that rounds some tiny and subnormal results otherwise than the hardware (it failed the
+ * avx512-bf16 self-test under Windows). The product of two floats is exact in double (at most 48
+ * bits); the sum is taken in double rounded to odd (two-sum gives its exact error), and a double
+ * with 53 >= 24 + 2 bits rounded to odd then to FP32 is the single rounding of the exact value.
+ * The references of gemm_tile_bf16 (kernels_ref.c, kernels_conformance.c) use it. */
+static inline float kvl_fmaf_once(float a, float b, float c)
+{
+    const double p = (double)a * (double)b, q = (double)c;
+    double s = p + q;
+    if (!isfinite(s))
+        return (float)s;
+    const double bb = s - p;
+    const double e = (p - (s - bb)) + (q - bb);
+    if (e != 0.0) {
+        uint64_t bits;
+        memcpy(&bits, &s, sizeof bits);
+        if ((bits & 1u) == 0) { /* round to odd: one ulp toward the exact value */
+            bits = (e > 0.0) == (s > 0.0) ? bits + 1u : bits - 1u;
+            memcpy(&s, &bits, sizeof s);
+        }
+    }
+    return (float)s;
+}
+
 /* A pair of BF16 values as gemm_tile_bf16 reads them: column 2q low, 2q+1 high */
 static inline uint32_t kvl_bf16_pair(uint16_t even, uint16_t odd)
 {

@@ -498,7 +498,7 @@ static float half_daz(uint16_t h)
 
 static float dp_step(uint16_t a, uint16_t b, float acc)
 {
-    const float r = fmaf(half_daz(a), half_daz(b), acc);
+    const float r = kvl_fmaf_once(half_daz(a), half_daz(b), acc);
     return fabsf(r) < 1.17549435e-38f ? copysignf(0.0f, r) : r;
 }
 

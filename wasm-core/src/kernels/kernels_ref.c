@@ -395,7 +395,7 @@ static float pair_half_daz(uint32_t pair, int high)
 /* acc + a*b in one rounding, a subnormal result flushed to zero of its sign (VDPBF16PS) */
 static float fma_ftz(float a, float b, float acc)
 {
-    const float r = fmaf(a, b, acc);
+    const float r = kvl_fmaf_once(a, b, acc);
     return fabsf(r) < 1.17549435e-38f ? copysignf(0.0f, r) : r;
 }
 
