@@ -6,6 +6,7 @@
  *       [--pack DIR] [--tokens N] [--seed N] [--zipf S] [--keep P] [--recall Q] [--window W] [--cross C]
  *   npx vite-node bench/routing-trace-cli.ts stats FILE [FILE...]
  *   npx vite-node bench/routing-trace-cli.ts profiles      (the three profiles' statistics, no file)
+ *   npx vite-node bench/routing-trace-cli.ts outlook       (host/plan/routing-outlook.ts's table)
  *
  * --pack takes the shape (layers, MoE layers, experts, top-k) from a pack, so the trace fits it;
  * without it, the full-size Kimi-VL-A3B shape. The generator, its parameters and their sources:
@@ -16,7 +17,7 @@ import { writeFileSync } from "node:fs";
 
 import { packBytes } from "../host/bench/bench-model.js";
 import { readTrace, traceHeaderLine, traceLine } from "../host/bench/bench-routing.js";
-import { DEFAULT_PARAMS, type GeneratorParams, KIMI_LOW_PARAMS, KIMI_SHAPE, type TraceShape, type TraceStats, UNIFORM_PARAMS, generateTrace, traceStats } from "./routing-trace.js";
+import { DEFAULT_PARAMS, type GeneratorParams, KIMI_LOW_PARAMS, KIMI_SHAPE, type TraceShape, type TraceStats, UNIFORM_PARAMS, calibratedOutlookTable, generateTrace, traceStats } from "./routing-trace.js";
 
 const PROFILES: Record<string, Readonly<GeneratorParams>> = { default: DEFAULT_PARAMS, "kimi-low": KIMI_LOW_PARAMS, uniform: UNIFORM_PARAMS };
 
@@ -92,7 +93,11 @@ async function main(argv: string[]): Promise<void> {
     }
     return;
   }
-  fail("usage: generate OUT [flags] | stats FILE... | profiles (see the file's header)");
+  if (command === "outlook") {
+    process.stdout.write(`${JSON.stringify(calibratedOutlookTable())}\n`);
+    return;
+  }
+  fail("usage: generate OUT [flags] | stats FILE... | profiles | outlook (see the file's header)");
 }
 
 main(process.argv.slice(2)).catch((err: unknown) => fail(err instanceof Error ? err.message : String(err)));

@@ -324,3 +324,13 @@ export function traceStats(ids: Int32Array, M: number, E: number, K: number, fra
   }));
   return { tokens, reuse1: n1 ? r1 / n1 : 0, reuse8: n8 ? r8 / n8 : 0, top8th: top / M, curves };
 }
+
+/** The default policy's hit rate on the calibrated trace (1000 tokens of the Kimi shape, seed 0,
+ * 64 tokens warm-up) at 0, 5, ..., 100 % resident: host/plan/routing-outlook.ts's table. */
+export function calibratedOutlookTable(tokens = 1000): number[] {
+  const M = KIMI_SHAPE.moeLayers.length, E = KIMI_SHAPE.nRouted, K = KIMI_SHAPE.topk;
+  const ids = generateTrace(KIMI_SHAPE, { ...DEFAULT_PARAMS, tokens });
+  const out: number[] = [];
+  for (let f = 0; f <= 20; f++) out.push(Number(simulatePolicy(ids, M, E, K, Math.round((f / 20) * M * E), "adaptive", 64).toFixed(3)));
+  return out;
+}

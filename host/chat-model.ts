@@ -140,7 +140,9 @@ function firstReadCheckNote(backend: BackendName): string | null {
  * The one line `kvl chat` and `kvl serve` print once the model is loaded: the backend and who
  * asked for it, the instances, the kernel set and the act mode with why, the RAM plan against
  * --ram-mib, a server's body and image limits, a smaller image budget (--max-image-tokens), the load time, what the first reads' checks cost
- * where that is noticeable, and (without --verbose) where the plan's table is.
+ * where that is noticeable, and (without --verbose) where the plan's table is; then, when the
+ * expert cache cannot hold every expert, a second line with what it should expect from a trained
+ * model's routing (realistic and worst: plan/routing-outlook.ts; --verbose's table ends with it).
  */
 export function loadLine(command: string, model: ChatModel, verbose: boolean): string {
   const record = model.backendRecord;
@@ -156,7 +158,8 @@ export function loadLine(command: string, model: ChatModel, verbose: boolean): s
   return `kvl ${command}: ${record.chosen}${by}, ${n} ${record.chosen === "wasm" ? "instance" : "engine"}${n > 1 ? "s" : ""}, ` +
     `kernels ${model.client.info.kernels}, Linear inputs ${actModeText(model.actMode)}; ` +
     `RAM plan ${(p.total / MIB).toFixed(0)} MiB of ${p.budgetText}${limits}${budget}; loaded in ${model.loadSeconds.toFixed(1)} s` +
-    `${note ? `; ${note}` : ""}${verbose ? "" : " (--verbose shows the plan)"}`;
+    `${note ? `; ${note}` : ""}${verbose ? "" : " (--verbose shows the plan)"}` +
+    (p.routingOutlookText && !verbose ? `\nkvl ${command}: ${p.routingOutlookText}` : "");
 }
 
 /** The reply's grammar builds (xgrammar's refusal a UserError), checked before anything runs. */

@@ -111,6 +111,8 @@ export interface PackFacts {
    * expert cache's slot is its pages, a Q8_EXPERT or Q4_EXPERT extent as packed (engine.c reads
    * extents unconverted whatever the activation mode). */
   readonly expertNbytes: number;
+  /** The experts' record dtype (pack-format.ts DTYPE_Q8_EXPERT or DTYPE_Q4_EXPERT), 0 without experts. */
+  readonly expertDtype: number;
   readonly tokenizerFileBytes: number;
   /** .idx file sizes: the engines parse them into their own memory. */
   readonly indexBytes: Readonly<Record<"trunk" | "experts" | "vision", number>>;
@@ -139,7 +141,7 @@ export async function readPackFacts(packDir: string): Promise<PackFacts> {
   }
   return {
     packDir, hparams: reader.hparams, trunk: trunk.byName,
-    expertRecords: experts.records.length, expertNbytes: experts.records[0]?.nbytes ?? 0,
+    expertRecords: experts.records.length, expertNbytes: experts.records[0]?.nbytes ?? 0, expertDtype: experts.records[0]?.dtype ?? 0,
     tokenizerFileBytes, indexBytes: { trunk: idx("trunk"), experts: idx("experts"), vision: idx("vision") },
     preprocessorConfig,
   };

@@ -55,12 +55,14 @@
  */
 import type { ActDtype, BackendName, EngineInfo, KvDtype } from "../core/core-api.js";
 import { WasmBackend } from "../core/wasm-backend.js";
+import { DTYPE_Q4_EXPERT } from "../pack/pack-format.js";
 import { UserError } from "../system/user-error.js";
 import { ExpertFloorError, InstanceLimitError, adviceFor, resolveAutoLimits } from "./advice.js";
 import { MIB, type Model, type PackFacts, mib, modelOf, rangeBytes, readPackFacts, sessionLayoutBytes, slotOf, visionBytes,
   visionInInstanceBytes } from "./core-bytes.js";
 import { type ImageBudget, type RequestBodies, imageBudgetOf, imageDecodeNote, requestBodiesNote, requestBodiesOf } from "./input-lines.js";
 import { layerRanges } from "./instances.js";
+import { type RoutingOutlook, outlookText, routingOutlook } from "./routing-outlook.js";
 import { type PlanOptions, type PlanSettings, settingsOf } from "./settings.js";
 
 export const NODE_WASM_BYTES = 96 * MIB;
@@ -174,7 +176,7 @@ export class RamPlan {
       ? `--ram-mib auto = ${this.settings.ramMib} MiB (${this.settings.ramDetail})`
       : `--ram-mib ${this.settings.ramMib}`;
   }
-    get maxContext(): number {
+  get maxContext(): number {
     return this.settings.maxContext;
   }
   get maxBatch(): number {
@@ -208,6 +210,21 @@ export class RamPlan {
   /** pthread workers all instances start (WebAssembly), 0 on native. */
   get pthreadWorkers(): number {
     return this.backend === "wasm" ? this.instances.length * WasmBackend.pthreadsForEngine(this.nThreads) : 0;
+  }
+
+  /** What the expert cache should expect from a trained model's routing, realistic and worst
+   * (routing-outlook.ts); null when it holds every extent or the model has no routed experts. */
+  get routingOutlook(): RoutingOutlook | null {
+    const m = modelOf(this.facts);
+    const cached = this.instances.reduce((n, i) => n + (i.expertExtent ? Math.round(i.expertCache / i.expertExtent) : 0), 0);
+    const picks = m.moe.filter(Boolean).length * m.topK;
+    return routingOutlook(cached, this.facts.expertRecords, picks, m.extent);
+  }
+
+  /** The outlook as the load line and the plan's table say it, or null. */
+  get routingOutlookText(): string | null {
+    const o = this.routingOutlook;
+    return o ? outlookText(o, this.facts.expertDtype === DTYPE_Q4_EXPERT) : null;
   }
 
   describe(): string {
@@ -256,6 +273,8 @@ export class RamPlan {
       const range = `layers [${i.range[0]}, ${i.range[1]})`;
       lines.push(`  ${String(i.index + 1).padStart(2)}  ${range.padEnd(18)} ${mib(i.memoryBytes).padStart(10)} MiB`);
     }
+    const outlook = this.routingOutlookText;
+    if (outlook) lines.push(`${outlook[0]!.toUpperCase()}${outlook.slice(1)}.`);
     return lines.join("\n");
   }
 
