@@ -1,0 +1,91 @@
+/**
+ * low-ram-table.ts — the table of bench/low-ram.sh's run (issue 38 items 3 and 5): per memory
+ * cap, expert dtype, backend and routing, what kvl reached against what the disk allows.
+ *
+ *   npx vite-node bench/low-ram-table.ts OUT      (OUT: bench/low-ram.sh's folder)
+ *
+ * Bound per run: the cache's extents C of N (the run's own plan), its hit rate h, then
+ *   disk s/token = (1 - h) x (MoE layers x top-k) x the padded extent / the direct-read rate
+ * (limits.jsonl: the 2 MiB-piece, queue depth 4 figure kvl bench divides by), and compute = the
+ * same pack and backend's all-in-RAM warm decode (median s/token) of this run. h: uniform C / N
+ * (no policy beats it); the calibrated trace: bench/routing-trace.ts simulatePolicy of the
+ * default (adaptive) policy on the replayed trace with exactly C (the policy alone: no pins or
+ * read-ahead); the model's own routing has no bound here (its trace is the run's, not known
+ * ahead). Floor = max(disk, compute) (reads and compute fully overlapped); serial = their sum.
+ * Ratio = kvl's warm decode median / the floor.
+ */
+import { existsSync, readFileSync } from "node:fs";
+import { join } from "node:path";
+
+import { loadLimits } from "../host/bench/bench-limits.js";
+import { readTrace } from "../host/bench/bench-routing.js";
+import { simulatePolicy } from "./routing-trace.js";
+
+interface Decode {
+  tokens: number;
+  s_per_token_median: number;
+  ssd_bytes_per_token: number;
+  expert_hit_rate: number;
+  expert_stall_share: number;
+  expert_lookahead?: { issued: number; used: number; wasted: number };
+}
+interface Run {
+  backend: string;
+  routing: string;
+  plan: string;
+  info: { expert_extent_bytes: number };
+  decode_warm?: Decode;
+  peak_rss_bytes?: number;
+  plan_total_bytes: number;
+}
+interface Bench {
+  runs: Run[];
+}
+
+const out = process.argv[2];
+if (!out) throw new Error("usage: low-ram-table.ts OUT");
+const load = (name: string): Run[] => {
+  const file = join(out, `${name}.json`);
+  return existsSync(file) ? (JSON.parse(readFileSync(file, "utf8")) as Bench).runs : [];
+};
+const limits = loadLimits(join(out, "limits.jsonl"));
+const trace = readTrace(join(out, "calibrated.jsonl"));
+const h = trace.header;
+const M = h.moe_layers.length;
+const K = h.topk;
+const E = h.n_routed;
+const N = M * E;
+const PAGE = 4096;
+const f = (x: number | undefined, n = 3): string => (x === undefined || !Number.isFinite(x) ? "-" : x.toFixed(n));
+const pct = (x: number): string => `${(100 * x).toFixed(1)} %`;
+
+const rows = [
+  "| cap | experts | backend | extents cached | routing | hit rate (bound's) | GB read a token | disk wait, % of step | read ahead used / issued a token | kvl s/token | compute (in RAM) | disk at the read rate | floor max / serial sum | kvl / floor | peak RSS / plan GiB |",
+  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+];
+for (const cap of ["4352M", "8448M"]) {
+  for (const backend of ["native", "wasm"]) {
+    for (const dtype of ["q8", "q4"]) {
+      const runs = load(`cap${cap}-${dtype}-${backend}`);
+      if (runs.length === 0) continue;
+      const inRam = load(`ram-${dtype}`).find((r) => r.backend === backend)?.decode_warm?.s_per_token_median ?? Number.NaN;
+      for (const run of runs) {
+        const d = run.decode_warm;
+        if (!d) continue;
+        const C = Number(/auto, (\d+) extents/.exec(run.plan)?.[1] ?? Number.NaN);
+        const padded = Math.ceil(run.info.expert_extent_bytes / PAGE) * PAGE;
+        const kind = run.routing === "model" ? "model" : run.routing === "uniform" ? "uniform" : "calibrated";
+        const hit = kind === "uniform" ? C / N : kind === "calibrated" ? simulatePolicy(trace.ids, M, E, K, C, "adaptive", 64) : Number.NaN;
+        const disk = ((1 - hit) * M * K * padded) / limits.ssd_bytes_per_s;
+        const floor = Math.max(disk, inRam);
+        const la = d.expert_lookahead;
+        rows.push(`| ${cap.replace("4352M", "4 GiB").replace("8448M", "8 GiB")} + 256 MiB | ${dtype} | ${backend} | ${C} (${pct(C / N)}) | ${kind} | ` +
+          `${pct(d.expert_hit_rate)} (${Number.isFinite(hit) ? pct(hit) : "-"}) | ${f(d.ssd_bytes_per_token / 1e9)} | ${(100 * d.expert_stall_share).toFixed(0)} % | ` +
+          `${la ? `${f(la.used / d.tokens, 1)} / ${f(la.issued / d.tokens, 1)}` : "-"} | ${f(d.s_per_token_median)} | ${f(inRam)} | ${f(disk)} | ` +
+          `${f(floor)} / ${f(disk + inRam)} | ${Number.isFinite(hit) ? `${f(d.s_per_token_median / floor, 2)}x` : "-"} | ` +
+          `${run.peak_rss_bytes ? (run.peak_rss_bytes / 2 ** 30).toFixed(2) : "-"} / ${(run.plan_total_bytes / 2 ** 30).toFixed(2)} |`);
+      }
+    }
+  }
+}
+process.stdout.write(`direct read ${(limits.ssd_bytes_per_s / 1e9).toFixed(2)} GB/s (${limits.source}); ${N} extents, ${M} MoE layers x top-${K}\n\n${rows.join("\n")}\n`);

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# low-ram.sh — issue 38's one run: the low-RAM table against its bounds. Q8 and Q4 routed experts,
+# each under a 4 GiB + 256 MiB memory cgroup (native and WebAssembly) and an 8 GiB + 256 MiB one
+# (native), with kvl's defaults inside the cap (--ram-mib auto, the chat plan, adaptive cache,
+# read-ahead auto) and three routings per run: the random-weight model's own, the calibrated trace
+# (routing a trained model would produce, bench/routing-trace.ts) and uniform (the worst case).
+# The compute a token needs comes from the same packs decoding all in RAM in the same run.
+# Needs root (page-cache drops, cgroups), dist/, the native addon and two packs of the same
+# model that differ only in --expert-dtype.
+#   bash bench/low-ram.sh Q8PACK Q4PACK [OUT]      (OUT default /tmp/kvl-low-ram)
+#   env: THREADS (2), DECODE (32 timed tokens), WARMUP (32 warm-up tokens), TOKENS (trace length, 2000)
+# Prints the table (Markdown, bench/low-ram-table.ts); raw JSON and cgroup reports land in OUT.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+Q8=${1:?usage: bench/low-ram.sh Q8PACK Q4PACK [OUT]}
+Q4=${2:?usage: bench/low-ram.sh Q8PACK Q4PACK [OUT]}
+OUT=${3:-/tmp/kvl-low-ram}
+THREADS=${THREADS:-2} DECODE=${DECODE:-32} WARMUP=${WARMUP:-32} TOKENS=${TOKENS:-2000}
+mkdir -p "$OUT"
+drop_caches() { sync; echo 3 > /proc/sys/vm/drop_caches; }
+step() { echo "low-ram: $(date -u +%H:%M:%S) (load $(cut -d" " -f1-3 /proc/loadavg)) $*" >&2; }
+
+# limits as bench/run_all.sh measures them: DRAM, direct reads of the Q8 pack's experts.bin after
+# dropping the page cache (extent-sized at queue depth 2, and 2 MiB pieces at 4: what kvl bench
+# divides by), the FMA peak
+gcc -std=c11 -O2 -mavx2 -mfma -Wall -Wextra bench/membw.c -lpthread -o "$OUT/membw" || exit 1
+EXTENT=$(node -e 'import("./dist/host/pack/pack-format.js").then(async ({ PackReader }) =>
+  console.log((await PackReader.open(process.argv[1])).stores.get("experts").records[0].nbytes))' "$Q8") || exit 1
+step limits
+: > "$OUT/limits.jsonl"
+for isa in avx2 avx512; do "$OUT/membw" dram 2048 "$THREADS" 5 "$isa" >> "$OUT/limits.jsonl"; done
+drop_caches; "$OUT/membw" ssd "$Q8/experts.bin" "$EXTENT" 2 256 2 >> "$OUT/limits.jsonl"
+drop_caches; "$OUT/membw" ssd "$Q8/experts.bin" 2097152 4 1024 4 >> "$OUT/limits.jsonl"
+"$OUT/membw" fma "$THREADS" 2 >> "$OUT/limits.jsonl"
+
+step "calibrated trace ($TOKENS tokens)"
+npx vite-node bench/routing-trace-cli.ts generate "$OUT/calibrated.jsonl" --pack "$Q8" --tokens "$TOKENS" > "$OUT/calibrated.stats" || exit 1
+
+common=(--threads "$THREADS" --limits "$OUT/limits.jsonl" --prompt-lens 16 --decode-tokens "$DECODE" --warm --warmup-tokens "$WARMUP" --json)
+for dtype in q8 q4; do
+    pack=$([ "$dtype" = q8 ] && echo "$Q8" || echo "$Q4")
+    step "in RAM, $dtype, both backends"
+    node dist/cli/kvl.js bench "$pack" --backend both --ram-mib 20000 "${common[@]}" --out "$OUT/ram-$dtype.json" \
+        > /dev/null 2> "$OUT/ram-$dtype.err" || step "FAILED (see $OUT/ram-$dtype.err)"
+done
+for cap in 4352M 8448M; do
+    for backend in native wasm; do
+        [ "$cap" = 8448M ] && [ "$backend" = wasm ] && continue
+        for dtype in q8 q4; do
+            pack=$([ "$dtype" = q8 ] && echo "$Q8" || echo "$Q4")
+            name=cap$cap-$dtype-$backend
+            step "$cap cgroup, $dtype, $backend"
+            bash bench/cgroup-run.sh "$cap" "$OUT/$name.report" -- node dist/cli/kvl.js bench "$pack" --backend "$backend" \
+                --drop-caches --routing "model,trace:$OUT/calibrated.jsonl,uniform" "${common[@]}" --out "$OUT/$name.json" \
+                > /dev/null 2> "$OUT/$name.err" || step "FAILED (see $OUT/$name.report)"
+        done
+    done
+done
+npx vite-node bench/low-ram-table.ts "$OUT"
