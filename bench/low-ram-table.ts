@@ -9,7 +9,7 @@
  * (limits.jsonl: the 2 MiB-piece, queue depth 4 figure kvl bench divides by), and compute = the
  * same pack and backend's all-in-RAM warm decode (median s/token) of this run. h: uniform C / N
  * (no policy beats it); the calibrated trace: bench/routing-trace.ts simulatePolicy of the
- * run's policy (the default adaptive; the LRU rows: LRU) on the replayed trace with exactly C (the policy alone: no pins or
+ * run's cache policy (the default adaptive, or the policy the row names) on the replayed trace with exactly C (the policy alone: no pins or
  * read-ahead); the model's own routing has no bound here (its trace is the run's, not known
  * ahead). The bound of the issue (item 5) is serial = disk + compute: a layer's misses are known
  * only once it routes, so under routing nothing predicts (uniform, a trace) its reads cannot
@@ -69,7 +69,7 @@ const rows = [
 for (const cap of ["4352M", "8448M"]) {
   for (const backend of ["native", "wasm"]) {
     for (const dtype of ["q8", "q4"]) {
-      const runs = [...load(`cap${cap}-${dtype}-${backend}`), ...load(`cap${cap}-${dtype}-${backend}-lru`)];
+      const runs = [...load(`cap${cap}-${dtype}-${backend}`), ...load(`cap${cap}-${dtype}-${backend}-policies`)];
       if (runs.length === 0) continue;
       const inRam = load(`ram-${dtype}`).find((r) => r.backend === backend)?.decode_warm?.s_per_token_median ?? Number.NaN;
       for (const run of runs) {
@@ -78,7 +78,7 @@ for (const cap of ["4352M", "8448M"]) {
         const C = Number(/auto, (\d+) extents/.exec(run.plan)?.[1] ?? Number.NaN);
         const padded = Math.ceil(run.info.expert_extent_bytes / PAGE) * PAGE;
         const kind = run.routing === "model" ? "model" : run.routing === "uniform" ? "uniform" : "calibrated";
-        const policy = run.cache_policy === "lru" ? "lru" : "adaptive";
+        const policy = run.cache_policy as "lru" | "frequency" | "adaptive";
         const hit = kind === "uniform" ? C / N : kind === "calibrated" ? simulatePolicy(trace.ids, M, E, K, C, policy, 64) : Number.NaN;
         const disk = ((1 - hit) * M * K * padded) / limits.ssd_bytes_per_s;
         const floor = Math.max(disk, inRam);

@@ -56,13 +56,14 @@ for cap in 4352M 8448M; do
         done
     done
 done
-# the cache policy's target: hit rate at least plain LRU's on the calibrated trace (native, 4 GiB)
+# the cache policy's targets: hit rate at least plain LRU's on the calibrated trace, and nothing
+# slower than the old default (frequency) under the model's routing (native, 4 GiB)
 for dtype in q8 q4; do
     pack=$([ "$dtype" = q8 ] && echo "$Q8" || echo "$Q4")
-    name=cap4352M-$dtype-native-lru
-    step "4352M cgroup, $dtype, native, calibrated trace, LRU"
+    name=cap4352M-$dtype-native-policies
+    step "4352M cgroup, $dtype, native, calibrated trace and model, LRU and frequency"
     bash bench/cgroup-run.sh 4352M "$OUT/$name.report" -- node dist/cli/kvl.js bench "$pack" --backend native \
-        --drop-caches --routing "trace:$OUT/calibrated.jsonl" --cache-policy lru "${common[@]}" --out "$OUT/$name.json" \
+        --drop-caches --routing "trace:$OUT/calibrated.jsonl,model" --cache-policy lru,frequency "${common[@]}" --out "$OUT/$name.json" \
         > /dev/null 2> "$OUT/$name.err" || step "FAILED (see $OUT/$name.report)"
 done
 npx vite-node bench/low-ram-table.ts "$OUT"
