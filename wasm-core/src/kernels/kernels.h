@@ -211,7 +211,7 @@ int kvl_gemm_bf16_amx(float *Y, size_t ldy, const uint16_t *W, size_t rows, size
                       const float *X, size_t ldx, size_t n, float *work);
 /* Attention of one head on AMX tiles (the vision tower's in BF16 mode; same availability as
  * kvl_gemm_bf16_amx): out[t*ldo + d] = sum_s P[t,s] v[s,d] / L[t] for t < nq <= KVL_ATTN_AMX_QUERIES
- * queries Q[t*ldq + d] and len keys/values, d < hd <= KVL_ATTN_AMX_MAX_HD. Q, K and V are rounded
+ * queries Q[t*ldq + d] and len >= 1 keys/values, d < hd <= KVL_ATTN_AMX_MAX_HD. Q, K and V are rounded
  * to BF16 (kvl_bf16_round_daz) and zero-padded to whole 32-column tiles; the scores S = Q K^T are
  * TDPBF16PS sums in FP32, scaled by `scale` in FP32; each query's online softmax runs over blocks
  * of KVL_ATTN_AMX_KEYS keys in FP32 on k's softmax entry (the vision tower's rule: M' = max(M,

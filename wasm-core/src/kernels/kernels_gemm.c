@@ -562,7 +562,7 @@ int kvl_attention_bf16_amx(const kvl_kernels *k, float *out, size_t ldo, const f
                            size_t ldq, size_t nq, const uint32_t *kv, size_t len, size_t hd,
                            float scale, float prob_floor, float *work)
 {
-    if (!kvl_gemm_amx_available() || hd == 0 || hd > KVL_ATTN_AMX_MAX_HD ||
+    if (!kvl_gemm_amx_available() || hd == 0 || hd > KVL_ATTN_AMX_MAX_HD || len == 0 ||
         nq > KVL_ATTN_AMX_QUERIES || !k || !k->softmax)
         return -1;
     if (nq == 0)
