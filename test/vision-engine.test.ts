@@ -70,6 +70,8 @@ let textI16: TextReference;
 let vision: VisionReference;
 /** the reference with every Linear layer's inputs rounded to BF16, as the BF16 vision products take them */
 let visionBf16: VisionReference;
+/** visionBf16 with attention rounded as the AMX attention rounds it too (Q, K, V, probabilities) */
+let visionBf16Attn: VisionReference;
 let mediaTokenId: number;
 let patchValues: number;
 let pixels: Float32Array;
@@ -145,6 +147,7 @@ beforeAll(async () => {
   textI16 = TextReference.load(made.ckpt, { q8Experts: true, intInputs: "i16x1" });
   vision = VisionReference.load(made.ckpt);
   visionBf16 = VisionReference.load(made.ckpt, { linearInputs: "bf16" });
+  visionBf16Attn = VisionReference.load(made.ckpt, { linearInputs: "bf16", attention: "bf16" });
   const config = JSON.parse(readFileSync(join(made.ckpt, "config.json"), "utf8")) as { media_placeholder_token_id: number };
   mediaTokenId = config.media_placeholder_token_id;
   patchValues = 3 * vision.cfg.patch_size * vision.cfg.patch_size;
@@ -228,31 +231,43 @@ describe.each(BACKENDS)("the vision encoder on %s", (backend) => {
       }
     });
 
-    it("(a') in the auto mode: BF16 products where AMX runs (Linux, avx512-bf16, amx_bf16), within TOLERANCE plus twice what BF16 inputs move the reference; elsewhere the f32 mode's bits", async () => {
+    it("(a') in the auto mode: BF16 products and attention where AMX runs (Linux, avx512-bf16, amx_bf16), within TOLERANCE plus twice what their BF16 roundings move the reference; elsewhere the f32 mode's bits", async () => {
       const act = resolveActMode("auto", backend, (backend === "wasm" ? wasm : native).defaultKernelSet()).actDtype;
       const amx = backend === "native" && process.platform === "linux" && native.defaultKernelSet() === "avx512-bf16" &&
         /^flags\s*:.*\bamx_bf16\b/m.test(readFileSync("/proc/cpuinfo", "utf8")) && !process.env.KVL_NO_AMX;
       const { engine, close } = await openLayout(backend, layout, true, act);
       try {
         const rows = engine.encodeImages(pixels, GRIDS);
-        const want = referenceRows(pixels, GRIDS);
-        const scale = maxAbs(want);
-        const err = maxAbsDiff(rows, want) / scale;
         if (!amx) {
           expect(differingValues(rows, direct)).toBe(0);
           return;
         }
-        const list: Array<[number, number]> = [[GRIDS[0]!, GRIDS[1]!], [GRIDS[2]!, GRIDS[3]!]];
-        const rounded = Float64Array.from(visionBf16.encode(Float64Array.from(pixels), list));
-        const bound = TOLERANCE + 2 * maxAbsDiff(rounded, want) / scale;
-        const fromRounded = maxAbsDiff(rows, rounded) / scale;
-        console.log(`[vision ${backend}, ${layout}] BF16 products (${act}): max |diff| / max |ref| ${err.toExponential(2)} ` +
-          `(bound ${bound.toExponential(2)}); against the reference with BF16 inputs ${fromRounded.toExponential(2)}`);
-        // the BF16 path ran (an FP32 encode is within 1e-6 here), and within its bound. (The
-        // engine is not closer to the reference with rounded inputs than to the exact one: FP32
-        // noise flips BF16 roundings at their boundaries, and flips carry through 27 layers.)
-        expect(differingValues(rows, direct)).toBeGreaterThan(0);
-        expect(err).toBeLessThanOrEqual(bound);
+        // the two test images, then 18x34 = 612 patches: two blocks of the AMX attention's keys
+        // (KVL_ATTN_AMX_KEYS, 512, the last partial) and seven query tiles (the last partial)
+        const cases: Array<{ px: Float32Array; grids: Int32Array; rows: Float32Array }> = [{ px: pixels, grids: GRIDS, rows }];
+        const big = seededPixels(2025, 18 * 34 * patchValues);
+        cases.push({ px: big, grids: Int32Array.of(18, 34), rows: engine.encodeImages(big, Int32Array.of(18, 34)) });
+        for (const c of cases) {
+          const want = referenceRows(c.px, c.grids);
+          const scale = maxAbs(want);
+          const err = maxAbsDiff(c.rows, want) / scale;
+          const list: Array<[number, number]> = [];
+          for (let i = 0; i < c.grids.length; i += 2) list.push([c.grids[i]!, c.grids[i + 1]!]);
+          const linearOnly = Float64Array.from(visionBf16.encode(Float64Array.from(c.px), list));
+          const rounded = Float64Array.from(visionBf16Attn.encode(Float64Array.from(c.px), list));
+          // the bound: what every rounding of the BF16 mode (the Linear inputs; attention's Q, K,
+          // V and probabilities) moves the float64 reference, twice, plus the FP32 mode's 1e-3
+          const bound = TOLERANCE + 2 * maxAbsDiff(rounded, want) / scale;
+          console.log(`[vision ${backend}, ${layout}] ${list.map(([h, w]) => `${h}x${w}`).join(" + ")} patches, BF16 products and attention (${act}): ` +
+            `max |diff| / max |ref| ${err.toExponential(2)} (bound ${bound.toExponential(2)}); the roundings move the reference by ` +
+            `${(maxAbsDiff(rounded, want) / scale).toExponential(2)} (the Linear inputs' alone ${(maxAbsDiff(linearOnly, want) / scale).toExponential(2)}); ` +
+            `engine against the rounded reference ${(maxAbsDiff(c.rows, rounded) / scale).toExponential(2)}`);
+          // the BF16 path ran (an FP32 encode is within 1e-6 here), and within its bound. (The
+          // engine is not much closer to the rounded reference than to the exact one: FP32 noise
+          // flips BF16 roundings at their boundaries, and flips carry through 27 layers.)
+          if (c.rows === rows) expect(differingValues(rows, direct)).toBeGreaterThan(0);
+          expect(err).toBeLessThanOrEqual(bound);
+        }
       } finally {
         close();
       }

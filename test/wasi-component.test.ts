@@ -13,7 +13,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 const ENTRIES = ["matmul_bf16", "matmul_q8", "matmul_f32", "matmul_bf16_xb", "matmul_q8_xb",
   "quantize_i16_act", "matmul_q8_i16", "matmul_q8_i8", "matmul_i16_i16",
   "matmul_q4", "matmul_q4_xb", "matmul_q4_i16", "matmul_q4_i8", "dot_f32", "axpy_f32", "axpy_rows_f32", "bf16_to_f32", "q8_to_f32",
-  "f32_to_bf16", "softmax", "gelu_tanh", "gemm_bf16", "gemm_bf16_xb", "gemm_tile_bf16", "gemm_bf16_amx"];
+  "f32_to_bf16", "softmax", "gelu_tanh", "gemm_bf16", "gemm_bf16_xb", "gemm_tile_bf16", "gemm_bf16_amx", "attention_bf16_amx"];
 
 /** The exports of kernels.wit as jco transpiles them (result<string, string>: err throws). */
 interface KernelsComponent {

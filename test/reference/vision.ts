@@ -40,6 +40,15 @@ export interface VisionOptions {
    * rounded to BF16 first, as the core's BF16 vision products take them (kernels.h
    * kvl_bf16_round_daz: to FP32, then nearest-even, subnormals to zero); "exact" (default). */
   linearInputs?: "exact" | "bf16";
+  /** "bf16": attention rounded as the core's AMX attention rounds it (kernels.h
+   * kvl_attention_bf16_amx): Q and K after RoPE, and V, rounded by bf16RoundDaz; each query's
+   * probabilities formed as p = e^(s - m) (m: the row's maximum score), set to 0 below 2^-100
+   * (vision.c's ATTN_PROB_FLOOR) and otherwise rounded by bf16RoundDaz before their product with
+   * V; the normaliser is the sum of the unrounded p, as the core's L. (The core rounds
+   * e^(s - M) with M the running maximum of the key blocks seen so far: the same number where
+   * the first block holds the row's maximum, otherwise one with the same relative rounding (at most 2^-8)
+   * at other points.) "exact" (default). */
+  attention?: "exact" | "bf16";
 }
 
 /** v as the core's kvl_bf16_round_daz leaves it (written here from its definition). */
@@ -198,17 +207,36 @@ export function parseVisionConfig(config: Record<string, unknown>): VisionConfig
   };
 }
 
+/** Smallest probability the core keeps (vision.c ATTN_PROB_FLOOR, 2^-100). */
+const ATTN_PROB_FLOOR = 2 ** -100;
+
+/** Scores -> the probabilities the AMX attention multiplies V by, over the unrounded sum
+ * (VisionOptions.attention "bf16"). */
+function roundedProbabilities(v: Float64Array): void {
+  let max = -Infinity;
+  for (let i = 0; i < v.length; i++) max = Math.max(max, v[i]!);
+  let sum = 0;
+  for (let i = 0; i < v.length; i++) {
+    const e = Math.exp(v[i]! - max);
+    sum += e;
+    v[i] = e < ATTN_PROB_FLOOR ? 0 : bf16RoundDaz(e);
+  }
+  for (let i = 0; i < v.length; i++) v[i]! /= sum;
+}
+
 export class VisionReference {
   readonly cfg: VisionConfig;
   readonly textHidden: number;
   private readonly ropeMode: "f32" | "f64";
   private readonly bf16Inputs: boolean;
+  private readonly bf16Attention: boolean;
 
   private constructor(cfg: VisionConfig, textHidden: number, private readonly w: Map<string, Tensor>, options: VisionOptions) {
     this.cfg = cfg;
     this.textHidden = textHidden;
     this.ropeMode = options.ropeAngles ?? "f32";
     this.bf16Inputs = options.linearInputs === "bf16";
+    this.bf16Attention = options.attention === "bf16";
   }
 
   /** A Linear layer, its inputs rounded first in the bf16 mode. */
@@ -263,6 +291,12 @@ export class VisionReference {
           rope2dInPlace(qkv, (start + t) * 3 * d + d + h * hd, hd, angles, t * (hd / 2)); // K
         }
       }
+      if (this.bf16Attention) {
+        for (let t = 0; t < len; t++) {
+          const off = (start + t) * 3 * d;
+          for (let i = 0; i < 3 * d; i++) qkv[off + i] = bf16RoundDaz(qkv[off + i]!);
+        }
+      }
       const scores = new Float64Array(len);
       for (let h = 0; h < heads; h++) {
         for (let s = 0; s < len; s++) {
@@ -273,7 +307,8 @@ export class VisionReference {
             for (let i = 0; i < hd; i++) dot += qkv[qOff + i]! * qkv[kOff + i]!;
             scores[t] = dot * scale;
           }
-          softmaxInPlace(scores);
+          if (this.bf16Attention) roundedProbabilities(scores);
+          else softmaxInPlace(scores);
           const oOff = (start + s) * d + h * hd;
           for (let t = 0; t < len; t++) {
             const vOff = (start + t) * 3 * d + 2 * d + h * hd;

@@ -13,7 +13,10 @@
  * Layer: forward passes, below engine.c (vision.h and kvl_core.h's kvl_vision_* are what it calls
  * here); calls only the files below it (scripts/c-layers.mjs checks).
  *
- * All arithmetic is FP32 with BF16 weights; every dimension comes from engine->vision.hp.
+ * All arithmetic is FP32 with BF16 weights, except in the BF16 mode (engine->vision.bf16: AMX
+ * runs and the mode is not f32), where the Linear layers' inputs and attention's Q, K, V and
+ * probabilities are rounded to BF16 for AMX tiles (kernels.h kvl_gemm_bf16_amx,
+ * kvl_attention_bf16_amx); every dimension comes from engine->vision.hp.
  */
 #include <math.h>
 #include <stdint.h>
@@ -46,6 +49,7 @@ enum {
      * test/vision-engine.test.ts checks batch invariance) */
     GEMM_ROW_GRAIN = 32,
 };
+_Static_assert(ATTN_QUERIES <= KVL_ATTN_AMX_QUERIES, "a work item's queries fit one AMX attention call");
 
 static size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
@@ -223,6 +227,15 @@ static kvl_status make_plan(const kvl_engine *engine, const int32_t *grids, int3
                                         ATTN_QUERIES * pl->head_dim +
                                         2 * pl->mr * ATTN_KEYS +
                                         ATTN_QUERIES * pl->head_dim_v + 2 * ATTN_QUERIES;
+        /* BF16 mode on AMX (kvl_attention_bf16_amx): one head's keys and values of an image as
+         * BF16 pair panels, then the call's work (a work item's queries, one block's scores and
+         * probabilities of 32 queries, the item's outputs): also O(image tokens) */
+        {
+            const size_t amx = kvl_attn_amx_kv_words(pl->max_image_tokens, pl->head_dim) +
+                               kvl_attn_amx_work_floats(pl->head_dim);
+            if (pl->scratch_floats_per_thread < amx)
+                pl->scratch_floats_per_thread = amx;
+        }
         /* the products' packed panels (kvl_gemm_bf16) use the same scratch between attentions */
         if (pl->scratch_floats_per_thread < KVL_GEMM_WORK_FLOATS)
             pl->scratch_floats_per_thread = KVL_GEMM_WORK_FLOATS;
@@ -546,8 +559,10 @@ static void job_rope(const vision_job *j, size_t t)
  *   l_b e^(m_b - M'), with l_b = 1 / (softmax_b at its maximum, where exp gave exactly 1);
  * at the end O / L. Nothing grows with tokens^2: the scores of one block of one panel only.
  * Items are (image, head, query tile) in that order, so a thread's consecutive items mostly share
- * the packed keys/values; `cached` remembers which (image, head) the scratch holds. */
-typedef struct attn_cache { size_t img, head; int valid; } attn_cache;
+ * the packed keys/values; `cached` remembers which (image, head) the scratch holds, and in which
+ * form: in the BF16 mode the same steps run on AMX tiles (kvl_attention_bf16_amx: 32 queries a
+ * tile, KVL_ATTN_AMX_KEYS keys a block) over keys and values packed as BF16 pairs. */
+typedef struct attn_cache { size_t img, head; int valid, amx; } attn_cache;
 
 static void job_attention(const vision_job *j, size_t item, float *scratch, attn_cache *cached)
 {
@@ -570,7 +585,30 @@ static void job_attention(const vision_job *j, size_t item, float *scratch, attn
     float *M = O + ATTN_QUERIES * hdv, *L = M + ATTN_QUERIES; /* running max and sum */
     const float scale = (float)(1.0 / sqrt((double)hd));
     size_t s, t, d, i;
-    if (!cached->valid || cached->img != img || cached->head != head) {
+    if (j->bf16 && hd <= KVL_ATTN_AMX_MAX_HD) {
+        /* BF16 mode: the same attention on AMX tiles (kernels.h), keys and values packed once
+         * per (image, head) as BF16 pairs at the start of the scratch */
+        uint32_t *kv = (uint32_t *)(void *)scratch;
+        float *work = scratch + kvl_attn_amx_kv_words(max_len, hd);
+        const float *qkv = j->qkv + first * stride + head * hd;
+        if (!cached->valid || !cached->amx || cached->img != img || cached->head != head) {
+            cached->valid = 0;
+            cached->amx = 1;
+            if (kvl_attn_amx_pack_kv(kv, qkv + D, qkv + 2 * D, stride, len, hd) == 0) {
+                cached->img = img;
+                cached->head = head;
+                cached->valid = 1;
+            }
+        }
+        if (cached->valid &&
+            kvl_attention_bf16_amx(K, j->attn_out + (first + q0) * D + head * hd, D,
+                                   qkv + q0 * stride, stride, nq, kv, len, hd, scale,
+                                   ATTN_PROB_FLOOR, work) == 0)
+            return;
+        cached->valid = 0; /* not reached where engine->vision.bf16 is set (AMX runs) */
+    }
+    if (!cached->valid || cached->amx || cached->img != img || cached->head != head) {
+        cached->amx = 0;
         const size_t lp = align_up(len, nr);
         for (s = 0; s < lp; s++) {
             const float *row = s < len ? j->qkv + (first + s) * stride + D + head * hd : NULL;
@@ -672,6 +710,7 @@ static void vision_worker(void *ctx, int ti, int nt)
     float *scratch = j->scratch + (size_t)ti * j->pl->scratch_floats_per_thread;
     attn_cache cached;
     cached.valid = 0;
+    cached.amx = 0;
     if (j->op == OP_MATMUL) {
         /* whole panels of every table's gemm_nr per thread; the blocked GEMM sums each output
          * in the same order on any split, so results do not depend on the thread count */

@@ -209,6 +209,38 @@ void kvl_gemm_bf16_xb(const kvl_kernels *k, float *Y, size_t ldy, const uint16_t
 int kvl_gemm_amx_available(void);
 int kvl_gemm_bf16_amx(float *Y, size_t ldy, const uint16_t *W, size_t rows, size_t cols,
                       const float *X, size_t ldx, size_t n, float *work);
+/* Attention of one head on AMX tiles (the vision tower's in BF16 mode; same availability as
+ * kvl_gemm_bf16_amx): out[t*ldo + d] = sum_s P[t,s] v[s,d] / L[t] for t < nq <= KVL_ATTN_AMX_QUERIES
+ * queries Q[t*ldq + d] and len >= 1 keys/values, d < hd <= KVL_ATTN_AMX_MAX_HD. Q, K and V are rounded
+ * to BF16 (kvl_bf16_round_daz) and zero-padded to whole 32-column tiles; the scores S = Q K^T are
+ * TDPBF16PS sums in FP32, scaled by `scale` in FP32; each query's online softmax runs over blocks
+ * of KVL_ATTN_AMX_KEYS keys in FP32 on k's softmax entry (the vision tower's rule: M' = max(M,
+ * m_b), L = L e^(M - M') + e^(m_b - M')/softmax_b(max), O *= e^(M - M')), the probabilities
+ * P = softmax_b * e^(m_b - M') / softmax_b(max) below prob_floor set to 0, the rest rounded to
+ * BF16, and O += P V on tiles into FP32 accumulators; at the end O / L (L of the unrounded P).
+ * Bound (conformance attention_bf16_amx), against float64 of the rounded Q, K, V with p = e^(s-m)
+ * exact: |out - o| <= (2^-8 + 5 e_s + (2 len + hd + 64) u) A + len (u + prob_floor) max|v|,
+ * where A = sum p|v| / sum p and e_s = |scale| (hd + 16) u max_s sum_d |q_d k_sd| + 32 u: the
+ * BF16 rounding of P (2^-8 relative: 8 significant bits), the FP32 error of each p (the score's
+ * and its row maximum's, the exps and the softmax) in P and again in L, the FP32 sums of L and
+ * O; the last term covers FP32 subtractions s - m (relative error u |s - m| in a p = e^(s - m),
+ * at most u / e) and the probabilities dropped below the floor.
+ * kv: kvl_attn_amx_pack_kv's panels of the head's len keys and values (packed once, reused by
+ * every query tile); work: kvl_attn_amx_work_floats(hd) floats. Returns 0, or -1 (nothing
+ * written) where AMX is not available or hd, nq are out of range. */
+#define KVL_ATTN_AMX_KEYS 512
+#define KVL_ATTN_AMX_QUERIES 96
+#define KVL_ATTN_AMX_MAX_HD 256
+/* uint32 words of the packed keys and values of len keys (head size hd), and the work floats */
+size_t kvl_attn_amx_kv_words(size_t len, size_t hd);
+size_t kvl_attn_amx_work_floats(size_t hd);
+/* K[s*ld + d], V[s*ld + d] (s < len, d < hd) rounded to BF16 into kv's pair panels; 0 or -1
+ * (nothing written) as kvl_attention_bf16_amx. */
+int kvl_attn_amx_pack_kv(uint32_t *kv, const float *K, const float *V, size_t ld, size_t len,
+                         size_t hd);
+int kvl_attention_bf16_amx(const kvl_kernels *k, float *out, size_t ldo, const float *Q,
+                           size_t ldq, size_t nq, const uint32_t *kv, size_t len, size_t hd,
+                           float scale, float prob_floor, float *work);
 /* BF16 bits of kvl_bf16_round_daz(x) */
 uint16_t kvl_bf16_bits_daz(float x);
 /* a * b + c rounded once to FP32, without the C library's fmaf: mingw-w64's is a software one

@@ -631,6 +631,104 @@ static int test_gemm_amx(report *rep, const kvl_kernels *K, rng *g, size_t rows,
     return 0;
 }
 
+/* kvl_attention_bf16_amx on the sets that run it (as gemm_bf16_amx): nq queries against len keys
+ * and values of head size hd, the queries' values times qmag (large: many probabilities below
+ * the floor), against the float64 attention of the BF16-rounded Q, K, V (p = e^(s - m) exact)
+ * within kernels.h's bound; out's other columns and rows untouched. */
+static int test_attention_amx(report *rep, const kvl_kernels *K, rng *g, size_t nq, size_t len,
+                              size_t hd, float qmag)
+{
+    if (!K->bf16_dot) {
+        check(rep, "attention_bf16_amx", "runs with avx512-bf16 only (the engine's choice)", 0.0, 0.0);
+        return 0;
+    }
+    if (!kvl_gemm_amx_available()) {
+        float y = 7.0f, q = 1.0f;
+        uint32_t kv = 0;
+        const int rc = kvl_attention_bf16_amx(K, &y, 1, &q, 1, 1, &kv, 1, 1, 1.0f, 0.0f, NULL);
+        check(rep, "attention_bf16_amx", "no AMX on this CPU: refuses, writes nothing",
+              rc == -1 && y == 7.0f ? 0.0 : 1.0, 0.0);
+        return 0;
+    }
+    const size_t ldq = hd + 5, ldk = hd + 7, ldo = hd + 3, rows_out = nq + 2;
+    const float floor_p = 7.8886091e-31f; /* the vision tower's ATTN_PROB_FLOOR, 2^-100 */
+    const float scale = (float)(1.0 / sqrt((double)hd));
+    float *q = malloc(nq * ldq * sizeof *q), *kx = malloc(len * ldk * sizeof *kx);
+    float *vx = malloc(len * ldk * sizeof *vx), *out = malloc(rows_out * ldo * sizeof *out);
+    uint32_t *kv = malloc(kvl_attn_amx_kv_words(len, hd) * sizeof *kv);
+    float *work = malloc(kvl_attn_amx_work_floats(hd) * sizeof *work);
+    double *p = malloc(len * sizeof *p);
+    if (!q || !kx || !vx || !out || !kv || !work || !p) {
+        free(q), free(kx), free(vx), free(out), free(kv), free(work), free(p);
+        return -1;
+    }
+    for (size_t i = 0; i < nq * ldq; i++)
+        q[i] = rndf(g) * qmag;
+    for (size_t i = 0; i < len * ldk; i++) {
+        kx[i] = rndf(g);
+        vx[i] = rndf(g);
+    }
+    for (size_t i = 0; i < rows_out * ldo; i++)
+        out[i] = 12345.0f;
+    int rc = kvl_attn_amx_pack_kv(kv, kx, vx, ldk, len, hd);
+    if (rc == 0)
+        rc = kvl_attention_bf16_amx(K, out, ldo, q, ldq, nq, kv, len, hd, scale, floor_p, work);
+    double worst = 0.0, worst_abs = rc == 0 ? 0.0 : INFINITY, worst_bound = 0.0, gaps = 0.0;
+    double vmax = 0.0;
+    for (size_t s = 0; s < len; s++)
+        for (size_t d = 0; d < hd; d++)
+            vmax = fmax(vmax, fabs((double)kvl_bf16_round_daz(vx[s * ldk + d])));
+    for (size_t t = 0; t < nq && rc == 0; t++) {
+        double m = -INFINITY, qk = 0.0, sum = 0.0;
+        for (size_t s = 0; s < len; s++) {
+            double dot = 0.0, mag = 0.0;
+            for (size_t d = 0; d < hd; d++) {
+                const double v = (double)kvl_bf16_round_daz(q[t * ldq + d]) *
+                                 (double)kvl_bf16_round_daz(kx[s * ldk + d]);
+                dot += v;
+                mag += fabs(v);
+            }
+            p[s] = (double)scale * dot;
+            m = fmax(m, p[s]);
+            qk = fmax(qk, mag);
+        }
+        for (size_t s = 0; s < len; s++) {
+            p[s] = exp(p[s] - m);
+            sum += p[s];
+        }
+        const double e_s = fabs((double)scale) * ((double)hd + 16.0) * U * qk + 32.0 * U;
+        const double rel = 1.0 / 256.0 + 5.0 * e_s + (2.0 * (double)len + (double)hd + 64.0) * U;
+        for (size_t d = 0; d < hd; d++) {
+            double o = 0.0, a = 0.0;
+            for (size_t s = 0; s < len; s++) {
+                const double v = (double)kvl_bf16_round_daz(vx[s * ldk + d]);
+                o += p[s] * v;
+                a += p[s] * fabs(v);
+            }
+            o /= sum;
+            a /= sum;
+            const double bound = rel * a + (double)len * (U + (double)floor_p) * vmax + 1e-37;
+            const double err = fabs((double)out[t * ldo + d] - o);
+            if (!(err / bound <= worst)) {
+                worst = isfinite(err) ? err / bound : INFINITY;
+                worst_abs = err;
+                worst_bound = bound;
+            }
+        }
+    }
+    for (size_t t = 0; t < rows_out; t++)
+        for (size_t d = 0; d < ldo; d++)
+            if (t >= nq || d >= hd)
+                gaps = fmax(gaps, fabs((double)out[t * ldo + d] - 12345.0));
+    char shape[112];
+    snprintf(shape, sizeof shape, "nq=%zu len=%zu hd=%zu |q|x%g", nq, len, hd, (double)qmag);
+    check(rep, "attention_bf16_amx", shape, worst_abs, worst_bound);
+    snprintf(shape, sizeof shape, "nq=%zu len=%zu hd=%zu: out outside the queries and head untouched", nq, len, hd);
+    check(rep, "attention_bf16_amx", shape, gaps, 0.0);
+    free(q), free(kx), free(vx), free(out), free(kv), free(work), free(p);
+    return 0;
+}
+
 /* The table's gemm_tile_bf16, where it has one, on one tile of kp pairs, bit for bit against
  * the definition above, with subnormal BF16 inputs (read as zero) and partial sums that fall
  * below 2^-126 (flushed) among ordinary ones; accumulate into C too. */
@@ -878,6 +976,14 @@ KVL_API int kvl_kernels_conformance(const char *set_name, char *out, size_t out_
     static const size_t amx_shapes[][3] = {{1, 1, 1}, {33, 37, 13}, {50, 300, 100}, {45, 1601, 33}, {300, 64, 40}};
     for (size_t s = 0; s < sizeof amx_shapes / sizeof amx_shapes[0]; s++)
         oom |= test_gemm_amx(&rep, K, &g, amx_shapes[s][0], amx_shapes[s][1], amx_shapes[s][2]);
+    /* AMX attention: one query and one key; MoonViT's head size over two key blocks (512) with
+     * tails of keys and of 32-query tiles; a whole work item (96 queries) with another head
+     * size; scores large enough that most probabilities fall below the floor */
+    static const size_t attn_shapes[][3] = {{1, 1, 72}, {70, 700, 72}, {96, 33, 40}, {33, 300, 72}};
+    static const float attn_qmag[] = {1.0f, 4.0f, 1.0f, 400.0f};
+    for (size_t s = 0; s < sizeof attn_shapes / sizeof attn_shapes[0]; s++)
+        oom |= test_attention_amx(&rep, K, &g, attn_shapes[s][0], attn_shapes[s][1], attn_shapes[s][2],
+                                  attn_qmag[s]);
     oom |= test_gemm_tile_bf16(&rep, K, &g, 1);
     oom |= test_gemm_tile_bf16(&rep, K, &g, 37);
     static const size_t vec_sizes[] = {1, 3, 17, 64, 1027};

@@ -323,12 +323,14 @@ amx_pack_acts(uint32_t *Ap, const float *X, size_t ldx, size_t kc, size_t t0, si
     }
 }
 
-/* 32 tokens x 32 outputs at C (row stride ldc floats): C = (accumulate ? C : 0) + the products
- * over kp32 pairs, accumulated in the tile registers from C itself */
+/* 32 rows x 32 outputs at C (row stride ldc floats): C = (accumulate ? C : 0) + the products
+ * over kp32 pairs of A's rows (lda words apart) and of two 16-output B panels (bpanel words
+ * apart, each [kp32][16]), accumulated in the tile registers from C itself */
 __attribute__((target("amx-tile,amx-bf16"))) static void
-amx_block(const uint32_t *Ap, size_t kp32, const uint32_t *Bp, float *C, size_t ldc, int accumulate)
+amx_block_at(const uint32_t *Ap, size_t lda, size_t kp32, const uint32_t *Bp, size_t bpanel,
+             float *C, size_t ldc, int accumulate)
 {
-    /* accumulators 0-3 (tokens 0-15 / 16-31 x outputs 0-15 / 16-31), A 4-5, B 6-7 */
+    /* accumulators 0-3 (rows 0-15 / 16-31 x outputs 0-15 / 16-31), A 4-5, B 6-7 */
     if (accumulate) {
         _tile_loadd(0, C, ldc * 4);
         _tile_loadd(1, C + 16, ldc * 4);
@@ -341,10 +343,10 @@ amx_block(const uint32_t *Ap, size_t kp32, const uint32_t *Bp, float *C, size_t 
         _tile_zero(3);
     }
     for (size_t q = 0; q < kp32; q += 16) {
-        _tile_loadd(4, Ap + q, kp32 * 4);
-        _tile_loadd(5, Ap + 16 * kp32 + q, kp32 * 4);
+        _tile_loadd(4, Ap + q, lda * 4);
+        _tile_loadd(5, Ap + 16 * lda + q, lda * 4);
         _tile_loadd(6, Bp + q * 16, 64);
-        _tile_loadd(7, Bp + kp32 * 16 + q * 16, 64);
+        _tile_loadd(7, Bp + bpanel + q * 16, 64);
         _tile_dpbf16ps(0, 4, 6);
         _tile_dpbf16ps(1, 4, 7);
         _tile_dpbf16ps(2, 5, 6);
@@ -354,6 +356,13 @@ amx_block(const uint32_t *Ap, size_t kp32, const uint32_t *Bp, float *C, size_t 
     _tile_stored(1, C + 16, ldc * 4);
     _tile_stored(2, C + 16 * ldc, ldc * 4);
     _tile_stored(3, C + 16 * ldc + 16, ldc * 4);
+}
+
+/* kvl_gemm_bf16_amx's block: 32 tokens of Ap ([32][kp32]) x two consecutive panels of Bp */
+static void amx_block(const uint32_t *Ap, size_t kp32, const uint32_t *Bp, float *C, size_t ldc,
+                      int accumulate)
+{
+    amx_block_at(Ap, kp32, kp32, Bp, kp32 * 16, C, ldc, accumulate);
 }
 
 __attribute__((target("amx-tile"))) static void amx_begin(void)
@@ -440,6 +449,167 @@ int kvl_gemm_bf16_amx(float *Y, size_t ldy, const uint16_t *W, size_t rows, size
     amx_end();
     return 0;
 }
+
+/* ---- AMX attention (kvl_attention_bf16_amx) ----------------------------------------------
+ * Per head: keys as pair panels of 16 keys [hp/2 pairs][16] (hp: hd rounded up to 32), values as
+ * panels of 16 dimensions over all key pairs [lenp/2][16] (lenp: len rounded up to 32), both
+ * zero-padded, so S = Q K^T and O += P V are amx_block_at calls on whole 32 x 32 tiles. Per call,
+ * for each block of KVL_ATTN_AMX_KEYS keys and each 32 queries: the scores' tiles, then per query
+ * the vision tower's online-softmax step (attn_row: FP32, AVX-512, the table's softmax for the
+ * exps), the block's probabilities rounded to BF16 into a [32][KEYS/2] A tile, then the
+ * product into the FP32 outputs O [96][hp] (which stay in L1/L2 between blocks: the rescale
+ * by e^(M - M') is a pass over one query's row). */
+
+/* n floats of x (none if x is NULL) rounded to BF16 (VCVTNE2PS2BF16 = kvl_bf16_round_daz),
+ * zero up to np (a multiple of 32) */
+__attribute__((target("avx512f,avx512bw,avx512bf16"))) static void
+bf16_row(uint16_t *d, const float *x, size_t n, size_t np)
+{
+    for (size_t k = 0; k < np; k += 32) {
+        const size_t rem = x && n > k ? n - k : 0;
+        const __mmask16 lo = rem >= 16 ? 0xFFFF : (__mmask16)((1u << rem) - 1u);
+        const __mmask16 hi = rem >= 32 ? 0xFFFF : rem > 16 ? (__mmask16)((1u << (rem - 16)) - 1u) : 0;
+        const __m512 a = lo ? _mm512_maskz_loadu_ps(lo, x + k) : _mm512_setzero_ps();
+        const __m512 b = hi ? _mm512_maskz_loadu_ps(hi, x + k + 16) : _mm512_setzero_ps();
+        const __m512bh h = _mm512_cvtne2ps_pbh(b, a);
+        __m512i v;
+        memcpy(&v, &h, sizeof v);
+        _mm512_storeu_si512((void *)(d + k), v);
+    }
+}
+
+int kvl_attn_amx_pack_kv(uint32_t *kv, const float *K, const float *V, size_t ld, size_t len,
+                         size_t hd)
+{
+    if (!kvl_gemm_amx_available() || hd == 0 || hd > KVL_ATTN_AMX_MAX_HD)
+        return -1;
+    const size_t hp = (hd + 31) / 32 * 32, hw = hp / 2, lenp = (len + 31) / 32 * 32;
+    uint32_t *Kp = kv;                          /* [lenp/16][hw][16] */
+    uint16_t *Vh = (uint16_t *)(kv + lenp * hw); /* [hp/16][lenp/2][16] pairs */
+    uint16_t r[KVL_ATTN_AMX_MAX_HD];
+    for (size_t s = 0; s < lenp; s++) {
+        uint32_t w[KVL_ATTN_AMX_MAX_HD / 2];
+        bf16_row(r, s < len ? K + s * ld : NULL, hd, hp);
+        memcpy(w, r, hp * sizeof *r);
+        uint32_t *dst = Kp + (s / 16) * hw * 16 + s % 16;
+        for (size_t q = 0; q < hw; q++)
+            dst[q * 16] = w[q];
+        bf16_row(r, s < len ? V + s * ld : NULL, hd, hp);
+        uint16_t *vd = Vh + 2 * ((s / 2) * 16) + (s & 1);
+        for (size_t j = 0; j < hp; j++)
+            vd[2 * ((j / 16) * (lenp / 2) * 16 + j % 16)] = r[j];
+    }
+    return 0;
+}
+
+/* One query's step over a block of kb keys (row: its kb scores, scaled here in place): the
+ * online softmax as vision.c's FP32 path takes it, then its probabilities (kbp of them, zero past
+ * kb and below floor) rounded to BF16 into P. */
+__attribute__((target("avx512f,avx512bw,avx512bf16"))) static void
+attn_row(const kvl_kernels *k, float *row, size_t kb, size_t kbp, float scale, float floor_p,
+         float *M, float *L, float *O, size_t hp, uint16_t *P)
+{
+    const __m512 vs = _mm512_set1_ps(scale);
+    __m512 vm = _mm512_set1_ps(-INFINITY);
+    for (size_t s = 0; s < kb; s += 16) {
+        const __mmask16 m = kb - s >= 16 ? 0xFFFF : (__mmask16)((1u << (kb - s)) - 1u);
+        const __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, row + s), vs);
+        _mm512_mask_storeu_ps(row + s, m, v);
+        vm = _mm512_mask_max_ps(vm, m, vm, v);
+    }
+    const float m_b = _mm512_reduce_max_ps(vm);
+    size_t arg = 0;
+    for (size_t s = 0; s < kb; s += 16) { /* the first key at the maximum */
+        const __mmask16 m = kb - s >= 16 ? 0xFFFF : (__mmask16)((1u << (kb - s)) - 1u);
+        const __mmask16 eq = _mm512_mask_cmp_ps_mask(m, _mm512_maskz_loadu_ps(m, row + s),
+                                                     _mm512_set1_ps(m_b), _CMP_EQ_OQ);
+        if (eq) {
+            arg = s + (size_t)__builtin_ctz(eq);
+            break;
+        }
+    }
+    k->softmax(row, kb);
+    const float pmax = row[arg]; /* exp(0) / l_b */
+    const float Mn = *M > m_b ? *M : m_b;
+    const float alpha = expf(*M - Mn); /* 0 on the first block (M = -inf) */
+    const float beta = expf(m_b - Mn) / pmax;
+    *L = *L * alpha + beta;
+    *M = Mn;
+    if (alpha != 1.0f) {
+        const __m512 va = _mm512_set1_ps(alpha);
+        for (size_t d = 0; d < hp; d += 16)
+            _mm512_storeu_ps(O + d, _mm512_mul_ps(_mm512_loadu_ps(O + d), va));
+    }
+    /* Probabilities below the floor cannot change a sum that has a term near 1, but as
+     * subnormals they would slow the FP32 path; dropped here too so both paths agree on which */
+    const __m512 vb = _mm512_set1_ps(beta), vf = _mm512_set1_ps(floor_p);
+    for (size_t s = 0; s < kbp; s += 32) {
+        const size_t rem = kb > s ? kb - s : 0;
+        const __mmask16 lo = rem >= 16 ? 0xFFFF : (__mmask16)((1u << rem) - 1u);
+        const __mmask16 hi = rem >= 32 ? 0xFFFF : rem > 16 ? (__mmask16)((1u << (rem - 16)) - 1u) : 0;
+        __m512 a = _mm512_mul_ps(_mm512_maskz_loadu_ps(lo, row + s), vb);
+        __m512 b = _mm512_mul_ps(_mm512_maskz_loadu_ps(hi, row + s + 16), vb);
+        a = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(a, vf, _CMP_GE_OQ), a);
+        b = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(b, vf, _CMP_GE_OQ), b);
+        const __m512bh h = _mm512_cvtne2ps_pbh(b, a);
+        __m512i v;
+        memcpy(&v, &h, sizeof v);
+        _mm512_storeu_si512((void *)(P + s), v);
+    }
+}
+
+int kvl_attention_bf16_amx(const kvl_kernels *k, float *out, size_t ldo, const float *Q,
+                           size_t ldq, size_t nq, const uint32_t *kv, size_t len, size_t hd,
+                           float scale, float prob_floor, float *work)
+{
+    if (!kvl_gemm_amx_available() || hd == 0 || hd > KVL_ATTN_AMX_MAX_HD || len == 0 ||
+        nq > KVL_ATTN_AMX_QUERIES || !k || !k->softmax)
+        return -1;
+    if (nq == 0)
+        return 0;
+    const size_t QM = KVL_ATTN_AMX_QUERIES, KB = KVL_ATTN_AMX_KEYS;
+    const size_t hp = (hd + 31) / 32 * 32, hw = hp / 2, lenp = (len + 31) / 32 * 32;
+    const size_t nqp = (nq + 31) / 32 * 32;
+    const uint32_t *Kp = kv, *Vp = kv + lenp * hw;
+    uint32_t *Qa = (uint32_t *)work;           /* [QM][hw] */
+    float *S = (float *)(Qa + QM * hw);        /* [32][KB] */
+    uint32_t *Pa = (uint32_t *)(S + 32 * KB);  /* [32][KB/2] */
+    float *O = (float *)(Pa + 32 * (KB / 2));  /* [QM][hp] */
+    float *M = O + QM * hp, *L = M + QM;
+    for (size_t t = 0; t < nqp; t++)
+        bf16_row((uint16_t *)(Qa + t * hw), t < nq ? Q + t * ldq : NULL, hd, hp);
+    memset(O, 0, nqp * hp * sizeof *O);
+    for (size_t t = 0; t < nqp; t++) {
+        M[t] = -INFINITY;
+        L[t] = 0.0f;
+    }
+    amx_begin();
+    for (size_t k0 = 0; k0 < len; k0 += KB) {
+        const size_t kb = len - k0 < KB ? len - k0 : KB, kbp = (kb + 31) / 32 * 32;
+        for (size_t i0 = 0; i0 < nq; i0 += 32) {
+            for (size_t c = 0; c < kbp; c += 32)
+                amx_block_at(Qa + i0 * hw, hw, hw, Kp + (k0 + c) / 16 * hw * 16, hw * 16, S + c, KB, 0);
+            for (size_t i = 0; i < 32; i++) {
+                uint16_t *P = (uint16_t *)(Pa + i * (KB / 2));
+                if (i0 + i >= nq) /* a padding query: no probabilities */
+                    memset(P, 0, kbp * sizeof *P);
+                else
+                    attn_row(k, S + i * KB, kb, kbp, scale, prob_floor, M + i0 + i, L + i0 + i,
+                             O + (i0 + i) * hp, hp, P);
+            }
+            for (size_t d0 = 0; d0 < hp; d0 += 32)
+                amx_block_at(Pa, KB / 2, kbp / 2, Vp + d0 / 16 * (lenp / 2) * 16 + k0 / 2 * 16,
+                             (lenp / 2) * 16, O + i0 * hp + d0, hp, 1);
+        }
+    }
+    amx_end();
+    for (size_t t = 0; t < nq; t++) {
+        const float inv = 1.0f / L[t];
+        for (size_t d = 0; d < hd; d++)
+            out[t * ldo + d] = O[t * hp + d] * inv;
+    }
+    return 0;
+}
 #else
 int kvl_gemm_amx_available(void)
 {
@@ -452,4 +622,31 @@ int kvl_gemm_bf16_amx(float *Y, size_t ldy, const uint16_t *W, size_t rows, size
     (void)Y, (void)ldy, (void)W, (void)rows, (void)cols, (void)X, (void)ldx, (void)n, (void)work;
     return -1;
 }
+
+int kvl_attn_amx_pack_kv(uint32_t *kv, const float *K, const float *V, size_t ld, size_t len,
+                         size_t hd)
+{
+    (void)kv, (void)K, (void)V, (void)ld, (void)len, (void)hd;
+    return -1;
+}
+
+int kvl_attention_bf16_amx(const kvl_kernels *k, float *out, size_t ldo, const float *Q,
+                           size_t ldq, size_t nq, const uint32_t *kv, size_t len, size_t hd,
+                           float scale, float prob_floor, float *work)
+{
+    (void)k, (void)out, (void)ldo, (void)Q, (void)ldq, (void)nq, (void)kv, (void)len, (void)hd;
+    (void)scale, (void)prob_floor, (void)work;
+    return -1;
+}
 #endif
+
+size_t kvl_attn_amx_kv_words(size_t len, size_t hd)
+{
+    return (len + 31) / 32 * 32 * ((hd + 31) / 32 * 32);
+}
+
+size_t kvl_attn_amx_work_floats(size_t hd)
+{
+    const size_t hp = (hd + 31) / 32 * 32;
+    return (size_t)KVL_ATTN_AMX_QUERIES * (hp / 2 + hp + 2) + 32 * KVL_ATTN_AMX_KEYS * 3 / 2;
+}
