@@ -24,7 +24,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import type { CoreBackend, CoreEngine } from "../host/core/core-api.js";
 import { openHostedEngine } from "../host/engine/engine-host.js";
 import { NativeBackend } from "../host/core/native-backend.js";
-import { MIB, type PackFacts, WASM_MIN_INSTANCE_BYTES, largestGrid, readPackFacts, trunkTensorBytes } from "../host/plan/core-bytes.js";
+import { MIB, type PackFacts, WASM_MIN_INSTANCE_BYTES, largestGrid, readPackFacts, trunkTensorBytes, visionBytes } from "../host/plan/core-bytes.js";
 import { NODE_NATIVE_BYTES, NODE_WASM_BYTES, PTHREAD_WORKER_BYTES, type RamPlan, planFromFacts } from "../host/plan/planner.js";
 import type { PlanOptions } from "../host/plan/settings.js";
 import type { SplitEngine } from "../host/engine/split-engine.js";
@@ -416,6 +416,23 @@ describe("vision", () => {
     expect(off.instances[0]!.engineOptions.loadVision).toBe(false);
     expect(on.describe()).toContain("12x446 patches");
   });
+
+  // The vision working memory is planned from the estimate (nothing reconciles it: an image's
+  // call allocates when it comes), so the estimate must cover the engine's figure for the largest
+  // grid the plan admits, whatever kernel table runs (their tiles differ), without padding it much.
+  it.each(BACKENDS)("plans at least the engine's working memory for the largest grid, within 10 %% (%s)", async (backend) => {
+    const p = planOf({ backend, ramMib: 4096, cacheMib: 1, maxContext: 256 });
+    const planned = visionBytes(facts, backend, p.nThreads);
+    const opened = await openPlanned(backend, p);
+    try {
+      const exact = opened.parts[0]!.visionBytes(Int32Array.from(planned.grid));
+      const estimate = backend === "wasm" ? planned.inInstance - planned.host - 4096 : planned.inInstance;
+      expect(estimate).toBeGreaterThanOrEqual(exact);
+      expect(estimate).toBeLessThanOrEqual(exact * 1.1);
+    } finally {
+      opened.close();
+    }
+  }, 120_000);
 });
 
 describe("the instance split", () => {

@@ -358,8 +358,29 @@ export function largestGrid(preprocessorConfig: unknown, merge: readonly [number
   return [...bestGrid];
 }
 
-/** KVL_GEMM_WORK_FLOATS of wasm-core/src/kernels.h: KC x NC + MC x KC + the largest tile. */
-const GEMM_WORK_FLOATS = 128 * 1536 + 96 * 128 + 512;
+/** KVL_GEMM_WORK_FLOATS of wasm-core/src/kernels/kernels.h: the larger of the FP32 tiles' panels
+ * (KC x NC + MC x KC + the largest tile) and kvl_gemm_bf16_amx's blocks. */
+const GEMM_WORK_FLOATS = Math.max(128 * 1536 + 96 * 128 + 512, 512 * 768 + 32 * 768 + 1024);
+/** The largest gemm_mr x gemm_nr tile of any kernel table (avx512's 12 x 32): vision.c sizes
+ * attention's panels with the running table's, so the largest is the estimate's. */
+const GEMM_MR_MAX = 12;
+const GEMM_NR_MAX = 32;
+
+/**
+ * vision.c make_plan's scratch_floats_per_thread for an image of `len` tokens and heads of `hd`:
+ * the larger of its FP32 attention (a head's keys and values as panels, a work item's
+ * ATTN_QUERIES = 96 queries, one panel's scores and probabilities for ATTN_KEYS = 256 keys, the
+ * outputs and softmax state), the AMX attention's (kernels_gemm.c kvl_attn_amx_kv_words +
+ * kvl_attn_amx_work_floats: KVL_ATTN_AMX_QUERIES = 96, KVL_ATTN_AMX_KEYS = 512) and the products'
+ * work buffer.
+ */
+function visionScratchFloats(len: number, hd: number): number {
+  const hdv = alignTo(hd, GEMM_NR_MAX);
+  const fp32 = alignTo(len, GEMM_NR_MAX) * hd + len * hdv + 96 * hd + 2 * GEMM_MR_MAX * 256 + 96 * hdv + 2 * 96;
+  const hp = alignTo(hd, 32);
+  const amx = alignTo(len, 32) * hp + 96 * (hp / 2 + hp + 2) + (32 * 512 * 3) / 2;
+  return Math.max(fp32, amx, GEMM_WORK_FLOATS);
+}
 
 /**
  * Working memory of one vision call (largest weight phase + FP32 activations), the shape of
@@ -378,8 +399,8 @@ function visionCallEstimate(hp: ReadonlyMap<string, number>, patches: number, nT
   const block = 6 * bf16(d) + bf16(3 * d * d) + bf16(3 * d) + bf16(d * d) + bf16(inter * d) + bf16(inter) + bf16(d * inter);
   const proj = Math.max(4 * bf16(d) + bf16(width * width) + bf16(width), bf16(textHidden * width));
   const headDim = Math.floor(d / g("num_attention_heads"));
-  // + each thread's packed panels of the blocked GEMM (KVL_GEMM_WORK_FLOATS, wasm-core/src/kernels.h)
-  const activations = 4 * (2 * patches * d + patches * Math.max(3 * d, inter) + patches * headDim + nThreads * (patches + GEMM_WORK_FLOATS) + 9 * d + inter + width);
+  // + each thread's scratch: attention's panels or the blocked GEMM's (visionScratchFloats)
+  const activations = 4 * (2 * patches * d + patches * Math.max(3 * d, inter) + patches * headDim + nThreads * visionScratchFloats(patches, headDim) + 9 * d + inter + width);
   return Math.max(embed, block, proj) + activations;
 }
 

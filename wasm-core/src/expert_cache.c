@@ -129,6 +129,10 @@ struct kvl_expert_cache {
     uint64_t *acquired_at;         /* [n_keys]: acquisition clock of the key's latest acquire */
     uint64_t acq_clock, batch_start, duel_since;
     int batch_layer;               /* layer of the latest acquisition: a new one starts a batch */
+    /* the current batch's shadow hits, counted into shadow_hits when it ends if it was a decode
+     * step's (at most step_picks acquisitions: min_slots, the engine's top-k) */
+    uint32_t batch_hits[2];
+    int step_picks;
     kvl_expert_cache_counters ctr; /* prefetch_unclaimed and extent_bytes filled on read-out */
 };
 
@@ -167,6 +171,30 @@ static void shadow_insert(kvl_expert_cache *c, int which, int key) {
     in[key] = 1;
 }
 
+/* The batch that ends now (lock held): a decode step's (at most step_picks acquisitions) adds its
+ * shadow hits to the duel; a prompt chunk's (one layer's picks for many tokens) does not. A chunk
+ * reads most of a layer's experts whatever is cached, so plain LRU hits nothing there while the
+ * frequency rule keeps the popular ones: counted, a prompt left the duel on frequency for ~30
+ * decoded tokens after it (bench/RESULTS.md "Low RAM against the bounds"). The shadows still take
+ * a chunk's keys, so they hold what the real cache holds. The duel's hits are halved every n_keys
+ * decode acquisitions. */
+static void duel_end_batch(kvl_expert_cache *c) {
+    const uint64_t n = c->acq_clock - c->batch_start; /* the ended batch's acquisitions (the clock has counted the new one) */
+    if (c->batch_layer >= 0 && n <= (uint64_t)c->step_picks) {
+        for (int which = 0; which < 2; which++) {
+            const uint64_t sum = (uint64_t)c->shadow_hits[which] + c->batch_hits[which];
+            c->shadow_hits[which] = sum > UINT32_MAX ? UINT32_MAX : (uint32_t)sum;
+        }
+        c->duel_since += n;
+        if (c->duel_since >= (uint64_t)c->n_keys) {
+            c->shadow_hits[0] >>= 1;
+            c->shadow_hits[1] >>= 1;
+            c->duel_since = 0;
+        }
+    }
+    c->batch_hits[0] = c->batch_hits[1] = 0;
+}
+
 /* ADAPTIVE's bookkeeping for one acquisition of key (lock held, after count_use's counts): each
  * shadow scores a hit if it holds key, then takes it in. Set dueling (as CPU caches choose
  * between insertion policies): the real cache follows whichever shadow hit more lately. Chosen
@@ -178,22 +206,18 @@ static void duel_record(kvl_expert_cache *c, int key) {
     int layer = key / c->n_experts;
     c->acq_clock++;
     if (layer != c->batch_layer) {
+        duel_end_batch(c);
         c->batch_layer = layer;
         c->batch_start = c->acq_clock;
     }
     for (int which = 0; which < 2; which++) {
         if (c->in_shadow[which][key]) {
-            if (c->shadow_hits[which] < UINT32_MAX) c->shadow_hits[which]++;
+            if (c->batch_hits[which] < UINT32_MAX) c->batch_hits[which]++;
         } else {
             shadow_insert(c, which, key);
         }
     }
     c->acquired_at[key] = c->acq_clock;
-    if (++c->duel_since >= (uint64_t)c->n_keys) {
-        c->shadow_hits[0] >>= 1;
-        c->shadow_hits[1] >>= 1;
-        c->duel_since = 0;
-    }
 }
 
 /* One acquisition of key (lock held). */
@@ -465,6 +489,7 @@ kvl_status kvl_expert_cache_create(kvl_store *experts, int n_layers_total, int n
     c->uses = (uint32_t *)calloc((size_t)c->n_keys, sizeof *c->uses);
     c->policy = policy == KVL_CACHE_POLICY_DEFAULT ? KVL_CACHE_POLICY_ADAPTIVE : policy;
     c->batch_layer = -1;
+    c->step_picks = min_slots > 1 ? min_slots : 1;
     if (c->policy == KVL_CACHE_POLICY_ADAPTIVE) {
         c->in_shadow[0] = (uint8_t *)calloc((size_t)c->n_keys, 1);
         c->in_shadow[1] = (uint8_t *)calloc((size_t)c->n_keys, 1);
@@ -918,6 +943,8 @@ void kvl_expert_cache_counters_get(const kvl_expert_cache *cache, kvl_expert_cac
     uint64_t unclaimed = 0, loading = 0, predicted = 0;
     kvl_os_mutex_lock(&c->lock);
     *out = c->ctr;
+    out->duel_lru_hits = c->shadow_hits[SHADOW_LRU];
+    out->duel_frequency_hits = c->shadow_hits[SHADOW_FREQUENCY];
     for (i = 0; i < c->n_slots; i++) {
         unclaimed += (uint64_t)(c->slots[i].key >= 0 && c->slots[i].unclaimed);
         predicted += (uint64_t)(c->slots[i].key >= 0 && c->slots[i].predicted);

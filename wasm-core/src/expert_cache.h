@@ -91,6 +91,9 @@ typedef struct kvl_expert_cache_counters {
                                      want them (no bytes read) */
     uint64_t lookahead_dropped;   /* reads that failed before any acquire claimed them */
     uint64_t lookahead_unclaimed; /* resident or loading now, not yet acquired */
+    /* the adaptive policy's duel now: hits its LRU and frequency shadows scored in decode-sized
+     * batches, halved as it goes (0 under the other policies) */
+    uint64_t duel_lru_hits, duel_frequency_hits;
 } kvl_expert_cache_counters;
 void kvl_expert_cache_counters_get(const kvl_expert_cache *cache, kvl_expert_cache_counters *out);
 

@@ -1279,8 +1279,13 @@ static void predict_next(kvl_session *s, int layer, int n)
             if (!seen) s->seli[m++] = x;
         }
     }
-    if (lookahead_worth_it(t)) kvl_expert_cache_lookahead(t->ecache, next, s->seli, m);
-    if (hp->n_routed <= LA_MAX_EXPERTS) {
+    /* A prompt chunk (n > 1) routes each layer to most of its experts, so its guesses are right
+     * whatever the routing: it reads ahead and is not scored. Scored, a prompt turned reading ahead
+     * back on for the first decode steps after it, where routing the hidden state does not predict
+     * wasted ~13 extents a token (bench/RESULTS.md "Low RAM against the bounds"). */
+    if (n > 1 || lookahead_worth_it(t)) kvl_expert_cache_lookahead(t->ecache, next, s->seli, m);
+    t->la_layer = -1;
+    if (n == 1 && hp->n_routed <= LA_MAX_EXPERTS) {
         memset(t->la_guess, 0, (size_t)hp->n_routed);
         for (int j = 0; j < m; j++) t->la_guess[s->seli[j]] = 1;
         t->la_layer = next;

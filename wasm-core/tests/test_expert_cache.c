@@ -318,6 +318,43 @@ static int shifting_pair_hits(kvl_store *s, int policy) {
     return hits;
 }
 
+/* One batch: `times` acquisitions of (l, e) in a row (consecutive acquisitions of one layer are
+ * one batch, as a prompt chunk's are). */
+static void batch_of(kvl_expert_cache *c, int l, int e, int times) {
+    for (int i = 0; i < times; i++) probe(c, l, e);
+}
+
+/* Two slots, batches of one token's picks at most 2 (min_slots). Phase 1, 12 rounds of prompt-like
+ * batches of 3 acquisitions: the hot extent (1,0), then a cold one of layer 2 and one of layer 3
+ * (back every 4th round); the frequency shadow keeps (1,0), the LRU shadow loses it every round,
+ * so counted, these batches would put the duel on frequency. Phase 2 is shifting_pair's second
+ * phase (decode-sized batches of one), where LRU is right. Returns phase 2's hits in rounds
+ * 1..9 (18 acquisitions). */
+static int prompt_then_pair_hits(kvl_store *s, int policy) {
+    char err[512];
+    kvl_expert_cache *c = NULL;
+    int hits = 0;
+    kvl_status st = kvl_expert_cache_create(s, N_LAYERS, N_EXPERTS, 2 * extent_padded + 100, 2, 0, policy, &c, err, sizeof err);
+    CHECK(st == KVL_OK && c, "create: %s", err);
+    if (!c) return -1;
+    for (int round = 0; round < 12; round++) {
+        batch_of(c, 1, 0, 3);
+        batch_of(c, 2, 2 + round % 4, 3);
+        batch_of(c, 3, 2 + round % 4, 3);
+    }
+    kvl_expert_cache_counters k;
+    kvl_expert_cache_counters_get(c, &k);
+    CHECK(k.duel_lru_hits == 0 && k.duel_frequency_hits == 0,
+          "prompt-sized batches do not vote: duel LRU %llu, frequency %llu", (unsigned long long)k.duel_lru_hits,
+          (unsigned long long)k.duel_frequency_hits);
+    for (int round = 0; round < 10; round++) {
+        int a = probe(c, 1, 1), b = probe(c, 2, 1);
+        if (round >= 1) hits += (a == 1) + (b == 1);
+    }
+    kvl_expert_cache_free(c);
+    return hits;
+}
+
 static void check_policies(kvl_store *s) {
     int hits = hot_extent_hits(s, KVL_CACHE_POLICY_FREQUENCY);
     CHECK(hits == 10, "by frequency the hot extent stays resident: %d hits of 10", hits);
@@ -332,6 +369,12 @@ static void check_policies(kvl_store *s) {
     /* the duel needs one LRU-shadow hit to switch: phase 2's round 1 still misses once */
     hits = shifting_pair_hits(s, KVL_CACHE_POLICY_ADAPTIVE);
     CHECK(hits >= 16, "adaptive follows LRU here: %d hits of 18", hits);
+    /* prompt chunks do not vote: after a prompt whose batches favour frequency, the duel still
+     * follows LRU from the first decode steps, as plain LRU does */
+    hits = prompt_then_pair_hits(s, KVL_CACHE_POLICY_LRU);
+    CHECK(hits == 18, "plain LRU after a prompt: %d hits of 18", hits);
+    hits = prompt_then_pair_hits(s, KVL_CACHE_POLICY_ADAPTIVE);
+    CHECK(hits >= 16, "adaptive after a prompt follows LRU: %d hits of 18", hits);
 }
 
 static void check_pinning(kvl_store *s, int io_threads) {

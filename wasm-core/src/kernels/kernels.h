@@ -179,9 +179,9 @@ typedef struct kvl_kernels {
 /* floats of the work buffer kvl_gemm_bf16 needs, per calling thread (64-byte aligned) */
 #define KVL_GEMM_WORK_FLOATS_TILES \
     ((size_t)KVL_GEMM_KC * KVL_GEMM_NC + (size_t)KVL_GEMM_MC * KVL_GEMM_KC + KVL_GEMM_MAX_TILE)
-/* kvl_gemm_bf16_amx's blocks: 256 outputs x 1536 columns of weight pairs, 32 tokens x 1536
+/* kvl_gemm_bf16_amx's blocks: 512 outputs x 1536 columns of weight pairs, 32 tokens x 1536
  * columns of activations, one 32 x 32 edge tile (kernels_gemm.c) */
-#define KVL_GEMM_WORK_FLOATS_AMX ((size_t)256 * 768 + (size_t)32 * 768 + 1024)
+#define KVL_GEMM_WORK_FLOATS_AMX ((size_t)512 * 768 + (size_t)32 * 768 + 1024)
 #define KVL_GEMM_WORK_FLOATS \
     (KVL_GEMM_WORK_FLOATS_TILES > KVL_GEMM_WORK_FLOATS_AMX ? KVL_GEMM_WORK_FLOATS_TILES \
                                                            : KVL_GEMM_WORK_FLOATS_AMX)

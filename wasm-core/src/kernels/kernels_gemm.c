@@ -253,7 +253,7 @@ void kvl_gemm_bf16_xb(const kvl_kernels *K, float *Y, size_t ldy, const uint16_t
  * KVL_AMX_KC columns of weights (768 KiB, L2), KVL_AMX_MC tokens of activations rounded to BF16,
  * and per 32 tokens x 32 outputs four accumulator tiles over the block's columns. */
 #define KVL_AMX_KC 1536 /* MoonViT's 1,152 columns in one chunk, its MLP's 4,304 in three */
-#define KVL_AMX_NC 256  /* 768 KiB of weight pairs: L2 */
+#define KVL_AMX_NC 512  /* 1.5 MiB of weight pairs: L2 (2 MiB a core on Sapphire Rapids) */
 #define KVL_AMX_MC 32
 _Static_assert((size_t)KVL_AMX_NC * (KVL_AMX_KC / 2) + (size_t)KVL_AMX_MC * (KVL_AMX_KC / 2) + 1024 <=
                    KVL_GEMM_WORK_FLOATS,
