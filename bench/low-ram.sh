@@ -17,21 +17,10 @@ Q4=${2:?usage: bench/low-ram.sh Q8PACK Q4PACK [OUT]}
 OUT=${3:-/tmp/kvl-low-ram}
 THREADS=${THREADS:-2} DECODE=${DECODE:-32} WARMUP=${WARMUP:-32} TOKENS=${TOKENS:-2000}
 mkdir -p "$OUT"
-drop_caches() { sync; echo 3 > /proc/sys/vm/drop_caches; }
 step() { echo "low-ram: $(date -u +%H:%M:%S) (load $(cut -d" " -f1-3 /proc/loadavg)) $*" >&2; }
 
-# limits as bench/run_all.sh measures them: DRAM, direct reads of the Q8 pack's experts.bin after
-# dropping the page cache (extent-sized at queue depth 2, and 2 MiB pieces at 4: what kvl bench
-# divides by), the FMA peak
-gcc -std=c11 -O2 -mavx2 -mfma -Wall -Wextra bench/membw.c -lpthread -o "$OUT/membw" || exit 1
-EXTENT=$(node -e 'import("./dist/host/pack/pack-format.js").then(async ({ PackReader }) =>
-  console.log((await PackReader.open(process.argv[1])).stores.get("experts").records[0].nbytes))' "$Q8") || exit 1
 step limits
-: > "$OUT/limits.jsonl"
-for isa in avx2 avx512; do "$OUT/membw" dram 2048 "$THREADS" 5 "$isa" >> "$OUT/limits.jsonl"; done
-drop_caches; "$OUT/membw" ssd "$Q8/experts.bin" "$EXTENT" 2 256 2 >> "$OUT/limits.jsonl"
-drop_caches; "$OUT/membw" ssd "$Q8/experts.bin" 2097152 4 1024 4 >> "$OUT/limits.jsonl"
-"$OUT/membw" fma "$THREADS" 2 >> "$OUT/limits.jsonl"
+bash bench/measure-limits.sh "$Q8" "$OUT" "$THREADS" || exit 1
 
 step "calibrated trace ($TOKENS tokens)"
 npx vite-node bench/routing-trace-cli.ts generate "$OUT/calibrated.jsonl" --pack "$Q8" --tokens "$TOKENS" > "$OUT/calibrated.stats" || exit 1

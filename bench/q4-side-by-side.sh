@@ -19,16 +19,8 @@ mkdir -p "$OUT"
 drop_caches() { sync; echo 3 > /proc/sys/vm/drop_caches; }
 step() { echo "q4-side-by-side: $(date -u +%H:%M:%S) $*" >&2; }
 
-# limits, as bench/run_all.sh measures them: DRAM (2 GiB, 2 threads) and direct reads of the Q4
-# pack's experts.bin after dropping the page cache
-gcc -std=c11 -O2 -mavx2 -mfma -Wall -Wextra bench/membw.c -lpthread -o "$OUT/membw" || exit 1
-EXTENT=$(node -e 'import("./dist/host/pack/pack-format.js").then(async ({ PackReader }) =>
-  console.log((await PackReader.open(process.argv[1])).stores.get("experts").records[0].nbytes))' "$Q4") || exit 1
 step limits
-: > "$OUT/limits.jsonl"
-for isa in avx2 avx512; do "$OUT/membw" dram 2048 "$THREADS" 5 "$isa" >> "$OUT/limits.jsonl"; done
-drop_caches; "$OUT/membw" ssd "$Q4/experts.bin" "$EXTENT" 2 256 2 >> "$OUT/limits.jsonl"
-drop_caches; "$OUT/membw" ssd "$Q4/experts.bin" 2097152 4 1024 4 >> "$OUT/limits.jsonl"
+bash bench/measure-limits.sh "$Q4" "$OUT" "$THREADS" || exit 1
 
 common=(--threads "$THREADS" --limits "$OUT/limits.jsonl" --json)
 for dtype in q8 q4; do

@@ -76,7 +76,7 @@ async function run(pack: string, limitsFile: string, traces: Array<[string, stri
       const nbytes = dtype === "q8" ? facts.expertNbytes : q4Bytes;
       const padded = Math.ceil(nbytes / PAGE) * PAGE;
       const p = planFromFacts({ ...facts, expertNbytes: nbytes }, { backend, ramMib: mib, loadVision: false, actDtype: act, threads: 2, maxContext, maxBatch: Math.min(maxContext, 256), check: true });
-      const C = p.instances.reduce((n, i) => n + (i.expertExtent ? Math.round(i.expertCache / i.expertExtent) : 0), 0);
+      const C = p.expertExtentsCached;
       const modes: Array<[string, number]> = [["uniform (C/N, no policy beats it)", C / N]];
       for (const { name, trace } of loaded) {
         modes.push([`${name}, LRU`, simulatePolicy(trace.ids, M, E, K, C, "lru", 64)]);

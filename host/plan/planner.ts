@@ -216,9 +216,13 @@ export class RamPlan {
    * (routing-outlook.ts); null when it holds every extent or the model has no routed experts. */
   get routingOutlook(): RoutingOutlook | null {
     const m = modelOf(this.facts);
-    const cached = this.instances.reduce((n, i) => n + (i.expertExtent ? Math.round(i.expertCache / i.expertExtent) : 0), 0);
     const picks = m.moe.filter(Boolean).length * m.topK;
-    return routingOutlook(cached, this.facts.expertRecords, picks, m.extent);
+    return routingOutlook(this.expertExtentsCached, this.facts.expertRecords, picks, m.extent);
+  }
+
+  /** Whole extents the expert caches of all ranges hold. */
+  get expertExtentsCached(): number {
+    return this.instances.reduce((n, i) => n + (i.expertExtent ? i.expertCache / i.expertExtent : 0), 0);
   }
 
   /** The outlook as the load line and the plan's table say it, or null. */
@@ -229,7 +233,7 @@ export class RamPlan {
 
   describe(): string {
     const rows: Array<[string, string, string]> = [["component", "MiB", ""]];
-    const expertSlots = this.instances.reduce((n, i) => n + (i.expertExtent ? i.expertCache / i.expertExtent : 0), 0);
+    const expertSlots = this.expertExtentsCached;
     for (const c of COMPONENTS) {
       if (c === "requests" && !this.requestBodies) continue; // not a server
       let note = "";
