@@ -6,7 +6,9 @@
  *
  * Bound per run: the cache's extents C of N (the run's own plan), its hit rate h, then
  *   disk s/token = (1 - h) x (MoE layers x top-k) x the padded extent / the direct-read rate
- * (limits.jsonl: the 2 MiB-piece, queue depth 4 figure kvl bench divides by), and compute = the
+ * (the row's NAME.disk.jsonl: the mean of the probes low-ram.sh ran just before and after it, 2 MiB
+ * pieces at queue depth 4, the figure kvl bench divides by; limits.jsonl's where a row has none),
+ * and compute = the
  * same pack and backend's all-in-RAM warm decode (median s/token) of this run. h: uniform C / N
  * (no policy beats it); the calibrated trace: bench/routing-trace.ts simulatePolicy of the
  * run's cache policy (the default adaptive, or the policy the row names) on the replayed trace with exactly C (the policy alone: no pins or
@@ -51,6 +53,14 @@ const load = (name: string): Run[] => {
   const file = join(out, `${name}.json`);
   return existsSync(file) ? (JSON.parse(readFileSync(file, "utf8")) as Bench).runs : [];
 };
+/** The direct-read rates (bytes/s) probed around row `name`, in order (empty without probes). */
+const probes = (name: string): number[] => {
+  const file = join(out, `${name}.disk.jsonl`);
+  if (!existsSync(file)) return [];
+  return readFileSync(file, "utf8").split("\n").filter((l) => l.trim())
+    .map((l) => JSON.parse(l) as { mode?: string; bytes_per_s?: number })
+    .filter((r) => r.mode === "ssd" && typeof r.bytes_per_s === "number").map((r) => r.bytes_per_s as number);
+};
 const limits = loadLimits(join(out, "limits.jsonl"));
 const trace = readTrace(join(out, "calibrated.jsonl"));
 const h = trace.header;
@@ -63,16 +73,17 @@ const f = (x: number | undefined, n = 3): string => (x === undefined || !Number.
 const pct = (x: number): string => `${(100 * x).toFixed(1)} %`;
 
 const rows = [
-  "| cap | experts | backend | extents cached | routing | hit rate (bound's) | GB read a token | disk wait, % of step | read ahead used / issued a token | kvl s/token | compute (in RAM) | disk at the read rate | bound: serial sum (item 5) / overlapped max | kvl / bound (serial / overlapped) | peak RSS / plan GiB |",
-  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+  "| cap | experts | backend | extents cached | routing | hit rate (bound's) | GB read a token | disk wait, % of step | read ahead used / issued a token | kvl s/token | compute (in RAM) | direct reads before / after, GB/s | disk at that rate | bound: serial sum (item 5) / overlapped max | kvl / bound (serial / overlapped) | peak RSS / plan GiB |",
+  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
 ];
 for (const cap of ["4352M", "8448M"]) {
   for (const backend of ["native", "wasm"]) {
     for (const dtype of ["q8", "q4"]) {
-      const runs = [...load(`cap${cap}-${dtype}-${backend}`), ...load(`cap${cap}-${dtype}-${backend}-policies`)];
+      const names = ["model", "calibrated", "uniform", "policies", "textonly"].map((r) => `cap${cap}-${dtype}-${backend}-${r}`);
+      const runs = names.flatMap((name) => load(name).map((run) => ({ run, rates: probes(name), textOnly: name.endsWith("-textonly") })));
       if (runs.length === 0) continue;
       const inRam = load(`ram-${dtype}`).find((r) => r.backend === backend)?.decode_warm?.s_per_token_median ?? Number.NaN;
-      for (const run of runs) {
+      for (const { run, rates, textOnly } of runs) {
         const d = run.decode_warm;
         if (!d) continue;
         const C = Number(/auto, (\d+) extents/.exec(run.plan)?.[1] ?? Number.NaN);
@@ -80,16 +91,18 @@ for (const cap of ["4352M", "8448M"]) {
         const kind = run.routing === "model" ? "model" : run.routing === "uniform" ? "uniform" : "calibrated";
         const policy = run.cache_policy as "lru" | "frequency" | "adaptive";
         const hit = kind === "uniform" ? C / N : kind === "calibrated" ? simulatePolicy(trace.ids, M, E, K, C, policy, 64) : Number.NaN;
-        const disk = ((1 - hit) * M * K * padded) / limits.ssd_bytes_per_s;
+        const rate = rates.length ? rates.reduce((a, b) => a + b, 0) / rates.length : limits.ssd_bytes_per_s;
+        const disk = ((1 - hit) * M * K * padded) / rate;
         const floor = Math.max(disk, inRam);
         const la = d.expert_lookahead;
-        rows.push(`| ${cap.replace("4352M", "4 GiB").replace("8448M", "8 GiB")} + 256 MiB | ${dtype} | ${backend} | ${C} (${pct(C / N)}) | ${kind}${run.cache_policy === "adaptive" ? "" : `, ${run.cache_policy}`} | ` +
+        rows.push(`| ${cap.replace("4352M", "4 GiB").replace("8448M", "8 GiB")} + 256 MiB | ${dtype} | ${backend} | ${C} (${pct(C / N)}) | ${kind}${run.cache_policy === "adaptive" ? "" : `, ${run.cache_policy}`}${textOnly ? ", chat --no-vision plan" : ""} | ` +
           `${pct(d.expert_hit_rate)} (${Number.isFinite(hit) ? pct(hit) : "-"}) | ${f(d.ssd_bytes_per_token / 1e9)} | ${(100 * d.expert_stall_share).toFixed(0)} % | ` +
-          `${la ? `${f(la.used / d.tokens, 1)} / ${f(la.issued / d.tokens, 1)}` : "-"} | ${f(d.s_per_token_median)} | ${f(inRam)} | ${f(disk)} | ` +
+          `${la ? `${f(la.used / d.tokens, 1)} / ${f(la.issued / d.tokens, 1)}` : "-"} | ${f(d.s_per_token_median)} | ${f(inRam)} | ` +
+          `${rates.length ? rates.map((r) => f(r / 1e9, 2)).join(" / ") : `${f(limits.ssd_bytes_per_s / 1e9, 2)} (limits)`} | ${f(disk)} | ` +
           `${f(disk + inRam)} / ${f(floor)} | ${Number.isFinite(hit) ? `${f(d.s_per_token_median / (disk + inRam), 2)}x / ${f(d.s_per_token_median / floor, 2)}x` : "-"} | ` +
           `${run.peak_rss_bytes ? (run.peak_rss_bytes / 2 ** 30).toFixed(2) : "-"} / ${(run.plan_total_bytes / 2 ** 30).toFixed(2)} |`);
       }
     }
   }
 }
-process.stdout.write(`direct read ${(limits.ssd_bytes_per_s / 1e9).toFixed(2)} GB/s (${limits.source}); ${N} extents, ${M} MoE layers x top-${K}\n\n${rows.join("\n")}\n`);
+process.stdout.write(`direct read at the start ${(limits.ssd_bytes_per_s / 1e9).toFixed(2)} GB/s (${limits.source}); ${N} extents, ${M} MoE layers x top-${K}\n\n${rows.join("\n")}\n`);

@@ -2,7 +2,7 @@
 # low-ram.sh — issue 38's one run: the low-RAM table against its bounds. Q8 and Q4 routed experts,
 # each under a 4 GiB + 256 MiB memory cgroup (native and WebAssembly) and an 8 GiB + 256 MiB one
 # (native), with kvl's defaults inside the cap (--ram-mib auto, the chat plan, adaptive cache,
-# read-ahead auto) and three routings per run: the random-weight model's own, the calibrated trace
+# read-ahead auto) and three routings per cap: the random-weight model's own, the calibrated trace
 # (routing a trained model would produce, bench/routing-trace.ts) and uniform (the worst case).
 # The compute a token needs comes from the same packs decoding all in RAM in the same run.
 # Needs root (page-cache drops, cgroups), dist/, the native addon and two packs of the same
@@ -32,16 +32,30 @@ for dtype in q8 q4; do
     node dist/cli/kvl.js bench "$pack" --backend both --ram-mib 20000 "${common[@]}" --out "$OUT/ram-$dtype.json" \
         > /dev/null 2> "$OUT/ram-$dtype.err" || step "FAILED (see $OUT/ram-$dtype.err)"
 done
+# This disk's direct-read rate moves by 10-35 % between minutes (2026-12-06: 1.9 to 2.8 GB/s on
+# the same file within a quarter of an hour), so each row runs alone, one routing per process,
+# between two probes of the rate at the figure's setting (2 MiB pieces, queue depth 4, page cache
+# dropped), into NAME.disk.jsonl: the table divides that row's bytes by their mean.
+probe() { sync; echo 3 > /proc/sys/vm/drop_caches; "$OUT/membw" ssd "$1/experts.bin" 2097152 4 1024 4 >> "$2"; }
+row() { # row NAME PACK CAP BACKEND ROUTING [kvl bench flags...]
+    local name=$1 pack=$2 cap=$3 backend=$4 routing=$5
+    shift 5
+    step "$cap cgroup, $name"
+    : > "$OUT/$name.disk.jsonl"
+    probe "$pack" "$OUT/$name.disk.jsonl"
+    bash bench/cgroup-run.sh "$cap" "$OUT/$name.report" -- node dist/cli/kvl.js bench "$pack" --backend "$backend" \
+        --drop-caches --routing "$routing" "${common[@]}" "$@" --out "$OUT/$name.json" \
+        > /dev/null 2> "$OUT/$name.err" || step "FAILED (see $OUT/$name.report)"
+    probe "$pack" "$OUT/$name.disk.jsonl"
+}
 for cap in 4352M 8448M; do
     for backend in native wasm; do
         [ "$cap" = 8448M ] && [ "$backend" = wasm ] && continue
         for dtype in q8 q4; do
             pack=$([ "$dtype" = q8 ] && echo "$Q8" || echo "$Q4")
-            name=cap$cap-$dtype-$backend
-            step "$cap cgroup, $dtype, $backend"
-            bash bench/cgroup-run.sh "$cap" "$OUT/$name.report" -- node dist/cli/kvl.js bench "$pack" --backend "$backend" \
-                --drop-caches --routing "model,trace:$OUT/calibrated.jsonl,uniform" "${common[@]}" --out "$OUT/$name.json" \
-                > /dev/null 2> "$OUT/$name.err" || step "FAILED (see $OUT/$name.report)"
+            row "cap$cap-$dtype-$backend-model" "$pack" "$cap" "$backend" model
+            row "cap$cap-$dtype-$backend-calibrated" "$pack" "$cap" "$backend" "trace:$OUT/calibrated.jsonl"
+            row "cap$cap-$dtype-$backend-uniform" "$pack" "$cap" "$backend" uniform
         done
     done
 done
@@ -49,10 +63,12 @@ done
 # slower than the old default (frequency) under the model's routing (native, 4 GiB)
 for dtype in q8 q4; do
     pack=$([ "$dtype" = q8 ] && echo "$Q8" || echo "$Q4")
-    name=cap4352M-$dtype-native-policies
-    step "4352M cgroup, $dtype, native, calibrated trace and model, LRU and frequency"
-    bash bench/cgroup-run.sh 4352M "$OUT/$name.report" -- node dist/cli/kvl.js bench "$pack" --backend native \
-        --drop-caches --routing "trace:$OUT/calibrated.jsonl,model" --cache-policy lru,frequency "${common[@]}" --out "$OUT/$name.json" \
-        > /dev/null 2> "$OUT/$name.err" || step "FAILED (see $OUT/$name.report)"
+    row "cap4352M-$dtype-native-policies" "$pack" 4352M native "trace:$OUT/calibrated.jsonl,model" --cache-policy lru,frequency
+done
+# what the chat plan's image reservation costs a text-only user: kvl chat --no-vision's plan gives
+# the expert cache what the vision tower, its image decode and embeddings would hold (native, 4 GiB)
+for dtype in q8 q4; do
+    pack=$([ "$dtype" = q8 ] && echo "$Q8" || echo "$Q4")
+    row "cap4352M-$dtype-native-textonly" "$pack" 4352M native "trace:$OUT/calibrated.jsonl,uniform" --plan chat-text
 done
 npx vite-node bench/low-ram-table.ts "$OUT"

@@ -350,6 +350,8 @@ async function runBenchCommand(model: string, opts: BenchCliOptions): Promise<vo
   const st = result.settings as { plan: BenchPlan; max_context: number; max_batch: number };
   const planLine = st.plan === "chat"
     ? `plan: as kvl chat plans it (context ${st.max_context} tokens, ${st.max_batch}-token prefill chunks, the vision tower reserved)`
+    : st.plan === "chat-text"
+    ? `plan: as kvl chat --no-vision plans it (context ${st.max_context} tokens, ${st.max_batch}-token prefill chunks, no vision tower)`
     : `plan: bench-only (--plan bench: context ${st.max_context} tokens, ${st.max_batch}-token chunks, no vision), not what kvl chat gets`;
   const lines = [planLine, limitsLine(result.limits), result.peak_rss_bytes === null ? "peak RSS n/a" : `peak RSS ${mibText(result.peak_rss_bytes)} MiB` +
     (result.peak_rss_reset ? " (VmHWM of the engine phases)" : " (since the process started: VmHWM cannot be reset here)")];
@@ -374,7 +376,8 @@ export function addBenchCommand(program: Command): void {
     .option("--warm", "after the cold prompt, run a warm-up prefill (fills the caches), then time the same prompt and the decode again on warm caches")
     .option("--warmup-tokens <n>", "tokens of the --warm warm-up prompt", positiveInt, 512)
     .addOption(new Option("--plan <which>", "chat: plan exactly as kvl chat does (its context, 256-token prefill chunks, the vision " +
-      "tower's reservation: what a user gets); bench: a bench-only plan (context sized to the prompts, no vision, each prompt one chunk)")
+      "tower's reservation: what a user gets); chat-text: as kvl chat --no-vision does (the same without the vision tower); " +
+      "bench: a bench-only plan (context sized to the prompts, no vision, each prompt one chunk)")
       .choices([...BENCH_PLANS]).default("chat"))
     .option("--max-batch <n>", "prefill chunk in tokens (default: the plan's; 0 = the longest prompt, so each prompt is one chunk and reads " +
       "each routed expert at most once)", nonNegativeInt)

@@ -273,6 +273,13 @@ describe("the plan a bench runs", () => {
     expect(own.settings).toMatchObject({ plan: "bench", max_context: 24 + 3 + 8, max_batch: 24 });
     expect(own.runs[0].plan).not.toMatch(/patches$/m);
     expect(own.runs[0].plan_total_bytes).toBeLessThan(run.plan_total_bytes);
+    // kvl chat --no-vision's plan: chat's context and chunks, nothing reserved for images
+    const text1 = benchJson(["--backend", "wasm", "--threads", "2", "--prompt-lens", "24", "--decode-tokens", "3", "--limits", limitsFile, "--plan", "chat-text"]);
+    expect(text1.settings).toMatchObject({ plan: "chat-text", max_context: 4096, max_batch: 256 });
+    expect(text1.runs[0].plan).toMatch(/^KV cache +[\d,.]+ +4096 tokens/m);
+    expect(text1.runs[0].plan).not.toMatch(/patches$/m);
+    expect(text1.runs[0].plan).toMatch(/^image decode [^\n]*? 0\.0$/m);
+    expect(text1.runs[0].plan_total_bytes).toBeLessThan(run.plan_total_bytes);
     const text = bench([pack, "--backend", "wasm", "--threads", "2", "--prompt-lens", "8", "--decode-tokens", "2", "--limits", limitsFile]);
     expect(text.stdout).toMatch(/^plan: as kvl chat plans it \(context 4096 tokens, 256-token prefill chunks, the vision tower reserved\)$/m);
     expect(text.stdout).toMatch(/RAM plan [\d.]+ MiB of \d+ \(--ram-mib auto\)/);

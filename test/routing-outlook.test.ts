@@ -7,7 +7,8 @@
  *     `kvl chat`'s 4 GiB plan;
  *   - on the tiny pack: a plan whose cache holds part of the experts ends its table with the
  *     outlook (worst case = the resident fraction), one that holds all does not, a Q4 pack is not
- *     told to use 4-bit experts, and the load line of kvl chat / serve carries it as a second line.
+ *     told to use 4-bit experts, a plan with vision offers --no-vision's larger cache (the same
+ *     budget planned without vision), and the load line of kvl chat / serve carries it as a second line.
  */
 import { join } from "node:path";
 
@@ -55,6 +56,14 @@ describe("the outlook's arithmetic", () => {
       "of its picks there and read about 0.69 GB a token from disk (worst case, uniform routing: 12 %, 1.19 GB); more RAM, or 4-bit " +
       "experts (kvl pack --expert-dtype q4), read less");
     expect(outlookText(o, true)).toMatch(/; more RAM reads less$/);
+    // a text-only plan's larger cache is offered, with its own realistic share, only when larger
+    const withText = outlookText(o, false, 281);
+    expect(withText).toMatch(/; more RAM, or 4-bit experts \(kvl pack --expert-dtype q4\), or --no-vision \(no images: 281 extents, about (\d+) % found\), read less$/);
+    const found = Number(/about (\d+) % found/.exec(withText)![1]);
+    expect(found).toBeGreaterThan(49); // more resident than 199 of 1664: more found
+    expect(found).toBeLessThan(100);
+    expect(outlookText(o, true, 281)).toMatch(/; more RAM, or --no-vision \(no images: 281 extents, about \d+ % found\), read less$/);
+    expect(outlookText(o, false, 199)).toBe(outlookText(o, false));
     expect(routingOutlook(1664, 1664, 156, 8_667_136)).toBeNull();
   });
 });
@@ -98,6 +107,22 @@ describe("the plan quotes it (tiny pack)", () => {
     expect(last).toMatch(new RegExp(`^Experts: ${k} of ${facts.expertRecords} extents in RAM \\(\\d+ %\\); .*worst case, uniform routing: ` +
       `${Math.round((100 * k) / facts.expertRecords)} %.*4-bit experts`));
     expect(planWith(q4Facts, k).describe()).toMatch(/more RAM reads less\.$/);
+  });
+
+  it("with vision loaded, offers --no-vision's larger cache: what the same budget holds without the image reservations", () => {
+    const extent = Math.ceil(facts.expertNbytes / 4096) * 4096;
+    const base = { backend: "native", threads: 2, instances: 1, maxContext: 512 } as const;
+    // a budget whose auto cache holds a few extents with vision loaded
+    const sized = planFromFacts(facts, { ...base, loadVision: true, ramMib: 65_536, cacheMib: (8 * extent) / MIB });
+    const ramMib = sized.total / MIB;
+    const withVision = planFromFacts(facts, { ...base, loadVision: true, ramMib });
+    const textOnly = planFromFacts(facts, { ...base, loadVision: false, ramMib });
+    expect(withVision.routingOutlook).not.toBeNull();
+    expect(textOnly.expertExtentsCached).toBeGreaterThan(withVision.expertExtentsCached);
+    expect(withVision.textOnlyExtentsCached).toBe(textOnly.expertExtentsCached);
+    expect(withVision.describe()).toContain(`--no-vision (no images: ${Math.min(textOnly.expertExtentsCached, facts.expertRecords)} extents, about `);
+    // a plan without vision has nothing to offer
+    expect(textOnly.textOnlyExtentsCached).toBeNull();
   });
 
   it("says nothing when every extent is cached", () => {

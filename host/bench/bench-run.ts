@@ -304,8 +304,9 @@ function boundedDecode(o: BenchOptions, hosted: HostedEngine, session: CoreSessi
 
 // ---- the procedure --------------------------------------------------------------------------
 
-/** The bench's plans: as kvl chat plans (the default: what a user gets), or the bench's own. */
-export const BENCH_PLANS = ["chat", "bench"] as const;
+/** The bench's plans: as kvl chat plans (the default: what a user gets), as kvl chat --no-vision
+ * plans (chat-text: the same context and chunks, no vision tower reserved), or the bench's own. */
+export const BENCH_PLANS = ["chat", "chat-text", "bench"] as const;
 export type BenchPlan = (typeof BENCH_PLANS)[number];
 
 /** The session sizes: chat's (its context unless the prompts need more, its prefill chunk) or the
@@ -315,7 +316,7 @@ export function benchSizes(o: Pick<BenchOptions, "promptLens" | "decodeTokens" |
   let needed = longest + o.decodeTokens + 8;
   if (o.warm) needed = Math.max(needed, o.warmupTokens + 8);
   const oneChunk = Math.max(longest, o.warm ? o.warmupTokens : 0);
-  if (o.plan === "chat") {
+  if (o.plan === "chat" || o.plan === "chat-text") {
     return { maxBatch: o.maxBatch === undefined ? DEFAULT_MAX_BATCH : o.maxBatch || oneChunk, maxContext: Math.max(DEFAULT_MAX_CONTEXT, needed) };
   }
   return { maxBatch: o.maxBatch || oneChunk, maxContext: needed };

@@ -150,6 +150,9 @@ interface Evaluated {
 export class RamPlan {
   /** Components confirmed by the engines (reconcile). */
   readonly exact = new Set<string>();
+  /** Extents the expert caches would hold in the same budget without the vision tower and its
+   * image reservations (planFromFacts sets it when vision is loaded and the cache is partial). */
+  textOnlyExtentsCached: number | null = null;
 
   constructor(
     private readonly facts: PackFacts,
@@ -228,7 +231,7 @@ export class RamPlan {
   /** The outlook as the load line and the plan's table say it, or null. */
   get routingOutlookText(): string | null {
     const o = this.routingOutlook;
-    return o ? outlookText(o, this.facts.expertDtype === DTYPE_Q4_EXPERT) : null;
+    return o ? outlookText(o, this.facts.expertDtype === DTYPE_Q4_EXPERT, this.textOnlyExtentsCached) : null;
   }
 
   describe(): string {
@@ -501,7 +504,17 @@ export function planFromFacts(facts: PackFacts, options: PlanOptions): RamPlan {
     throw err;
   }
   if (options.check ?? true) result.checkBudget();
+  if (s.loadVision && result.routingOutlook) result.textOnlyExtentsCached = textOnlyExtents(facts, options);
   return result;
+}
+
+/** The extents the same options would cache without vision, or null when that plan fails. */
+function textOnlyExtents(facts: PackFacts, options: PlanOptions): number | null {
+  try {
+    return planFromFacts(facts, { ...options, loadVision: false, check: false }).expertExtentsCached;
+  } catch {
+    return null;
+  }
 }
 
 /** --ram-mib auto never claims more than the model can use: the budget becomes the plan's total

@@ -25,6 +25,11 @@
 #include "trunk.h"
 #include "vision.h"
 
+/* Expert-cache reader threads (see load_text); a bench build may set another count. */
+#ifndef KVL_EXPERT_READERS
+#define KVL_EXPERT_READERS 4
+#endif
+
 static uint64_t align4096(uint64_t x) { return (x + 4095u) & ~(uint64_t)4095u; }
 static uint64_t align64(uint64_t x) { return (x + 63u) & ~(uint64_t)63u; }
 /* A resident Linear weight with act_i16: its int16 rows (the BF16 bytes, converted in place) and
@@ -678,7 +683,8 @@ static kvl_status open_expert_cache(open_ctx *c, const kvl_engine_options *o, in
      * virtio disk gave ~270 MB/s with one 8 MiB read in flight, ~1.6-2 GB/s with four 2 MiB
      * reads); they sleep when idle and do no math, so they do not compete with the pool */
     kvl_status st = kvl_expert_cache_create(e->experts, hp->n_layers, hp->n_routed, budget, hp->topk,
-                                            4, o->expert_cache_policy, &t->ecache, cerr, sizeof cerr);
+                                            KVL_EXPERT_READERS, o->expert_cache_policy, &t->ecache, cerr,
+                                            sizeof cerr);
     if (st != KVL_OK) return oerr(c, st, "experts.bin: %s", cerr);
     return KVL_OK;
 }
