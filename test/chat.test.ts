@@ -242,6 +242,14 @@ describe("kvl chat, the terminal side", () => {
     const verbose = chat([pack, "What is 2+2?", "--verbose", ...COMMON], {});
     expect(verbose.status).toBe(0);
     expect(verbose.stderr).toMatch(/component\s+MiB/);
+    // a one-shot prompt without --image can take no image, so it plans (and loads) no vision;
+    // the interactive chat can take /image and keeps it
+    const visionLine = /^vision working memory \(largest image\) +([\d,.]+)(.*)$/m;
+    expect(visionLine.exec(verbose.stderr)?.[1]).toBe("0.0");
+    expect(verbose.stderr).toMatch(/^image decode \(file, pixels, resize passes\) +0\.0$/m);
+    const interactive = chat([pack, "--verbose", ...COMMON], {}, "/quit\n");
+    expect(interactive.status, interactive.stderr).toBe(0);
+    expect(visionLine.exec(interactive.stderr)?.[2]).toMatch(/\d+x\d+ patches/);
   });
 
   it("reads the prompt from stdin with '-', and --system takes the system turn", () => {
