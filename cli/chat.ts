@@ -417,8 +417,10 @@ export function addChatCommand(program: Command): void {
       if (opts.image.length && !opts.vision) throw new UserError("--image needs the vision tower; drop --no-vision");
       replyParams(opts); // a bad --json-schema or --format is refused before the model loads
       // a one-shot prompt without --image can take no image: the vision tower and the plan's image
-      // lines would only take RAM from the caches (0.66 GiB of a 4 GiB plan: 82 more Q8 extents)
-      const textOnly = prompt !== undefined && opts.image.length === 0;
+      // lines would only take RAM from the caches (0.66 GiB of a 4 GiB plan: 82 more Q8 extents).
+      // Image options given anyway keep vision, so their values are still checked as always.
+      const textOnly = prompt !== undefined && opts.image.length === 0 && opts.maxImageMp === undefined &&
+        opts.maxImageTokens === undefined;
       const chat = await openModel(model, textOnly ? { ...opts, vision: false } : opts);
       try {
         const images: ChatImage[] = [];
