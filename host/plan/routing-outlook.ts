@@ -66,7 +66,8 @@ const gb = (x: number): string => `${(x / 1e9).toFixed(2)} GB`;
 /** One sentence for the load line and the plan's table; q4: the experts are 4-bit already;
  * textOnly: the extents the same budget would cache without the vision tower (null: not known). */
 export function outlookText(o: RoutingOutlook, q4: boolean, textOnly: number | null = null): string {
-  const remedies = [q4 ? "more RAM" : "more RAM, or 4-bit experts (kvl pack --expert-dtype q4)"];
+  const remedies = ["more RAM"];
+  if (!q4) remedies.push("4-bit experts (kvl pack --expert-dtype q4)");
   if (textOnly !== null && textOnly > o.cached) {
     remedies.push(`--no-vision (no images: ${Math.min(textOnly, o.extents)} extents, ` +
       `about ${pct(calibratedHitRate(Math.min(textOnly, o.extents) / o.extents))} found)`);
@@ -74,5 +75,5 @@ export function outlookText(o: RoutingOutlook, q4: boolean, textOnly: number | n
   return `experts: ${o.cached} of ${o.extents} extents in RAM (${pct(o.cached / o.extents)}); a trained model's routing should find ` +
     `about ${pct(o.realisticHit)} of its picks there and read about ${gb(o.realisticBytes)} a token from disk ` +
     `(worst case, uniform routing: ${pct(o.worstHit)}, ${gb(o.worstBytes)}); ${remedies.join(", or ")}` +
-    (remedies.length > 1 || !q4 ? ", read less" : " reads less");
+    (remedies.length > 1 ? ", read less" : " reads less");
 }
