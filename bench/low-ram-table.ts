@@ -4,7 +4,8 @@
  *
  *   npx vite-node bench/low-ram-table.ts OUT      (OUT: bench/low-ram.sh's folder)
  *
- * Bound per run: the cache's extents C of N (the run's own plan), its hit rate h, then
+ * Bound per run: the cache's extents C of N (the engine's slab: the run's own plan, with the
+ * image lines' loan natively when vision is reserved), its hit rate h, then
  *   disk s/token = (1 - h) x (MoE layers x top-k) x the padded extent / the direct-read rate
  * (the row's NAME.disk.jsonl: the mean of the probes low-ram.sh ran just before and after it, 2 MiB
  * pieces at queue depth 4, the figure kvl bench divides by; limits.jsonl's where a row has none),
@@ -38,7 +39,7 @@ interface Run {
   routing: string;
   cache_policy: string;
   plan: string;
-  info: { expert_extent_bytes: number };
+  info: { expert_extent_bytes: number; expert_cache_bytes: number };
   decode_warm?: Decode;
   peak_rss_bytes?: number;
   plan_total_bytes: number;
@@ -86,8 +87,9 @@ for (const cap of ["4352M", "8448M"]) {
       for (const { run, rates, textOnly } of runs) {
         const d = run.decode_warm;
         if (!d) continue;
-        const C = Number(/auto, (\d+) extents/.exec(run.plan)?.[1] ?? Number.NaN);
         const padded = Math.ceil(run.info.expert_extent_bytes / PAGE) * PAGE;
+        // the engine's slab: the plan's own extents and, natively with vision, the image lines' loan
+        const C = Math.floor(run.info.expert_cache_bytes / padded);
         const kind = run.routing === "model" ? "model" : run.routing === "uniform" ? "uniform" : "calibrated";
         const policy = run.cache_policy as "lru" | "frequency" | "adaptive";
         const hit = kind === "uniform" ? C / N : kind === "calibrated" ? simulatePolicy(trace.ids, M, E, K, C, policy, 64) : Number.NaN;

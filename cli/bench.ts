@@ -376,7 +376,7 @@ export function addBenchCommand(program: Command): void {
     .option("--warm", "after the cold prompt, run a warm-up prefill (fills the caches), then time the same prompt and the decode again on warm caches")
     .option("--warmup-tokens <n>", "tokens of the --warm warm-up prompt", positiveInt, 512)
     .addOption(new Option("--plan <which>", "chat: plan exactly as kvl chat does (its context, 256-token prefill chunks, the vision " +
-      "tower's reservation: what a user gets); chat-text: as kvl chat --no-vision does (the same without the vision tower); " +
+      "tower's reservation, lent to the expert cache natively while no image is in flight: what a user gets); chat-text: as kvl chat --no-vision does (the same without the vision tower); " +
       "bench: a bench-only plan (context sized to the prompts, no vision, each prompt one chunk)")
       .choices([...BENCH_PLANS]).default("chat"))
     .option("--max-batch <n>", "prefill chunk in tokens (default: the plan's; 0 = the longest prompt, so each prompt is one chunk and reads " +

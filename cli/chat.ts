@@ -417,7 +417,8 @@ export function addChatCommand(program: Command): void {
       if (opts.image.length && !opts.vision) throw new UserError("--image needs the vision tower; drop --no-vision");
       replyParams(opts); // a bad --json-schema or --format is refused before the model loads
       // a one-shot prompt without --image can take no image: the vision tower and the plan's image
-      // lines would only take RAM from the caches (0.66 GiB of a 4 GiB plan: 82 more Q8 extents).
+      // lines would only take RAM from the caches (0.66 GiB of a 4 GiB plan; natively most of it is
+      // lent to the expert cache anyway, but not the image embeddings' line, and not on WebAssembly).
       // Image options given anyway keep vision, so their values are still checked as always.
       const textOnly = prompt !== undefined && opts.image.length === 0 && opts.maxImageMp === undefined &&
         opts.maxImageTokens === undefined;

@@ -29,6 +29,7 @@ import { ChatTemplate } from "./text/chat-template.js";
 import { type Message, type Prompt, ImageInput, buildPrompt, mediaKeyStrings, sha256Hex } from "./text/conversation.js";
 import { EngineClient, type ClientSession } from "./engine/engine-client.js";
 import { DEFAULT_DECODE_LIMITS, type DecodeLimits, checkImage, decodeImageWith, imageHeader } from "./image/image-decode.js";
+import { ImageRoom } from "./image/image-room.js";
 import { type PreprocessorConfig, gridForSize, loadPreprocessorConfig, mediaTokens, preprocessImage } from "./image/image-preprocess.js";
 import { EmbeddingCache, imageContentKey } from "./image/embedding-cache.js";
 import { openRunnablePack } from "./pack/pack-check.js";
@@ -201,6 +202,9 @@ export class ChatModel {
   /** Images' embeddings by content, within the plan's "image embeddings" line: that line holds a
    * full context of media rows, so the images of any one prompt always fit together. */
   readonly embeddings: EmbeddingCache;
+  /** The image lines' RAM: taken back from the expert cache for each image's decode and encode
+   * (natively; the plan lends it while no image is in flight). */
+  readonly imageRoom: ImageRoom;
 
   private constructor(readonly packDir: string, readonly backendRecord: BackendRecord, readonly actMode: ActMode, readonly plan: RamPlan,
     readonly client: EngineClient, readonly tokenizer: Tokenizer, readonly template: ChatTemplate, readonly preprocess: PreprocessorConfig | null,
@@ -208,6 +212,7 @@ export class ChatModel {
     /** The token limit (patches) images are preprocessed for unless a request says otherwise (--max-image-tokens). */
     readonly defaultInTokenLimit: number) {
     this.embeddings = new EmbeddingCache(plan.components.mediaCache);
+    this.imageRoom = new ImageRoom((lent) => client.setImageRoomLent(lent));
   }
 
   /** The most media tokens an image may be given a budget of: the pack's own in_token_limit in merged tokens. */
@@ -342,7 +347,7 @@ export class ChatModel {
     // before a server's stream has started, before a chat turn joins the history — never when
     // the turn that carries it is encoded
     if (!this.#checkedImages.has(image.sha256)) {
-      await checkImage(bytes, this.decodeLimits());
+      await this.imageRoom.hold(() => checkImage(bytes, this.decodeLimits()));
       this.#checkedImages.add(image.sha256);
       if (this.#checkedImages.size > CHECKED_IMAGES_KEPT) this.#checkedImages.delete(this.#checkedImages.values().next().value!);
     }
@@ -438,17 +443,19 @@ export class Conversation {
       const known = cache.keyOfFile(image.sha256, image.inTokenLimit);
       let found = known === undefined ? undefined : cache.get(known);
       if (found === undefined) {
-        const limited = { ...config, inTokenLimit: image.inTokenLimit };
-        const { pixelValues, grid } = await decodeImageWith(image.bytes, this.model.decodeLimits(), (decoded) => preprocessImage(decoded, limited));
-        if (grid[0] !== image.grid[0] || grid[1] !== image.grid[1]) {
-          throw new UserError(`${image.name}: the decoded image gives a ${grid[0]}x${grid[1]} patch grid, its header promised ` +
-            `${image.grid[0]}x${image.grid[1]}; the file is inconsistent, re-export it`);
-        }
-        const key = imageContentKey(pixelValues, grid);
-        cache.rememberFile(image.sha256, image.inTokenLimit, key);
-        // the same pixels from another file (one lookup counted per image: a known key was looked up)
-        if (key !== known) found = cache.get(key);
-        if (found === undefined) {
+        // the decode and the encode run in the image lines' RAM, taken back from the expert cache
+        found = await this.model.imageRoom.hold(async (): Promise<Float32Array> => {
+          const limited = { ...config, inTokenLimit: image.inTokenLimit };
+          const { pixelValues, grid } = await decodeImageWith(image.bytes, this.model.decodeLimits(), (decoded) => preprocessImage(decoded, limited));
+          if (grid[0] !== image.grid[0] || grid[1] !== image.grid[1]) {
+            throw new UserError(`${image.name}: the decoded image gives a ${grid[0]}x${grid[1]} patch grid, its header promised ` +
+              `${image.grid[0]}x${image.grid[1]}; the file is inconsistent, re-export it`);
+          }
+          const key = imageContentKey(pixelValues, grid);
+          cache.rememberFile(image.sha256, image.inTokenLimit, key);
+          // the same pixels from another file (one lookup counted per image: a known key was looked up)
+          const same = key !== known ? cache.get(key) : undefined;
+          if (same !== undefined) return same;
           const timer = onImage ? setInterval(() => event("encoding"), IMAGE_PROGRESS_MS) : undefined;
           let out: Float32Array;
           try {
@@ -460,11 +467,12 @@ export class Conversation {
           if (out.length !== image.nTokens * hidden) {
             throw new Error(`vision produced ${out.length / hidden} rows for ${image.nTokens} media tokens (grid ${grid.join("x")})`);
           }
-          found = roundToBf16(out);
-          cache.set(key, found);
+          const rowsOfImage = roundToBf16(out);
+          cache.set(key, rowsOfImage);
           encoded++;
           seconds.set(image.digest, (performance.now() - started) / 1000);
-        }
+          return rowsOfImage;
+        });
       }
       rows.set(image.digest, found);
       event("done", !seconds.has(image.digest));

@@ -21,11 +21,10 @@
  * Does not own: what the JSON must contain (the dialect modules), the error shapes (errors.ts).
  */
 import type { IncomingMessage, RequestListener, ServerResponse } from "node:http";
-import v8 from "node:v8";
-import { runInNewContext } from "node:vm";
 
 import getRawBody from "raw-body";
 
+import { collectGarbage } from "../host/system/collect-garbage.js";
 import { ApiError, RETRY_AFTER_S, dialectOfPath, errorBody, invalid } from "./errors.js";
 
 /** Deeper nesting than this is refused (the APIs' own bodies nest about 10 levels, tool schemas a few more). */
@@ -323,29 +322,12 @@ export async function readJsonBody(req: IncomingMessage, maxBytes: number, deadl
   return parseJsonText(raw);
 }
 
-/** Bodies from this size on are collected right after their answer (see collectGarbage). */
+/** Bodies from this size on are collected right after their answer (collectGarbage): the copies
+ * of a large body (its bytes, the decoded text, the parsed strings) are garbage once its answer is
+ * out, and the next bodies would otherwise stack on top of them: with 4 concurrent bodies at the
+ * limit, peak RSS grew round by round to 2.7-3.8x slots x limit without it, and stayed at 1.9-2.1x
+ * with it (docs/SERVER.md). One full collection of the server's JS heap per large body. */
 const LARGE_BODY_BYTES = 1 << 20;
-
-let gcFunction: (() => void) | null | undefined;
-
-/**
- * A full V8 collection. The copies of a large body (its bytes, the decoded text, the parsed
- * strings) are garbage once its answer is out, but V8 collects them when its heap limits say so,
- * and the next bodies then stack on top of them: with 4 concurrent bodies at the limit, peak RSS
- * grew round by round to 2.7-3.8x slots x limit without this, and stayed at 1.9-2.1x with it
- * (docs/SERVER.md). One full collection of the server's JS heap per large body.
- */
-function collectGarbage(): void {
-  if (gcFunction === undefined) {
-    try {
-      v8.setFlagsFromString("--expose-gc");
-      gcFunction = runInNewContext("gc") as () => void;
-    } catch {
-      gcFunction = null;
-    }
-  }
-  gcFunction?.();
-}
 
 /** A fixed number of slots for requests that hold a body (planner.ts bodySlots). */
 export class BodyGate {

@@ -231,6 +231,7 @@ function stubEngine(begin: number, end: number, nLayers: number, failAt: { calls
     info: () => ({ ...info }),
     stats: () => ({ tokensPrefilled: 0 }) as never,
     resetStats: () => undefined,
+    setExpertSlots: () => 0,
     sessionBytes: () => 0,
     visionBytes: () => 0,
     encodeImages: () => new Float32Array(0),

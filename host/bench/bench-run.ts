@@ -17,8 +17,6 @@
  * the native/wasm ratios (bench-compare.ts), rendering (cli/bench.ts).
  */
 import { writeFileSync } from "node:fs";
-import { setFlagsFromString } from "node:v8";
-import { runInNewContext } from "node:vm";
 
 import { type BenchComparison, nativeOverWasm } from "./bench-compare.js";
 import { type Limits, dropPageCache, probeLimits } from "./bench-limits.js";
@@ -35,6 +33,7 @@ import { type ActDtypeChoice, actModeFor, actModeJson } from "../plan/act-mode.j
 import { DEFAULT_MAX_BATCH, DEFAULT_MAX_CONTEXT } from "../plan/defaults.js";
 import { plan } from "../plan/planner.js";
 import type { RamChoice } from "../plan/ram-budget.js";
+import { collectGarbage } from "../system/collect-garbage.js";
 import { peakRssBytes } from "../system/process-memory.js";
 import { UserError } from "../system/user-error.js";
 
@@ -175,21 +174,11 @@ function resetPeakRss(): boolean {
   }
 }
 
-let gcFunction: (() => void) | null | undefined;
-
 /** A full garbage collection (closed engines' WebAssembly memories are freed only then). */
-async function collectGarbage(): Promise<void> {
-  if (gcFunction === undefined) {
-    try {
-      setFlagsFromString("--expose-gc");
-      gcFunction = runInNewContext("gc") as () => void;
-    } catch {
-      gcFunction = null;
-    }
-  }
-  gcFunction?.();
+async function collectAll(): Promise<void> {
+  collectGarbage();
   await new Promise((r) => setTimeout(r, 50)); // terminated pthread workers let go of the memory
-  gcFunction?.();
+  collectGarbage();
 }
 
 // ---- timing ---------------------------------------------------------------------------------
@@ -335,7 +324,7 @@ async function benchOne(o: BenchOptions, backend: BackendName, n: number, pb: Pa
     backend, ramMib: o.ramMib, cacheMib: o.cacheMib === "auto" ? null : Number(o.cacheMib), trunkCacheMib: o.trunkCacheMib === "auto" ? null : Number(o.trunkCacheMib),
     maxContext, maxBatch, loadVision: o.plan === "chat", threads: o.threads, actDtype: mode.actDtype, check: true, ...(o.instances !== undefined ? { instances: o.instances } : {}),
   });
-  await collectGarbage();
+  await collectAll();
   if (rssReset) resetPeakRss();
   const t0 = now();
   let hosted: HostedEngine;
@@ -448,6 +437,7 @@ async function benchImage(o: BenchOptions, backend: BackendName, side: number, l
   }
   try {
     const engine = hosted.engine;
+    hosted.lendImageRoom(false); // as chat does for an image: the image lines' RAM back from the expert cache
     const before = engine.stats().visionBytesRead;
     const times: number[] = [];
     let rows: Float32Array<ArrayBufferLike> = new Float32Array(0);

@@ -430,6 +430,13 @@ export interface CoreEngine {
   info(): EngineInfo;
   stats(): EngineStats;
   resetStats(): void;
+  /**
+   * kvl_engine_set_expert_slots: the expert cache's slots in use, clamped to [one layer's top-k,
+   * the extents it was opened with]; fewer drop their extents and give their memory back to the
+   * OS (natively; a WebAssembly memory never shrinks). Returns the slots in use after the call
+   * (0 without an expert cache). Between calls only (CoreError while one runs).
+   */
+  setExpertSlots(slots: number): number;
   /** Bytes a session with these options allocates (KV + arena), for the planner. */
   sessionBytes(options?: SessionOptions): number;
   newSession(options?: SessionOptions): CoreSession;

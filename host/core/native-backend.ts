@@ -84,6 +84,8 @@ interface NativeAddon {
   engineStats(engine: NativeEngineHandle): EngineStats;
   /** kvl_engine_reset_stats */
   engineResetStats(engine: NativeEngineHandle): void;
+  /** kvl_engine_set_expert_slots -> status and the slots in use after the call. */
+  engineSetExpertSlots(engine: NativeEngineHandle, slots: number): { status: number; active: number };
   /** kvl_engine_last_error: the detail of the last failed call on the engine or its sessions. */
   engineLastError(engine: NativeEngineHandle): string;
   /** kvl_session_bytes */
@@ -278,6 +280,13 @@ class NativeEngine implements CoreEngine {
 
   resetStats(): void {
     this.addon.engineResetStats(this.#live);
+  }
+
+  setExpertSlots(slots: number): number {
+    if (!Number.isSafeInteger(slots) || slots < 0 || slots > 0x7fffffff) throw new RangeError(`expert slots must be a non-negative int32, got ${slots}`);
+    const { status, active } = this.addon.engineSetExpertSlots(this.#live, slots);
+    this.check(status);
+    return active;
   }
 
   sessionBytes(options: SessionOptions = {}): number {

@@ -23,6 +23,7 @@ export interface EmscriptenEngineExports {
   _kvl_engine_get_info(engine: number, out: number): number;
   _kvl_engine_get_stats(engine: number, out: number): number;
   _kvl_engine_reset_stats(engine: number): void;
+  _kvl_engine_set_expert_slots(engine: number, slots: number, outActive: number): number;
   _kvl_engine_last_error(engine: number): number;
   _kvl_session_bytes(engine: number, options: number, outBytes: number): number;
   _kvl_session_new(engine: number, options: number, outSession: number): number;
@@ -246,6 +247,15 @@ export class WasmEngine implements CoreEngine {
 
   resetStats(): void {
     this.core._kvl_engine_reset_stats(this.#live);
+  }
+
+  setExpertSlots(slots: number): number {
+    if (!Number.isSafeInteger(slots) || slots < 0 || slots > 0x7fffffff) throw new RangeError(`expert slots must be a non-negative int32, got ${slots}`);
+    return withScratch(this.core, (s) => {
+      const out = s.alloc(4);
+      this.check(this.core._kvl_engine_set_expert_slots(this.#live, slots, out));
+      return new DataView(this.memory.buffer, out, 4).getInt32(0, true);
+    });
   }
 
   #sessionOptions(s: Scratch, options: SessionOptions): number {

@@ -21,6 +21,11 @@ import { UserError } from "../system/user-error.js";
 /** The compiled worker; the TypeScript sources cannot run in a worker without a loader. */
 export const ENGINE_WORKER_PATH = join(packageRoot, "dist", "host", "engine", "engine-worker.js");
 
+/** Atomics.waitAsync (every supported Node has it; this TypeScript lib does not declare it). */
+interface AtomicsWaitAsync {
+  waitAsync(array: Int32Array, index: number, value: number): { async: false; value: string } | { async: true; value: Promise<string> };
+}
+
 /** Distributive Omit over the request union. */
 type RequestBody = EngineRequest extends infer R ? (R extends EngineRequest ? Omit<R, "id"> : never) : never;
 
@@ -51,6 +56,10 @@ export class EngineClient {
   #exited: Error | undefined;
   info!: EngineInfo;
   ranges!: Array<[number, number]>;
+  /** Whether the plan lends the image lines to the expert caches (setImageRoomLent does something). */
+  lendsImageRoom = false;
+  /** engine-protocol.ts's imageRoom flags, shared with the worker. */
+  readonly #imageRoom = new Int32Array(new SharedArrayBuffer(8)).fill(1);
 
   private constructor(worker: Worker) {
     this.#worker = worker;
@@ -79,10 +88,11 @@ export class EngineClient {
     // execArgv: [] keeps a parent's loader flags (a test runner's) out of the engine's thread
     const client = new EngineClient(new Worker(workerPath, { execArgv: [] }));
     try {
-      const reply = await client.request({ type: "open", backend, packDir, options });
+      const reply = await client.request({ type: "open", backend, packDir, options, imageRoom: client.#imageRoom });
       if (reply.type !== "opened") throw new Error(`engine worker: unexpected reply ${reply.type} to open`);
       client.info = reply.info;
       client.ranges = reply.ranges;
+      client.lendsImageRoom = reply.lendsImageRoom;
       return client;
     } catch (err) {
       await client.#worker.terminate();
@@ -120,6 +130,28 @@ export class EngineClient {
     const reply = await this.request({ type: "encodeImages", pixelValues, grids });
     if (reply.type !== "embeddings") throw new Error(`engine worker: unexpected reply ${reply.type} to encodeImages`);
     return reply.rows;
+  }
+
+  /**
+   * Lends the image lines' RAM to the expert caches (true) or takes it back for an image (false:
+   * resolves once the caches have given it back, their pages returned to the OS). An idle worker
+   * applies it at once; one inside a generate between two tokens, so an image's decode never
+   * waits for a whole reply (engine-host.ts lendImageRoom). Nothing when the plan lends nothing.
+   */
+  async setImageRoomLent(lent: boolean): Promise<void> {
+    if (!this.lendsImageRoom) return;
+    const want = lent ? 1 : 0;
+    Atomics.store(this.#imageRoom, 0, want);
+    const applied = this.request({ type: "imageRoom" });
+    for (;;) {
+      const have = Atomics.load(this.#imageRoom, 1);
+      if (have === want) break;
+      const waiting = (Atomics as unknown as AtomicsWaitAsync).waitAsync(this.#imageRoom, 1, have);
+      // the worker's reply settles it too (idle worker; or a failure, which it rethrows)
+      await Promise.race([applied, waiting.async ? waiting.value : Promise.resolve()]);
+      if (Atomics.load(this.#imageRoom, 0) !== want) break; // asked otherwise meanwhile
+    }
+    applied.catch(() => undefined); // a later failure is the next call's to report
   }
 
   /** Working memory of one encodeImages call for these grids (CoreEngine.visionBytes). */

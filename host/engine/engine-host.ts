@@ -21,6 +21,9 @@ import { wasmBuildFor } from "../core/wasm-relaxed.js";
 export interface PlannedInstance {
   engineOptions: EngineOptions & { layerBegin: number; layerEnd: number };
   memoryBytes: number;
+  /** Bytes of the expert cache (within engineOptions.expertCacheBytes) that the image lines lend
+   * while no image is in flight (planner.ts InstancePlan.expertLoan); absent or 0: none. */
+  expertLoan?: number;
 }
 
 export interface HostedEngineOptions extends Omit<EngineOptions, "layerBegin" | "layerEnd"> {
@@ -41,6 +44,14 @@ export interface HostedEngine {
   readonly ranges: ReadonlyArray<[number, number]>;
   /** The core that samples tokens (kvl_sample): the native addon, or the last instance. */
   readonly sampler: CoreBackend;
+  /** Whether the plan lends the image lines to the expert caches (lendImageRoom does something). */
+  readonly lendsImageRoom: boolean;
+  /**
+   * lent: every range's cache uses its whole slab, the image lines' loan included (as opened);
+   * not lent: each gives its loan back (its extents dropped, their pages returned to the OS)
+   * before an image is decoded or encoded. Between engine calls only.
+   */
+  lendImageRoom(lent: boolean): void;
   /** Closes the engine, then the instances. */
   close(): void;
 }
@@ -76,8 +87,20 @@ export async function openHostedEngine(backend: BackendName, packDir: string, op
     throw err;
   }
   const engine = new SplitEngine(parts, rangeOptions(engineOptions, specs[0]!).loadVision === true);
+  const loans = parts.map((p, i) => {
+    const { expertCacheBytes, expertExtentBytes } = p.info();
+    const created = expertExtentBytes > 0 ? Math.floor(expertCacheBytes / expertExtentBytes) : 0;
+    return { created, lent: expertExtentBytes > 0 ? Math.floor((specs[i]!.expertLoan ?? 0) / expertExtentBytes) : 0 };
+  });
   return {
     engine, backend, ranges, sampler: owners.at(-1)!,
+    lendsImageRoom: loans.some((l) => l.lent > 0),
+    lendImageRoom(lent: boolean) {
+      parts.forEach((p, i) => {
+        const loan = loans[i]!;
+        if (loan.lent > 0) p.setExpertSlots(lent ? loan.created : loan.created - loan.lent);
+      });
+    },
     close() {
       try {
         engine.close();

@@ -8,7 +8,9 @@ import type { HostedEngineOptions } from "./engine-host.js";
 import type { GenerationRequest, GenerationResult } from "./generation.js";
 
 export type EngineRequest =
-  | { id: number; type: "open"; backend: BackendName; packDir: string; options: HostedEngineOptions }
+  /** imageRoom: [0] what the main thread wants (1: the image lines lent to the expert caches, 0:
+   * kept for an image), [1] what the engine has; both start at 1 (engine-host.ts lendImageRoom). */
+  | { id: number; type: "open"; backend: BackendName; packDir: string; options: HostedEngineOptions; imageRoom: Int32Array }
   | { id: number; type: "newSession"; options: SessionOptions }
   | { id: number; type: "prefill"; sessionId: number; tokens: Int32Array; media: Float32Array | null; logits: LogitsMode }
   | { id: number; type: "step"; sessionId: number; token: number }
@@ -18,6 +20,8 @@ export type EngineRequest =
   | { id: number; type: "position"; sessionId: number }
   | { id: number; type: "closeSession"; sessionId: number }
   | { id: number; type: "stats" }
+  /** Applies imageRoom[0] now if the worker is idle (a running generate applies it between tokens). */
+  | { id: number; type: "imageRoom" }
   /** Media embeddings of images (CoreEngine.encodeImages: FP32, not rounded). */
   | { id: number; type: "encodeImages"; pixelValues: Float32Array; grids: Int32Array }
   | { id: number; type: "visionBytes"; grids: Int32Array }
@@ -31,7 +35,7 @@ export type SerializedError =
   | { kind: "internal"; message: string; stack?: string };
 
 export type EngineReply =
-  | { id: number; type: "opened"; info: EngineInfo; ranges: Array<[number, number]> }
+  | { id: number; type: "opened"; info: EngineInfo; ranges: Array<[number, number]>; lendsImageRoom: boolean }
   | { id: number; type: "session"; sessionId: number; cancelFlags: Int32Array[]; stopFlag: Int32Array }
   /** One sampled token of a running generate (more replies with the same id follow). */
   | { id: number; type: "token"; token: number }

@@ -22,6 +22,8 @@ if (!parentPort) throw new Error("engine-worker.ts runs as a worker_threads work
 const port = parentPort;
 
 let hosted: HostedEngine | undefined;
+/** The open request's imageRoom flags (engine-protocol.ts). */
+let imageRoom: Int32Array<ArrayBufferLike> = new Int32Array(2).fill(1);
 /** Constrained decoding for every session of the engine (the vocabulary is loaded on first use). */
 let grammars: GrammarEngine | null = null;
 const sessions = new Map<number, GenerationSession>();
@@ -35,6 +37,16 @@ function serialize(err: unknown): SerializedError {
   if (err instanceof RangeError || err instanceof TypeError) return { kind: "argument", message: err.message };
   const e = err instanceof Error ? err : new Error(String(err));
   return { kind: "internal", message: e.message, ...(e.stack !== undefined ? { stack: e.stack } : {}) };
+}
+
+/** Lends or takes back the image lines' room as the main thread last asked, if it changed; then
+ * wakes whoever waits for it. Between core calls only: from a request, or between two tokens. */
+function applyImageRoom(): void {
+  const want = Atomics.load(imageRoom, 0);
+  if (!hosted || want === Atomics.load(imageRoom, 1)) return;
+  hosted.lendImageRoom(want === 1);
+  Atomics.store(imageRoom, 1, want);
+  Atomics.notify(imageRoom, 1);
 }
 
 function generation(id: number): GenerationSession {
@@ -57,8 +69,10 @@ async function handle(req: EngineRequest): Promise<{ reply: EngineReply; transfe
     case "open": {
       if (hosted) throw new RangeError("the engine worker already has an engine open");
       hosted = await openHostedEngine(req.backend, req.packDir, req.options);
+      imageRoom = req.imageRoom;
       grammars = new GrammarEngine(req.packDir, hosted.engine.info().vocabSize);
-      return { reply: { id: req.id, type: "opened", info: hosted.engine.info(), ranges: [...hosted.ranges] }, transfer: [] };
+      return { reply: { id: req.id, type: "opened", info: hosted.engine.info(), ranges: [...hosted.ranges], lendsImageRoom: hosted.lendsImageRoom },
+        transfer: [] };
     }
     case "newSession": {
       const h = engine();
@@ -66,7 +80,7 @@ async function handle(req: EngineRequest): Promise<{ reply: EngineReply; transfe
       const info = h.engine.info();
       const stopFlag = new Int32Array(new SharedArrayBuffer(4));
       const sessionId = nextSession++;
-      sessions.set(sessionId, new GenerationSession(s, h.sampler, info.mediaPlaceholderTokenId, info.hiddenSize, stopFlag, grammars));
+      sessions.set(sessionId, new GenerationSession(s, h.sampler, info.mediaPlaceholderTokenId, info.hiddenSize, stopFlag, grammars, applyImageRoom));
       return { reply: { id: req.id, type: "session", sessionId, cancelFlags: s.cancelFlags(), stopFlag }, transfer: [] };
     }
     case "prefill": {
@@ -99,6 +113,9 @@ async function handle(req: EngineRequest): Promise<{ reply: EngineReply; transfe
     }
     case "stats":
       return { reply: { id: req.id, type: "stats", stats: engine().engine.stats() }, transfer: [] };
+    case "imageRoom":
+      applyImageRoom();
+      return { reply: { id: req.id, type: "done" }, transfer: [] };
     case "encodeImages": {
       const rows = engine().engine.encodeImages(req.pixelValues, req.grids);
       return { reply: { id: req.id, type: "embeddings", rows }, transfer: [rows.buffer as ArrayBuffer] };

@@ -66,8 +66,11 @@ export class GenerationSession {
   /** What each KV position holds (a token id as text, or "m:" + media key). */
   #keys: string[] = [];
 
+  /** betweenSteps: called after each decoded token, between two core calls (the worker applies
+   * a change of the image lines' loan there: engine-worker.ts). */
   constructor(readonly session: CoreSession, readonly sampler: CoreBackend, readonly mediaTokenId: number,
-    readonly hidden: number, readonly stopFlag: Int32Array, readonly grammars: GrammarEngine | null = null) {}
+    readonly hidden: number, readonly stopFlag: Int32Array, readonly grammars: GrammarEngine | null = null,
+    readonly betweenSteps: () => void = () => undefined) {}
 
   get position(): number {
     return this.#keys.length;
@@ -152,6 +155,7 @@ export class GenerationSession {
         onToken(token);
         if (tokens.length >= req.maxNewTokens) return result("length");
         if (Atomics.load(this.stopFlag, 0) !== 0) return result("stopped");
+        this.betweenSteps();
         const stepStart = performance.now();
         try {
           logits = this.session.step(token);

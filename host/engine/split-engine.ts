@@ -81,6 +81,26 @@ export class SplitEngine implements CoreEngine {
     for (const p of this.#parts) p.resetStats();
   }
 
+  /** `slots` over the ranges' caches in proportion to the extents each was opened with (earlier
+   * ranges take the remainder); each clamps as CoreEngine.setExpertSlots says. The sum in use. */
+  setExpertSlots(slots: number): number {
+    const created = this.#parts.map((p) => {
+      const { expertCacheBytes, expertExtentBytes } = p.info();
+      return expertExtentBytes > 0 ? Math.floor(expertCacheBytes / expertExtentBytes) : 0;
+    });
+    const all = created.reduce((a, b) => a + b, 0);
+    if (all === 0) return 0;
+    const share = created.map((n) => Math.floor((slots * n) / all));
+    let left = slots - share.reduce((a, b) => a + b, 0);
+    for (let i = 0; left > 0 && i < share.length; i++) {
+      if (created[i]! > share[i]!) {
+        share[i]!++;
+        left--;
+      }
+    }
+    return this.#parts.reduce((sum, p, i) => sum + (created[i]! > 0 ? p.setExpertSlots(share[i]!) : 0), 0);
+  }
+
   sessionBytes(options: SessionOptions = {}): number {
     return this.#parts.reduce((total, p) => total + p.sessionBytes(options), 0);
   }

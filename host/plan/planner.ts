@@ -95,6 +95,11 @@ interface InstancePlan {
   trunkCache: number;
   readonly trunkCacheable: number;
   expertCache: number;
+  /** Native with vision: extent bytes the image lines (vision, imageDecode) lend this range's
+   * expert cache while no image is decoded or encoded (whole extents; 0 otherwise). The engine is
+   * opened with expertCache + expertLoan and gives the loan back for each image
+   * (engine-host.ts lendImageRoom); the plan counts those bytes once, in the image lines. */
+  readonly expertLoan: number;
   engineWorkspace: number;
   readonly kv: number;
   /** The session's arena without its KV, plus the session struct. */
@@ -223,9 +228,16 @@ export class RamPlan {
     return routingOutlook(this.expertExtentsCached, this.facts.expertRecords, picks, m.extent);
   }
 
-  /** Whole extents the expert caches of all ranges hold. */
+  /** Whole extents the expert caches of all ranges hold while no image is in flight (their own
+   * and the image lines' loan: what decoding text reads through). */
   get expertExtentsCached(): number {
-    return this.instances.reduce((n, i) => n + (i.expertExtent ? i.expertCache / i.expertExtent : 0), 0);
+    return this.instances.reduce((n, i) => n + (i.expertExtent ? (i.expertCache + i.expertLoan) / i.expertExtent : 0), 0);
+  }
+
+  /** Of those, the extents the image lines lend (native with vision; 0 otherwise): the caches
+   * give them back while an image is decoded or encoded. */
+  get expertExtentsLent(): number {
+    return this.instances.reduce((n, i) => n + (i.expertExtent ? i.expertLoan / i.expertExtent : 0), 0);
   }
 
   /** The outlook as the load line and the plan's table say it, or null. */
@@ -249,7 +261,9 @@ export class RamPlan {
       } else if (c === "trunkCache") {
         note = `${this.trunkAuto ? "auto, " : ""}${((100 * this.components.trunkCache) / Math.max(this.trunkCacheable, 1)).toFixed(0)}% of ${mib(this.trunkCacheable)} MiB`;
       } else if (c === "expertCache" && expertSlots) {
-        note = `${this.settings.cacheAuto ? "auto, " : ""}${expertSlots} extents`;
+        const lent = this.expertExtentsLent;
+        note = `${this.settings.cacheAuto ? "auto, " : ""}${expertSlots - lent} extents` +
+          (lent ? `; +${lent} (${mib(this.instances.reduce((t, i) => t + i.expertLoan, 0))} MiB) lent by the image lines while no image is in flight` : "");
       } else if (c === "tokenizer") {
         note = "tiktoken";
       } else if (c === "vision" && this.visionGrid) {
@@ -336,7 +350,8 @@ export class RamPlan {
         throw new RangeError(`engine ${k} runs layers [${info.layerBegin}, ${info.layerEnd}), the plan's range is [${inst.range[0]}, ${inst.range[1]})`);
       }
       move(inst, "globals", info.globalBytes, `instance ${k + 1} globals`);
-      move(inst, "expertCache", info.expertCacheBytes, `instance ${k + 1} expertCache`);
+      // the engine's slab holds the loan too, counted in the image lines
+      move(inst, "expertCache", info.expertCacheBytes - inst.expertLoan, `instance ${k + 1} expertCache`);
       move(inst, "engineWorkspace", info.engineWorkspaceBytes, `instance ${k + 1} engineWorkspace`);
       move(inst, "trunkCache", info.trunkCacheBytes, `instance ${k + 1} trunkCache`);
       if (sessionBytes < inst.kv) changed.push(`instance ${k + 1} session: engine reports ${sessionBytes} bytes < KV ${inst.kv}`);
@@ -393,7 +408,22 @@ function expertSlots(m: Model, ranges: ReadonlyArray<[number, number]>, cacheByt
   return slots;
 }
 
-function evaluate(facts: PackFacts, s: PlanSettings, m: Model, ranges: ReadonlyArray<[number, number]>, slots: number[],
+/**
+ * The extents each range's expert cache borrows from the image lines (natively, with vision):
+ * the vision call's working memory and host copies and the largest image's decode are in use
+ * only while an image is decoded or encoded, and a WebAssembly memory cannot give pages back, so
+ * only native lends. The loan is what the same ranges would hold with those bytes added to the
+ * cache budget (expertSlots' rule), less what they hold without them: whole extents, never more
+ * than the image lines' bytes.
+ */
+function expertLoans(m: Model, ranges: ReadonlyArray<[number, number]>, slots: readonly number[], cacheBytes: number,
+  s: PlanSettings, imageDecodeBytes: number, visionBytes: number): number[] {
+  if (s.backend !== "native" || !s.loadVision || m.extent === 0) return ranges.map(() => 0);
+  const lent = expertSlots(m, ranges, cacheBytes + imageDecodeBytes + visionBytes, s.cacheMib);
+  return lent.map((n, i) => n - slots[i]!);
+}
+
+function evaluate(facts: PackFacts, s: PlanSettings, m: Model, ranges: ReadonlyArray<[number, number]>, slots: number[], loans: number[],
   layouts: ReadonlyArray<{ total: number; kv: number }>, prefix: number, visionInInstance: number, visionHost: number, mediaCache: number): Evaluated {
   const wasm = s.backend === "wasm";
   const B = Math.min(s.maxBatch, s.maxContext);
@@ -407,9 +437,9 @@ function evaluate(facts: PackFacts, s: PlanSettings, m: Model, ranges: ReadonlyA
     const engineOptions: RangeEngineOptions = {
       layerBegin: begin, layerEnd: end, trunkCacheBytes: bytes.trunkCache > 0 ? bytes.trunkCache : -1, loadVision: index === 0 && s.loadVision,
       nThreads: s.threads, kvDtype: s.kvDtype, actDtype: s.actDtype,
-      ...(bytes.expertCache > 0 ? { expertCacheBytes: bytes.expertCache } : {}),
+      ...(bytes.expertCache > 0 ? { expertCacheBytes: bytes.expertCache + loans[index]! * bytes.expertExtent } : {}),
     };
-    return { index, range: [begin, end], engineOptions, ...bytes };
+    return { index, range: [begin, end], engineOptions, ...bytes, expertLoan: bytes.expertCache > 0 ? loans[index]! * bytes.expertExtent : 0 };
   });
   const sum = (f: (i: InstancePlan) => number): number => instances.reduce((t, i) => t + f(i), 0);
   const n = instances.length;
@@ -467,12 +497,13 @@ function build(facts: PackFacts, s: PlanSettings): RamPlan {
   for (let n = s.instances; n <= lastN; n++) {
     const ranges = layerRanges(m.nLayers, n);
     const slots = expertSlots(m, ranges, cacheBytes, s.cacheMib);
+    const loans = expertLoans(m, ranges, slots, cacheBytes, s, imageBudgetOf(facts, s)?.bytes ?? 0, visionInInstance + visionHost);
     const layouts = ranges.map((r) => sessionLayoutBytes(m, r, s.maxContext, s.maxBatch, s.kvDtype, s.threads, s.actDtype));
     const candidates = explicitPrefix >= 0 ? [explicitPrefix] : Array.from({ length: order.length + 1 }, (_, i) => i);
     let chosen: Evaluated | undefined;
     let cheapest: Evaluated | undefined;
     for (const prefix of candidates) {
-      const e = evaluate(facts, s, m, ranges, slots, layouts, prefix, visionInInstance, visionHost, mediaCache);
+      const e = evaluate(facts, s, m, ranges, slots, loans, layouts, prefix, visionInInstance, visionHost, mediaCache);
       if (!smallest || e.largest < smallest.largest) smallest = e;
       if (wasm && e.largest > s.maxInstanceBytes) continue;
       if (!cheapest || e.total < cheapest.total) cheapest = e;

@@ -68,9 +68,10 @@ const gb = (x: number): string => `${(x / 1e9).toFixed(2)} GB`;
 export function outlookText(o: RoutingOutlook, q4: boolean, textOnly: number | null = null): string {
   const remedies = ["more RAM"];
   if (!q4) remedies.push("4-bit experts (kvl pack --expert-dtype q4)");
-  if (textOnly !== null && textOnly > o.cached) {
-    remedies.push(`--no-vision (no images: ${Math.min(textOnly, o.extents)} extents, ` +
-      `about ${pct(calibratedHitRate(Math.min(textOnly, o.extents) / o.extents))} found)`);
+  const textOnlyHit = textOnly === null ? 0 : calibratedHitRate(Math.min(textOnly, o.extents) / o.extents);
+  // only when it would say a higher figure (natively the image lines are lent to the cache anyway)
+  if (textOnly !== null && textOnly > o.cached && pct(textOnlyHit) !== pct(o.realisticHit)) {
+    remedies.push(`--no-vision (no images: ${Math.min(textOnly, o.extents)} extents, about ${pct(textOnlyHit)} found)`);
   }
   return `experts: ${o.cached} of ${o.extents} extents in RAM (${pct(o.cached / o.extents)}); a trained model's routing should find ` +
     `about ${pct(o.realisticHit)} of its picks there and read about ${gb(o.realisticBytes)} a token from disk ` +

@@ -12,6 +12,9 @@
 //   - `kvl chat --json` greedy tokens equal Linux's on each backend: text, an image, a 2-instance
 //     split; in the text run, Wine's file trace shows the pack's .bin files opened with
 //     FILE_FLAG_NO_BUFFERING (the WebAssembly read port through libuv's UV_FS_O_DIRECT);
+//   - an image turn on a native expert cache that borrows the plan's image lines (it gives them
+//     back for the image and borrows them again: MEM_RESET + VirtualUnlock) gives Linux's greedy
+//     tokens (lent-cache.mjs, under node.exe);
 //   - `kvl serve` on each backend answers one request of the `openai` SDK, sent from Linux to
 //     127.0.0.1, with the reply Linux's chat gives;
 //   - kvl pack into a folder named with bytes that are not UTF-8: refused in one line, nothing
@@ -263,6 +266,24 @@ async function main(ctx) {
         tally.check(unbuffered.length === 2, `--backend ${backend}: trunk.bin and experts.bin opened with FILE_FLAG_NO_BUFFERING (Wine's file trace)`,
           `CreateFileW attributes seen: ${JSON.stringify(Object.fromEntries([...flags].map(([k, v]) => [k, `0x${v.toString(16)}`])))}`);
       }
+    }
+  }
+
+  {
+    // a native cache lent the image lines, taken back for the image and lent again (lent-cache.mjs)
+    const name = "an image turn on a native cache lent the image lines: greedy tokens equal to Linux's";
+    const script = join(ROOT, "test", "portability", "lent-cache.mjs");
+    try {
+      const parse = (r) => {
+        if (r.status !== 0) throw new Error(`exit ${r.status}: ${errorLine(r.stderr || r.stdout)}`);
+        return JSON.parse(r.stdout.trim().split("\n").at(-1));
+      };
+      const want = parse(run(process.execPath, [script, linux, linuxCases.image[2]]));
+      const got = parse(wineRun(ctx, ctx.nodeExe, [winPath(script), winPath(pack), wineCases.image[2]]));
+      tally.check(want.lends && got.lends && got.extentsLent > 0 && sameTokens(got.tokens, want.tokens), name,
+        `Windows: lends ${got.lends}, ${got.extentsLent} extents lent, tokens ${got.tokens.join(",")}; Linux: lends ${want.lends}, ${want.tokens.join(",")}`);
+    } catch (err) {
+      tally.fail(name, err.message);
     }
   }
 

@@ -345,6 +345,16 @@ KVL_API void kvl_engine_free(kvl_engine *engine);
 KVL_API kvl_status kvl_engine_get_info(const kvl_engine *engine, kvl_engine_info *out);
 KVL_API kvl_status kvl_engine_get_stats(const kvl_engine *engine, kvl_stats *out);
 KVL_API void kvl_engine_reset_stats(kvl_engine *engine);
+/* The expert cache's slots in use, within the extents it was opened with (expert_cache_bytes /
+ * expert_extent_bytes): `slots` clamped to [one layer's top-k, that count]. Fewer: the extents of
+ * the slots set aside are dropped (reads in flight finish first) and their memory given back to
+ * the OS natively (a WebAssembly memory never shrinks); more: those slots fill again as reads
+ * claim them, after the C heap's free memory is given back (glibc keeps it otherwise). The RAM
+ * plan lends its image lines to the cache this way while no image is in flight. Tokens never
+ * depend on it: only which reads hit. Not while a call runs on the engine (KVL_ERR_INVALID_ARG,
+ * nothing changed). *active (may be NULL): the slots in use after the call; an engine without
+ * an expert cache has 0 and returns KVL_OK. */
+KVL_API kvl_status kvl_engine_set_expert_slots(kvl_engine *engine, int32_t slots, int32_t *active);
 /* detail message of the last failed call on this engine or any of its sessions */
 KVL_API const char *kvl_engine_last_error(const kvl_engine *engine);
 

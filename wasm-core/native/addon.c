@@ -208,6 +208,7 @@ static const kvl_function kvl_functions[] = {
     {"engineInfo", js_engine_info},
     {"engineStats", js_engine_stats},
     {"engineResetStats", js_engine_reset_stats},
+    {"engineSetExpertSlots", js_engine_set_expert_slots},
     {"engineLastError", js_engine_last_error},
     {"sessionBytes", js_session_bytes},
     {"sessionNew", js_session_new},

@@ -141,6 +141,7 @@ napi_value js_engine_free(napi_env env, napi_callback_info info);
 napi_value js_engine_info(napi_env env, napi_callback_info info);
 napi_value js_engine_stats(napi_env env, napi_callback_info info);
 napi_value js_engine_reset_stats(napi_env env, napi_callback_info info);
+napi_value js_engine_set_expert_slots(napi_env env, napi_callback_info info);
 napi_value js_engine_last_error(napi_env env, napi_callback_info info);
 /* addon_session.c */
 napi_value js_session_bytes(napi_env env, napi_callback_info info);

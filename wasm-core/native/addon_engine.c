@@ -128,6 +128,21 @@ napi_value js_engine_reset_stats(napi_env env, napi_callback_info info)
     return NULL;
 }
 
+/* (engine, slots) -> { status, active }: kvl_engine_set_expert_slots */
+napi_value js_engine_set_expert_slots(napi_env env, napi_callback_info info)
+{
+    napi_value argv[2], js_active;
+    engine_box *b;
+    int32_t slots, active = 0;
+    if (!addon_get_args(env, info, argv, 2, "engineSetExpertSlots") ||
+        !(b = addon_get_engine(env, argv[0], 1, "engineSetExpertSlots")) ||
+        !addon_get_int32(env, argv[1], &slots, "engineSetExpertSlots", "slots"))
+        return NULL;
+    kvl_status status = kvl_engine_set_expert_slots(b->engine, slots, &active);
+    if (napi_create_int32(env, active, &js_active) != napi_ok) return NULL;
+    return addon_status_result(env, status, "active", js_active);
+}
+
 napi_value js_engine_last_error(napi_env env, napi_callback_info info)
 {
     napi_value argv[1];

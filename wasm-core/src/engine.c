@@ -1012,6 +1012,22 @@ void kvl_engine_reset_stats(kvl_engine *e)
     e->verify_ns = e->verify_bytes = 0;
 }
 
+kvl_status kvl_engine_set_expert_slots(kvl_engine *e, int32_t slots, int32_t *active)
+{
+    if (active) *active = 0;
+    if (!e) return KVL_ERR_INVALID_ARG;
+    kvl_expert_cache *cache = e->text->ecache;
+    if (!cache) return KVL_OK;
+    int before = kvl_expert_cache_active_slots(cache), now = before;
+    /* growing into memory the image work just freed: glibc would keep it in its arenas */
+    if (slots > before) kvl_os_trim_heap();
+    kvl_status st = kvl_expert_cache_set_slots(cache, slots, &now);
+    if (active) *active = now;
+    if (st != KVL_OK)
+        return kvl_engine_fail(e, st, "the expert cache cannot be resized while a call is running on the engine");
+    return KVL_OK;
+}
+
 /* ---- sessions ---------------------------------------------------------------------------------- */
 
 static kvl_status session_dims(const kvl_engine *e, const kvl_session_options *options,

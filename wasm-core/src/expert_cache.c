@@ -86,7 +86,9 @@ struct kvl_expert_cache {
     const kvl_tensor_rec **rec_of; /* [n_keys]; NULL for layers without routed experts */
     int32_t *slot_of;              /* [n_keys]; -1 when not resident */
     cache_slot *slots;
-    int n_slots;
+    /* Slots in use: [0, n_slots). kvl_expert_cache_set_slots parks [n_slots, n_created): no
+     * extent, pages given back to the OS, never a victim (every loop stops at n_slots). */
+    int n_slots, n_created, min_slots;
     /* The slots live in blocks of at most KVL_CACHE_BLOCK_BYTES (whole slots each): one block
      * of several GiB is refused by emscripten's allocator (a 2.2e9-byte malloc fails in a
      * 3.8 GiB memory where three 1e9-byte ones succeed), so no platform asks for one. */
@@ -154,6 +156,16 @@ static int shadow_colder(const kvl_expert_cache *c, int which, int a, int b) {
 /* key enters shadow `which` (it was not in it): into a free place, else in place of the coldest
  * key the current layer batch has not acquired (a real layer never evicts its own picks); with
  * none, it is read and not kept, as in the real cache. O(n_keys), a few thousand at most. */
+static int shadow_victim(const kvl_expert_cache *c, int which) {
+    const uint8_t *in = c->in_shadow[which];
+    int victim = -1;
+    for (int k = 0; k < c->n_keys; k++) {
+        if (!in[k] || c->acquired_at[k] >= c->batch_start) continue;
+        if (victim < 0 || shadow_colder(c, which, k, victim)) victim = k;
+    }
+    return victim;
+}
+
 static void shadow_insert(kvl_expert_cache *c, int which, int key) {
     uint8_t *in = c->in_shadow[which];
     if (c->shadow_n[which] < c->n_slots) {
@@ -161,11 +173,7 @@ static void shadow_insert(kvl_expert_cache *c, int which, int key) {
         c->shadow_n[which]++;
         return;
     }
-    int victim = -1;
-    for (int k = 0; k < c->n_keys; k++) {
-        if (!in[k] || c->acquired_at[k] >= c->batch_start) continue;
-        if (victim < 0 || shadow_colder(c, which, k, victim)) victim = k;
-    }
+    int victim = shadow_victim(c, which);
     if (victim < 0) return;
     in[victim] = 0;
     in[key] = 1;
@@ -577,7 +585,8 @@ kvl_status kvl_expert_cache_create(kvl_store *experts, int n_layers_total, int n
         kvl_expert_cache_free(c);
         return KVL_ERR_INVALID_ARG;
     }
-    c->n_slots = (int)n_fit;
+    c->n_slots = c->n_created = (int)n_fit;
+    c->min_slots = min_slots;
     c->slots = (cache_slot *)calloc((size_t)c->n_slots, sizeof *c->slots);
     /* pieces of about 2 MiB: enough requests in flight to keep a disk busy, few enough that
      * each request stays large */
@@ -654,7 +663,7 @@ void kvl_expert_cache_free(kvl_expert_cache *c) {
     free(c);
 }
 
-uint64_t kvl_expert_cache_bytes(const kvl_expert_cache *c) { return (uint64_t)c->n_slots * c->extent_bytes; }
+uint64_t kvl_expert_cache_bytes(const kvl_expert_cache *c) { return (uint64_t)c->n_created * c->extent_bytes; }
 const char *kvl_expert_cache_policy_name(int policy) {
     switch (policy) {
     case KVL_CACHE_POLICY_FREQUENCY: return "frequency";
@@ -663,7 +672,71 @@ const char *kvl_expert_cache_policy_name(int policy) {
     }
 }
 
-int kvl_expert_cache_slots(const kvl_expert_cache *c) { return c->n_slots; }
+int kvl_expert_cache_slots(const kvl_expert_cache *c) { return c->n_created; }
+
+int kvl_expert_cache_active_slots(const kvl_expert_cache *cache) {
+    kvl_expert_cache *c = (kvl_expert_cache *)cache; /* the lock is logically mutable */
+    int n;
+    kvl_os_mutex_lock(&c->lock);
+    n = c->n_slots;
+    kvl_os_mutex_unlock(&c->lock);
+    return n;
+}
+
+/* Parks slots [n, n_slots) (lock held, n < n_slots, none pinned): no claim reaches them from
+ * now on; reads in flight on them finish (a started read cannot be stopped, and its queued
+ * pieces must be taken for its slot to leave LOADING); then their extents are dropped, counted
+ * as evictions like any other, and their pages given back block by block. */
+static void park_slots(kvl_expert_cache *c, int n) {
+    const int old = c->n_slots;
+    int i, loading;
+    c->n_slots = n;
+    do {
+        loading = 0;
+        for (i = n; i < old; i++) loading |= c->slots[i].state == SLOT_LOADING;
+        if (loading) kvl_os_cond_wait(&c->done_cv, &c->lock);
+    } while (loading);
+    for (i = n; i < old; i++) drop_slot(c, i, c->slots[i].key >= 0);
+    for (i = n; i < old;) {
+        const int block = i / c->slots_per_block, in_block = i % c->slots_per_block;
+        int end = (block + 1) * c->slots_per_block;
+        if (end > old) end = old;
+        kvl_os_release_pages(c->blocks[block] + (size_t)in_block * c->extent_bytes,
+                             (size_t)(end - i) * c->extent_bytes);
+        i = end;
+    }
+    /* the duel's shadows model a cache of n_slots: shrink them with it */
+    for (int which = 0; which < 2; which++) {
+        while (c->shadow_n[which] > c->n_slots) {
+            int victim = shadow_victim(c, which);
+            if (victim < 0) break;
+            c->in_shadow[which][victim] = 0;
+            c->shadow_n[which]--;
+        }
+    }
+}
+
+kvl_status kvl_expert_cache_set_slots(kvl_expert_cache *c, int n, int *active) {
+    int i;
+    if (active) *active = 0;
+    if (!c) return KVL_ERR_INVALID_ARG;
+    if (n < c->min_slots) n = c->min_slots;
+    if (n < 1) n = 1;
+    if (n > c->n_created) n = c->n_created;
+    kvl_os_mutex_lock(&c->lock);
+    for (i = n; i < c->n_slots; i++) {
+        if (c->slots[i].pins > 0) {
+            if (active) *active = c->n_slots;
+            kvl_os_mutex_unlock(&c->lock);
+            return KVL_ERR_INVALID_ARG; /* a call is running on the engine */
+        }
+    }
+    if (n < c->n_slots) park_slots(c, n);
+    else c->n_slots = n; /* parked slots are FREE already: the next claims fill them */
+    if (active) *active = c->n_slots;
+    kvl_os_mutex_unlock(&c->lock);
+    return KVL_OK;
+}
 
 /* ------------------------------------------------------------------ prefetch / acquire */
 

@@ -119,4 +119,16 @@ int kvl_expert_cache_try_acquire(kvl_expert_cache *cache, int layer, int expert,
  * prediction changes which extents are resident, never what an acquire returns. */
 void kvl_expert_cache_lookahead(kvl_expert_cache *cache, int layer, const int *experts, int n);
 
+/* Lending (issue 38: the RAM plan lends the image lines to the expert cache while no image is
+ * in flight): the slots in use, between min_slots (one layer's top-k) and the slots created,
+ * with n clamped to that range. Fewer: the slots past n are parked — reads in flight on them
+ * finish, their extents are dropped (counted as evictions), their pages given back to the OS
+ * (kvl_os_release_pages; nothing on WebAssembly) — so RSS falls by their bytes. More: parked
+ * slots are free again and fill as reads claim them. Never while an extent is pinned (a call is
+ * running): KVL_ERR_INVALID_ARG, nothing changed. *active (may be NULL): the slots in use after
+ * the call. Only residency changes, never what an acquire returns. kvl_expert_cache_slots and
+ * kvl_expert_cache_bytes keep reporting the slots created. */
+kvl_status kvl_expert_cache_set_slots(kvl_expert_cache *cache, int n, int *active);
+int kvl_expert_cache_active_slots(const kvl_expert_cache *cache);
+
 #endif

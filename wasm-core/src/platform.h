@@ -35,6 +35,9 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <sys/mman.h>
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <time.h>
@@ -248,6 +251,33 @@ static inline void kvl_os_strerror(int code, char *buf, size_t len) {
 }
 
 /* ------------------------------------------------------------------ memory */
+
+/* Gives the pages of [p, p+bytes) back to the OS, their contents dropped: the next touch maps
+ * fresh pages (zeroed or stale, never an error). p and bytes are whole 4 KiB pages. A hint, so
+ * failure is ignored. Linux: MADV_DONTNEED (RSS falls at once). Windows: MEM_RESET says the data
+ * is not wanted, and VirtualUnlock of unlocked pages takes them out of the working set (its
+ * documented effect; it then reports ERROR_NOT_LOCKED). WebAssembly: nothing, a memory never
+ * shrinks. */
+static inline void kvl_os_release_pages(void *p, size_t bytes) {
+#if defined(__EMSCRIPTEN__)
+    (void)p; (void)bytes;
+#elif defined(_WIN32)
+    if (VirtualAlloc(p, bytes, MEM_RESET, PAGE_READWRITE)) (void)VirtualUnlock(p, bytes);
+#elif defined(__linux__)
+    (void)madvise(p, bytes, MADV_DONTNEED);
+#else
+    (void)p; (void)bytes;
+#endif
+}
+
+/* Gives the C heap's free memory back to the OS where the allocator keeps it (glibc holds freed
+ * chunks in its arenas until malloc_trim); elsewhere a no-op (the Windows heap and emscripten's
+ * return or keep memory by their own rules). */
+static inline void kvl_os_trim_heap(void) {
+#if defined(__GLIBC__) && !defined(__EMSCRIPTEN__)
+    (void)malloc_trim(0);
+#endif
+}
 
 /* alignment must be a power of two and a multiple of sizeof(void *); not zeroed. */
 /* Ask for transparent huge pages on [p, p+bytes) (Linux MADV_HUGEPAGE; a hint, so failure is

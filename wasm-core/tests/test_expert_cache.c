@@ -859,6 +859,78 @@ static void check_q4(int mixed) {
     free(bin);
 }
 
+/* kvl_expert_cache_set_slots: parking drops the extents of the slots past n (every extent
+ * still read back right), a pinned slot refuses, n is clamped, reads in flight on parked slots
+ * finish and the counters' identities hold. io_threads 0: synchronous reads; 2: prefetches in
+ * flight when the cache shrinks. */
+static void check_set_slots(kvl_store *s, int io_threads) {
+    kvl_expert_cache *c = make_cache_policy(s, N_EXPERTS, io_threads, KVL_CACHE_POLICY_LRU);
+    kvl_expert_cache_counters k;
+    kvl_expert_view v;
+    int e, active = -1, all[N_EXPERTS], hits = 0, misses = 0;
+    uint64_t acquires = 0, evictions;
+    if (!c) return;
+    for (e = 0; e < N_EXPERTS; e++) all[e] = e;
+    for (e = 0; e < N_EXPERTS; e++, acquires++) CHECK(probe(c, 1, e) == 0, "set_slots %d: fill %d misses", io_threads, e);
+    for (e = 0; e < N_EXPERTS; e++, acquires++) CHECK(probe(c, 1, e) == 1, "set_slots %d: full cache hits %d", io_threads, e);
+    /* where the last extent lives (slot 7: slots fill in order), to look at after parking it */
+    const unsigned char *parked = NULL;
+    if (kvl_expert_cache_acquire(c, 1, N_EXPERTS - 1, &v) == KVL_OK) parked = (const unsigned char *)v.gate_q;
+    kvl_expert_cache_release(c, 1, N_EXPERTS - 1);
+    acquires++;
+    kvl_expert_cache_counters_get(c, &k);
+    evictions = k.evictions;
+    CHECK(kvl_expert_cache_set_slots(c, 3, &active) == KVL_OK && active == 3, "shrink to 3: active %d", active);
+#if defined(__linux__) && !defined(__EMSCRIPTEN__)
+    /* its pages went back to the OS: private anonymous pages after MADV_DONTNEED read as zeros
+     * (they held the extent's random bytes) */
+    if (parked) {
+        size_t nonzero = 0;
+        for (uint64_t i = 0; i < extent_nbytes; i++) nonzero += parked[i] != 0;
+        CHECK(nonzero == 0, "a parked slot's pages were given back: %zu nonzero bytes", nonzero);
+    }
+#else
+    (void)parked;
+#endif
+    CHECK(kvl_expert_cache_active_slots(c) == 3 && kvl_expert_cache_slots(c) == N_EXPERTS &&
+              kvl_expert_cache_bytes(c) == (uint64_t)N_EXPERTS * extent_padded,
+          "shrunk: active %d, created %d", kvl_expert_cache_active_slots(c), kvl_expert_cache_slots(c));
+    kvl_expert_cache_counters_get(c, &k);
+    CHECK(k.evictions == evictions + 5, "shrink evicts the 5 parked extents: %llu", (unsigned long long)(k.evictions - evictions));
+    /* slots fill in order, so experts 0..2 stayed */
+    for (e = 0; e < 3; e++, acquires++) CHECK(probe(c, 1, e) == 1, "kept extent %d hits", e);
+    /* a cycle of 8 through 3 LRU slots: every acquire misses, and reads back the right bytes */
+    for (int round = 0; round < 2; round++)
+        for (e = 3; e < N_EXPERTS + 3; e++, acquires++) {
+            int r = probe(c, 1, e % N_EXPERTS);
+            hits += r == 1;
+            misses += r == 0;
+        }
+    CHECK(hits == 0 && misses == 2 * N_EXPERTS, "3 slots cycle 8 extents: %d hits %d misses", hits, misses);
+    CHECK(kvl_expert_cache_set_slots(c, 100, &active) == KVL_OK && active == N_EXPERTS, "grow clamps to the slots created: %d", active);
+    for (e = 0; e < N_EXPERTS; e++, acquires++) CHECK(probe(c, 2, e) >= 0, "after growing %d", e);
+    for (e = 0; e < N_EXPERTS; e++, acquires++) CHECK(probe(c, 2, e) == 1, "grown cache holds 8 again: %d", e);
+    CHECK(kvl_expert_cache_set_slots(c, 0, &active) == KVL_OK && active == 1, "shrink clamps to min_slots: %d", active);
+    CHECK(kvl_expert_cache_set_slots(c, N_EXPERTS, &active) == KVL_OK && active == N_EXPERTS, "grow back: %d", active);
+    /* a pinned extent in a slot to park: refused, nothing changed */
+    for (e = 0; e < N_EXPERTS; e++, acquires++) CHECK(probe(c, 3, e) == 0, "refill %d", e);
+    for (e = 0; e < N_EXPERTS; e++, acquires++) CHECK(kvl_expert_cache_acquire(c, 3, e, &v) == KVL_OK, "pin %d", e);
+    CHECK(kvl_expert_cache_set_slots(c, 2, &active) == KVL_ERR_INVALID_ARG && active == N_EXPERTS, "pinned: refused (%d)", active);
+    for (e = 0; e < N_EXPERTS; e++) kvl_expert_cache_release(c, 3, e);
+    for (e = 0; e < N_EXPERTS; e++, acquires++) CHECK(probe(c, 3, e) == 1, "the refusal dropped nothing: %d", e);
+    /* a prefetch batch in flight, then a shrink: its reads finish, the identities hold */
+    kvl_expert_cache_prefetch(c, 1, all, N_EXPERTS);
+    CHECK(kvl_expert_cache_set_slots(c, 2, &active) == KVL_OK && active == 2, "shrink during prefetch: %d", active);
+    for (e = 0; e < N_EXPERTS; e++, acquires++) {
+        CHECK(kvl_expert_cache_acquire(c, 1, e, &v) == KVL_OK && view_matches(&v, 1, e), "after a shrink in flight: %d", e);
+        kvl_expert_cache_release(c, 1, e);
+    }
+    kvl_expert_cache_counters_get(c, &k);
+    CHECK(k.reads_in_flight == 0 || io_threads > 0, "no read in flight without readers");
+    check_identities(c, acquires, io_threads ? "set_slots with readers" : "set_slots");
+    kvl_expert_cache_free(c);
+}
+
 int main(void) {
     const char *base = getenv("KVL_TEST_TMP");
     const char *iters_env = getenv("KVL_TEST_ITERS");
@@ -896,6 +968,8 @@ int main(void) {
             if (slots == 1 || slots == 7 || slots == N_EXTENTS) check_sequential(s, slots, 2);
         }
         check_lru(s);
+        check_set_slots(s, 0);
+        check_set_slots(s, 2);
         check_policies(s);
         check_pinning(s, 0);
         check_pinning(s, 2);
