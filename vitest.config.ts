@@ -8,5 +8,8 @@ export default defineConfig({
     pool: "forks",
     testTimeout: 120_000,
     hookTimeout: 120_000,
+    // one event-loop turn after each test, so a run of synchronous tests never holds a worker's
+    // RPC past vitest's fixed 60 s timeout (test/support/yield-between-tests.ts)
+    setupFiles: ["test/support/yield-between-tests.ts"],
   },
 });
