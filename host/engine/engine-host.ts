@@ -13,7 +13,7 @@
 import type { BackendName, CoreBackend, CoreEngine, EngineOptions } from "../core/core-api.js";
 import { NativeBackend, loadNativeAddon } from "../core/native-backend.js";
 import { nativeAddonPath } from "../system/paths.js";
-import { SplitEngine } from "./split-engine.js";
+import { SplitEngine, expertSlotsOpened } from "./split-engine.js";
 import { WasmBackend } from "../core/wasm-backend.js";
 import { wasmBuildFor } from "../core/wasm-relaxed.js";
 
@@ -88,9 +88,8 @@ export async function openHostedEngine(backend: BackendName, packDir: string, op
   }
   const engine = new SplitEngine(parts, rangeOptions(engineOptions, specs[0]!).loadVision === true);
   const loans = parts.map((p, i) => {
-    const { expertCacheBytes, expertExtentBytes } = p.info();
-    const created = expertExtentBytes > 0 ? Math.floor(expertCacheBytes / expertExtentBytes) : 0;
-    return { created, lent: expertExtentBytes > 0 ? Math.floor((specs[i]!.expertLoan ?? 0) / expertExtentBytes) : 0 };
+    const extent = p.info().expertExtentBytes;
+    return { created: expertSlotsOpened(p), lent: extent > 0 ? Math.floor((specs[i]!.expertLoan ?? 0) / extent) : 0 };
   });
   return {
     engine, backend, ranges, sampler: owners.at(-1)!,

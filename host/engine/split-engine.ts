@@ -17,6 +17,12 @@ import { UserError } from "../system/user-error.js";
 
 export const NO_VISION_MESSAGE = "this model was opened without vision; images are not accepted";
 
+/** The expert cache slots an engine was opened with (its slab over its extent; 0 without one). */
+export function expertSlotsOpened(engine: CoreEngine): number {
+  const { expertCacheBytes, expertExtentBytes } = engine.info();
+  return expertExtentBytes > 0 ? Math.floor(expertCacheBytes / expertExtentBytes) : 0;
+}
+
 export class SplitEngine implements CoreEngine {
   readonly #parts: CoreEngine[];
   readonly #info: EngineInfo;
@@ -84,10 +90,7 @@ export class SplitEngine implements CoreEngine {
   /** `slots` over the ranges' caches in proportion to the extents each was opened with (earlier
    * ranges take the remainder); each clamps as CoreEngine.setExpertSlots says. The sum in use. */
   setExpertSlots(slots: number): number {
-    const created = this.#parts.map((p) => {
-      const { expertCacheBytes, expertExtentBytes } = p.info();
-      return expertExtentBytes > 0 ? Math.floor(expertCacheBytes / expertExtentBytes) : 0;
-    });
+    const created = this.#parts.map(expertSlotsOpened);
     const all = created.reduce((a, b) => a + b, 0);
     if (all === 0) return 0;
     const share = created.map((n) => Math.floor((slots * n) / all));
